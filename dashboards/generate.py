@@ -1,0 +1,585 @@
+"""Generate the obsq Grafana dashboards from code.
+
+    python dashboards/generate.py [OUTPUT_DIR]
+
+writes ``obsq-overview.json`` and ``obsq-task.json`` (default: next to this file). The
+JSON files are committed; ``tests/deploy`` regenerates them into a temporary folder
+and fails when they differ, so edit this file and rerun it rather than editing JSON.
+
+Every query uses only the metric names of the observability contract (DESIGN.md,
+section 4). Queue-wide gauges (``obsq_queue_*``, ``obsq_workers``) are exported by
+every worker, so they are aggregated with ``max``; per-process series (counters,
+histograms, ``obsq_tasks_in_progress``, ``obsq_worker_concurrency``) with ``sum``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.builders.common import (
+    ReduceDataOptions,
+    StackingConfig,
+    VizLegendOptions,
+    VizTooltipOptions,
+)
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as model
+
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
+RATE = "$__rate_interval"
+FAILED = 'outcome=~"retry|dead"'
+QUANTILES = ("0.5", "0.95", "0.99")
+TAGS = ["obsq"]
+
+
+# --- small builders ---------------------------------------------------------------------
+
+
+def query(expr: str, legend: str = "", ref: str = "A") -> prometheus.Dataquery:
+    return (
+        prometheus.Dataquery()
+        .expr(expr)
+        .legend_format(legend or "__auto")
+        .ref_id(ref)
+        .datasource(DATASOURCE)
+    )
+
+
+def queries(*pairs: tuple[str, str]) -> list[prometheus.Dataquery]:
+    return [query(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(pairs)]
+
+
+def thresholds(*steps: tuple[float | None, str]) -> dash.ThresholdsConfig:
+    return (
+        dash.ThresholdsConfig()
+        .mode(model.ThresholdsMode.ABSOLUTE)
+        .steps([model.Threshold(value=v, color=c) for v, c in steps])
+    )
+
+
+def graph(
+    title: str,
+    description: str,
+    unit: str,
+    targets: list[prometheus.Dataquery],
+    *,
+    width: int = 12,
+    height: int = 8,
+    stacked: bool = False,
+    bars: bool = False,
+) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .targets(targets)
+        .unit(unit)
+        .min(0)
+        .span(width)
+        .height(height)
+        .fill_opacity(10)
+        .line_width(1)
+        .show_points(common.VisibilityMode.NEVER)
+        .legend(legend().display_mode(common.LegendDisplayMode.TABLE).calcs(["mean", "max"]))
+        .tooltip(tooltip())
+    )
+    if stacked:
+        panel = panel.stacking(StackingConfig().mode(common.StackingMode.NORMAL))
+    if bars:
+        panel = panel.draw_style(common.GraphDrawStyle.BARS).fill_opacity(60)
+    return panel
+
+
+def legend() -> VizLegendOptions:
+    return VizLegendOptions().show_legend(True).placement(common.LegendPlacement.BOTTOM)
+
+
+def tooltip() -> VizTooltipOptions:
+    return (
+        VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI).sort(common.SortOrder.DESCENDING)
+    )
+
+
+def single(
+    title: str,
+    description: str,
+    unit: str,
+    expr: str,
+    steps: list[tuple[float | None, str]],
+    *,
+    legend: str = "",
+    width: int = 4,
+    height: int = 4,
+    mappings: list[model.ValueMap] | None = None,
+) -> stat.Panel:
+    panel = (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .with_target(query(expr, legend))
+        .unit(unit)
+        .span(width)
+        .height(height)
+        .thresholds(thresholds(*steps))
+        .color_mode(common.BigValueColorMode.BACKGROUND)
+        .graph_mode(common.BigValueGraphMode.AREA)
+        .reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        .no_value("0")
+    )
+    if mappings:
+        panel = panel.mappings(mappings)
+    return panel
+
+
+def row(title: str) -> dash.Row:
+    return dash.Row(title).collapsed(False)
+
+
+def datasource_variable() -> dash.DatasourceVariable:
+    return dash.DatasourceVariable("datasource").label("Data source").type("prometheus")
+
+
+def query_variable(
+    name: str, label: str, expr: str, *, include_all: bool = True, multi: bool = True
+) -> dash.QueryVariable:
+    variable = (
+        dash.QueryVariable(name)
+        .label(label)
+        .query(expr)
+        .datasource(DATASOURCE)
+        .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(model.VariableSort.ALPHABETICAL_ASC)
+        .multi(multi)
+        .include_all(include_all)
+    )
+    if include_all:
+        variable = variable.all_value(".*").current(
+            model.VariableOption(selected=True, text="All", value="$__all")
+        )
+    return variable
+
+
+def links() -> list[dash.DashboardLink]:
+    return [
+        dash.DashboardLink("obsq dashboards")
+        .type(model.DashboardLinkType.DASHBOARDS)
+        .tags(TAGS)
+        .as_dropdown(True)
+        .include_vars(True)
+        .keep_time(True)
+    ]
+
+
+def base(uid: str, title: str, description: str) -> dash.Dashboard:
+    return (
+        dash.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(TAGS)
+        .editable()
+        .tooltip(model.DashboardCursorSync.CROSSHAIR)
+        .refresh("30s")
+        .time("now-3h", "now")
+        .timezone("browser")
+        .links(links())
+    )
+
+
+# --- queries shared by both dashboards ----------------------------------------------------
+
+
+def rate(metric: str, selector: str, by: str = "") -> str:
+    grouping = f" by ({by})" if by else ""
+    return f"sum{grouping} (rate({metric}{{{selector}}}[{RATE}]))"
+
+
+def failure_ratio(selector: str, by: str = "") -> str:
+    return (
+        f"{rate('obsq_tasks_processed_total', f'{selector}, {FAILED}', by)}\n/\n"
+        f"{rate('obsq_tasks_processed_total', selector, by)}"
+    )
+
+
+def histogram_quantiles(metric: str, selector: str, legend_prefix: str = "") -> list:
+    return [
+        (
+            f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{selector}}}[{RATE}])))",
+            f"{legend_prefix}p{round(float(q) * 100)}",
+        )
+        for q in QUANTILES
+    ]
+
+
+def task_panels(sel: str) -> list[tuple[str, list]]:
+    """Rows of panels over the task-labelled series, for the selector ``sel``."""
+    return [
+        (
+            "Throughput",
+            [
+                graph(
+                    "Throughput by outcome",
+                    "Handler runs finished per second, by outcome: success, retry (failed, "
+                    "scheduled again), dead (failed for good), requeued (handed back at "
+                    "shutdown), lease_lost (finished after its lease was taken over).",
+                    "ops",
+                    queries((rate("obsq_tasks_processed_total", sel, "outcome"), "{{outcome}}")),
+                    stacked=True,
+                ),
+                graph(
+                    "Failure ratio",
+                    'Share of handler runs that failed (outcome=~"retry|dead"), per queue.',
+                    "percentunit",
+                    queries((failure_ratio(sel, "queue"), "{{queue}}")),
+                ),
+                graph(
+                    "Enqueued",
+                    "Tasks enqueued per second by the producers that export metrics, per task.",
+                    "ops",
+                    queries((rate("obsq_tasks_enqueued_total", sel, "queue, task"), "{{task}}")),
+                ),
+                graph(
+                    "Retries and dead tasks",
+                    "Runs that failed and were scheduled again (retry) or sent to the "
+                    "dead-letter set (dead), per task.",
+                    "ops",
+                    queries(
+                        (
+                            rate(
+                                "obsq_tasks_processed_total",
+                                f'{sel}, outcome="retry"',
+                                "task",
+                            ),
+                            "retry {{task}}",
+                        ),
+                        (
+                            rate("obsq_tasks_processed_total", f'{sel}, outcome="dead"', "task"),
+                            "dead {{task}}",
+                        ),
+                    ),
+                    bars=True,
+                ),
+            ],
+        ),
+        (
+            "Latency",
+            [
+                graph(
+                    "Task duration p50 / p95 / p99",
+                    "Handler run time, from the obsq_task_duration_seconds histogram.",
+                    "s",
+                    queries(*histogram_quantiles("obsq_task_duration_seconds", sel)),
+                ),
+                graph(
+                    "Task wait p50 / p95 / p99",
+                    "Time from the moment a task was due to its start (queueing latency; "
+                    "deliberate delays excluded), from the obsq_task_wait_seconds histogram.",
+                    "s",
+                    queries(*histogram_quantiles("obsq_task_wait_seconds", sel)),
+                ),
+            ],
+        ),
+    ]
+
+
+# --- overview -------------------------------------------------------------------------------
+
+
+def overview() -> dash.Dashboard:
+    sel = 'queue=~"$queue", task=~"$task"'
+    qsel = 'queue=~"$queue"'
+    board = (
+        base(
+            "obsq-overview",
+            "obsq / Overview",
+            "obsq task queues: throughput, failures, queue depth and latency, workers, Redis.",
+        )
+        .with_variable(datasource_variable())
+        .with_variable(query_variable("queue", "Queue", "label_values(obsq_queue_depth, queue)"))
+        .with_variable(
+            query_variable(
+                "task",
+                "Task",
+                'label_values(obsq_tasks_processed_total{queue=~"$queue"}, task)',
+            )
+        )
+    )
+
+    board = board.with_row(row("Summary"))
+    for panel in [
+        single(
+            "Throughput",
+            "Handler runs finished per second, all outcomes.",
+            "ops",
+            f"sum(rate(obsq_tasks_processed_total{{{sel}}}[{RATE}]))",
+            [(None, "blue")],
+        ),
+        single(
+            "Failure ratio",
+            'Share of handler runs that failed (outcome=~"retry|dead").',
+            "percentunit",
+            failure_ratio(sel),
+            [(None, "green"), (0.05, "orange"), (0.1, "red")],
+        ),
+        single(
+            "Oldest pending task",
+            "Age of the oldest pending task over the selected queues.",
+            "s",
+            f"max(obsq_queue_latency_seconds{{{qsel}}})",
+            [(None, "green"), (60, "orange"), (300, "red")],
+        ),
+        single(
+            "Dead tasks",
+            "Tasks in the dead-letter sets of the selected queues.",
+            "short",
+            f'sum(max by (queue) (obsq_queue_depth{{{qsel}, state="dead"}}))',
+            [(None, "green"), (1, "orange")],
+        ),
+        single(
+            "Live workers",
+            "Workers registered in Redis with a fresh heartbeat.",
+            "short",
+            "max(obsq_workers)",
+            [(None, "red"), (1, "green")],
+        ),
+        single(
+            "Running versions",
+            "obsq versions of the processes that are scraped, with their count.",
+            "short",
+            "count by (version) (obsq_build_info)",
+            [(None, "blue")],
+            legend="{{version}}",
+        ),
+    ]:
+        board = board.with_panel(panel)
+
+    for title, panels in task_panels(sel):
+        board = board.with_row(row(title))
+        for panel in panels:
+            board = board.with_panel(panel)
+
+    board = board.with_row(row("Queues"))
+    for panel in [
+        graph(
+            "Queue depth by state",
+            "Tasks per queue and state (pending, active, scheduled, retry, dead, completed), "
+            "read from Redis at scrape time.",
+            "short",
+            queries((f"max by (queue, state) (obsq_queue_depth{{{qsel}}})", "{{queue}} {{state}}")),
+        ),
+        graph(
+            "Queue latency",
+            "Age of the oldest pending task, per queue.",
+            "s",
+            queries((f"max by (queue) (obsq_queue_latency_seconds{{{qsel}}})", "{{queue}}")),
+        ),
+        graph(
+            "Dead-letter sets",
+            "Tasks in each queue's dead set; they stay there until requeued or removed "
+            "(obsq tasks QUEUE dead, obsq requeue).",
+            "short",
+            queries((f'max by (queue) (obsq_queue_depth{{{qsel}, state="dead"}})', "{{queue}}")),
+        ),
+        single(
+            "Paused queues",
+            "1 when a queue is paused (obsq pause QUEUE).",
+            "short",
+            f"max by (queue) (obsq_queue_paused{{{qsel}}})",
+            [(None, "green"), (1, "orange")],
+            legend="{{queue}}",
+            width=12,
+            height=8,
+            mappings=[
+                model.ValueMap(
+                    options={
+                        "0": model.ValueMappingResult(text="running", color="green", index=0),
+                        "1": model.ValueMappingResult(text="paused", color="orange", index=1),
+                    }
+                )
+            ],
+        ),
+    ]:
+        board = board.with_panel(panel)
+
+    board = board.with_row(row("Workers"))
+    for panel in [
+        graph(
+            "In progress vs concurrency",
+            "Tasks running now against the task slots of all scraped worker processes.",
+            "short",
+            queries(
+                (f"sum(obsq_tasks_in_progress{{{sel}}})", "in progress"),
+                ("sum(obsq_worker_concurrency)", "concurrency"),
+            ),
+        ),
+        graph(
+            "Live workers",
+            "Workers registered in Redis with a fresh heartbeat.",
+            "short",
+            queries(("max(obsq_workers)", "workers")),
+        ),
+        graph(
+            "Lease recoveries by reason",
+            "Tasks taken back from a worker: expired (lease ran out) or worker_lost (its "
+            "worker stopped heartbeating). A burst means workers are dying.",
+            "ops",
+            queries(
+                (
+                    rate("obsq_lease_recoveries_total", qsel, "queue, reason"),
+                    "{{queue}} {{reason}}",
+                )
+            ),
+            bars=True,
+        ),
+        graph(
+            "Redis errors by operation",
+            "Failed Redis calls per second.",
+            "ops",
+            queries(
+                (
+                    f"sum by (operation) (rate(obsq_redis_errors_total[{RATE}]))",
+                    "{{operation}}",
+                )
+            ),
+            bars=True,
+        ),
+    ]:
+        board = board.with_panel(panel)
+    return board
+
+
+# --- per-task drill-down ----------------------------------------------------------------
+
+
+def task() -> dash.Dashboard:
+    sel = 'queue=~"$queue", task=~"$task"'
+    qsel = 'queue=~"$queue"'
+    board = (
+        base(
+            "obsq-task",
+            "obsq / Task",
+            "One obsq task type: throughput, failures, retries, duration and wait.",
+        )
+        .with_variable(datasource_variable())
+        .with_variable(
+            query_variable(
+                "task",
+                "Task",
+                "label_values(obsq_tasks_processed_total, task)",
+                include_all=False,
+                multi=False,
+            )
+        )
+        .with_variable(
+            query_variable(
+                "queue",
+                "Queue",
+                'label_values(obsq_tasks_processed_total{task=~"$task"}, queue)',
+            )
+        )
+    )
+
+    board = board.with_row(row("Summary"))
+    for panel in [
+        single(
+            "Throughput",
+            "Handler runs of this task finished per second, all outcomes.",
+            "ops",
+            f"sum(rate(obsq_tasks_processed_total{{{sel}}}[{RATE}]))",
+            [(None, "blue")],
+            width=6,
+        ),
+        single(
+            "Failure ratio",
+            'Share of handler runs of this task that failed (outcome=~"retry|dead").',
+            "percentunit",
+            failure_ratio(sel),
+            [(None, "green"), (0.05, "orange"), (0.1, "red")],
+            width=6,
+        ),
+        single(
+            "Duration p95",
+            "95th percentile of the handler run time.",
+            "s",
+            histogram_quantiles("obsq_task_duration_seconds", sel)[1][0],
+            [(None, "green")],
+            width=6,
+        ),
+        single(
+            "Wait p95",
+            "95th percentile of the time from due to start.",
+            "s",
+            histogram_quantiles("obsq_task_wait_seconds", sel)[1][0],
+            [(None, "green"), (60, "orange"), (300, "red")],
+            width=6,
+        ),
+    ]:
+        board = board.with_panel(panel)
+
+    for title, panels in task_panels(sel):
+        board = board.with_row(row(title))
+        for panel in panels:
+            board = board.with_panel(panel)
+
+    board = board.with_row(row("Execution"))
+    for panel in [
+        graph(
+            "In progress",
+            "Runs of this task in progress now, per queue.",
+            "short",
+            queries((f"sum by (queue) (obsq_tasks_in_progress{{{sel}}})", "{{queue}}")),
+            width=8,
+        ),
+        graph(
+            "Mean duration",
+            "Mean handler run time (sum / count of the duration histogram).",
+            "s",
+            queries(
+                (
+                    f"sum(rate(obsq_task_duration_seconds_sum{{{sel}}}[{RATE}]))\n/\n"
+                    f"sum(rate(obsq_task_duration_seconds_count{{{sel}}}[{RATE}]))",
+                    "mean",
+                )
+            ),
+            width=8,
+        ),
+        graph(
+            "Queue latency",
+            "Age of the oldest pending task in the queues this task runs on.",
+            "s",
+            queries((f"max by (queue) (obsq_queue_latency_seconds{{{qsel}}})", "{{queue}}")),
+            width=8,
+        ),
+    ]:
+        board = board.with_panel(panel)
+    return board
+
+
+DASHBOARDS = {"obsq-overview.json": overview, "obsq-task.json": task}
+
+
+def render(build) -> str:
+    """The dashboard as stable, pretty JSON text with a trailing newline."""
+    board = build().build()
+    for number, panel in enumerate(board.panels or [], start=1):
+        panel.id_val = number  # Grafana wants unique panel ids; the builder leaves them unset
+    return json.dumps(board, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parent
+    out.mkdir(parents=True, exist_ok=True)
+    for name, build in DASHBOARDS.items():
+        (out / name).write_text(render(build), encoding="utf-8")
+        print(out / name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv))
