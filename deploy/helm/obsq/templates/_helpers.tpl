@@ -1,0 +1,186 @@
+{{/* Chart name. */}}
+{{- define "obsq.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified name: RELEASE-obsq, or RELEASE when it already contains the name. */}}
+{{- define "obsq.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of one component's resources: FULLNAME-COMPONENT. Call with (list $ "worker"). */}}
+{{- define "obsq.componentName" -}}
+{{- $root := index . 0 }}
+{{- printf "%s-%s" (include "obsq.fullname" $root | trunc 52 | trimSuffix "-") (index . 1) }}
+{{- end }}
+
+{{- define "obsq.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every resource. */}}
+{{- define "obsq.labels" -}}
+helm.sh/chart: {{ include "obsq.chart" . }}
+{{ include "obsq.selectorLabels" . }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: obsq
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "obsq.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "obsq.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of one component. Call with (list $ "worker"). */}}
+{{- define "obsq.componentLabels" -}}
+{{ include "obsq.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "obsq.componentSelectorLabels" -}}
+{{ include "obsq.selectorLabels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "obsq.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "obsq.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "obsq.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* OBSQ_QUEUES: "critical=6,default=3", in the order of worker.queues. */}}
+{{- define "obsq.queues" -}}
+{{- $parts := list }}
+{{- range .Values.worker.queues }}
+{{- $parts = append $parts (printf "%s=%d" .name (int .weight)) }}
+{{- end }}
+{{- join "," $parts }}
+{{- end }}
+
+{{/* A PromQL regex matching exactly the worker's queues: critical|default. */}}
+{{- define "obsq.queueRegex" -}}
+{{- $parts := list }}
+{{- range .Values.worker.queues }}
+{{- $parts = append $parts (regexQuoteMeta .name | replace "\\" "\\\\") }}
+{{- end }}
+{{- join "|" $parts }}
+{{- end }}
+
+{{- define "obsq.terminationGracePeriodSeconds" -}}
+{{- add (int .Values.worker.shutdownTimeout) (int .Values.worker.terminationGracePeriodMargin) }}
+{{- end }}
+
+{{/* Checks of value combinations that the schema cannot express. */}}
+{{- define "obsq.validate" -}}
+{{- if and .Values.autoscaling.enabled .Values.keda.enabled }}
+{{- fail "autoscaling.enabled and keda.enabled are mutually exclusive: both would scale the worker Deployment; enable only one" }}
+{{- end }}
+{{- if and .Values.keda.enabled (not (.Capabilities.APIVersions.Has "keda.sh/v1alpha1")) }}
+{{- fail "keda.enabled needs the KEDA CRDs (keda.sh/v1alpha1) in the cluster; with helm template pass --api-versions keda.sh/v1alpha1" }}
+{{- end }}
+{{- if and .Values.podDisruptionBudget.enabled (not (kindIs "invalid" .Values.podDisruptionBudget.minAvailable)) (not (kindIs "invalid" .Values.podDisruptionBudget.maxUnavailable)) }}
+{{- fail "podDisruptionBudget: set only one of minAvailable and maxUnavailable (set the other to null)" }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (not (dig "requests" "cpu" "" .Values.worker.resources)) }}
+{{- fail "autoscaling.enabled scales on CPU utilization and needs worker.resources.requests.cpu" }}
+{{- end }}
+{{- if and (not .Values.redis.existingSecret) (not .Values.redis.url) }}
+{{- fail "set redis.existingSecret (and redis.existingSecretKey) or redis.url" }}
+{{- end }}
+{{- if and .Values.tracing.enabled (not .Values.tracing.endpoint) }}
+{{- fail "tracing.enabled needs tracing.endpoint (the OTLP endpoint, e.g. http://otel-collector:4317)" }}
+{{- end }}
+{{- end }}
+
+{{/* Environment shared by the worker and the scheduler containers. */}}
+{{- define "obsq.commonEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: OBSQ_NAMESPACE
+  value: {{ .Values.obsq.namespace | quote }}
+- name: OBSQ_LOG_FORMAT
+  value: {{ .Values.obsq.logFormat | quote }}
+{{- if .Values.redis.existingSecret }}
+- name: OBSQ_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.redis.existingSecret }}
+      key: {{ .Values.redis.existingSecretKey }}
+{{- else }}
+- name: OBSQ_REDIS_URL
+  value: {{ .Values.redis.url | quote }}
+{{- end }}
+{{- if .Values.tracing.enabled }}
+- name: OTEL_TRACES_EXPORTER
+  value: otlp
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .Values.tracing.endpoint | quote }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ .Values.tracing.protocol | quote }}
+- name: OTEL_SERVICE_NAME
+  value: {{ default (include "obsq.fullname" .) .Values.tracing.serviceName | quote }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ .Values.tracing.sampler | quote }}
+{{- if .Values.tracing.samplerArg }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ .Values.tracing.samplerArg | quote }}
+{{- end }}
+{{- $attrs := list "k8s.namespace.name=$(POD_NAMESPACE)" "k8s.pod.name=$(POD_NAME)" }}
+{{- range $k, $v := .Values.tracing.resourceAttributes }}
+{{- $attrs = append $attrs (printf "%s=%s" $k (toString $v)) }}
+{{- end }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ join "," $attrs | quote }}
+{{- else }}
+- name: OTEL_TRACES_EXPORTER
+  value: none
+{{- end }}
+{{- with .Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* Topology spread constraints whose labelSelector defaults to the component's pods. */}}
+{{- define "obsq.topologySpreadConstraints" -}}
+{{- $root := index . 0 }}
+{{- $component := index . 1 }}
+{{- $constraints := index . 2 }}
+{{- range $constraints }}
+{{- $c := deepCopy . }}
+{{- if not $c.labelSelector }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" (include "obsq.componentSelectorLabels" (list $root $component) | fromYaml)) }}
+{{- end }}
+- {{ toYaml $c | nindent 2 | trim }}
+{{- end }}
+{{- end }}

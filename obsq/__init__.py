@@ -1,0 +1,30 @@
+"""obsq: a Redis task queue and worker for Python, built for Kubernetes and made to be
+watched. Read the package top-down: task, app, client, broker, worker, maintenance,
+scheduler, observability, cli."""
+
+__version__ = "0.1.0"
+
+from obsq.app import App, Route  # noqa: E402
+from obsq.client import Client, SyncClient  # noqa: E402
+from obsq.errors import (  # noqa: E402
+    BrokerError,
+    ConfigurationError,
+    DuplicateTask,
+    ObsqError,
+    PayloadError,
+    Retry,
+    SkipRetry,
+    TaskFailed,
+    TaskNotFound,
+    TaskTimeout,
+    UnknownTaskType,
+)
+from obsq.task import Job, Task, TaskInfo, TaskMessage  # noqa: E402
+from obsq.worker import Worker  # noqa: E402
+
+__all__ = [
+    "App", "BrokerError", "Client", "ConfigurationError", "DuplicateTask", "Job", "ObsqError",
+    "PayloadError", "Retry", "Route", "SkipRetry", "SyncClient", "Task", "TaskFailed",
+    "TaskInfo", "TaskMessage", "TaskNotFound", "TaskTimeout", "UnknownTaskType", "Worker",
+    "__version__",
+]

@@ -1,0 +1,140 @@
+"""The App: which handler runs a task type, and what wraps every handler.
+
+Routing: an exact type wins, then the longest registered prefix (a pattern ending
+in ":" or "."), then the catch-all "*". Middleware is a Starlette-style onion:
+`async def mw(task, call_next)`; the first one added is the outermost.
+Hooks report what happens outside a handler: each attempt's outcome once Redis has
+recorded it, tasks taken back from lost workers, and failed Redis calls.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from obsq.task import Task, validate_name
+
+Handler = Callable[[Task], Any]
+CallNext = Callable[[Task], Awaitable[Any]]
+Middleware = Callable[[Task, CallNext], Awaitable[Any]]
+RetryDelay = float | Callable[[int, BaseException, Task], float] | None
+OutcomeHook = Callable[[Task, str, BaseException | None], None]
+RecoveryHook = Callable[[str, str, int], None]
+RedisErrorHook = Callable[[str, BaseException], None]
+
+OUTCOMES = ("success", "retry", "dead", "requeued", "lease_lost")
+CATCH_ALL = "*"
+PREFIX_ENDINGS = (":", ".")
+
+
+@dataclass(frozen=True)
+class Route:
+    pattern: str
+    handler: Handler
+    is_async: bool
+    queue: str | None = None
+    max_retry: int | None = None
+    timeout: float | None = None
+    retry_delay: RetryDelay = None
+
+    @property
+    def is_prefix(self) -> bool:
+        return self.pattern == CATCH_ALL or self.pattern.endswith(PREFIX_ENDINGS)
+
+
+class App:
+    """The registry of handlers, middleware and outcome hooks shared by workers and clients."""
+
+    def __init__(self, namespace: str = "obsq") -> None:
+        self.namespace = validate_name("namespace", namespace)
+        self._exact: dict[str, Route] = {}
+        self._prefixes: list[Route] = []  # longest first
+        self._cache: dict[str, Route | None] = {}
+        self.middleware: list[Middleware] = []
+        self.outcome_hooks: list[OutcomeHook] = []
+        self.recovery_hooks: list[RecoveryHook] = []
+        self.redis_error_hooks: list[RedisErrorHook] = []
+
+    def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
+             timeout: float | None = None,
+             retry_delay: RetryDelay = None) -> Callable[[Handler], Handler]:
+        """Register a handler for a task type, a prefix ending in ':' or '.', or '*'."""
+        validate_name("task type", pattern)
+        if queue is not None:
+            validate_name("queue", queue)
+        if max_retry is not None and (not isinstance(max_retry, int) or max_retry < 0):
+            raise ValueError(f"max_retry must be a non-negative integer, got {max_retry!r}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        if isinstance(retry_delay, (int, float)) and retry_delay < 0:
+            raise ValueError(f"retry_delay must not be negative, got {retry_delay!r}")
+
+        def register(handler: Handler) -> Handler:
+            if pattern in self._exact or any(r.pattern == pattern for r in self._prefixes):
+                raise ValueError(f"a handler for {pattern!r} is already registered")
+            route = Route(pattern, handler, inspect.iscoroutinefunction(handler), queue,
+                          max_retry, timeout, retry_delay)
+            if route.is_prefix:
+                self._prefixes.append(route)
+                self._prefixes.sort(key=lambda r: (r.pattern == CATCH_ALL, -len(r.pattern)))
+            else:
+                self._exact[pattern] = route
+            self._cache.clear()
+            return handler
+
+        return register
+
+    def route(self, task_type: str) -> Route | None:
+        route = self._cache.get(task_type, _MISSING)
+        if route is _MISSING:
+            route = self._exact.get(task_type) or next(
+                (r for r in self._prefixes
+                 if r.pattern == CATCH_ALL or task_type.startswith(r.pattern)), None)
+            if len(self._cache) < 10_000:  # types behind "*" are unbounded
+                self._cache[task_type] = route
+        return route
+
+    @property
+    def routes(self) -> list[Route]:
+        return [*self._exact.values(), *self._prefixes]
+
+    def use(self, middleware: Middleware) -> Middleware:
+        """Wrap every handler; usable as a decorator."""
+        self.middleware.append(middleware)
+        return middleware
+
+    def on_outcome(self, hook: OutcomeHook) -> OutcomeHook:
+        """Call `hook(task, outcome, error)` after each attempt is settled in Redis.
+
+        `outcome` is one of OUTCOMES. Hooks must be quick and must not raise."""
+        self.outcome_hooks.append(hook)
+        return hook
+
+    def on_recovery(self, hook: RecoveryHook) -> RecoveryHook:
+        """Call `hook(queue, reason, count)` when tasks are taken back from workers;
+        reason is `expired` (lease ran out) or `worker_lost` (heartbeat stopped)."""
+        self.recovery_hooks.append(hook)
+        return hook
+
+    def on_redis_error(self, hook: RedisErrorHook) -> RedisErrorHook:
+        """Call `hook(operation, exc)` for every failed Redis call of a worker."""
+        self.redis_error_hooks.append(hook)
+        return hook
+
+    def wrap(self, innermost: CallNext) -> CallNext:
+        """Compose the middleware around `innermost`, outermost first."""
+        call = innermost
+        for middleware in reversed(self.middleware):
+            call = _bind(middleware, call)
+        return call
+
+
+def _bind(middleware: Middleware, call_next: CallNext) -> CallNext:
+    def call(task: Task) -> Awaitable[Any]:
+        return middleware(task, call_next)
+    return call
+
+
+_MISSING: Any = object()

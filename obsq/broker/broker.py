@@ -1,0 +1,364 @@
+"""The broker: one method per state change, each one Lua script or one plain command.
+
+This is the only code in obsq that speaks Redis. Every failed call is reported to the
+`on_error(operation, exc)` callbacks (the metrics count them) and raised to the caller as
+BrokerError, which decides whether to retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+import orjson
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
+
+from obsq.broker.connection import create_client
+from obsq.broker.keys import TASK_STATES, GlobalKeys, QueueKeys
+from obsq.broker.scripts import is_noscript, load_scripts
+from obsq.errors import BrokerError, ConfigurationError
+from obsq.task import TaskMessage
+
+ErrorHook = Callable[[str, BaseException], None]
+MIN_REDIS_VERSION = (6, 2)
+SCRIPTS = load_scripts()
+
+# One attempt handed to a worker: id, fence, type, payload, headers, options, retried, due_ms.
+RawTask = tuple[str, int, str, bytes, bytes, bytes, int, int]
+
+
+class Broker:
+    def __init__(self, url: str, namespace: str, *, client: Any = None) -> None:
+        self.url = url
+        self.namespace = namespace
+        self.redis = client if client is not None else create_client(url)
+        self.global_keys = GlobalKeys(namespace)
+        self._queue_keys: dict[str, QueueKeys] = {}
+        self.on_error: list[ErrorHook] = []
+
+    def keys(self, queue: str) -> QueueKeys:
+        keys = self._queue_keys.get(queue)
+        if keys is None:
+            keys = self._queue_keys[queue] = QueueKeys(self.namespace, queue)
+        return keys
+
+    async def check(self) -> str:
+        """Fail at start with one clear error for a wrong URL, password or Redis version."""
+        try:
+            info = await self.redis.info("server")
+        except AuthenticationError as exc:
+            raise ConfigurationError(f"Redis at {_safe(self.url)} refused the credentials: "
+                                     f"{exc}") from None
+        except (RedisError, OSError) as exc:
+            raise ConfigurationError(f"cannot reach Redis at {_safe(self.url)}: {exc}") from None
+        if "redis_version" not in info:  # a cluster answers per node
+            info = next(iter(info.values()))
+        version = str(info["redis_version"])
+        if tuple(int(p) for p in version.split(".")[:2]) < MIN_REDIS_VERSION:
+            raise ConfigurationError(f"obsq needs Redis 6.2 or newer; {_safe(self.url)} runs "
+                                     f"{version}")
+        return version
+
+    async def close(self) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await self.redis.aclose()
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _failed(self, operation: str, exc: BaseException) -> BrokerError:
+        for hook in self.on_error:
+            hook(operation, exc)
+        return BrokerError(operation, exc)
+
+    async def _guard(self, operation: str, call: Awaitable[Any]) -> Any:
+        try:
+            return await call
+        except (RedisError, OSError) as exc:
+            raise self._failed(operation, exc) from exc
+
+    async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        script = SCRIPTS[name]
+        try:
+            try:
+                return await self.redis.evalsha(script.sha, len(keys), *keys, *args)
+            except ResponseError as exc:
+                if not is_noscript(exc):
+                    raise
+                await self.redis.script_load(script.source)
+                return await self.redis.evalsha(script.sha, len(keys), *keys, *args)
+        except (RedisError, OSError) as exc:
+            raise self._failed(name, exc) from exc
+
+    async def _scripts(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+                       ) -> list[Any]:
+        """Several calls of one script in one round trip (one per queue)."""
+        if len(calls) == 1:
+            return [await self._script(name, *calls[0])]
+        script = SCRIPTS[name]
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for keys, args in calls:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            results = await pipe.execute(raise_on_error=False)
+            if any(is_noscript(r) for r in results):
+                await self.redis.script_load(script.source)
+                for i, (keys, args) in enumerate(calls):
+                    if is_noscript(results[i]):
+                        results[i] = await self.redis.evalsha(script.sha, len(keys), *keys,
+                                                              *args)
+            for result in results:
+                if isinstance(result, Exception):
+                    raise result
+            return results
+        except (RedisError, OSError) as exc:
+            raise self._failed(name, exc) from exc
+
+    # -- producing ------------------------------------------------------------------------
+
+    async def register_queues(self, queues: Iterable[str]) -> None:
+        await self._guard("register_queues", self.redis.sadd(self.global_keys.queues, *queues))
+
+    async def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[str]:
+        """Returns per message '' (enqueued), 'id' (id taken) or 'unique:<holder id>'."""
+        k = self.keys(queue)
+        args: list[Any] = [0]
+        for m in messages:
+            args += (m.id, m.type, m.payload, m.encoded_headers(), m.encoded_options(),
+                     int(m.due_at * 1000), m.unique_key, int(m.unique_for * 1000))
+        result = await self._script("enqueue", (k.pending, k.scheduled, k.wake), args)
+        return [s.decode() for s in result]
+
+    # -- working --------------------------------------------------------------------------
+
+    async def dequeue(self, queue: str, count: int, worker_id: str, lease_seconds: float
+                      ) -> tuple[int, list[RawTask]]:
+        """Up to `count` tasks under lease; returns Redis's clock (ms) and the tasks."""
+        k = self.keys(queue)
+        reply = await self._script("dequeue", (k.pending, k.lease, k.wake, k.paused),
+                                   (0, int(lease_seconds * 1000), count, worker_id))
+        tasks = [
+            (reply[i].decode(), reply[i + 1], reply[i + 2].decode(), reply[i + 3],
+             reply[i + 4], reply[i + 5], int(reply[i + 6] or 0), int(reply[i + 7] or 0))
+            for i in range(2, len(reply), 8)
+        ]
+        return reply[0], tasks
+
+    async def ack(self, batches: dict[str, list[tuple[str, int, float, bytes]]]
+                  ) -> dict[str, list[bool]]:
+        """Complete attempts: {queue: [(id, fence, retention_s, result)]} -> accepted flags."""
+        calls = []
+        for queue, items in batches.items():
+            k = self.keys(queue)
+            args: list[Any] = [0]
+            for task_id, fence, retention, result in items:
+                args += (task_id, fence, int(retention * 1000), result)
+            calls.append(((k.lease, k.completed), args))
+        results = await self._scripts("ack", calls)
+        return {q: [bool(x) for x in r] for q, r in zip(batches, results)}
+
+    async def retry(self, queue: str, task_id: str, fence: int, delay: float,
+                    error: str) -> bool:
+        k = self.keys(queue)
+        return bool(await self._script("retry", (k.lease, k.retry, k.pending, k.wake),
+                                       (0, task_id, fence, int(delay * 1000), error)))
+
+    async def kill(self, queue: str, task_id: str, fence: int, error: str) -> bool:
+        k = self.keys(queue)
+        return bool(await self._script("kill", (k.lease, k.dead), (0, task_id, fence, error)))
+
+    async def requeue(self, queue: str, attempts: Sequence[tuple[str, int]]) -> list[bool]:
+        k = self.keys(queue)
+        args: list[Any] = [0]
+        for task_id, fence in attempts:
+            args += (task_id, fence)
+        return [bool(x) for x in await self._script("requeue", (k.lease, k.pending, k.wake),
+                                                    args)]
+
+    async def extend(self, attempts: dict[str, list[tuple[str, int]]], lease_seconds: float
+                     ) -> dict[str, list[str]]:
+        """Extend leases: {queue: [(id, fence)]} -> {queue: ids whose lease was lost}."""
+        calls = []
+        for queue, items in attempts.items():
+            args: list[Any] = [0, int(lease_seconds * 1000)]
+            for task_id, fence in items:
+                args += (task_id, fence)
+            calls.append(((self.keys(queue).lease,), args))
+        results = await self._scripts("extend", calls)
+        return {q: [i.decode() for i in r] for q, r in zip(attempts, results)}
+
+    async def wait_for_work(self, queue: str, timeout: float) -> bool:
+        """Block until a producer signals `queue` (or `timeout` passes, then False)."""
+        reply = await self._guard("wait_for_work",
+                                  self.redis.blpop([self.keys(queue).wake], timeout=timeout))
+        return reply is not None
+
+    async def set_progress(self, queue: str, task_id: str, state: Any, ttl: float) -> None:
+        await self._guard("set_progress", self.redis.set(
+            self.keys(queue).progress(task_id), orjson.dumps(state), px=int(ttl * 1000)))
+
+    # -- workers and maintenance ----------------------------------------------------------
+
+    async def heartbeat(self, worker_id: str, description: dict[str, Any], ttl: float) -> None:
+        g = self.global_keys
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(g.workers, {worker_id: int(time.time() * 1000)})
+        pipe.set(g.worker(worker_id), orjson.dumps(description), px=int(ttl * 1000))
+        await self._guard("heartbeat", pipe.execute())
+
+    async def deregister(self, worker_id: str) -> None:
+        g = self.global_keys
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrem(g.workers, worker_id)
+        pipe.delete(g.worker(worker_id))
+        await self._guard("deregister", pipe.execute())
+
+    async def workers(self) -> list[dict[str, Any]]:
+        """Descriptions of the workers whose heartbeat is current."""
+        g = self.global_keys
+        ids = await self._guard("workers", self.redis.zrange(g.workers, 0, -1))
+        if not ids:
+            return []
+        values = await self._guard("workers", self.redis.mget(
+            [g.worker(i.decode()) for i in ids]))
+        return [orjson.loads(v) for v in values if v]
+
+    async def lost_workers(self, silent_for: float) -> list[str]:
+        """Workers registered in the heartbeat set whose heartbeat key has expired."""
+        g = self.global_keys
+        cutoff = int((time.time() - silent_for) * 1000)
+        candidates = await self._guard("lost_workers",
+                                       self.redis.zrangebyscore(g.workers, "-inf", cutoff))
+        if not candidates:
+            return []
+        alive = await self._guard("lost_workers", self.redis.mget(
+            [g.worker(c.decode()) for c in candidates]))
+        return [c.decode() for c, a in zip(candidates, alive) if a is None]
+
+    async def forget_workers(self, worker_ids: Sequence[str]) -> None:
+        await self._guard("forget_workers", self.redis.zrem(self.global_keys.workers,
+                                                            *worker_ids))
+
+    async def recover(self, queue: str, max_recoveries: int, batch: int,
+                      lost_workers: Sequence[str] = ()) -> tuple[int, int]:
+        """Expired leases (or, given lost workers, their attempts) -> (requeued, killed)."""
+        k = self.keys(queue)
+        requeued, killed = await self._script(
+            "recover", (k.lease, k.pending, k.dead, k.wake),
+            (0, max_recoveries, batch, *lost_workers))
+        return requeued, killed
+
+    async def forward(self, queue: str, state: str, batch: int) -> tuple[int, float | None]:
+        """Due tasks of the scheduled or retry set to pending -> (moved, next due in s)."""
+        k = self.keys(queue)
+        moved, next_due = await self._script("forward", (k.by_state(state), k.pending, k.wake),
+                                             (0, batch))
+        next_due = float(next_due)
+        return moved, (next_due / 1000 if next_due >= 0 else None)
+
+    async def cleanup(self, queue: str, dead_max_age: float, dead_max_count: int,
+                      batch: int) -> int:
+        k = self.keys(queue)
+        return await self._script("cleanup", (k.completed, k.dead),
+                                  (0, int(dead_max_age * 1000), dead_max_count, batch))
+
+    async def try_lock(self, name: str, owner: str, ttl: float) -> bool:
+        """Take or keep a short lock so one process at a time runs a maintenance sweep."""
+        key = self.global_keys.lock(name)
+        ms = int(ttl * 1000)
+        if await self._guard("lock", self.redis.set(key, owner, nx=True, px=ms)):
+            return True
+        holder = await self._guard("lock", self.redis.get(key))
+        if holder == owner.encode():
+            await self._guard("lock", self.redis.pexpire(key, ms))
+            return True
+        return False
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        key = self.global_keys.lock(name)
+        if await self._guard("lock", self.redis.get(key)) == owner.encode():
+            await self._guard("lock", self.redis.delete(key))
+
+    # -- inspecting and repairing ---------------------------------------------------------
+
+    async def queues(self) -> list[str]:
+        members = await self._guard("queues", self.redis.smembers(self.global_keys.queues))
+        return sorted(m.decode() for m in members)
+
+    async def queue_stats(self, queues: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Depth by state, latency (s) and pause flag of each queue, one round trip."""
+        calls = []
+        for queue in queues:
+            k = self.keys(queue)
+            calls.append(((k.pending, k.lease, k.scheduled, k.retry, k.dead, k.completed,
+                           k.paused), (0,)))
+        results = await self._scripts("stats", calls) if calls else []
+        stats = {}
+        for queue, r in zip(queues, results):
+            oldest, now = r[6], r[8]
+            stats[queue] = {
+                "depth": dict(zip(TASK_STATES, r[:6])),
+                "latency": max(now - oldest, 0) / 1000 if oldest >= 0 else 0.0,
+                "paused": bool(r[7]),
+            }
+        return stats
+
+    async def find_queue(self, task_id: str) -> str | None:
+        """The queue holding `task_id`, looked up across every known queue."""
+        queues = await self.queues()
+        if not queues:
+            return None
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.exists(self.keys(queue).task(task_id))
+        found = await self._guard("find_queue", pipe.execute())
+        return next((q for q, f in zip(queues, found) if f), None)
+
+    async def task_fields(self, queue: str, task_id: str) -> tuple[dict[bytes, bytes],
+                                                                   bytes | None]:
+        k = self.keys(queue)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(k.task(task_id))
+        pipe.get(k.progress(task_id))
+        fields, progress = await self._guard("task_info", pipe.execute())
+        return fields, progress
+
+    async def watch_result(self, queue: str, task_id: str) -> list[Any] | None:
+        return await self._script("watch", (self.keys(queue).task(task_id),), ())
+
+    async def wait_done(self, queue: str, task_id: str, timeout: float) -> tuple[str, bytes] | None:
+        reply = await self._guard("wait_result", self.redis.brpop(
+            [self.keys(queue).done(task_id)], timeout=timeout))
+        if reply is None:
+            return None
+        state, _, value = reply[1].partition(b":")
+        return state.decode(), value
+
+    async def list_tasks(self, queue: str, state: str, limit: int) -> list[str]:
+        k = self.keys(queue)
+        if state == "pending":
+            ids = await self._guard("list_tasks", self.redis.lrange(k.pending, -limit, -1))
+            ids.reverse()
+        else:
+            ids = await self._guard("list_tasks", self.redis.zrange(k.by_state(state), 0,
+                                                                    limit - 1))
+        return [i.decode() for i in ids]
+
+    async def revive(self, queue: str, state: str, task_ids: Sequence[str] = ()) -> int:
+        k = self.keys(queue)
+        return await self._script("revive", (k.by_state(state), k.pending, k.wake),
+                                  (0, 1 if state == "dead" else 0, *task_ids))
+
+    async def set_paused(self, queue: str, paused: bool) -> None:
+        key = self.keys(queue).paused
+        call = self.redis.set(key, 1) if paused else self.redis.delete(key)
+        await self._guard("pause", call)
+
+
+def _safe(url: str) -> str:
+    """The URL without its password, for messages."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    return scheme + sep + rest

@@ -1,0 +1,62 @@
+"""Turning a URL into a redis-py client: plain, TLS, unix socket, Cluster or Sentinel.
+
+Automatic retries of redis-py are off: a Lua call that reached Redis before the
+connection broke must not run twice. Callers retry at their own level."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import NoBackoff
+
+from obsq.errors import ConfigurationError
+
+SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel")
+SOCKET_TIMEOUT = 10.0  # above the longest blocking call obsq makes (BLPOP of 2 s)
+CONNECT_TIMEOUT = 5.0
+
+
+def create_client(url: str) -> Any:
+    """A redis-py asyncio client for `url`; raises ConfigurationError on a malformed URL."""
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(f"Redis URL {url!r} is not a URL like redis://host:6379/0")
+    parts = urlsplit(url)
+    if parts.scheme not in SCHEMES:
+        raise ConfigurationError(
+            f"Redis URL scheme {parts.scheme!r} is not one of {', '.join(SCHEMES)}")
+    options: dict[str, Any] = {
+        "socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": CONNECT_TIMEOUT,
+        "retry": Retry(NoBackoff(), 0), "decode_responses": False,
+    }
+    try:
+        if parts.scheme.endswith("+cluster"):
+            plain = parts._replace(scheme=parts.scheme.split("+")[0]).geturl()
+            options.pop("retry")
+            return RedisCluster.from_url(plain, **options)
+        if parts.scheme == "redis+sentinel":
+            return _sentinel_client(parts, options)
+        return aioredis.Redis.from_url(url, **options)
+    except ValueError as exc:
+        raise ConfigurationError(f"Redis URL {url!r} is invalid: {exc}") from None
+
+
+def _sentinel_client(parts: Any, options: dict[str, Any]) -> Any:
+    """redis+sentinel://[:password@]host:port[,host:port]/service_name[/db]"""
+    path = [p for p in parts.path.split("/") if p]
+    if not path:
+        raise ConfigurationError("a redis+sentinel URL needs the service name as its path")
+    hosts = []
+    for host_port in parts.netloc.rpartition("@")[2].split(","):
+        host, _, port = host_port.partition(":")
+        hosts.append((host, int(port or 26379)))
+    query = parse_qs(parts.query)
+    sentinel = Sentinel(hosts, sentinel_kwargs={"password": query.get("sentinel_password",
+                                                                       [None])[0]},
+                        password=parts.password, db=int(path[1]) if len(path) > 1 else 0,
+                        **options)
+    return sentinel.master_for(path[0])

@@ -1,0 +1,53 @@
+"""The key layout, defined once. Every key of a queue carries the queue name as a Redis
+Cluster hash tag, so each Lua script touches a single slot."""
+
+from __future__ import annotations
+
+TASK_STATES = ("pending", "active", "scheduled", "retry", "dead", "completed")
+
+
+class QueueKeys:
+    __slots__ = ("completed", "dead", "lease", "paused", "pending", "prefix", "queue", "retry",
+                 "scheduled", "wake")
+
+    def __init__(self, namespace: str, queue: str) -> None:
+        self.queue = queue
+        self.prefix = f"{namespace}:{{{queue}}}:"
+        self.pending = self.prefix + "pending"  # list of ids; producers push left, workers pop right
+        self.lease = self.prefix + "lease"  # zset id -> lease expiry (ms): the active tasks
+        self.scheduled = self.prefix + "scheduled"  # zset id -> due time (ms)
+        self.retry = self.prefix + "retry"  # zset id -> due time (ms)
+        self.dead = self.prefix + "dead"  # zset id -> time of death (ms)
+        self.completed = self.prefix + "completed"  # zset id -> end of retention (ms)
+        self.wake = self.prefix + "wake"  # list of tokens idle workers block on
+        self.paused = self.prefix + "paused"  # exists while the queue is paused
+
+    def task(self, task_id: str) -> str:
+        return self.prefix + "t:" + task_id
+
+    def progress(self, task_id: str) -> str:
+        return self.prefix + "progress:" + task_id
+
+    def done(self, task_id: str) -> str:
+        return self.prefix + "done:" + task_id
+
+    def by_state(self, state: str) -> str:
+        return self.lease if state == "active" else getattr(self, state)
+
+
+class GlobalKeys:
+    __slots__ = ("namespace", "queues", "workers")
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self.queues = f"{namespace}:queues"  # set of every queue ever enqueued to
+        self.workers = f"{namespace}:workers"  # zset worker id -> last heartbeat (ms)
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.namespace}:worker:{worker_id}"  # hash describing a live worker
+
+    def lock(self, name: str) -> str:
+        return f"{self.namespace}:lock:{name}"
+
+    def schedule(self, entry: str) -> str:
+        return f"{self.namespace}:cron:{entry}"  # last enqueued run of a cron entry

@@ -1,0 +1,36 @@
+"""Lua scripts, one file per state change, called by SHA and loaded again after NOSCRIPT
+(a restarted or failed-over Redis has none)."""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+from typing import Any
+
+from redis.exceptions import NoScriptError, ResponseError
+
+SCRIPT_DIR = resources.files("obsq.broker") / "scripts"
+
+
+class Script:
+    __slots__ = ("name", "sha", "source")
+
+    def __init__(self, name: str, source: str) -> None:
+        self.name = name
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()
+
+
+def load_scripts() -> dict[str, Script]:
+    prelude = (SCRIPT_DIR / "_prelude.lua").read_text()
+    scripts = {}
+    for path in SCRIPT_DIR.iterdir():
+        if path.name.endswith(".lua") and not path.name.startswith("_"):
+            name = path.name[:-4]
+            scripts[name] = Script(name, prelude + "\n" + path.read_text())
+    return scripts
+
+
+def is_noscript(result: Any) -> bool:
+    return isinstance(result, NoScriptError) or (
+        isinstance(result, ResponseError) and str(result).startswith("NOSCRIPT"))

@@ -1,0 +1,22 @@
+-- Delete completed tasks past their retention and dead tasks past their age or count limit.
+-- KEYS: completed, dead
+-- ARGV: now, dead_max_age_ms, dead_max_count, batch
+-- Returns the number of tasks deleted.
+local now = now_ms()
+local batch = tonumber(ARGV[4])
+local deleted = 0
+local function drop(set, ids)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', set, id)
+    redis.call('DEL', task_key(id))
+    deleted = deleted + 1
+  end
+end
+drop(KEYS[1], redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, batch))
+drop(KEYS[2], redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[2]),
+                         'LIMIT', 0, batch))
+local excess = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[3])
+if excess > 0 then
+  drop(KEYS[2], redis.call('ZRANGE', KEYS[2], 0, math.min(excess, batch) - 1))
+end
+return deleted

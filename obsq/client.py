@@ -1,0 +1,257 @@
+"""Producers: enqueue tasks, read their state and wait for their results.
+
+Producer hooks form an onion around every write, like handler middleware:
+`async def hook(messages, call_next) -> list[TaskInfo]`. Each message is checked
+and has its id before the hooks see it, so a hook can put trace context in its
+headers and name the message in a span. `Client` is asyncio; `SyncClient` offers
+the same methods, blocking, for sync web apps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from obsq.app import App
+from obsq.broker import Broker
+from obsq.errors import DuplicateTask, TaskFailed, TaskNotFound
+from obsq.task import (
+    Job,
+    TaskInfo,
+    TaskMessage,
+    build_message,
+    decode_stored_json,
+    timestamp_to_datetime,
+    validate_name,
+)
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+BATCH_SIZE = 500  # tasks per script call: bounds how long one call holds Redis
+
+CallNextProducer = Callable[[list[TaskMessage]], Awaitable[list[TaskInfo]]]
+ProducerHook = Callable[[list[TaskMessage], CallNextProducer], Awaitable[list[TaskInfo]]]
+T = TypeVar("T")
+
+
+class Client:
+    def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str = "obsq", *,
+                 app: App | None = None, instrument: bool = True,
+                 broker: Broker | None = None) -> None:
+        """`app` supplies each route's default queue, max_retry and timeout; `instrument`
+        adds the metrics and tracing producer hooks of obsq.observability."""
+        self.namespace = validate_name("namespace", namespace)
+        self.app = app
+        self.broker = broker or Broker(redis_url, namespace)
+        self.hooks: list[ProducerHook] = []
+        self._known_queues: set[str] = set()
+        self._write = self._compose()
+        if instrument:
+            from obsq.observability import instrument_client
+            instrument_client(self)
+
+    def use(self, hook: ProducerHook) -> ProducerHook:
+        """Add a producer hook; the first added is the outermost."""
+        self.hooks.append(hook)
+        self._write = self._compose()
+        return hook
+
+    def _compose(self) -> CallNextProducer:
+        call: CallNextProducer = self._store
+        for hook in reversed(self.hooks):
+            call = _bind(hook, call)
+        return call
+
+    async def enqueue(self, task_type: str, payload: Any = None, *, queue: str | None = None,
+                      max_retry: int | None = None, timeout: float | None = None,
+                      delay: float | None = None, eta: datetime | None = None,
+                      unique_for: float | None = None, task_id: str | None = None,
+                      retention: float | None = None,
+                      headers: dict[str, str] | None = None) -> TaskInfo:
+        """Enqueue one task. Raises DuplicateTask when its id, or its type and payload
+        within `unique_for` seconds, is taken; ValueError/TypeError for bad options."""
+        job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
+                  delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
+                  retention=retention, headers=dict(headers or {}))
+        info = (await self.enqueue_many([job]))[0]
+        if info.duplicate:
+            raise DuplicateTask(f"task {task_type!r} is a duplicate of {info.id}", info.id)
+        return info
+
+    async def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
+        """Enqueue many tasks in few round trips. Every job is checked before anything is
+        written. A duplicate is not an error here: its TaskInfo has `duplicate=True` and the
+        id of the task that holds the id or the unique lock."""
+        now = time.time()
+        messages = [self._message(job, now) for job in jobs]
+        return await self._write(messages) if messages else []
+
+    def _message(self, job: Job, now: float) -> TaskMessage:
+        route = self.app.route(job.type) if self.app else None
+        if route is None:
+            return build_message(job, now=now)
+        return build_message(job, queue=route.queue, max_retry=route.max_retry,
+                             timeout=route.timeout, now=now)
+
+    async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
+        """The innermost layer: group by queue, write in bounded batches, one round trip."""
+        by_queue: dict[str, list[TaskMessage]] = {}
+        for m in messages:
+            by_queue.setdefault(m.queue, []).append(m)
+        new_queues = by_queue.keys() - self._known_queues
+        if new_queues:
+            await self.broker.register_queues(new_queues)
+            self._known_queues |= new_queues
+        statuses: dict[str, str] = {}
+        for queue, group in by_queue.items():
+            for start in range(0, len(group), BATCH_SIZE):
+                chunk = group[start:start + BATCH_SIZE]
+                for m, status in zip(chunk, await self.broker.enqueue(queue, chunk)):
+                    statuses[m.id] = status
+        return [_info_after_enqueue(m, statuses[m.id]) for m in messages]
+
+    async def info(self, task_id: str, queue: str | None = None) -> TaskInfo:
+        """The task's current state; raises TaskNotFound."""
+        queue = queue or await self.broker.find_queue(task_id)
+        if queue is not None:
+            fields, progress = await self.broker.task_fields(queue, task_id)
+            if fields:
+                return _info_from_fields(task_id, queue, fields, progress)
+        raise TaskNotFound(f"no task {task_id!r} (tasks without retention are removed "
+                           "when they complete)")
+
+    async def result(self, task_id: str | TaskInfo, timeout: float | None = None,
+                     queue: str | None = None) -> Any:
+        """Wait until the task completes and return its result. Raises TaskFailed if it ends
+        dead, TimeoutError after `timeout` seconds, TaskNotFound if it is gone."""
+        if isinstance(task_id, TaskInfo):
+            queue, task_id = task_id.queue, task_id.id
+        queue = queue or await self.broker.find_queue(task_id)
+        if queue is None:
+            raise TaskNotFound(f"no task {task_id!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        reply = await self.broker.watch_result(queue, task_id)
+        if reply is None:
+            raise TaskNotFound(f"no task {task_id!r} (a result is kept only with retention)")
+        state, result, error = (v.decode() if i != 1 and v else v for i, v in enumerate(reply))
+        while state not in ("completed", "dead"):
+            remaining = 2.0 if deadline is None else min(2.0, deadline - time.monotonic())
+            if remaining <= 0:
+                raise TimeoutError(f"task {task_id} did not finish within {timeout} s")
+            done = await self.broker.wait_done(queue, task_id, max(remaining, 0.01))
+            if done is not None:
+                state, value = done
+                result, error = (value, None) if state == "completed" else (None,
+                                                                            value.decode())
+        if state == "dead":
+            raise TaskFailed(task_id, error)
+        return decode_stored_json(result)
+
+    async def close(self) -> None:
+        await self.broker.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _bind(hook: ProducerHook, call_next: CallNextProducer) -> CallNextProducer:
+    def call(messages: list[TaskMessage]) -> Awaitable[list[TaskInfo]]:
+        return hook(messages, call_next)
+    return call
+
+
+def _info_after_enqueue(m: TaskMessage, status: str) -> TaskInfo:
+    duplicate = status != ""
+    return TaskInfo(
+        id=status.partition(":")[2] or m.id if status.startswith("unique:") else m.id,
+        type=m.type, queue=m.queue,
+        state="scheduled" if m.due_at > time.time() else "pending",
+        max_retry=m.max_retry, headers=m.headers, duplicate=duplicate)
+
+
+def _info_from_fields(task_id: str, queue: str, f: dict[bytes, bytes],
+                      progress: bytes | None) -> TaskInfo:
+    def text(name: bytes) -> str | None:
+        value = f.get(name)
+        return value.decode(errors="replace") if value is not None else None
+
+    options = decode_stored_json(f.get(b"opts")) or {}
+    state = text(b"state") or "pending"
+    headers = decode_stored_json(f.get(b"headers"))
+    return TaskInfo(
+        id=task_id, type=text(b"type") or "", queue=queue, state=state,
+        retry_count=int(f.get(b"retried") or 0),
+        max_retry=options.get("max_retry") if isinstance(options, dict) else None,
+        error=text(b"error") or None, result=decode_stored_json(f.get(b"result")),
+        progress=decode_stored_json(progress), payload=decode_stored_json(f.get(b"payload")),
+        headers=headers if isinstance(headers, dict) else {},
+        enqueued_at=timestamp_to_datetime(f.get(b"enq")),
+        next_run_at=timestamp_to_datetime(f.get(b"due")) if state in ("scheduled",
+                                                                        "retry") else None,
+        completed_at=timestamp_to_datetime(f.get(b"done")))
+
+
+class SyncClient:
+    """The Client's methods, blocking. It runs a Client on a private event-loop thread and
+    carries the caller's context (e.g. the current trace span) into each call."""
+
+    def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str = "obsq",
+                 **options: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="obsq-sync-client",
+                                        daemon=True)
+        self._thread.start()
+        self._client: Client = self._run(_make_client(redis_url, namespace, options))
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        context = contextvars.copy_context()
+        future: Any = asyncio.run_coroutine_threadsafe(_in_context(coro, context), self._loop)
+        return future.result()
+
+    def use(self, hook: ProducerHook) -> ProducerHook:
+        return self._client.use(hook)
+
+    def enqueue(self, task_type: str, payload: Any = None, **options: Any) -> TaskInfo:
+        return self._run(self._client.enqueue(task_type, payload, **options))
+
+    def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
+        return self._run(self._client.enqueue_many(jobs))
+
+    def info(self, task_id: str, queue: str | None = None) -> TaskInfo:
+        return self._run(self._client.info(task_id, queue))
+
+    def result(self, task_id: str | TaskInfo, timeout: float | None = None,
+               queue: str | None = None) -> Any:
+        return self._run(self._client.result(task_id, timeout, queue))
+
+    def close(self) -> None:
+        if self._loop.is_running():
+            self._run(self._client.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _make_client(redis_url: str, namespace: str, options: dict[str, Any]) -> Client:
+    return Client(redis_url, namespace, **options)
+
+
+async def _in_context(coro: Coroutine[Any, Any, T], context: contextvars.Context) -> T:
+    """Run `coro` as a task created inside the caller's context."""
+    task = context.run(asyncio.ensure_future, coro)
+    return await task
+
+
+__all__ = ["Client", "ProducerHook", "SyncClient"]

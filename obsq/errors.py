@@ -1,0 +1,68 @@
+"""Exceptions of the public API, and the ones a handler raises to steer its task."""
+
+from __future__ import annotations
+
+
+class ObsqError(Exception):
+    """Base class of every error obsq raises."""
+
+
+class DuplicateTask(ObsqError):
+    """A task with the same id, or the same type and payload within `unique_for`, exists."""
+
+    def __init__(self, message: str, existing_id: str | None = None) -> None:
+        super().__init__(message)
+        self.existing_id = existing_id
+
+
+class SkipRetry(ObsqError):
+    """Raised by a handler: the task can never succeed, send it to `dead` at once."""
+
+
+class Retry(ObsqError):
+    """Raised by `Task.retry_in`: schedule the task again after `delay` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        if delay < 0:
+            raise ValueError(f"retry delay must not be negative, got {delay!r}")
+        super().__init__(f"retry requested in {delay:g} s")
+        self.delay = delay
+
+
+class PayloadError(ObsqError):
+    """The stored payload does not decode; retrying cannot help."""
+
+
+class UnknownTaskType(ObsqError):
+    """No route matches the task's type; retried, as a newer worker may know it."""
+
+
+class TaskTimeout(ObsqError):
+    """The handler ran longer than the task's timeout."""
+
+
+class TaskFailed(ObsqError):
+    """`Client.result`: the task ended in `dead`."""
+
+    def __init__(self, task_id: str, error: str | None) -> None:
+        super().__init__(f"task {task_id} failed: {error}")
+        self.task_id = task_id
+        self.error = error
+
+
+class TaskNotFound(ObsqError, LookupError):
+    """No such task (never enqueued, or finished without retention and already removed)."""
+
+
+class BrokerError(ObsqError):
+    """A Redis call failed (Redis away, restarting, failing over, or refusing the command).
+
+    Loops retry with backoff; producers get it raised and may retry."""
+
+    def __init__(self, operation: str, cause: BaseException) -> None:
+        super().__init__(f"Redis call {operation!r} failed: {cause}")
+        self.operation = operation
+
+
+class ConfigurationError(ObsqError, ValueError):
+    """A wrong option, URL or setting; reported once at start."""

@@ -1,0 +1,152 @@
+"""Running one attempt: build the Task from what Redis handed over, call the handler
+through the middleware with its timeout (sync handlers in a thread pool, so they cannot
+starve the event loop), and decide what the attempt's end means: success, retry or dead."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import random
+import sys
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from obsq.app import App, Route
+from obsq.broker import RawTask
+from obsq.errors import PayloadError, Retry, SkipRetry, TaskTimeout, UnknownTaskType
+from obsq.settings import BACKOFF_BASE, BACKOFF_CAP
+from obsq.task import DEFAULT_MAX_RETRY, DEFAULT_TIMEOUT, Task
+
+log = logging.getLogger("obsq")
+MAX_ERROR_LENGTH = 4000
+NO_RESULT = b"null"
+
+
+@dataclass(slots=True)
+class Verdict:
+    """How an attempt ended, before Redis has recorded it."""
+
+    outcome: str  # success | retry | dead
+    result: bytes = NO_RESULT
+    error: BaseException | None = None
+    delay: float = 0.0
+
+    @property
+    def error_text(self) -> str:
+        if self.error is None:
+            return ""
+        text = f"{type(self.error).__name__}: {self.error}"
+        return text if len(text) <= MAX_ERROR_LENGTH else text[:MAX_ERROR_LENGTH] + "..."
+
+
+def default_backoff(retry_count: int) -> float:
+    """Exponential backoff with jitter: 1-2 s, 2-4 s, 4-8 s ... up to 5-10 minutes."""
+    return min(BACKOFF_BASE * 2.0 ** retry_count, BACKOFF_CAP) * random.uniform(0.5, 1.0)
+
+
+class Executor:
+    def __init__(self, app: App, concurrency: int,
+                 update_state: Callable[[Task, Any], Awaitable[None]]) -> None:
+        self.app = app
+        self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="obsq-handler")
+        self.update_state = update_state
+        self.chain = app.wrap(self._invoke)
+
+    def build_task(self, queue: str, raw: RawTask, redis_now_ms: int) -> Task:
+        task_id, fence, task_type, payload, headers, options, retried, due_ms = raw
+        route = self.app.route(task_type)
+        try:
+            opts = orjson.loads(options) if options else {}
+        except orjson.JSONDecodeError:
+            opts = {}  # a tampered option blob: fall back to the route's defaults
+        if not isinstance(opts, dict):
+            opts = {}
+        max_retry = opts.get("max_retry")
+        timeout = opts.get("timeout")
+        return Task(
+            id=task_id, type=task_type, queue=queue, raw_payload=payload, raw_headers=headers,
+            retry_count=retried, fence=fence, route=route.pattern if route else "other",
+            max_retry=max_retry if isinstance(max_retry, int) else
+            (route.max_retry if route and route.max_retry is not None else DEFAULT_MAX_RETRY),
+            timeout=timeout if isinstance(timeout, (int, float)) and timeout > 0 else
+            (route.timeout if route and route.timeout else DEFAULT_TIMEOUT),
+            retention=float(opts.get("retention") or 0),
+            wait_seconds=max(redis_now_ms - due_ms, 0) / 1000 if due_ms else 0.0,
+            update_state=self.update_state)
+
+    async def run(self, task: Task) -> Verdict:
+        """Run the attempt; every exception becomes a verdict, cancellation propagates."""
+        try:
+            result = await self.chain(task)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return self.failure(task, exc)
+        try:
+            return Verdict("success", orjson.dumps(result))
+        except orjson.JSONEncodeError as exc:
+            return self.failure(task, TypeError(f"the result is not JSON-serializable: {exc}"))
+
+    def failure(self, task: Task, exc: BaseException) -> Verdict:
+        if isinstance(exc, (SkipRetry, PayloadError)) or task.retry_count >= task.max_retry:
+            return Verdict("dead", error=exc)
+        if isinstance(exc, Retry):
+            delay = exc.delay
+        else:
+            delay = self._retry_delay(task, exc)
+        return Verdict("retry", error=exc, delay=delay)
+
+    def _retry_delay(self, task: Task, exc: BaseException) -> float:
+        route = self.app.route(task.type)
+        policy = route.retry_delay if route else None
+        if policy is None:
+            return default_backoff(task.retry_count)
+        if not callable(policy):
+            return float(policy)
+        try:
+            return max(float(policy(task.retry_count, exc, task)), 0.0)
+        except Exception:
+            log.exception("retry_delay of %s failed; using the default backoff", task.type)
+            return default_backoff(task.retry_count)
+
+    async def _invoke(self, task: Task) -> Any:
+        """The innermost layer of the middleware chain: the handler itself."""
+        route = self.app.route(task.type)
+        if route is None:
+            raise UnknownTaskType(f"no handler is registered for task type {task.type!r}")
+        task.payload  # noqa: B018 - decode now: a tampered payload must fail before the handler
+        return await _with_timeout(self._call(route, task), task.timeout)
+
+    def _call(self, route: Route, task: Task) -> Awaitable[Any]:
+        if route.is_async:
+            return route.handler(task)
+        context = contextvars.copy_context()  # the trace span follows into the thread
+        return asyncio.get_running_loop().run_in_executor(self.pool, context.run,
+                                                          route.handler, task)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+if sys.version_info >= (3, 11):
+    async def _with_timeout(call: Awaitable[Any], seconds: float) -> Any:
+        try:
+            async with asyncio.timeout(seconds) as scope:
+                return await call
+        except TimeoutError:
+            if scope.expired():
+                raise TaskTimeout(f"the handler ran longer than its timeout of {seconds:g} s"
+                                  ) from None
+            raise
+else:  # pragma: no cover - Python 3.10
+    async def _with_timeout(call: Awaitable[Any], seconds: float) -> Any:
+        try:
+            return await asyncio.wait_for(call, seconds)
+        except asyncio.TimeoutError:
+            raise TaskTimeout(f"the handler ran longer than its timeout of {seconds:g} s"
+                              ) from None

@@ -1,0 +1,28 @@
+"""Moves scheduled and retry tasks to pending when they are due. It sleeps until the
+earliest due task, at most FORWARD_INTERVAL, so a delay is kept to within that."""
+
+from __future__ import annotations
+
+import time
+
+from obsq.broker import Broker
+from obsq.maintenance.sweep import Sweep
+from obsq.settings import FORWARD_INTERVAL, SWEEP_BATCH
+
+
+class Forwarder(Sweep):
+    name = "forwarder"
+
+    def __init__(self, broker: Broker, owner: str, interval: float = FORWARD_INTERVAL) -> None:
+        super().__init__(broker, owner, interval)
+
+    async def sweep(self, queues: list[str]) -> float:
+        next_due = time.time() + self.interval
+        for queue in queues:
+            for state in ("scheduled", "retry"):
+                moved, due = SWEEP_BATCH, None
+                while moved == SWEEP_BATCH:
+                    moved, due = await self.broker.forward(queue, state, SWEEP_BATCH)
+                if due is not None:
+                    next_due = min(next_due, due)
+        return max(next_due - time.time(), 0.001)

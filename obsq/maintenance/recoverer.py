@@ -1,0 +1,47 @@
+"""Takes tasks back from workers that can no longer finish them: at once from a worker
+whose heartbeat stopped (`worker_lost`: SIGKILL, OOM kill, lost node), and from any
+attempt whose lease ran out (`expired`: a wedged worker, or the fallback)."""
+
+from __future__ import annotations
+
+import logging
+
+from obsq.app import RecoveryHook
+from obsq.broker import Broker
+from obsq.maintenance.sweep import Sweep
+from obsq.settings import HEARTBEAT_TTL, RECOVER_INTERVAL, SWEEP_BATCH
+
+log = logging.getLogger("obsq")
+
+
+class Recoverer(Sweep):
+    name = "recoverer"
+
+    def __init__(self, broker: Broker, owner: str, *, max_recoveries: int,
+                 hooks: list[RecoveryHook], interval: float = RECOVER_INTERVAL) -> None:
+        super().__init__(broker, owner, interval)
+        self.max_recoveries = max_recoveries
+        self.hooks = hooks
+
+    async def sweep(self, queues: list[str]) -> None:
+        lost = await self.broker.lost_workers(HEARTBEAT_TTL)
+        for queue in queues:
+            if lost:
+                self._report(queue, "worker_lost", *await self.broker.recover(
+                    queue, self.max_recoveries, SWEEP_BATCH, lost))
+            requeued, killed = SWEEP_BATCH, 0
+            while requeued + killed >= SWEEP_BATCH:
+                requeued, killed = await self.broker.recover(queue, self.max_recoveries,
+                                                             SWEEP_BATCH)
+                self._report(queue, "expired", requeued, killed)
+        if lost:
+            await self.broker.forget_workers(lost)
+            log.warning("workers stopped heartbeating, their tasks were taken back: %s",
+                        ", ".join(lost))
+
+    def _report(self, queue: str, reason: str, requeued: int, killed: int) -> None:
+        if requeued or killed:
+            log.warning("recovered %d task(s) of queue %s (%s); %d exceeded max_recoveries "
+                        "and went to dead", requeued + killed, queue, reason, killed)
+            for hook in self.hooks:
+                hook(queue, reason, requeued + killed)

@@ -1,0 +1,128 @@
+"""Every tunable of a worker in one place: the named defaults, and WorkerSettings, which
+reads `OBSQ_<NAME>` from the environment so the CLI, the Helm chart and code agree."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from obsq.errors import ConfigurationError
+from obsq.task import validate_name
+
+# Liveness of workers: a heartbeat every 2 s, considered lost after 10 s of silence.
+HEARTBEAT_INTERVAL = 2.0
+HEARTBEAT_TTL = 10.0
+# Maintenance sweeps; each runs in one process at a time, under a lock of LOCK_TTL.
+FORWARD_INTERVAL = 0.25  # longest sleep of the forwarder; it wakes sooner for earlier tasks
+RECOVER_INTERVAL = 1.0
+JANITOR_INTERVAL = 10.0
+LOCK_TTL = 5.0
+SWEEP_BATCH = 1000
+# Fetching: how long an idle worker blocks on Redis before it looks again, and batch caps.
+WAIT_TIMEOUT = 2.0
+MAX_FETCH = 100
+# Retention of what is left behind.
+DEAD_MAX_AGE = 30 * 24 * 3600.0
+DEAD_MAX_COUNT = 100_000
+PROGRESS_TTL = 24 * 3600.0
+# Default retry backoff: base * 2**retries, capped, then jittered to 50-100 %.
+BACKOFF_BASE = 2.0
+BACKOFF_CAP = 600.0
+# Pause between attempts to reach a Redis that is away, doubling up to the cap.
+REDIS_RETRY_MIN = 0.05
+REDIS_RETRY_MAX = 2.0
+
+
+def parse_queues(value: str | dict[str, int]) -> dict[str, int]:
+    """'critical=6,default=3' (or 'default') -> {'critical': 6, 'default': 3}."""
+    if isinstance(value, dict):
+        items = list(value.items())
+    else:
+        items = []
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            name, _, weight = part.partition("=")
+            try:
+                items.append((name.strip(), int(weight) if weight else 1))
+            except ValueError:
+                raise ConfigurationError(f"queue weight in {part!r} is not an integer") from None
+    if not items:
+        raise ConfigurationError("at least one queue is needed")
+    queues = {}
+    for name, weight in items:
+        validate_name("queue", name)
+        if not isinstance(weight, int) or weight < 1:
+            raise ConfigurationError(f"queue {name!r} needs a positive integer weight, "
+                                     f"got {weight!r}")
+        queues[name] = weight
+    return queues
+
+
+@dataclass
+class WorkerSettings:
+    redis_url: str = "redis://localhost:6379/0"
+    namespace: str | None = None  # None: the App's namespace
+    queues: dict[str, int] = field(default_factory=lambda: {"default": 1})
+    concurrency: int = 50
+    strict_priority: bool = False
+    shutdown_timeout: float = 25.0
+    lease_seconds: float = 30.0
+    max_recoveries: int = 5
+    http_port: int | None = None  # None: no HTTP endpoint
+    http_host: str = "0.0.0.0"
+    metrics: bool = True
+    tracing: bool = True
+    processes: int = 1
+    log_format: str = "text"
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        self.queues = parse_queues(self.queues)
+        if self.namespace is not None:
+            validate_name("namespace", self.namespace)
+        for name in ("concurrency", "processes"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigurationError(f"{name} must be a positive integer, "
+                                         f"got {getattr(self, name)!r}")
+        if not self.lease_seconds >= 1:
+            raise ConfigurationError(f"lease_seconds must be at least 1, got {self.lease_seconds}")
+        if self.shutdown_timeout < 0:
+            raise ConfigurationError("shutdown_timeout must not be negative")
+        if self.max_recoveries < 0:
+            raise ConfigurationError("max_recoveries must not be negative")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ConfigurationError(f"http_port {self.http_port} is not a TCP port")
+        if self.log_format not in ("text", "json"):
+            raise ConfigurationError(f"log_format must be text or json, got {self.log_format!r}")
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> WorkerSettings:
+        """Settings from `OBSQ_<NAME>` variables; explicit overrides (not None) win."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(f"OBSQ_{f.name.upper()}")
+            if raw is not None and raw != "":
+                values[f.name] = _convert(f.name, raw, cls.__dataclass_fields__[f.name].default)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def _convert(name: str, raw: str, default: Any) -> Any:
+    if name == "queues":
+        return raw
+    if name == "http_port":
+        default = 0
+    try:
+        if isinstance(default, bool):
+            if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError(raw)
+            return raw.lower() in ("1", "true", "yes", "on")
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+    except ValueError:
+        raise ConfigurationError(f"OBSQ_{name.upper()}={raw!r} is not a valid "
+                                 f"{type(default).__name__}") from None
+    return raw

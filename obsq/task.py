@@ -1,0 +1,244 @@
+"""What a task is, on both sides of Redis: the job a producer sends, the task a
+handler receives, the info a client reads back, and the wire format between them.
+
+Payloads, headers and results travel as JSON through orjson, never pickle, so
+any language can produce or inspect them and a tampered entry fails loudly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import orjson
+
+from obsq.errors import PayloadError, Retry
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+STATES = ("pending", "active", "scheduled", "retry", "dead", "completed")
+MAX_NAME_LENGTH = 200
+
+
+def new_task_id() -> str:
+    return uuid.uuid4().hex
+
+
+def validate_name(kind: str, value: str) -> str:
+    """Queue names become Redis Cluster hash tags, so braces would split a queue across slots."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{kind} must be a non-empty string, got {value!r}")
+    if len(value) > MAX_NAME_LENGTH or any(c in value for c in "{}\n\r\0"):
+        raise ValueError(f"{kind} {value!r} must be at most {MAX_NAME_LENGTH} characters "
+                         "without braces or control characters")
+    return value
+
+
+def encode_json(value: Any, what: str) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except TypeError as exc:
+        raise TypeError(f"{what} is not JSON-serializable: {exc}") from None
+
+
+@dataclass
+class Job:
+    """One task to enqueue; the options left as None take the route's or the client's defaults."""
+
+    type: str
+    payload: Any = None
+    queue: str | None = None
+    max_retry: int | None = None
+    timeout: float | None = None
+    delay: float | None = None
+    eta: datetime | None = None
+    unique_for: float | None = None
+    task_id: str | None = None
+    retention: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TaskMessage:
+    """A job checked and encoded for the broker: every field is final and valid."""
+
+    id: str
+    type: str
+    queue: str
+    payload: bytes
+    headers: dict[str, str]
+    max_retry: int | None  # None: the worker applies the route's default
+    timeout: float | None
+    retention: float
+    due_at: float  # unix seconds; 0 means now
+    unique_key: str  # digest of type + payload, empty when not unique
+    unique_for: float
+
+    def encoded_headers(self) -> bytes:
+        return orjson.dumps(self.headers) if self.headers else b""
+
+    def encoded_options(self) -> bytes:
+        options = {"max_retry": self.max_retry, "timeout": self.timeout,
+                   "retention": self.retention}
+        return orjson.dumps({k: v for k, v in options.items() if v})
+
+
+DEFAULT_MAX_RETRY = 25
+DEFAULT_TIMEOUT = 1800.0
+DEFAULT_QUEUE = "default"
+
+
+def build_message(job: Job, *, queue: str | None = None, max_retry: int | None = None,
+                  timeout: float | None = None, now: float | None = None) -> TaskMessage:
+    """Check every option and encode the payload before anything is written to Redis."""
+    validate_name("task type", job.type)
+    queue = validate_name("queue", _first(job.queue, queue, DEFAULT_QUEUE))
+    max_retry = _first(job.max_retry, max_retry)
+    if max_retry is not None and (not isinstance(max_retry, int) or max_retry < 0):
+        raise ValueError(f"max_retry must be a non-negative integer, got {max_retry!r}")
+    timeout = _first(job.timeout, timeout)
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if job.delay is not None and job.eta is not None:
+        raise ValueError("give delay or eta, not both")
+    now = time.time() if now is None else now
+    due_at = 0.0
+    if job.delay is not None:
+        if job.delay < 0:
+            raise ValueError(f"delay must not be negative, got {job.delay!r}")
+        due_at = now + job.delay if job.delay > 0 else 0.0
+    elif job.eta is not None:
+        eta = job.eta if job.eta.tzinfo else job.eta.replace(tzinfo=timezone.utc)
+        due_at = max(eta.timestamp(), 0.0)
+    retention = float(job.retention or 0)
+    if retention < 0:
+        raise ValueError(f"retention must not be negative, got {retention!r}")
+    unique_for = float(job.unique_for or 0)
+    if unique_for < 0:
+        raise ValueError(f"unique_for must not be negative, got {unique_for!r}")
+    if job.task_id is not None:
+        validate_name("task_id", job.task_id)
+    headers = dict(job.headers or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise TypeError("headers must map strings to strings")
+    payload = encode_json(job.payload, "payload")
+    unique_key = ""
+    if unique_for:
+        unique_key = hashlib.sha1(job.type.encode() + b"\0" + payload).hexdigest()
+    return TaskMessage(id=job.task_id or new_task_id(), type=job.type, queue=queue,
+                       payload=payload, headers=headers, max_retry=max_retry, timeout=timeout,
+                       retention=retention, due_at=due_at, unique_key=unique_key,
+                       unique_for=unique_for)
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+class Task:
+    """A task as its handler sees it. Decoding the payload is deferred to first use so a
+    tampered payload fails inside the handler chain, where it is reported like any error."""
+
+    __slots__ = ("_payload", "_raw_payload", "_raw_headers", "_headers", "_update_state",
+                 "context", "fence", "id", "max_retry", "queue", "retention", "retry_count",
+                 "route", "timeout", "type", "wait_seconds")
+
+    def __init__(self, *, id: str, type: str, queue: str, raw_payload: bytes,
+                 raw_headers: bytes, retry_count: int, max_retry: int, timeout: float,
+                 retention: float, fence: int = 0, wait_seconds: float = 0.0,
+                 route: str = "other", update_state: Callable[[Task, Any], Awaitable[None]] | None = None) -> None:
+        self.id = id
+        self.type = type
+        self.queue = queue
+        self.retry_count = retry_count
+        self.max_retry = max_retry
+        self.timeout = timeout
+        self.retention = retention
+        self.fence = fence
+        self.wait_seconds = wait_seconds
+        self.route = route  # the matched route pattern: a bounded label for metrics
+        self.context: dict[str, Any] = {}  # per-attempt scratch space for middleware and hooks
+        self._raw_payload = raw_payload
+        self._raw_headers = raw_headers
+        self._payload: Any = _UNSET
+        self._headers: dict[str, str] | None = None
+        self._update_state = update_state
+
+    @property
+    def payload(self) -> Any:
+        if self._payload is _UNSET:
+            try:
+                self._payload = orjson.loads(self._raw_payload)
+            except orjson.JSONDecodeError as exc:
+                raise PayloadError(f"payload of task {self.id} does not decode: {exc}") from None
+        return self._payload
+
+    @property
+    def headers(self) -> dict[str, str]:
+        if self._headers is None:
+            try:
+                decoded = orjson.loads(self._raw_headers) if self._raw_headers else {}
+            except orjson.JSONDecodeError:
+                decoded = None
+            self._headers = decoded if isinstance(decoded, dict) else {}
+        return self._headers
+
+    async def update_state(self, state: Any) -> None:
+        """Publish progress; clients read it with `Client.info(id).progress`."""
+        if self._update_state is None:
+            raise RuntimeError("update_state is only available inside a worker")
+        await self._update_state(self, state)
+
+    def retry_in(self, seconds: float) -> NoReturn:
+        """Hand the task back, due again in `seconds`; counts as a retry (as in Celery).
+
+        It raises, so `await task.retry_in(60)` and a plain call both leave the handler."""
+        raise Retry(seconds)
+
+    def __repr__(self) -> str:
+        return f"Task(id={self.id!r}, type={self.type!r}, queue={self.queue!r})"
+
+
+_UNSET = object()
+
+
+@dataclass
+class TaskInfo:
+    """A task as Redis holds it, read back by a client."""
+
+    id: str
+    type: str
+    queue: str
+    state: str
+    retry_count: int = 0
+    max_retry: int | None = None  # None: the route's default applies
+    error: str | None = None
+    result: Any = None
+    progress: Any = None
+    payload: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    enqueued_at: datetime | None = None
+    next_run_at: datetime | None = None
+    completed_at: datetime | None = None
+    duplicate: bool = False  # enqueue_many: a unique or id conflict; id is the existing task
+
+
+def decode_stored_json(raw: bytes | None) -> Any:
+    """Stored results and progress are shown even when a tool wrote junk into them."""
+    if not raw:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode(errors="replace")
+
+
+def timestamp_to_datetime(ms: bytes | str | int | None) -> datetime | None:
+    if ms in (None, b"", ""):
+        return None
+    return datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc)

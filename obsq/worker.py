@@ -1,0 +1,308 @@
+"""The worker: fetch tasks from Redis, run them in concurrency slots, settle them, and
+shut down without losing any.
+
+Fetching blocks on Redis when there is nothing to do (a producer's wake token ends the
+wait within milliseconds) and takes as many tasks as there are free slots in one script
+call when busy. On SIGTERM/SIGINT the worker stops fetching, lets running handlers finish
+within `shutdown_timeout`, hands the rest back to pending at once and deregisters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import signal
+import socket
+import time
+import uuid
+from typing import Any
+
+from obsq import __version__
+from obsq.app import App
+from obsq.broker import Broker, RawTask
+from obsq.errors import BrokerError
+from obsq.execution import Executor
+from obsq.heartbeat import Heartbeat, LeaseKeeper
+from obsq.loop import BackgroundLoop
+from obsq.maintenance import Forwarder, Janitor, Recoverer
+from obsq.settings import (
+    HEARTBEAT_TTL,
+    MAX_FETCH,
+    PROGRESS_TTL,
+    REDIS_RETRY_MAX,
+    REDIS_RETRY_MIN,
+    WAIT_TIMEOUT,
+    WorkerSettings,
+)
+from obsq.settlement import Settler
+from obsq.task import Task
+
+log = logging.getLogger("obsq")
+
+
+class Worker:
+    def __init__(self, app: App, redis_url: str | None = None, *,
+                 queues: dict[str, int] | str | None = None, concurrency: int | None = None,
+                 strict_priority: bool | None = None, shutdown_timeout: float | None = None,
+                 lease_seconds: float | None = None, namespace: str | None = None,
+                 max_recoveries: int | None = None, http_port: int | None = None,
+                 metrics: bool | None = None, tracing: bool | None = None,
+                 settings: WorkerSettings | None = None, handle_signals: bool = True) -> None:
+        """Options left as None come from `settings`, else from OBSQ_* variables."""
+        given = {"redis_url": redis_url, "queues": queues, "concurrency": concurrency,
+                 "strict_priority": strict_priority, "shutdown_timeout": shutdown_timeout,
+                 "lease_seconds": lease_seconds, "namespace": namespace,
+                 "max_recoveries": max_recoveries, "http_port": http_port,
+                 "metrics": metrics, "tracing": tracing}
+        if settings is None:
+            settings = WorkerSettings.from_env(**given)
+        else:
+            for name, value in given.items():
+                if value is not None:
+                    setattr(settings, name, value)
+            settings.__post_init__()
+        self.settings = settings
+        self.app = app
+        self.namespace = settings.namespace or app.namespace
+        self.queues = settings.queues
+        self.concurrency = settings.concurrency
+        self.handle_signals = handle_signals
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.started_at = 0.0
+        self.draining = False
+        self.processed = 0
+        if settings.metrics or settings.tracing:
+            from obsq.observability import instrument_app
+            instrument_app(app, metrics=settings.metrics, tracing=settings.tracing,
+                           concurrency=self.concurrency)
+        self.broker = Broker(settings.redis_url, self.namespace)
+        self.broker.on_error.extend(app.redis_error_hooks)
+        self._order = sorted(self.queues, key=lambda q: -self.queues[q])
+        self._busy = 0
+        self._slot_free = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._hurry = asyncio.Event()
+        self._running: dict[asyncio.Task[None], Task] = {}
+        self._handling: set[asyncio.Task[None]] = set()
+        self._loops: list[BackgroundLoop] = []
+        self._http: Any = None
+
+    # -- public ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until stop() or SIGTERM/SIGINT, then drain. Raises ConfigurationError at
+        once for a wrong URL, credentials or Redis version."""
+        await self.broker.check()
+        await self.broker.register_queues(self.queues)
+        self.executor = Executor(self.app, self.concurrency, self._update_state)
+        self.settler = Settler(self.broker, self.app.outcome_hooks)
+        self.heartbeat = Heartbeat(self.broker, self.id, self.describe)
+        await self.heartbeat.beat()
+        self._loops = [
+            self.heartbeat,
+            LeaseKeeper(self.broker, self.settings.lease_seconds, self._attempts_by_queue),
+            Forwarder(self.broker, self.id),
+            Recoverer(self.broker, self.id, max_recoveries=self.settings.max_recoveries,
+                      hooks=self.app.recovery_hooks),
+            Janitor(self.broker, self.id),
+        ]
+        self.settler.start()
+        for loop in self._loops:
+            loop.start()
+        if self.settings.http_port is not None:
+            from obsq.observability import serve_http
+            self._http = serve_http(self, self.settings.http_host, self.settings.http_port)
+        signals = self._install_signals()
+        self.started_at = time.time()
+        log.info("worker %s started: queues %s, concurrency %d, Redis %s%s", self.id,
+                 ",".join(f"{q}={w}" for q, w in self.queues.items()), self.concurrency,
+                 self.broker.url.rpartition("@")[2],
+                 f", http on :{self._http.port}" if self._http else "")
+        fetcher = asyncio.create_task(self._fetch_forever(), name="obsq-fetch")
+        try:
+            await self._stopped.wait()
+        finally:
+            await self._drain(fetcher)
+            self._remove_signals(signals)
+
+    def stop(self) -> None:
+        """Begin a graceful drain; a second call stops waiting for running handlers."""
+        if self._stopped.is_set():
+            self._hurry.set()
+        self._stopped.set()
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(),
+                "queues": self.queues, "concurrency": self.concurrency, "busy": self._busy,
+                "started": self.started_at, "version": __version__,
+                "processed": self.processed, "draining": self.draining}
+
+    def health(self) -> dict[str, Any]:
+        """What /healthz and /readyz report; called from the HTTP thread."""
+        silent = time.monotonic() - self.heartbeat.last_success
+        return {"heartbeat_age": silent,
+                "heartbeat_ok": silent < max(HEARTBEAT_TTL, self.settings.lease_seconds),
+                "redis_ok": self.heartbeat.failures == 0, "draining": self.draining}
+
+    @property
+    def busy(self) -> int:
+        return self._busy
+
+    # -- fetching -------------------------------------------------------------------------
+
+    def _queue_order(self) -> list[str]:
+        """Strict: by weight. Weighted: a random order, each queue first in proportion to
+        its weight, so low-weight queues are never starved."""
+        if self.settings.strict_priority or len(self._order) == 1:
+            return self._order
+        names, weights, order = list(self._order), [self.queues[q] for q in self._order], []
+        while names:
+            i = random.choices(range(len(names)), weights)[0]
+            order.append(names.pop(i))
+            weights.pop(i)
+        return order
+
+    async def _fetch_forever(self) -> None:
+        failures = 0
+        while not self._stopped.is_set():
+            free = self.concurrency - self._busy
+            if free <= 0:
+                self._slot_free.clear()
+                await self._slot_free.wait()
+                continue
+            got = 0
+            try:
+                for queue in self._queue_order():
+                    now, raws = await self.broker.dequeue(queue, min(free - got, MAX_FETCH),
+                                                          self.id, self.settings.lease_seconds)
+                    for raw in raws:
+                        self._start(queue, raw, now)
+                    got += len(raws)
+                    if got >= free:
+                        break
+                failures = 0
+            except BrokerError as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("cannot fetch tasks: %s; retrying", exc)
+                await self._pause(min(REDIS_RETRY_MIN * 2 ** failures, REDIS_RETRY_MAX))
+                continue
+            if not got:
+                await self._wait_for_work()
+
+    async def _wait_for_work(self) -> None:
+        """Block on every queue's wake list until a producer signals one, or we stop."""
+        waiters = [asyncio.ensure_future(self.broker.wait_for_work(q, WAIT_TIMEOUT))
+                   for q in self.queues]
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        try:
+            done, _ = await asyncio.wait([*waiters, stopped],
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for future in [*waiters, stopped]:
+                future.cancel()
+        for future in done:
+            if future is not stopped and future.exception() is not None:
+                await self._pause(REDIS_RETRY_MAX)  # Redis away; the broker counted it
+                return
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), timeout=seconds)
+
+    # -- running --------------------------------------------------------------------------
+
+    def _start(self, queue: str, raw: RawTask, redis_now_ms: int) -> None:
+        task = self.executor.build_task(queue, raw, redis_now_ms)
+        self._busy += 1
+        runner = asyncio.create_task(self._process(task))
+        self._running[runner] = task
+        self._handling.add(runner)
+
+    async def _process(self, task: Task) -> None:
+        runner = asyncio.current_task()
+        try:
+            verdict = await self.executor.run(task)
+        except asyncio.CancelledError:
+            del self._running[runner]  # type: ignore[index]
+            return  # the drain hands it back
+        finally:
+            self._busy -= 1
+            self._slot_free.set()
+            self._handling.discard(runner)  # type: ignore[arg-type]
+        try:
+            await self.settler.settle(task, verdict)
+            self.processed += 1
+        finally:
+            del self._running[runner]  # type: ignore[index]
+
+    def _attempts_by_queue(self) -> dict[str, list[tuple[str, int]]]:
+        attempts: dict[str, list[tuple[str, int]]] = {}
+        for task in self._running.values():
+            attempts.setdefault(task.queue, []).append((task.id, task.fence))
+        return attempts
+
+    async def _update_state(self, task: Task, state: Any) -> None:
+        await self.broker.set_progress(task.queue, task.id, state, PROGRESS_TTL)
+
+    # -- stopping -------------------------------------------------------------------------
+
+    async def _drain(self, fetcher: asyncio.Task[None]) -> None:
+        self.draining = True
+        self._stopped.set()
+        fetcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await fetcher
+        log.info("worker %s draining: %d task(s) running, waiting up to %g s", self.id,
+                 len(self._handling), self.settings.shutdown_timeout)
+        if self._handling:
+            hurry = asyncio.ensure_future(self._hurry.wait())
+            await asyncio.wait([asyncio.gather(*self._handling, return_exceptions=True), hurry],
+                               timeout=self.settings.shutdown_timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+            hurry.cancel()
+        cancelled = list(self._handling)
+        unfinished = [self._running[r] for r in cancelled]
+        for runner in cancelled:
+            runner.cancel()
+        if unfinished:
+            await asyncio.gather(*cancelled, return_exceptions=True)
+            await self.settler.requeue(unfinished)
+            log.info("handed %d unfinished task(s) back to pending", len(unfinished))
+        settling = [r for r in self._running if not r.done()]
+        if settling:
+            await asyncio.wait(settling, timeout=5)
+        await self.settler.close(timeout=5)
+        for loop in reversed(self._loops):
+            await loop.stop()
+        self.executor.close()
+        if self._http is not None:
+            self._http.close()
+        await self.broker.close()
+        log.info("worker %s stopped: %d task(s) processed", self.id, self.processed)
+
+    def _install_signals(self) -> list[int]:
+        if not self.handle_signals:
+            return []
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass  # not the main thread, or not supported here
+        return installed
+
+    def _on_signal(self, sig: int) -> None:
+        log.info("received %s: %s", signal.Signals(sig).name,
+                 "stopping now" if self._stopped.is_set() else "draining")
+        self.stop()
+
+    def _remove_signals(self, signals: list[int]) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in signals:
+            loop.remove_signal_handler(sig)
