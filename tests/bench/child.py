@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import systems  # noqa: E402
+import systems
 
 _emit_lock = threading.Lock()
 

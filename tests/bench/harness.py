@@ -3,6 +3,7 @@ an OTLP/HTTP sink and small statistics helpers. Standard library plus redis-py o
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -84,9 +85,9 @@ class RedisServer:
             try:
                 self.client.ping()
                 break
-            except redis.ConnectionError:
+            except redis.ConnectionError as e:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server on port {self.port} did not start")
+                    raise RuntimeError(f"redis-server on port {self.port} did not start") from e
                 time.sleep(0.02)
         return self
 
@@ -122,7 +123,7 @@ class Child:
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, label: str = ""):
         self.label = label or " ".join(args[:2])
-        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in close())
         full_env = dict(os.environ)
         full_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p
@@ -192,10 +193,8 @@ class Child:
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(OSError):
                 self.proc.stdin.close()
-            except OSError:
-                pass
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:

@@ -14,6 +14,7 @@ Parent-side knowledge (which keys tell that a queue is drained) lives in run.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import threading
 import time
@@ -73,10 +74,12 @@ class Obsq:
             if not await loop.run_in_executor(None, ctl.wait_go):
                 return
 
+            pending = []
+
             def stop():
                 r = worker.stop()
                 if inspect.isawaitable(r):
-                    asyncio.ensure_future(r)
+                    pending.append(asyncio.ensure_future(r))
 
             ctl.on_stop(lambda: loop.call_soon_threadsafe(stop))
             await worker.run()
@@ -236,10 +239,8 @@ class Taskiq:
             )
             await stopped
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
             await broker.shutdown()
 
         asyncio.run(main())

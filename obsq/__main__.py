@@ -1,0 +1,5 @@
+import sys
+
+from obsq.cli import main
+
+sys.exit(main())

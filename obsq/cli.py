@@ -1,0 +1,181 @@
+"""The `obsq` command. Every flag can also be set as `OBSQ_<FLAG>` in the environment
+(e.g. OBSQ_REDIS_URL, OBSQ_CONCURRENCY), which is how the Helm chart configures pods."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import os
+import sys
+from typing import Any
+
+from obsq import __version__
+from obsq.app import App
+from obsq.errors import ConfigurationError
+from obsq.settings import WorkerSettings
+
+log = logging.getLogger("obsq")
+
+
+def load_app(spec: str) -> App:
+    """'package.module:app' -> the App object, with a clear error for each way it can fail."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"expected MODULE:APP (like myproject.tasks:app), got {spec!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
+    app: Any = module
+    for part in attribute.split("."):
+        app = getattr(app, part, None)
+    if not isinstance(app, App):
+        raise ConfigurationError(f"{spec!r} is not an obsq.App (found {type(app).__name__})")
+    return app
+
+
+def _redis_url(args: argparse.Namespace) -> str:
+    return args.redis_url or os.environ.get("OBSQ_REDIS_URL") or WorkerSettings.redis_url
+
+
+def _namespace(args: argparse.Namespace) -> str:
+    return args.namespace or os.environ.get("OBSQ_NAMESPACE") or "obsq"
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from obsq.observability import configure_logging, setup_tracing
+
+    settings = WorkerSettings.from_env(
+        redis_url=args.redis_url, namespace=args.namespace, queues=args.queues,
+        concurrency=args.concurrency, processes=args.processes, http_port=args.http_port,
+        lease_seconds=args.lease_seconds, shutdown_timeout=args.shutdown_timeout,
+        strict_priority=args.strict_priority, max_recoveries=args.max_recoveries,
+        log_format=args.log_format, log_level=args.log_level,
+        metrics=False if args.no_metrics else None, tracing=False if args.no_tracing else None)
+    if settings.http_port is None:
+        settings.http_port = 9191
+    configure_logging(settings.log_format, settings.log_level)
+    if settings.processes > 1:
+        from obsq.supervisor import Supervisor
+
+        return Supervisor(args.app, settings).run()
+    app = load_app(args.app)
+    if settings.tracing:
+        setup_tracing()
+    from obsq.worker import Worker
+
+    asyncio.run(Worker(app, settings=settings).run())
+    return 0
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    from obsq.observability import configure_logging, setup_tracing
+    from obsq.scheduler import Scheduler
+
+    configure_logging(args.log_format or os.environ.get("OBSQ_LOG_FORMAT", "text"), "INFO")
+    app = load_app(args.app)
+    setup_tracing()
+    asyncio.run(Scheduler(app, _redis_url(args), namespace=args.namespace).run())
+    return 0
+
+
+def cmd_exporter(args: argparse.Namespace) -> int:
+    from obsq.observability import configure_logging, run_exporter
+
+    configure_logging(os.environ.get("OBSQ_LOG_FORMAT", "text"), "INFO")
+    port = args.http_port or int(os.environ.get("OBSQ_HTTP_PORT", 9191))
+    asyncio.run(run_exporter(_redis_url(args), _namespace(args), port))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from obsq.demo import run_demo
+
+    return asyncio.run(run_demo(args.redis_url or os.environ.get("OBSQ_REDIS_URL"),
+                                args.duration, args.http_port))
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    from obsq import admin
+
+    return asyncio.run(admin.run(args.command, _redis_url(args), _namespace(args), args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="obsq", description="Redis task queue and worker")
+    parser.add_argument("--version", action="version", version=f"obsq {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help: str, handler: Any) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help)
+        sub.add_argument("--redis-url", help="redis://[:password@]host:port/db, rediss://, "
+                         "unix://, redis+cluster://, redis+sentinel:// (OBSQ_REDIS_URL)")
+        sub.add_argument("--namespace", help="key prefix shared by producers and workers "
+                         "(OBSQ_NAMESPACE; default: the App's, else obsq)")
+        sub.set_defaults(handler=handler)
+        return sub
+
+    worker = command("worker", "run a worker (the production entry point)", cmd_worker)
+    worker.add_argument("app", metavar="MODULE:APP")
+    worker.add_argument("--queues", help="critical=6,default=3 (OBSQ_QUEUES)")
+    worker.add_argument("--concurrency", type=int, help="task slots (OBSQ_CONCURRENCY, 50)")
+    worker.add_argument("--processes", type=int, help="worker processes (OBSQ_PROCESSES, 1)")
+    worker.add_argument("--http-port", type=int, help="metrics and probes (OBSQ_HTTP_PORT, 9191)")
+    worker.add_argument("--lease-seconds", type=float, help="OBSQ_LEASE_SECONDS, 30")
+    worker.add_argument("--shutdown-timeout", type=float, help="OBSQ_SHUTDOWN_TIMEOUT, 25")
+    worker.add_argument("--max-recoveries", type=int, help="OBSQ_MAX_RECOVERIES, 5")
+    worker.add_argument("--strict-priority", action="store_const", const=True,
+                        help="always empty higher-weight queues first (OBSQ_STRICT_PRIORITY)")
+    worker.add_argument("--log-format", choices=("text", "json"), help="OBSQ_LOG_FORMAT")
+    worker.add_argument("--log-level", help="OBSQ_LOG_LEVEL, INFO")
+    worker.add_argument("--no-metrics", action="store_true", help="OBSQ_METRICS=false")
+    worker.add_argument("--no-tracing", action="store_true", help="OBSQ_TRACING=false")
+
+    scheduler = command("scheduler", "enqueue the App's periodic tasks (safe with replicas)",
+                        cmd_scheduler)
+    scheduler.add_argument("app", metavar="MODULE:APP")
+    scheduler.add_argument("--log-format", choices=("text", "json"))
+
+    exporter = command("exporter", "serve only the queue-wide gauges on /metrics",
+                       cmd_exporter)
+    exporter.add_argument("--http-port", type=int, help="OBSQ_HTTP_PORT, 9191")
+
+    demo = command("demo", "a worker, a producer and the HTTP endpoint in one process",
+                   cmd_demo)
+    demo.add_argument("--duration", type=float, default=12.0, help="seconds to run (12)")
+    demo.add_argument("--http-port", type=int, default=9191, help="9191, or a free one")
+
+    command("stats", "queues, their depth by state, and live workers", cmd_admin)
+    tasks = command("tasks", "list the tasks of a queue in one state", cmd_admin)
+    tasks.add_argument("queue")
+    tasks.add_argument("state", choices=("pending", "active", "scheduled", "retry", "dead",
+                                         "completed"))
+    tasks.add_argument("--limit", type=int, default=20)
+    requeue = command("requeue", "put dead (or retry/scheduled) tasks back to pending now",
+                      cmd_admin)
+    requeue.add_argument("queue")
+    requeue.add_argument("ids", nargs="*", help="task ids (default: all in the state)")
+    requeue.add_argument("--state", default="dead", choices=("dead", "retry", "scheduled"))
+    for name, help in (("pause", "stop workers taking tasks from a queue"),
+                       ("unpause", "let workers take tasks from a queue again")):
+        command(name, help, cmd_admin).add_argument("queue")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except ConfigurationError as exc:
+        logging.basicConfig(format="%(message)s")
+        log.error("obsq %s: %s", args.command, exc)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,401 @@
+"""obsq benchmark: obsq against dramatiq and taskiq, each on its own private redis-server.
+
+    python tests/bench/run.py                 # everything, ~2-4 minutes
+    python tests/bench/run.py --only obsq     # obsq alone
+    python tests/bench/run.py --overhead      # obsq drain: off / metrics / tracing / both
+    python tests/bench/run.py --only obsq --profile   # + a drain under py-spy
+
+A report, not a test: nothing here asserts on timings. See README.md in this folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import (
+    Child,
+    ChildError,
+    OtlpSink,
+    PySpy,
+    RedisServer,
+    find_redis_server,
+    free_port,
+    percentile,
+    run_child,
+)
+
+ALL_SYSTEMS = ("obsq", "dramatiq", "taskiq")
+POLL = 0.005  # seconds between drain checks
+BULK_HOW = {
+    "obsq": "enqueue_many, chunks of 1,000",
+    "dramatiq": "broker.enqueue in a loop (no bulk API)",
+    "taskiq": "kiq in a loop (no bulk API)",
+}
+
+
+# ------------------------------------------------------------- queue state, per system
+
+
+def backlog(system: str, r) -> int:
+    """Tasks not yet finished (waiting or running), read from the system's own keys."""
+    if system == "obsq":
+        p = r.pipeline(transaction=False)
+        p.llen("bench:{default}:pending")
+        p.zcard("bench:{default}:lease")
+        return sum(p.execute())
+    if system == "dramatiq":
+        # each message lives in this hash from enqueue until its ack
+        return int(r.hlen("dramatiq:default.msgs"))
+    if system == "taskiq":
+        if not r.exists("taskiq"):
+            return 0
+        groups = r.xinfo_groups("taskiq")
+        if not groups:
+            return int(r.xlen("taskiq"))
+        g = groups[0]
+        lag = g.get("lag")
+        if lag is None:  # Redis < 7: compare the group's position with the stream's end
+            last = r.xinfo_stream("taskiq")["last-generated-id"]
+            lag = 0 if g["last-delivered-id"] == last else 1
+        return int(g["pending"]) + int(lag)
+    raise ValueError(system)
+
+
+# ------------------------------------------------------------------------ workloads
+
+
+def enqueue(system: str, rs: RedisServer, n: int, mode: str) -> dict:
+    cpu0 = rs.cpu_seconds()
+    res = run_child([system, "enqueue", "--url", rs.url, "--n", str(n), "--mode", mode],
+                    label=f"{system} enqueue {mode}")
+    cpu1 = rs.cpu_seconds()
+    return {"n": n, "seconds": res["elapsed"], "rate": n / res["elapsed"],
+            "redis_cpu_us": (cpu1 - cpu0) * 1e6 / n}
+
+
+def worker_args(system: str, rs: RedisServer, opts: dict) -> list[str]:
+    args = [system, "worker", "--url", rs.url, "--concurrency", "10"]
+    if opts.get("metrics"):
+        args += ["--metrics", "--http-port", str(free_port())]
+    if opts.get("tracing"):
+        args.append("--tracing")
+    return args
+
+
+def drain(system: str, rs: RedisServer, n: int, *, opts: dict | None = None,
+          env: dict | None = None, pickup_n: int = 0, rate: float = 200.0,
+          profile: str | None = None) -> dict:
+    """Fill the queue with n tasks (the timed bulk enqueue), start one worker, time the
+    drain; then, optionally, the pickup latency of the same worker once idle."""
+    opts = opts or {}
+    out: dict = {}
+    out["enqueue_bulk"] = enqueue(system, rs, n, "bulk")
+    r = rs.client
+    have = backlog(system, r)
+    if have != n:
+        raise ChildError(f"{system}: {have} tasks queued after enqueuing {n}")
+
+    w = Child(worker_args(system, rs, opts), env=env, label=f"{system} worker")
+    spy = None
+    try:
+        w.expect("ready", 60)
+        if profile:
+            spy = PySpy(w.pid, profile)
+        cpu0, rt0 = rs.cpu_seconds(), time.perf_counter()
+        w.send("GO")
+        go = w.expect("go", 30)
+        deadline = time.perf_counter() + max(120.0, n / 200)
+        while backlog(system, r):
+            if time.perf_counter() > deadline:
+                raise ChildError(f"{system}: drain not finished in time\n{w.tail()}")
+            if w.proc.poll() is not None:
+                raise ChildError(f"{system}: worker died\n{w.tail()}")
+            time.sleep(POLL)
+        seconds = time.perf_counter() - rt0
+        cpu1 = rs.cpu_seconds()
+        if spy:
+            spy.stop()
+        w.send("MARK")
+        mark = w.expect("mark", 30)
+        handled = mark["handled"] - go["handled"]
+        out["drain"] = {
+            "n": n, "seconds": seconds, "rate": n / seconds,
+            "redis_cpu_us": (cpu1 - cpu0) * 1e6 / n,
+            "worker_cpu_us": (mark["cpu"] - go["cpu"]) * 1e6 / n,
+            "round_trips": (mark["calls"] - go["calls"]) / n,
+            "peak_rss_mb": mark["peak_rss_mb"], "handled": handled,
+        }
+        if handled != n:
+            out["drain"]["warning"] = f"handler ran {handled} times for {n} tasks"
+
+        if pickup_n:
+            time.sleep(1.0)  # let the worker go idle (blocked / polling)
+            res = run_child([system, "pickup", "--url", rs.url, "--n", str(pickup_n),
+                             "--rate", str(rate)], label=f"{system} pickup")
+            deadline = time.perf_counter() + 60
+            while backlog(system, r) and time.perf_counter() < deadline:
+                time.sleep(POLL)
+            time.sleep(0.05)
+        ex = w.finish(60)
+        if pickup_n:
+            lat = [x * 1000 for x in ex["latencies"]]
+            out["pickup"] = {
+                "n": pickup_n, "rate": rate, "achieved_rate": pickup_n / res["elapsed"],
+                "received": len(lat), "p50_ms": percentile(lat, 50),
+                "p99_ms": percentile(lat, 99), "max_ms": max(lat) if lat else float("nan"),
+            }
+        out["drain"]["peak_rss_mb"] = max(out["drain"]["peak_rss_mb"], ex["peak_rss_mb"])
+    finally:
+        if spy:
+            spy.stop()
+        w.close()
+    return out
+
+
+def bench_system(system: str, binary: str, args) -> dict:
+    res: dict = {}
+    with RedisServer(binary) as rs:
+        try:
+            res["enqueue_single"] = enqueue(system, rs, args.single, "single")
+            rs.flush()
+            opts = {"metrics": args.metrics, "tracing": args.tracing} if system == "obsq" else {}
+            with OtlpSink() as sink:
+                env = sink.env if opts.get("tracing") else None
+                res.update(drain(system, rs, args.tasks, opts=opts, env=env,
+                                 pickup_n=args.pickup))
+                if env:
+                    res["otlp"] = {"requests": sink.requests, "bytes": sink.bytes}
+        except ChildError as e:
+            res["error"] = str(e)
+            print(f"!! {system} failed:\n{e}", file=sys.stderr)
+    return res
+
+
+def overhead(binary: str, args) -> dict:
+    configs = {
+        "off": {},
+        "metrics": {"metrics": True},
+        "tracing": {"tracing": True},
+        "both": {"metrics": True, "tracing": True},
+    }
+    out = {}
+    for name, opts in configs.items():
+        with RedisServer(binary) as rs, OtlpSink() as sink:
+            env = sink.env if opts.get("tracing") else None
+            try:
+                d = drain("obsq", rs, args.tasks, opts=opts, env=env)["drain"]
+            except ChildError as e:
+                print(f"!! obsq ({name}) failed:\n{e}", file=sys.stderr)
+                d = {"error": str(e)}
+            if env:
+                d["otlp_requests"], d["otlp_bytes"] = sink.requests, sink.bytes
+            out[name] = d
+    return out
+
+
+# --------------------------------------------------------------------------- report
+
+
+def fmt(v, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    if v != v:  # nan
+        return "n/a"
+    if abs(v) >= 1000:
+        s = f"{v:,.0f}"
+    elif abs(v) >= 100:
+        s = f"{v:.0f}"
+    elif abs(v) >= 10:
+        s = f"{v:.1f}"
+    else:
+        s = f"{v:.2f}"
+    return f"{s} {unit}".rstrip()
+
+
+def get(res: dict, system: str, section: str, key: str):
+    return res.get(system, {}).get(section, {}).get(key)
+
+
+def table(title: str, rows: list[tuple[str, str, str]], res: dict, systems) -> list[str]:
+    """rows: (label, section, key); ratio = system / obsq."""
+    lines = [f"== {title} ==",
+             f"{'figure':<30} {'system':<10} {'value':>14}   {'ratio vs obsq':>13}"]
+    for label, section, key in rows:
+        ref = get(res, "obsq", section, key)
+        for i, system in enumerate(systems):
+            v = get(res, system, section, key)
+            if v is None:
+                v = "error" if "error" in res.get(system, {}) else "-"
+            ratio = "-"
+            if isinstance(v, (int, float)) and isinstance(ref, (int, float)) and ref:
+                ratio = f"{v / ref:.2f}x"
+            lines.append(f"{label if i == 0 else '':<30} {system:<10} {fmt(v):>14}   {ratio:>13}")
+    return lines
+
+
+def targets(res: dict) -> list[tuple[str, str, str, bool | None]]:
+    o = res.get("obsq", {})
+    d, p = o.get("drain", {}), o.get("pickup", {})
+    es, eb = o.get("enqueue_single", {}), o.get("enqueue_bulk", {})
+    peers = [(get(res, s, "drain", "rate"), s) for s in res if s != "obsq"]
+    peers = [(r, s) for r, s in peers if r]
+    out = []
+
+    def add(name, want, value, ok, unit=""):
+        out.append((name, want, "not measured" if value is None else fmt(value, unit),
+                    None if value is None else ok))
+
+    rate = d.get("rate")
+    add("drain throughput", ">= 20,000 tasks/s", rate, rate is not None and rate >= 20000,
+        "tasks/s")
+    if peers:
+        best, who = max(peers)
+        x = rate / best if rate else None
+        add(f"drain vs fastest peer ({who})", ">= 7x", x, x is not None and x >= 7, "x")
+    else:
+        add("drain vs fastest peer", ">= 7x", None, False)
+    v = d.get("round_trips")
+    add("round trips / task (drain)", "<= 0.5", v, v is not None and v <= 0.5)
+    v = d.get("redis_cpu_us")
+    add("Redis CPU / task (drain)", "<= 15 us", v, v is not None and v <= 15, "us")
+    v = p.get("p99_ms")
+    add(f"pickup p99 at {fmt(p.get('rate'))}/s", "< 2 ms", v, v is not None and v < 2, "ms")
+    v = es.get("rate")
+    add("enqueue, one at a time", ">= 8,000 /s", v, v is not None and v >= 8000, "/s")
+    v = eb.get("rate")
+    add("enqueue_many", ">= 50,000 /s", v, v is not None and v >= 50000, "/s")
+    v = d.get("peak_rss_mb")
+    add("worker peak RSS", "< 80 MB", v, v is not None and v < 80, "MB")
+    return out
+
+
+def report(res: dict, systems, args) -> None:
+    n = args.tasks
+    blocks = [
+        table(f"1. drain: {n:,} queued no-op tasks, 1 worker process, concurrency 10", [
+            ("tasks/s (higher is better)", "drain", "rate"),
+            ("drain seconds", "drain", "seconds"),
+            ("Redis CPU us/task", "drain", "redis_cpu_us"),
+            ("worker CPU us/task", "drain", "worker_cpu_us"),
+            ("worker peak RSS MB", "drain", "peak_rss_mb"),
+        ], res, systems),
+        table("2. round trips per task during the drain (client side, redis-py writes)", [
+            ("round trips/task", "drain", "round_trips"),
+        ], res, systems),
+        table(f"3. enqueue: {args.single:,} one at a time; {n:,} bulk", [
+            ("one at a time, tasks/s", "enqueue_single", "rate"),
+            ("  Redis CPU us/task", "enqueue_single", "redis_cpu_us"),
+            ("bulk, tasks/s", "enqueue_bulk", "rate"),
+            ("  Redis CPU us/task", "enqueue_bulk", "redis_cpu_us"),
+        ], res, systems),
+        table(f"4. pickup latency of an idle worker: {args.pickup:,} tasks at 200/s", [
+            ("p50 ms", "pickup", "p50_ms"),
+            ("p99 ms", "pickup", "p99_ms"),
+            ("max ms", "pickup", "max_ms"),
+        ], res, systems),
+    ]
+    for b in blocks:
+        print("\n".join(b))
+        print()
+    print("bulk paths: " + "; ".join(f"{s}: {BULK_HOW[s]}" for s in systems))
+    for s in systems:
+        for section in ("drain", "pickup"):
+            w = res.get(s, {}).get(section, {}).get("warning")
+            if w:
+                print(f"warning: {s} {section}: {w}")
+        pk = res.get(s, {}).get("pickup")
+        if pk and pk["received"] != pk["n"]:
+            print(f"warning: {s} pickup: {pk['received']} of {pk['n']} latencies recorded")
+    if "otlp" in res.get("obsq", {}):
+        o = res["obsq"]["otlp"]
+        print(f"OTLP receiver got {o['requests']} requests, {o['bytes']:,} bytes")
+    if "obsq" in systems:
+        print("\n== obsq vs targets ==")
+        for name, want, value, ok in targets(res):
+            verdict = "-" if ok is None else ("PASS" if ok else "MISS")
+            print(f"{name:<34} {want:<20} {value:>18}   {verdict}")
+
+
+def report_overhead(ov: dict) -> None:
+    base = ov.get("off", {})
+    print("== obsq observability overhead: drain, 1 worker, concurrency 10 ==")
+    print(f"{'config':<9} {'tasks/s':>9} {'wall us/task':>13} {'+ vs off':>9} "
+          f"{'worker CPU us/task':>19} {'+ vs off':>9} {'Redis CPU us/task':>18} "
+          f"{'OTLP requests':>14}")
+    for name, d in ov.items():
+        if "error" in d:
+            print(f"{name:<9} error")
+            continue
+        wall = 1e6 / d["rate"]
+        dwall = wall - 1e6 / base["rate"] if "rate" in base else float("nan")
+        dcpu = d["worker_cpu_us"] - base.get("worker_cpu_us", float("nan"))
+        print(f"{name:<9} {fmt(d['rate']):>9} {fmt(wall):>13} {fmt(dwall):>9} "
+              f"{fmt(d['worker_cpu_us']):>19} {fmt(dcpu):>9} {fmt(d['redis_cpu_us']):>18} "
+              f"{fmt(d.get('otlp_requests')):>14}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", choices=ALL_SYSTEMS, action="append",
+                   help="run only this system (repeatable); default: all three")
+    p.add_argument("--tasks", type=int, default=20000,
+                   help="tasks in the drain and the bulk enqueue (default 20000); "
+                        "one-at-a-time enqueue uses a quarter, pickup a twentieth")
+    p.add_argument("--json", nargs="?", const="/tmp/obsq-bench.json", metavar="PATH",
+                   help="also write all figures as JSON (default path /tmp/obsq-bench.json)")
+    p.add_argument("--metrics", action="store_true", help="obsq worker with metrics=True")
+    p.add_argument("--tracing", action="store_true",
+                   help="obsq worker with tracing=True, exporting to a local OTLP receiver")
+    p.add_argument("--overhead", action="store_true",
+                   help="only: obsq drain four times (off, metrics, tracing, both)")
+    p.add_argument("--profile", nargs="?", const="/tmp/obsq-drain.svg", metavar="SVG",
+                   help="also run one obsq drain under py-spy (flame graph to SVG, "
+                        "default /tmp/obsq-drain.svg)")
+    p.add_argument("--redis-server", help="redis-server binary (default: newest on PATH)")
+    args = p.parse_args()
+    args.single = max(1, args.tasks // 4)
+    args.pickup = max(50, args.tasks // 20)
+    systems = tuple(s for s in ALL_SYSTEMS if not args.only or s in args.only)
+
+    binary, version = find_redis_server(args.redis_server)
+    print(f"obsq benchmark  python {sys.version.split()[0]}  redis-server {version} ({binary})")
+    print(f"one private redis-server per system; worker: 1 process, concurrency 10; "
+          f"obsq metrics={args.metrics} tracing={args.tracing}")
+    print("ratio column = system / obsq (for tasks/s higher is better, for costs lower)\n")
+    started = time.monotonic()
+    figures: dict = {"redis_version": version, "tasks": args.tasks}
+
+    if args.overhead:
+        ov = overhead(binary, args)
+        report_overhead(ov)
+        figures["overhead"] = ov
+    else:
+        res = {}
+        for s in systems:
+            t = time.monotonic()
+            res[s] = bench_system(s, binary, args)
+            print(f"[{s} done in {time.monotonic() - t:.0f}s]", file=sys.stderr)
+        report(res, systems, args)
+        figures["results"] = res
+    if args.profile:
+        with RedisServer(binary) as rs:
+            d = drain("obsq", rs, args.tasks, profile=args.profile)["drain"]
+        print(f"\nprofiled obsq drain (under py-spy, slower): {fmt(d['rate'])} tasks/s; "
+              f"flame graph: {args.profile}")
+        figures["profiled_drain"] = d
+    print(f"\ntotal {time.monotonic() - started:.0f}s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2))
+        print(f"figures written to {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Fixtures: a real Redis for every test, a namespace of its own, and workers that run
+inside the test's event loop.
+
+Redis comes from $OBSQ_TEST_REDIS_URL, else a private redis-server from PATH on a free
+port, else testcontainers. Under CI a missing tool fails the run instead of skipping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+
+import obsq
+from obsq.redis_server import RedisServer
+
+IN_CI = bool(os.environ.get("CI"))
+
+
+def missing_tool(message: str) -> None:
+    """Fail under CI (which installs every tool), skip on a developer's machine."""
+    if IN_CI:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    if os.environ.get("OBSQ_TEST_REDIS_URL"):
+        yield os.environ["OBSQ_TEST_REDIS_URL"]
+        return
+    if shutil.which("redis-server"):
+        server = RedisServer().start()
+        yield server.url
+        server.close()
+        return
+    try:
+        from testcontainers.redis import RedisContainer
+
+        with RedisContainer("redis:7") as container:
+            host = container.get_container_host_ip()
+            yield f"redis://{host}:{container.get_exposed_port(6379)}/0"
+    except Exception as exc:  # no Docker engine: DockerException, or the import
+        missing_tool(f"no Redis for the tests: set OBSQ_TEST_REDIS_URL, install redis-server "
+                     f"or run Docker ({exc})")
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    """A redis-server of this test's own, to stop and restart."""
+    if not shutil.which("redis-server"):
+        missing_tool("redis-server is not on PATH")
+    server = RedisServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def namespace(redis_url: str) -> Iterator[str]:
+    ns = f"t{uuid.uuid4().hex[:10]}"
+    yield ns
+    r = redis.Redis.from_url(redis_url)
+    with contextlib.suppress(redis.RedisError):
+        keys = list(r.scan_iter(match=f"{ns}:*", count=1000))
+        for start in range(0, len(keys), 500):
+            r.delete(*keys[start:start + 500])
+    r.close()
+
+
+@pytest.fixture
+def app(namespace: str) -> obsq.App:
+    return obsq.App(namespace=namespace)
+
+
+@pytest.fixture
+async def client(redis_url: str, namespace: str, app: obsq.App) -> AsyncIterator[obsq.Client]:
+    c = obsq.Client(redis_url, namespace=namespace, app=app, instrument=False)
+    yield c
+    await c.close()
+
+
+@pytest.fixture
+def raw_redis(redis_url: str) -> Iterator[redis.Redis]:
+    r = redis.Redis.from_url(redis_url)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+async def start_worker(redis_url: str, app: obsq.App
+                       ) -> AsyncIterator[Callable[..., Any]]:
+    """`worker = await start_worker(**options)`: a Worker running in this event loop,
+    stopped and drained at the end of the test (or earlier with `await stop(worker)`)."""
+    running: list[tuple[obsq.Worker, asyncio.Task[None]]] = []
+
+    async def start(worker_app: obsq.App | None = None, **options: Any) -> obsq.Worker:
+        options.setdefault("redis_url", redis_url)
+        options.setdefault("metrics", False)
+        options.setdefault("tracing", False)
+        options.setdefault("concurrency", 10)
+        worker = obsq.Worker(worker_app or app, handle_signals=False, **options)
+        task = asyncio.create_task(worker.run())
+        for _ in range(200):
+            if worker.started_at or task.done():
+                break
+            await asyncio.sleep(0.01)
+        if task.done():
+            task.result()
+        running.append((worker, task))
+        return worker
+
+    yield start
+    for worker, task in running:
+        worker.stop()
+    for worker, task in running:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, timeout=30)
+
+
+async def wait_until(condition: Callable[[], Any], timeout: float = 10.0,
+                     interval: float = 0.02) -> Any:
+    """Poll `condition` (sync or async) until it is truthy; fail after `timeout`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = condition()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(interval)

@@ -1,0 +1,14 @@
+import obsq
+from conftest import wait_until
+
+
+async def test_a_task_runs_and_its_result_is_returned(app, client, start_worker):
+    @app.task("hello")
+    async def hello(task: obsq.Task):
+        return {"hi": task.payload["name"]}
+
+    await start_worker()
+    info = await client.enqueue("hello", {"name": "ada"}, retention=60)
+    assert await client.result(info, timeout=5) == {"hi": "ada"}
+    done = await wait_until(lambda: client.info(info.id))
+    assert done.state == "completed"
