@@ -100,9 +100,6 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if and .Values.autoscaling.enabled .Values.keda.enabled }}
 {{- fail "autoscaling.enabled and keda.enabled are mutually exclusive: both would scale the worker Deployment; enable only one" }}
 {{- end }}
-{{- if and .Values.keda.enabled (not (.Capabilities.APIVersions.Has "keda.sh/v1alpha1")) }}
-{{- fail "keda.enabled needs the KEDA CRDs (keda.sh/v1alpha1) in the cluster; with helm template pass --api-versions keda.sh/v1alpha1" }}
-{{- end }}
 {{- if and .Values.podDisruptionBudget.enabled (not (kindIs "invalid" .Values.podDisruptionBudget.minAvailable)) (not (kindIs "invalid" .Values.podDisruptionBudget.maxUnavailable)) }}
 {{- fail "podDisruptionBudget: set only one of minAvailable and maxUnavailable (set the other to null)" }}
 {{- end }}
