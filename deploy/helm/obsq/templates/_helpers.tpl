@@ -128,6 +128,8 @@ app.kubernetes.io/component: {{ index . 1 }}
   value: {{ .Values.obsq.namespace | quote }}
 - name: OBSQ_LOG_FORMAT
   value: {{ .Values.obsq.logFormat | quote }}
+- name: OBSQ_LOG_LEVEL
+  value: {{ .Values.obsq.logLevel | quote }}
 {{- if .Values.redis.existingSecret }}
 - name: OBSQ_REDIS_URL
   valueFrom:
