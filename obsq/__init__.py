@@ -4,9 +4,9 @@ scheduler, observability, cli."""
 
 __version__ = "0.1.0"
 
-from obsq.app import App, Route  # noqa: E402
-from obsq.client import Client, SyncClient  # noqa: E402
-from obsq.errors import (  # noqa: E402
+from obsq.app import App, Route
+from obsq.client import Client, SyncClient
+from obsq.errors import (
     BrokerError,
     ConfigurationError,
     DuplicateTask,
@@ -19,8 +19,8 @@ from obsq.errors import (  # noqa: E402
     TaskTimeout,
     UnknownTaskType,
 )
-from obsq.task import Job, Task, TaskInfo, TaskMessage  # noqa: E402
-from obsq.worker import Worker  # noqa: E402
+from obsq.task import Job, Task, TaskInfo, TaskMessage
+from obsq.worker import Worker
 
 __all__ = [
     "App", "BrokerError", "Client", "ConfigurationError", "DuplicateTask", "Job", "ObsqError",

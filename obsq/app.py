@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from obsq.schedule import Periodic
 from obsq.task import Task, validate_name
 
 Handler = Callable[[Task], Any]
@@ -56,6 +57,7 @@ class App:
         self.outcome_hooks: list[OutcomeHook] = []
         self.recovery_hooks: list[RecoveryHook] = []
         self.redis_error_hooks: list[RedisErrorHook] = []
+        self.periodic_tasks: list[Periodic] = []
 
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
              timeout: float | None = None,
@@ -99,6 +101,16 @@ class App:
     @property
     def routes(self) -> list[Route]:
         return [*self._exact.values(), *self._prefixes]
+
+    def periodic(self, spec: str, task_type: str, payload: Any = None,
+                 **options: Any) -> Periodic:
+        """Enqueue `task_type` on a cron spec ('0 3 * * *') or an interval ('@every 30s')
+        while `obsq scheduler` runs; options are those of Client.enqueue."""
+        entry = Periodic(spec, validate_name("task type", task_type), payload, options)
+        if any(e.id == entry.id for e in self.periodic_tasks):
+            raise ValueError(f"periodic task {spec!r} {task_type!r} is already registered")
+        self.periodic_tasks.append(entry)
+        return entry
 
     def use(self, middleware: Middleware) -> Middleware:
         """Wrap every handler; usable as a decorator."""

@@ -95,10 +95,7 @@ class Executor:
     def failure(self, task: Task, exc: BaseException) -> Verdict:
         if isinstance(exc, (SkipRetry, PayloadError)) or task.retry_count >= task.max_retry:
             return Verdict("dead", error=exc)
-        if isinstance(exc, Retry):
-            delay = exc.delay
-        else:
-            delay = self._retry_delay(task, exc)
+        delay = exc.delay if isinstance(exc, Retry) else self._retry_delay(task, exc)
         return Verdict("retry", error=exc, delay=delay)
 
     def _retry_delay(self, task: Task, exc: BaseException) -> float:

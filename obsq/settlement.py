@@ -55,9 +55,10 @@ class Settler:
             log.warning("task %s (%s) finished after its lease was taken over; its %s was "
                         "refused", task.id, task.type, verdict.outcome)
         elif verdict.outcome != "success":
-            log.warning("task %s (%s) failed, %s: %s", task.id, task.type,
-                        "will retry in %.1f s" % verdict.delay if verdict.outcome == "retry"
-                        else "moved to dead", verdict.error_text)
+            then = (f"will retry in {verdict.delay:.1f} s" if verdict.outcome == "retry"
+                    else "moved to dead")
+            log.warning("task %s (%s) failed, %s: %s", task.id, task.type, then,
+                        verdict.error_text)
         self.report(task, outcome, verdict.error)
         return outcome
 

@@ -144,14 +144,30 @@ class Task:
     """A task as its handler sees it. Decoding the payload is deferred to first use so a
     tampered payload fails inside the handler chain, where it is reported like any error."""
 
-    __slots__ = ("_payload", "_raw_payload", "_raw_headers", "_headers", "_update_state",
-                 "context", "fence", "id", "max_retry", "queue", "retention", "retry_count",
-                 "route", "timeout", "type", "wait_seconds")
+    __slots__ = (
+        "_headers",
+        "_payload",
+        "_raw_headers",
+        "_raw_payload",
+        "_update_state",
+        "context",
+        "fence",
+        "id",
+        "max_retry",
+        "queue",
+        "retention",
+        "retry_count",
+        "route",
+        "timeout",
+        "type",
+        "wait_seconds",
+    )
 
     def __init__(self, *, id: str, type: str, queue: str, raw_payload: bytes,
                  raw_headers: bytes, retry_count: int, max_retry: int, timeout: float,
                  retention: float, fence: int = 0, wait_seconds: float = 0.0,
-                 route: str = "other", update_state: Callable[[Task, Any], Awaitable[None]] | None = None) -> None:
+                 route: str = "other",
+                 update_state: Callable[[Task, Any], Awaitable[None]] | None = None) -> None:
         self.id = id
         self.type = type
         self.queue = queue

@@ -78,6 +78,13 @@ class Broker:
         except (RedisError, OSError) as exc:
             raise self._failed(operation, exc) from exc
 
+    async def _get_many(self, operation: str, keys: Sequence[str]) -> list[Any]:
+        """GET of keys in different cluster slots, in one round trip (MGET cannot)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(key)
+        return await self._guard(operation, pipe.execute())
+
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         script = SCRIPTS[name]
         try:
@@ -220,8 +227,7 @@ class Broker:
         ids = await self._guard("workers", self.redis.zrange(g.workers, 0, -1))
         if not ids:
             return []
-        values = await self._guard("workers", self.redis.mget(
-            [g.worker(i.decode()) for i in ids]))
+        values = await self._get_many("workers", [g.worker(i.decode()) for i in ids])
         return [orjson.loads(v) for v in values if v]
 
     async def lost_workers(self, silent_for: float) -> list[str]:
@@ -232,8 +238,7 @@ class Broker:
                                        self.redis.zrangebyscore(g.workers, "-inf", cutoff))
         if not candidates:
             return []
-        alive = await self._guard("lost_workers", self.redis.mget(
-            [g.worker(c.decode()) for c in candidates]))
+        alive = await self._get_many("lost_workers", [g.worker(c.decode()) for c in candidates])
         return [c.decode() for c, a in zip(candidates, alive) if a is None]
 
     async def forget_workers(self, worker_ids: Sequence[str]) -> None:
@@ -279,6 +284,17 @@ class Broker:
         key = self.global_keys.lock(name)
         if await self._guard("lock", self.redis.get(key)) == owner.encode():
             await self._guard("lock", self.redis.delete(key))
+
+    async def last_runs(self, entry_ids: Sequence[str]) -> dict[str, float]:
+        if not entry_ids:
+            return {}
+        values = await self._get_many("scheduler",
+                                      [self.global_keys.schedule(e) for e in entry_ids])
+        return {e: float(v) for e, v in zip(entry_ids, values) if v is not None}
+
+    async def set_last_run(self, entry_id: str, ts: float) -> None:
+        await self._guard("scheduler", self.redis.set(self.global_keys.schedule(entry_id),
+                                                      repr(ts)))
 
     # -- inspecting and repairing ---------------------------------------------------------
 

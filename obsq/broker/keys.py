@@ -13,7 +13,7 @@ class QueueKeys:
     def __init__(self, namespace: str, queue: str) -> None:
         self.queue = queue
         self.prefix = f"{namespace}:{{{queue}}}:"
-        self.pending = self.prefix + "pending"  # list of ids; producers push left, workers pop right
+        self.pending = self.prefix + "pending"  # list of ids: pushed left, popped right
         self.lease = self.prefix + "lease"  # zset id -> lease expiry (ms): the active tasks
         self.scheduled = self.prefix + "scheduled"  # zset id -> due time (ms)
         self.retry = self.prefix + "retry"  # zset id -> due time (ms)

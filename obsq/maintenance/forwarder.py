@@ -16,9 +16,9 @@ class Forwarder(Sweep):
     def __init__(self, broker: Broker, owner: str, interval: float = FORWARD_INTERVAL) -> None:
         super().__init__(broker, owner, interval)
 
-    async def sweep(self, queues: list[str]) -> float:
+    async def sweep(self) -> float:
         next_due = time.time() + self.interval
-        for queue in queues:
+        for queue in await self.broker.queues():
             for state in ("scheduled", "retry"):
                 moved, due = SWEEP_BATCH, None
                 while moved == SWEEP_BATCH:

@@ -18,8 +18,8 @@ class Janitor(Sweep):
         self.dead_max_age = dead_max_age
         self.dead_max_count = dead_max_count
 
-    async def sweep(self, queues: list[str]) -> None:
-        for queue in queues:
+    async def sweep(self) -> None:
+        for queue in await self.broker.queues():
             deleted = SWEEP_BATCH
             while deleted >= SWEEP_BATCH:
                 deleted = await self.broker.cleanup(queue, self.dead_max_age,

@@ -23,9 +23,9 @@ class Recoverer(Sweep):
         self.max_recoveries = max_recoveries
         self.hooks = hooks
 
-    async def sweep(self, queues: list[str]) -> None:
+    async def sweep(self) -> None:
         lost = await self.broker.lost_workers(HEARTBEAT_TTL)
-        for queue in queues:
+        for queue in await self.broker.queues():
             if lost:
                 self._report(queue, "worker_lost", *await self.broker.recover(
                     queue, self.max_recoveries, SWEEP_BATCH, lost))

@@ -1,4 +1,4 @@
-"""The base of the maintenance sweeps: take the lock, then sweep every known queue."""
+"""The base of the sweeps that one process at a time may run: take the lock, then sweep."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ class Sweep(BackgroundLoop):
     async def tick(self) -> float | None:
         if not await self.broker.try_lock(self.name, self.owner, LOCK_TTL):
             return LOCK_TTL / 2  # another process sweeps; look again before its lock lapses
-        return await self.sweep(await self.broker.queues())
+        return await self.sweep()
 
-    async def sweep(self, queues: list[str]) -> float | None:
+    async def sweep(self) -> float | None:
         raise NotImplementedError
 
     async def stop(self) -> None:
