@@ -143,7 +143,9 @@ def main() -> None:
             elapsed = system.pickup(a.url, a.n, a.rate)
             emit("result", elapsed=elapsed, n=a.n)
     except BaseException:
-        emit("error", error=traceback.format_exc())
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        emit("error", error=tb)
         raise SystemExit(1) from None
 
 

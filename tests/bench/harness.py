@@ -174,6 +174,24 @@ class Child:
             if msg.get("kind") == kind:
                 return msg
 
+    def check_alive(self) -> None:
+        """Raise ChildError (with the child's own error, if it sent one) if it has exited."""
+        if self.proc.poll() is None:
+            return
+        errors = []
+        while True:
+            try:
+                line = self._lines.get(timeout=5)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            msg = json.loads(line)
+            if msg.get("kind") == "error":
+                errors.append(msg.get("error", ""))
+        detail = "\n".join(errors) or self.tail()
+        raise ChildError(f"{self.label}: exited ({self.proc.returncode})\n{detail}")
+
     def send(self, command: str) -> None:
         assert self.proc.stdin is not None
         try:
