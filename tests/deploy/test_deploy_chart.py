@@ -1,0 +1,464 @@
+"""The Helm chart, checked with the real helm 4 and helm 3 binaries, kubernetes-validate
+and promtool. Every scenario of conftest.SCENARIOS is rendered once per helm."""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deploytools import CHART, CRD_APIS, HERE, ROOT, SCENARIOS, Render, helm_template, run
+from promql import unknown_metrics
+
+API_FLAGS = [f"--api-versions={a}" for a in CRD_APIS]
+ALL_VALUES = ["-f", str(HERE / "values-all.yaml"), *API_FLAGS]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    """name -> value (or valueFrom) of a container's environment."""
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (only,) = deployment["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+# --- lint and render ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario_name", sorted(SCENARIOS))
+def test_helm_lint_strict(helm: str, scenario_name: str) -> None:
+    # helm lint has no --api-versions: the CRD-gated objects are skipped there, and
+    # rendered (and validated) by the template tests below.
+    args = [a for a in SCENARIOS[scenario_name] if not a.startswith("--api-versions")]
+    proc = run([helm, "lint", "--strict", str(CHART), *args])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+EXPECTED_KINDS = {
+    "default": ["Deployment", "PodDisruptionBudget", "Service", "ServiceAccount"],
+    "minimal-example": ["Deployment", "PodDisruptionBudget", "Service", "ServiceAccount"],
+    "all-keda": [
+        "ConfigMap",
+        "Deployment",
+        "Deployment",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "PrometheusRule",
+        "ScaledObject",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ],
+    "all-hpa": [
+        "ConfigMap",
+        "Deployment",
+        "Deployment",
+        "HorizontalPodAutoscaler",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "PrometheusRule",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ],
+    "production-example": [
+        "ConfigMap",
+        "Deployment",
+        "Deployment",
+        "PodDisruptionBudget",
+        "PrometheusRule",
+        "ScaledObject",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+    ],
+}
+
+
+def test_template_renders_expected_objects(rendered: Render, scenario: str) -> None:
+    assert rendered.kinds() == EXPECTED_KINDS[scenario]
+    for doc in rendered.docs:
+        labels = doc["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "obsq"
+        assert labels["app.kubernetes.io/instance"] == "jobs"
+
+
+def test_rendered_objects_pass_kubernetes_validate(
+    rendered: Render, kubernetes_validate: list[str], tmp_path: Path
+) -> None:
+    manifest = tmp_path / "rendered.yaml"
+    manifest.write_text(rendered.stdout)
+    proc = run([*kubernetes_validate, "--strict", "-k", "1.30.0", str(manifest)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    crds = {"ServiceMonitor", "PrometheusRule", "ScaledObject"}
+    checked = [k for k in rendered.kinds() if k not in crds]
+    assert proc.stdout.count("passed for resource") == len(checked), proc.stdout
+
+
+def test_crd_objects_need_the_monitoring_api(helm: str) -> None:
+    # Enabled, but the cluster (here: the render) has no monitoring.coreos.com/v1.
+    render = helm_template(helm, "-f", str(HERE / "values-all.yaml"))
+    assert "ServiceMonitor" not in render.kinds()
+    assert "PrometheusRule" not in render.kinds()
+    with_api = helm_template(helm, "-f", str(HERE / "values-all.yaml"), *API_FLAGS)
+    assert {"ServiceMonitor", "PrometheusRule"} <= set(with_api.kinds())
+
+
+# --- the schema -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "bogus=1"], "bogus"),
+        (["--set", "worker.bogus=1"], "bogus"),
+        (["--set", "metrics.serviceMonitor.bogus=1"], "bogus"),
+        (["--set", "worker.startupProbe.bogus=1"], "bogus"),
+        (["--set-string", "worker.concurrency=fifty"], "concurrency"),
+        (["--set", "worker.shutdownTimeout=true"], "shutdownTimeout"),
+        (["--set", "keda.metric=cpu"], "metric"),
+        (["--set", r"worker.queues[0].name=a\,b"], "queues"),
+        (["--set", "tracing.protocol=udp"], "protocol"),
+        (["--set", "podDisruptionBudget.maxUnavailable=half"], "maxUnavailable"),
+    ],
+    ids=[
+        "unknown-top-level-key",
+        "unknown-worker-key",
+        "unknown-servicemonitor-key",
+        "unknown-probe-key",
+        "string-for-integer",
+        "boolean-for-integer",
+        "keda-metric-enum",
+        "queue-name-pattern",
+        "otlp-protocol-enum",
+        "pdb-int-or-percent",
+    ],
+)
+def test_schema_rejects_bad_values(helm: str, args: list[str], message: str) -> None:
+    render = helm_template(helm, *args, check=False)
+    assert render.returncode != 0, f"{args} was accepted"
+    assert message in render.stderr, render.stderr
+
+
+def test_hpa_and_keda_are_mutually_exclusive(helm: str) -> None:
+    render = helm_template(
+        helm, "--set", "autoscaling.enabled=true,keda.enabled=true", *API_FLAGS, check=False
+    )
+    assert render.returncode != 0
+    assert "mutually exclusive" in render.stderr
+
+
+def test_pdb_takes_one_of_min_available_and_max_unavailable(helm: str) -> None:
+    render = helm_template(helm, "--set", "podDisruptionBudget.minAvailable=1", check=False)
+    assert render.returncode != 0
+    assert "only one of minAvailable and maxUnavailable" in render.stderr
+
+
+# --- the worker Deployment ------------------------------------------------------------
+
+
+def test_termination_grace_period_exceeds_shutdown_timeout(rendered: Render) -> None:
+    worker = rendered.one("Deployment", "-worker")
+    env = env_of(container(worker))
+    grace = worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > float(env["OBSQ_SHUTDOWN_TIMEOUT"])
+
+
+@pytest.mark.parametrize(("timeout", "margin"), [(25, 15), (100, 5), (3600, 60)])
+def test_termination_grace_period_is_computed(helm: str, timeout: int, margin: int) -> None:
+    render = helm_template(
+        helm,
+        "--set",
+        f"worker.shutdownTimeout={timeout},worker.terminationGracePeriodMargin={margin}",
+    )
+    spec = render.one("Deployment", "-worker")["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == timeout + margin
+    assert env_of(spec["containers"][0])["OBSQ_SHUTDOWN_TIMEOUT"] == str(timeout)
+
+
+def test_worker_container(rendered: Render) -> None:
+    worker = rendered.one("Deployment", "-worker")
+    pod = worker["spec"]["template"]["spec"]
+    c = container(worker)
+    assert c["command"] == ["obsq"]
+    assert c["args"][0] == "worker" and ":" in c["args"][1]
+    assert c["ports"] == [{"name": "http-metrics", "containerPort": 9191, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http-metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http-metrics"}
+    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http-metrics"}
+    # non-root, read-only root filesystem, nothing extra
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 10001
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    # writable places are emptyDirs: /tmp and the prometheus multiprocess directory
+    env = env_of(c)
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["tmp"] == "/tmp"
+    assert mounts["metrics"] == env["PROMETHEUS_MULTIPROC_DIR"] == "/var/run/obsq-metrics"
+    assert volumes["tmp"]["emptyDir"] == {} and volumes["metrics"]["emptyDir"] == {}
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_worker_environment_defaults(helm: str) -> None:
+    render = helm_template(helm)
+    env = env_of(container(render.one("Deployment", "-worker")))
+    assert env["OBSQ_QUEUES"] == "critical=6,default=3"
+    assert env["OBSQ_CONCURRENCY"] == "50"
+    assert env["OBSQ_PROCESSES"] == "1"
+    assert env["OBSQ_SHUTDOWN_TIMEOUT"] == "25"
+    assert env["OBSQ_LEASE_SECONDS"] == "30"
+    assert env["OBSQ_HTTP_PORT"] == "9191"
+    assert env["OBSQ_NAMESPACE"] == "obsq"
+    assert env["OBSQ_LOG_FORMAT"] == "json"
+    assert env["OBSQ_REDIS_URL"] == "redis://redis:6379/0"
+    assert env["OTEL_TRACES_EXPORTER"] == "none"
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env
+    assert (
+        "prometheus.io/scrape"
+        not in (render.one("Deployment", "-worker")["spec"]["template"]["metadata"]["annotations"])
+    )
+
+
+def test_worker_environment_all_features(render_all: Render) -> None:
+    worker = render_all.one("Deployment", "-worker")
+    env = env_of(container(worker))
+    assert env["OBSQ_QUEUES"] == "critical=6,default.v2=3,low=1"
+    assert env["OBSQ_STRICT_PRIORITY"] == "true"
+    assert env["OBSQ_REDIS_URL"] == {"secretKeyRef": {"name": "obsq-redis", "key": "url"}}
+    assert env["OTEL_TRACES_EXPORTER"] == "otlp"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability.svc:4318"
+    assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
+    assert env["OTEL_SERVICE_NAME"] == "shop-worker"
+    assert env["OTEL_TRACES_SAMPLER"] == "parentbased_traceidratio"
+    assert env["OTEL_TRACES_SAMPLER_ARG"] == "0.25"
+    assert "deployment.environment=production" in env["OTEL_RESOURCE_ATTRIBUTES"]
+    assert env["SHOP_SETTINGS"] == "production" and env["SHOP_ROLE"] == "worker"
+    template = worker["spec"]["template"]
+    assert template["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == "9191"
+    assert template["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
+    assert "replicas" not in worker["spec"]  # the autoscaler owns it
+    assert container(worker)["image"].endswith("@sha256:" + "0123456789abcdef" * 4)
+    spread = template["spec"]["topologySpreadConstraints"][0]
+    assert spread["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    scheduler = render_all.one("Deployment", "-scheduler")
+    assert container(scheduler)["args"] == ["scheduler", "shop.tasks:app"]
+    assert env_of(container(scheduler))["SHOP_ROLE"] == "scheduler"
+
+
+def test_otel_service_name_defaults_to_fullname(helm: str) -> None:
+    render = helm_template(
+        helm, "--set", "tracing.enabled=true,tracing.endpoint=http://collector:4317"
+    )
+    env = env_of(container(render.one("Deployment", "-worker")))
+    assert env["OTEL_SERVICE_NAME"] == "jobs-obsq"
+    assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
+
+
+def test_metrics_service_and_service_monitor(render_all: Render) -> None:
+    service = render_all.one("Service", "-metrics")
+    assert service["spec"]["ports"][0]["name"] == "http-metrics"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    monitor = render_all.one("ServiceMonitor")
+    assert monitor["metadata"]["namespace"] == "monitoring"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["jobs"]}
+    assert monitor["spec"]["endpoints"][0]["port"] == "http-metrics"
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    worker_labels = render_all.one("Deployment", "-worker")["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    assert service["spec"]["selector"].items() <= worker_labels.items()
+
+
+# --- autoscaling ------------------------------------------------------------------------
+
+
+def test_keda_scaled_object(render_all: Render) -> None:
+    scaled = render_all.one("ScaledObject")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "jobs-obsq-worker"
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metricType"] == "Value"
+    query = trigger["metadata"]["query"]
+    assert query == (
+        'max(obsq_queue_latency_seconds{namespace="jobs", queue=~"critical|default\\\\.v2|low"})'
+    )
+    assert not unknown_metrics(query)
+    assert trigger["metadata"]["threshold"] == "20"
+    assert trigger["authenticationRef"] == {"name": "prometheus-auth"}
+
+
+def test_keda_on_queue_depth(helm: str) -> None:
+    render = helm_template(helm, "--set", "keda.enabled=true,keda.metric=depth", *API_FLAGS)
+    (trigger,) = render.one("ScaledObject")["spec"]["triggers"]
+    assert trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"]["query"] == (
+        "sum(max by (queue) (obsq_queue_depth"
+        '{namespace="jobs", queue=~"critical|default", state="pending"}))'
+    )
+
+
+def test_keda_queries_parse(helm: str, promtool: str, tmp_path: Path) -> None:
+    rules = []
+    for metric in ("latency", "depth"):
+        render = helm_template(
+            helm, "-f", str(HERE / "values-all.yaml"), "--set", f"keda.metric={metric}"
+        )
+        (trigger,) = render.one("ScaledObject")["spec"]["triggers"]
+        rules.append({"record": f"keda:{metric}", "expr": trigger["metadata"]["query"]})
+    path = tmp_path / "keda.rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "keda", "rules": rules}]}))
+    proc = run([promtool, "check", "rules", str(path)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hpa(helm: str) -> None:
+    render = helm_template(helm, *SCENARIOS["all-hpa"])
+    hpa = render.one("HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "jobs-obsq-worker"
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+    assert "replicas" not in render.one("Deployment", "-worker")["spec"]
+
+
+# --- dashboards and alerts come from the repository's single sources ------------------
+
+
+def test_chart_folders_are_relative_symlinks_to_the_sources() -> None:
+    for name in ("dashboards", "alerts"):
+        link = CHART / name
+        assert link.is_symlink(), f"{link} must be a symlink"
+        target = link.readlink()
+        assert not target.is_absolute() and str(target) == f"../../../{name}"
+        assert link.resolve() == (ROOT / name).resolve()
+
+
+def test_dashboard_configmap_equals_the_dashboard_files(render_all: Render) -> None:
+    configmap = render_all.one("ConfigMap", "-dashboards")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    assert configmap["metadata"]["annotations"] == {"grafana_folder": "obsq"}
+    files = {p.name: p.read_bytes() for p in sorted((ROOT / "dashboards").glob("*.json"))}
+    assert sorted(files) == ["obsq-overview.json", "obsq-task.json"]
+    data = {key: value.encode("utf-8") for key, value in configmap["data"].items()}
+    assert data == files  # byte for byte
+    for content in data.values():
+        json.loads(content)
+
+
+def test_prometheus_rule_embeds_the_rules_file(render_all: Render) -> None:
+    rule = render_all.one("PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    source = yaml.safe_load((ROOT / "alerts" / "obsq.rules.yml").read_text())
+    rendered_rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    source_rules = [r for g in source["groups"] for r in g["rules"]]
+    assert [r["alert"] for r in rendered_rules] == [r["alert"] for r in source_rules]
+    for got, want in zip(rendered_rules, source_rules, strict=True):
+        assert got["expr"] == want["expr"]
+        assert got.get("for") == want.get("for")
+        assert got["labels"] == {**want["labels"], "team": "shop"}
+        assert got["annotations"]["summary"] == want["annotations"]["summary"]
+        assert got["annotations"]["runbook_url"] == (
+            "https://git.example.com/obsq/blob/v0.1.0/" + want["annotations"]["runbook_url"]
+        )
+
+
+def test_prometheus_rule_spec_passes_promtool(
+    render_all: Render, promtool: str, tmp_path: Path
+) -> None:
+    spec = tmp_path / "prometheusrule-spec.yml"
+    spec.write_text(yaml.safe_dump(render_all.one("PrometheusRule")["spec"]))
+    proc = run([promtool, "check", "rules", str(spec)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS: 6 rules found" in proc.stdout
+
+
+def test_prometheus_rule_disabled_alerts(helm: str) -> None:
+    render = helm_template(
+        helm,
+        "--set",
+        "prometheusRule.enabled=true,prometheusRule.disabledAlerts={ObsqRedisErrors}",
+        *API_FLAGS,
+    )
+    names = [r["alert"] for g in render.one("PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    assert "ObsqRedisErrors" not in names and len(names) == 5
+    runbooks = [
+        r["annotations"]["runbook_url"]
+        for g in render.one("PrometheusRule")["spec"]["groups"]
+        for r in g["rules"]
+    ]
+    assert all(url.startswith("docs/runbook.md#") for url in runbooks)
+
+
+def test_helm_package_follows_the_symlinks(helm: str, tmp_path: Path) -> None:
+    proc = run([helm, "package", str(CHART), "--destination", str(tmp_path)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (archive,) = tmp_path.glob("obsq-*.tgz")
+    with tarfile.open(archive) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        for name in (
+            "obsq/dashboards/obsq-overview.json",
+            "obsq/dashboards/obsq-task.json",
+            "obsq/alerts/obsq.rules.yml",
+        ):
+            assert members[name].isfile(), f"{name} is not a regular file in the package"
+        packaged = tar.extractfile("obsq/alerts/obsq.rules.yml").read()
+    assert packaged == (ROOT / "alerts" / "obsq.rules.yml").read_bytes()
+    assert "obsq/dashboards/generate.py" not in members
+    assert "obsq/alerts/obsq.rules.test.yml" not in members
+
+
+# --- documentation ----------------------------------------------------------------------
+
+
+def _value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
+    opaque = {"podSecurityContext", "securityContext", "strategy", "resources"}
+    paths = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key not in opaque:
+            paths += _value_paths(value, path + ".")
+        else:
+            paths.append(path)
+    return paths
+
+
+def test_readme_documents_every_value() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    documented = set(re.findall(r"^\| `([^`]+)` \|", readme, flags=re.MULTILINE))
+    paths = _value_paths(values)
+    assert set(paths) - documented == set(), "values missing from README.md"
+    assert documented - set(paths) == set(), "README.md documents values that do not exist"
+
+
+def test_schema_covers_every_value() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(node: dict[str, Any], value: Any, path: str) -> None:
+        node = schema["definitions"][node["$ref"].split("/")[-1]] if "$ref" in node else node
+        if node.get("properties") is None:
+            return
+        assert node.get("additionalProperties") is False, f"{path or '.'} allows unknown keys"
+        for key, child in value.items():
+            assert key in node["properties"], f"{path}{key} is not in the schema"
+            if isinstance(child, dict):
+                walk(node["properties"][key], child, f"{path}{key}.")
+
+    walk(schema, values, "")
