@@ -83,9 +83,10 @@ class TaskMessage:
         return orjson.dumps(self.headers) if self.headers else b""
 
     def encoded_options(self) -> bytes:
+        # max_retry=0 is a real choice (no retries): only None means "the route's default"
         options = {"max_retry": self.max_retry, "timeout": self.timeout,
-                   "retention": self.retention}
-        return orjson.dumps({k: v for k, v in options.items() if v})
+                   "retention": self.retention or None}
+        return orjson.dumps({k: v for k, v in options.items() if v is not None})
 
 
 DEFAULT_MAX_RETRY = 25
