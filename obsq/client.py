@@ -106,13 +106,13 @@ class Client:
         if new_queues:
             await self.broker.register_queues(new_queues)
             self._known_queues |= new_queues
-        statuses: dict[str, str] = {}
+        statuses: dict[int, str] = {}  # by message object: two jobs may share a task_id
         for queue, group in by_queue.items():
             for start in range(0, len(group), BATCH_SIZE):
                 chunk = group[start:start + BATCH_SIZE]
                 for m, status in zip(chunk, await self.broker.enqueue(queue, chunk)):
-                    statuses[m.id] = status
-        return [_info_after_enqueue(m, statuses[m.id]) for m in messages]
+                    statuses[id(m)] = status
+        return [_info_after_enqueue(m, statuses[id(m)]) for m in messages]
 
     async def info(self, task_id: str, queue: str | None = None) -> TaskInfo:
         """The task's current state; raises TaskNotFound."""
