@@ -462,3 +462,36 @@ def test_schema_covers_every_value() -> None:
                 walk(node["properties"][key], child, f"{path}{key}.")
 
     walk(schema, values, "")
+
+
+# --- the chart speaks the worker's settings -------------------------------------------
+
+
+@pytest.mark.parametrize("scenario_name", ["default", "all-keda"])
+def test_worker_settings_accept_the_rendered_environment(helm: str, scenario_name: str) -> None:
+    settings_module = pytest.importorskip("obsq.settings")
+    render = helm_template(helm, *SCENARIOS[scenario_name])
+    env = env_of(container(render.one("Deployment", "-worker")))
+    plain = {k: v for k, v in env.items() if isinstance(v, str) and k.startswith("OBSQ_")}
+    settings = settings_module.WorkerSettings.from_env(environ=plain)
+    queues = ",".join(f"{name}={weight}" for name, weight in settings.queues.items())
+    assert queues == env["OBSQ_QUEUES"]
+    assert settings.concurrency == int(env["OBSQ_CONCURRENCY"])
+    assert settings.processes == int(env["OBSQ_PROCESSES"])
+    assert settings.shutdown_timeout == float(env["OBSQ_SHUTDOWN_TIMEOUT"])
+    assert settings.lease_seconds == float(env["OBSQ_LEASE_SECONDS"])
+    assert settings.http_port == int(env["OBSQ_HTTP_PORT"])
+    assert settings.strict_priority is (env["OBSQ_STRICT_PRIORITY"] == "true")
+    assert settings.max_recoveries == int(env["OBSQ_MAX_RECOVERIES"])
+    assert settings.log_format == env["OBSQ_LOG_FORMAT"]
+    assert settings.namespace == env["OBSQ_NAMESPACE"]
+
+
+def test_obsq_command_line_accepts_the_rendered_arguments(render_all: Render) -> None:
+    cli = pytest.importorskip("obsq.cli")
+    for suffix in ("-worker", "-scheduler"):
+        c = container(render_all.one("Deployment", suffix))
+        assert c["command"] == ["obsq"]
+        args = cli.build_parser().parse_args(c["args"])
+        assert args.command == suffix.lstrip("-")
+        assert args.app == "shop.tasks:app"
