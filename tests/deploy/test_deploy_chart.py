@@ -11,7 +11,17 @@ from typing import Any
 
 import pytest
 import yaml
-from deploytools import CHART, CRD_APIS, HERE, ROOT, SCENARIOS, Render, helm_template, run
+from deploytools import (
+    CHART,
+    CRD_APIS,
+    HERE,
+    ROOT,
+    SCENARIOS,
+    Render,
+    find_tool,
+    helm_template,
+    run,
+)
 from promql import unknown_metrics
 
 API_FLAGS = [f"--api-versions={a}" for a in CRD_APIS]
@@ -495,3 +505,25 @@ def test_obsq_command_line_accepts_the_rendered_arguments(render_all: Render) ->
         args = cli.build_parser().parse_args(c["args"])
         assert args.command == suffix.lstrip("-")
         assert args.app == "shop.tasks:app"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ([], ["obsq stats", "WARNING: `app` is still the placeholder", "redis.existingSecret"]),
+        (
+            ["-f", str(HERE / "values-all.yaml"), "--set", "keda.minReplicaCount=0"],
+            ["scaled by KEDA between 0 and 40", "keda.minReplicaCount is 0", "dashboards"],
+        ),
+    ],
+    ids=["default", "all"],
+)
+def test_notes_render(args: list[str], expected: list[str]) -> None:
+    # Helm 4 renders NOTES.txt without a cluster (install --dry-run=client); Helm 3.17
+    # still asks the cluster for its version there.
+    helm4 = find_tool("helm")
+    proc = run([helm4, "install", "jobs", str(CHART), "-n", "jobs", "--dry-run=client", *args])
+    assert proc.returncode == 0, proc.stderr
+    notes = proc.stdout.split("NOTES:", 1)[1]
+    for text in expected:
+        assert text in notes
