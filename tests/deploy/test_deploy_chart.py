@@ -25,7 +25,6 @@ from deploytools import (
 from promql import unknown_metrics
 
 API_FLAGS = [f"--api-versions={a}" for a in CRD_APIS]
-ALL_VALUES = ["-f", str(HERE / "values-all.yaml"), *API_FLAGS]
 
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
