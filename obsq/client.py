@@ -147,6 +147,13 @@ class Client:
                 state, value = done
                 result, error = (value, None) if state == "completed" else (None,
                                                                             value.decode())
+            else:  # look again: another waiter on the same task may have taken the notice
+                reply = await self.broker.watch_result(queue, task_id)
+                if reply is None:
+                    raise TaskNotFound(f"no task {task_id!r} (it ended while another client "
+                                       "waited for it, and had no retention)")
+                state, result, error = (v.decode() if i != 1 and v else v
+                                        for i, v in enumerate(reply))
         if state == "dead":
             raise TaskFailed(task_id, error)
         return decode_stored_json(result)
