@@ -1,0 +1,61 @@
+"""The App that subprocess workers of the engine tests run:
+
+    python -m obsq worker tests.engine.apps:app --namespace NS --redis-url URL ...
+
+The namespace below is replaced by `--namespace`. Handlers record what they do on the
+same Redis, under the prefix in $OBSQ_ENGINE_RECORD_PREFIX (the test's namespace, so the
+namespace fixture cleans it up), at the URL in $OBSQ_ENGINE_RECORD_URL:
+  <prefix>:rec:started   list of task ids, one entry per attempt that began
+  <prefix>:rec:finished  list of task ids, one entry per attempt that returned
+  <prefix>:rec:attempts:<id>  attempt counter of one task
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+import redis.asyncio as aioredis
+
+import obsq
+
+app = obsq.App(namespace="engine-apps")
+_recorder: Any = None
+
+
+def recorder() -> Any:
+    global _recorder
+    if _recorder is None:
+        _recorder = aioredis.Redis.from_url(os.environ["OBSQ_ENGINE_RECORD_URL"])
+    return _recorder
+
+
+def key(name: str) -> str:
+    return f"{os.environ['OBSQ_ENGINE_RECORD_PREFIX']}:rec:{name}"
+
+
+async def begin(task: obsq.Task) -> int:
+    """Record the start of an attempt; returns its number (1 for the first)."""
+    pipe = recorder().pipeline(transaction=False)
+    pipe.incr(key(f"attempts:{task.id}"))
+    pipe.rpush(key("started"), task.id)
+    attempt, _ = await pipe.execute()
+    return int(attempt)
+
+
+@app.task("sleep")
+async def sleep(task: obsq.Task) -> dict[str, int]:
+    """Sleeps payload["first"] seconds on its first attempt, payload["then"] afterwards."""
+    attempt = await begin(task)
+    await asyncio.sleep(task.payload["first"] if attempt == 1 else task.payload.get("then", 0))
+    await recorder().rpush(key("finished"), task.id)
+    return {"attempt": attempt}
+
+
+@app.task("poison")
+async def poison(task: obsq.Task) -> None:
+    """Kills its own worker, as a segfaulting extension or an OOM kill would."""
+    await begin(task)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,244 @@
+"""Every enqueue option, enqueue_many, and route defaults taken from the App."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from conftest import wait_until
+
+import obsq
+
+
+async def test_queue_option_puts_the_task_on_that_queue(app, client, start_worker) -> None:
+    ran: list[tuple[str, str]] = []
+
+    @app.task("q")
+    async def q(task: obsq.Task):
+        ran.append((task.payload, task.queue))
+
+    info = await client.enqueue("q", "to-critical", queue="critical")
+    assert info.queue == "critical"
+    await start_worker(queues={"default": 1})
+    await client.enqueue("q", "to-default")
+    await wait_until(lambda: ran == [("to-default", "default")])
+    assert (await client.info(info.id)).state == "pending"  # nobody serves critical yet
+    await start_worker(queues="critical")
+    await wait_until(lambda: ("to-critical", "critical") in ran)
+
+
+async def test_max_retry_option_overrides_the_default(app, client, start_worker) -> None:
+    attempts: list[int] = []
+
+    @app.task("fail", retry_delay=0)
+    async def fail(task: obsq.Task):
+        attempts.append(task.retry_count)
+        assert task.max_retry == 2
+        raise RuntimeError("always")
+
+    await start_worker()
+    info = await client.enqueue("fail", max_retry=2, retention=60)
+    assert info.max_retry == 2
+    with pytest.raises(obsq.TaskFailed):
+        await client.result(info, timeout=10)
+    assert attempts == [0, 1, 2]
+    dead = await client.info(info.id)
+    assert (dead.state, dead.retry_count, dead.max_retry) == ("dead", 2, 2)
+
+
+async def test_timeout_option_reaches_the_task_and_is_enforced(app, client,
+                                                               start_worker) -> None:
+    seen: list[float] = []
+
+    @app.task("slow", timeout=60)
+    async def slow(task: obsq.Task):
+        seen.append(task.timeout)
+        await asyncio.sleep(30)
+
+    await start_worker()
+    info = await client.enqueue("slow", timeout=0.3, max_retry=0, retention=60)
+    with pytest.raises(obsq.TaskFailed, match="TaskTimeout"):
+        await client.result(info, timeout=10)
+    assert seen == [0.3]
+
+
+async def test_delay_and_eta_schedule_the_task(app, client, start_worker) -> None:
+    ran_at: dict[str, float] = {}
+
+    @app.task("later")
+    async def later(task: obsq.Task):
+        ran_at[task.payload] = time.time()
+
+    await start_worker()
+    start = time.time()
+    delayed = await client.enqueue("later", "delay", delay=1.0)
+    eta = datetime.now(timezone.utc) + timedelta(seconds=1.0)
+    at_eta = await client.enqueue("later", "eta", eta=eta)
+    naive_past = await client.enqueue("later", "past-eta", eta=datetime(2000, 1, 1))
+    assert delayed.state == "scheduled" and at_eta.state == "scheduled"
+    assert naive_past.state == "pending"
+    info = await client.info(delayed.id)
+    assert info.state == "scheduled"
+    assert info.next_run_at is not None
+    assert abs(info.next_run_at.timestamp() - (start + 1.0)) < 0.5
+    await wait_until(lambda: len(ran_at) == 3, timeout=10)
+    # never early (same clock: Redis runs on this host)
+    assert ran_at["delay"] >= start + 1.0 - 0.05
+    assert ran_at["eta"] >= eta.timestamp() - 0.05
+    assert ran_at["past-eta"] < ran_at["delay"]
+
+
+async def test_unique_for_rejects_duplicates_until_success(app, client, start_worker,
+                                                           raw_redis, namespace) -> None:
+    gate = asyncio.Event()
+
+    @app.task("uniq")
+    async def uniq(task: obsq.Task):
+        await gate.wait()
+        return task.payload
+
+    first = await client.enqueue("uniq", {"n": 1}, unique_for=60, retention=60)
+    with pytest.raises(obsq.DuplicateTask) as caught:
+        await client.enqueue("uniq", {"n": 1}, unique_for=60)
+    assert caught.value.existing_id == first.id
+    # another payload, or another type, is not a duplicate
+    other = await client.enqueue("uniq", {"n": 2}, unique_for=60, retention=60)
+    assert other.id != first.id
+    assert raw_redis.keys(f"{namespace}:{{default}}:unique:*")
+
+    await start_worker()
+    with pytest.raises(obsq.DuplicateTask):  # still a duplicate while it runs
+        await client.enqueue("uniq", {"n": 1}, unique_for=60)
+    gate.set()
+    assert await client.result(first, timeout=10) == {"n": 1}
+    await client.result(other, timeout=10)
+    # success released the lock: the same task can be enqueued again at once
+    again = await client.enqueue("uniq", {"n": 1}, unique_for=60, retention=60)
+    assert again.id != first.id
+    assert await client.result(again, timeout=10) == {"n": 1}
+
+
+async def test_unique_lock_expires_after_unique_for(app, client) -> None:
+    first = await client.enqueue("uniq", "x", unique_for=0.2)
+    with pytest.raises(obsq.DuplicateTask):
+        await client.enqueue("uniq", "x", unique_for=0.2)
+
+    async def enqueued_again():
+        try:
+            return await client.enqueue("uniq", "x", unique_for=0.2)
+        except obsq.DuplicateTask:
+            return None
+
+    again = await wait_until(enqueued_again, timeout=5)
+    assert again.id != first.id
+
+
+async def test_task_id_conflict_raises_duplicate(app, client) -> None:
+    info = await client.enqueue("t", 1, task_id="order-42")
+    assert info.id == "order-42"
+    with pytest.raises(obsq.DuplicateTask) as caught:
+        await client.enqueue("t", 2, task_id="order-42")
+    assert caught.value.existing_id == "order-42"
+    stored = await client.info("order-42")
+    assert stored.payload == 1  # the first one was not overwritten
+
+
+async def test_retention_keeps_the_result_and_without_it_the_task_is_gone(
+        app, client, start_worker, raw_redis, namespace) -> None:
+    @app.task("double")
+    async def double(task: obsq.Task):
+        return task.payload * 2
+
+    await start_worker()
+    kept = await client.enqueue("double", 21, retention=60)
+    await wait_until(lambda: raw_redis.zscore(f"{namespace}:{{default}}:completed", kept.id))
+    info = await client.info(kept.id)
+    assert (info.state, info.result) == ("completed", 42)
+    assert info.completed_at is not None
+    ttl = raw_redis.pttl(f"{namespace}:{{default}}:t:{kept.id}")
+    assert 60_000 < ttl <= 120_000  # retention plus a margin for the janitor
+
+    gone = await client.enqueue("double", 1)
+    key = f"{namespace}:{{default}}:t:{gone.id}"
+    assert raw_redis.exists(key)
+    await wait_until(lambda: not raw_redis.exists(key))
+    with pytest.raises(obsq.TaskNotFound):
+        await client.info(gone.id)
+    assert not raw_redis.zscore(f"{namespace}:{{default}}:completed", gone.id)
+
+
+async def test_headers_reach_the_handler(app, client, start_worker) -> None:
+    @app.task("h")
+    async def h(task: obsq.Task):
+        return task.headers
+
+    await start_worker()
+    info = await client.enqueue("h", headers={"tenant": "acme", "x-request-id": "r1"},
+                                retention=60)
+    assert info.headers == {"tenant": "acme", "x-request-id": "r1"}
+    assert await client.result(info, timeout=10) == {"tenant": "acme", "x-request-id": "r1"}
+    assert (await client.info(info.id)).headers == {"tenant": "acme", "x-request-id": "r1"}
+    with pytest.raises(TypeError):
+        await client.enqueue("h", headers={"n": 1})
+
+
+async def test_enqueue_many_across_queues_flags_duplicates(app, client, start_worker,
+                                                           raw_redis, namespace) -> None:
+    ran: list[tuple[str, object]] = []
+
+    @app.task("m")
+    async def m(task: obsq.Task):
+        ran.append((task.queue, task.payload))
+
+    existing = await client.enqueue("m", "old", task_id="taken", queue="a")
+    infos = await client.enqueue_many([
+        obsq.Job("m", 1, queue="a"),
+        obsq.Job("m", 2, queue="b"),
+        obsq.Job("m", 3, queue="c", delay=0.2),
+        obsq.Job("m", "dup-id", queue="a", task_id="taken"),
+        obsq.Job("m", "u", queue="b", unique_for=60),
+        obsq.Job("m", "u", queue="b", unique_for=60),
+        obsq.Job("m", "fresh", queue="b", task_id="fresh-id"),
+        obsq.Job("m", "fresh-again", queue="b", task_id="fresh-id"),
+    ])
+    assert [i.queue for i in infos] == ["a", "b", "c", "a", "b", "b", "b", "b"]
+    assert [i.duplicate for i in infos] == [False, False, False, True, False, True, False,
+                                            True]
+    assert infos[3].id == existing.id
+    assert infos[5].id == infos[4].id  # the id of the task holding the unique lock
+    assert infos[6].id == "fresh-id"
+    assert infos[2].state == "scheduled"
+    assert raw_redis.smembers(f"{namespace}:queues") == {b"a", b"b", b"c"}
+
+    await start_worker(queues="a,b,c")
+    await wait_until(lambda: len(ran) == 6)
+    assert sorted(ran, key=str) == sorted([("a", "old"), ("a", 1), ("b", 2), ("c", 3),
+                                           ("b", "u"), ("b", "fresh")], key=str)
+    assert await client.enqueue_many([]) == []
+
+
+async def test_route_defaults_apply_when_the_client_has_the_app(app, client, start_worker,
+                                                                redis_url, namespace) -> None:
+    seen: list[tuple[str, int, float]] = []
+
+    @app.task("routed", queue="reports", max_retry=1, timeout=5, retry_delay=0)
+    async def routed(task: obsq.Task):
+        seen.append((task.queue, task.max_retry, task.timeout))
+        raise RuntimeError("no")
+
+    info = await client.enqueue("routed")
+    assert (info.queue, info.max_retry) == ("reports", 1)
+    # explicit options still win over the route's
+    explicit = await client.enqueue("routed", queue="default", max_retry=0, timeout=7)
+    await start_worker(queues="reports,default")
+    await wait_until(lambda: len(seen) == 3)
+    assert sorted(seen) == [("default", 0, 7), ("reports", 1, 5), ("reports", 1, 5)]
+    assert (await client.info(info.id)).state == "dead"
+    assert (await client.info(explicit.id)).retry_count == 0
+
+    # a client without the app knows no routes: the default queue
+    async with obsq.Client(redis_url, namespace, instrument=False) as bare:
+        plain = await bare.enqueue("routed")
+    assert plain.queue == "default"

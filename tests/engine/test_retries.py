@@ -1,0 +1,194 @@
+"""Retries, backoff, SkipRetry, retry_in and timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from conftest import wait_until
+
+import obsq
+from obsq.execution import default_backoff
+from obsq.settings import BACKOFF_BASE, BACKOFF_CAP
+
+
+def test_default_backoff_is_exponential_jittered_and_capped() -> None:
+    for retry_count in range(0, 30):
+        ceiling = min(BACKOFF_BASE * 2.0 ** retry_count, BACKOFF_CAP)
+        samples = [default_backoff(retry_count) for _ in range(200)]
+        assert all(ceiling * 0.5 <= s <= ceiling for s in samples), retry_count
+        assert max(samples) - min(samples) > 0  # jittered, so retries do not stampede
+    assert 1.0 <= default_backoff(0) <= 2.0
+    assert default_backoff(100) <= BACKOFF_CAP
+
+
+async def test_a_failing_task_is_retried_then_dead_with_counts_and_error(
+        app, client, start_worker) -> None:
+    attempts: list[int] = []
+
+    @app.task("flaky", retry_delay=0.05)
+    async def flaky(task: obsq.Task):
+        attempts.append(task.retry_count)
+        raise ValueError(f"attempt {task.retry_count} failed")
+
+    await start_worker()
+    info = await client.enqueue("flaky", max_retry=3, retention=60)
+    with pytest.raises(obsq.TaskFailed) as caught:
+        await client.result(info, timeout=10)
+    assert caught.value.error == "ValueError: attempt 3 failed"
+    assert attempts == [0, 1, 2, 3]
+    dead = await client.info(info.id)
+    assert dead.state == "dead"
+    assert dead.retry_count == 3
+    assert dead.error == "ValueError: attempt 3 failed"
+    assert dead.completed_at is not None
+
+
+async def test_retry_then_success_completes(app, client, start_worker) -> None:
+    @app.task("second-time-lucky", retry_delay=0)
+    async def lucky(task: obsq.Task):
+        if task.retry_count == 0:
+            raise ConnectionError("transient")
+        return "ok"
+
+    await start_worker()
+    info = await client.enqueue("second-time-lucky", retention=60)
+    assert await client.result(info, timeout=10) == "ok"
+    done = await client.info(info.id)
+    assert (done.state, done.retry_count) == ("completed", 1)
+
+
+async def test_retry_delay_as_a_number_schedules_the_retry(app, client, start_worker) -> None:
+    failed_at: list[float] = []
+
+    @app.task("later", retry_delay=30)
+    async def later(task: obsq.Task):
+        failed_at.append(time.time())
+        raise RuntimeError("not yet")
+
+    await start_worker()
+    info = await client.enqueue("later")
+    retrying = await wait_until(lambda: _in_state(client, info.id, "retry"))
+    assert retrying.retry_count == 1
+    assert retrying.error == "RuntimeError: not yet"
+    due = retrying.next_run_at.timestamp()
+    assert failed_at[0] + 29 <= due <= failed_at[0] + 31
+
+
+async def test_retry_delay_function_gets_count_exception_and_task(app, client,
+                                                                  start_worker) -> None:
+    calls: list[tuple[int, str, str]] = []
+
+    def policy(retry_count: int, exc: BaseException, task: obsq.Task) -> float:
+        calls.append((retry_count, repr(exc), task.id))
+        return 0.01 * retry_count
+
+    @app.task("policy", retry_delay=policy)
+    async def handler(task: obsq.Task):
+        raise KeyError(task.retry_count)
+
+    await start_worker()
+    info = await client.enqueue("policy", max_retry=2, retention=60)
+    with pytest.raises(obsq.TaskFailed):
+        await client.result(info, timeout=10)
+    # called for each failure that is retried, not for the last one
+    assert calls == [(0, "KeyError(0)", info.id), (1, "KeyError(1)", info.id)]
+
+
+async def test_a_broken_retry_delay_function_falls_back_to_the_default(
+        app, client, start_worker) -> None:
+    @app.task("broken-policy", retry_delay=lambda n, exc, task: 1 / 0)
+    async def handler(task: obsq.Task):
+        raise RuntimeError("fail")
+
+    await start_worker()
+    info = await client.enqueue("broken-policy")
+    retrying = await wait_until(lambda: _in_state(client, info.id, "retry"))
+    assert retrying.next_run_at is not None  # default backoff of 1-2 s was used
+
+
+async def test_skip_retry_goes_straight_to_dead(app, client, start_worker) -> None:
+    attempts: list[int] = []
+
+    @app.task("hopeless")
+    async def hopeless(task: obsq.Task):
+        attempts.append(task.retry_count)
+        raise obsq.SkipRetry("the account does not exist")
+
+    await start_worker()
+    info = await client.enqueue("hopeless", max_retry=25, retention=60)
+    with pytest.raises(obsq.TaskFailed, match="the account does not exist"):
+        await client.result(info, timeout=10)
+    assert attempts == [0]
+    dead = await client.info(info.id)
+    assert (dead.state, dead.retry_count) == ("dead", 0)
+
+
+async def test_retry_in_reschedules_the_task(app, client, start_worker) -> None:
+    @app.task("poll")
+    async def poll(task: obsq.Task):
+        await task.retry_in(60)
+
+    await start_worker()
+    before = time.time()
+    info = await client.enqueue("poll", max_retry=5)
+    retrying = await wait_until(lambda: _in_state(client, info.id, "retry"))
+    assert retrying.retry_count == 1
+    assert before + 59 <= retrying.next_run_at.timestamp() <= time.time() + 61
+    assert "retry requested in 60 s" in retrying.error
+
+
+async def test_retry_in_runs_the_task_again(app, client, start_worker) -> None:
+    runs: list[int] = []
+
+    @app.task("poll")
+    async def poll(task: obsq.Task):
+        runs.append(task.retry_count)
+        if len(runs) < 3:
+            task.retry_in(0.05)
+        return len(runs)
+
+    await start_worker()
+    info = await client.enqueue("poll", retention=60)
+    assert await client.result(info, timeout=10) == 3
+    assert runs == [0, 1, 2]
+
+
+async def test_retry_in_with_a_negative_delay_is_an_error(app, client, start_worker) -> None:
+    @app.task("neg")
+    async def neg(task: obsq.Task):
+        task.retry_in(-1)
+
+    await start_worker()
+    info = await client.enqueue("neg", max_retry=0, retention=60)
+    with pytest.raises(obsq.TaskFailed, match="ValueError"):
+        await client.result(info, timeout=10)
+
+
+async def test_a_handler_past_its_timeout_fails_with_task_timeout_and_is_retried(
+        app, client, start_worker) -> None:
+    cancelled: list[int] = []
+
+    @app.task("sleepy", timeout=0.2, retry_delay=0)
+    async def sleepy(task: obsq.Task):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(task.retry_count)
+            raise
+
+    await start_worker()
+    info = await client.enqueue("sleepy", max_retry=1, retention=60)
+    with pytest.raises(obsq.TaskFailed) as caught:
+        await client.result(info, timeout=10)
+    assert caught.value.error == ("TaskTimeout: the handler ran longer than its timeout "
+                                  "of 0.2 s")
+    assert cancelled == [0, 1]  # timed out, retried, timed out again
+    dead = await client.info(info.id)
+    assert (dead.state, dead.retry_count) == ("dead", 1)
+
+
+async def _in_state(client: obsq.Client, task_id: str, state: str) -> obsq.TaskInfo | None:
+    info = await client.info(task_id)
+    return info if info.state == state else None
