@@ -50,12 +50,21 @@ def parse_queues(value: str | dict[str, int]) -> dict[str, int]:
         raise ConfigurationError("at least one queue is needed")
     queues = {}
     for name, weight in items:
-        validate_name("queue", name)
+        _checked_name("queue", name)
         if not isinstance(weight, int) or weight < 1:
             raise ConfigurationError(f"queue {name!r} needs a positive integer weight, "
                                      f"got {weight!r}")
         queues[name] = weight
     return queues
+
+
+def _checked_name(kind: str, value: str) -> str:
+    """A bad queue name or namespace is a configuration error (reported without a traceback
+    by the CLI), not a plain ValueError."""
+    try:
+        return validate_name(kind, value)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 @dataclass
@@ -79,7 +88,7 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         self.queues = parse_queues(self.queues)
         if self.namespace is not None:
-            validate_name("namespace", self.namespace)
+            _checked_name("namespace", self.namespace)
         for name in ("concurrency", "processes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be a positive integer, "

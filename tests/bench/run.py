@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from harness import (
 
 ALL_SYSTEMS = ("obsq", "dramatiq", "taskiq")
 POLL = 0.005  # seconds between drain checks
+STALL = 20.0  # seconds without progress before a drain is reported as stuck
 CALIBRATE = 200  # done-checks timed on the idle server before each drain
 BULK_HOW = {
     "obsq": "enqueue_many, chunks of 1,000",
@@ -119,15 +121,21 @@ def drain(system: str, rs: RedisServer, n: int, *, opts: dict | None = None,
         cpu0, rt0 = rs.cpu_seconds(), time.perf_counter()
         w.send("GO")
         go = w.expect("go", 30)
-        deadline = time.perf_counter() + max(120.0, n / 200)
-        while backlog(system, r):
+        last, progress_at = n, time.perf_counter()
+        while left := backlog(system, r):
             polls += 1
-            if time.perf_counter() > deadline:
-                raise ChildError(f"{system}: drain not finished in time\n{w.tail()}")
+            now = time.perf_counter()
+            if left < last:
+                last, progress_at = left, now
+            elif now - progress_at > STALL:
+                raise ChildError(
+                    f"{system}: drain stalled, {left} of {n} tasks unfinished for {STALL:.0f}s"
+                    f"\n{w.tail()}"
+                )
             w.check_alive()
             # every 5 ms, later every 0.5 % of the time so far: the clock's error stays
             # under 0.5 % while the checks' own Redis load stays small on long drains
-            time.sleep(min(0.05, max(POLL, (time.perf_counter() - rt0) * 0.005)))
+            time.sleep(min(0.05, max(POLL, (now - rt0) * 0.005)))
         seconds = time.perf_counter() - rt0
         cpu1 = rs.cpu_seconds()
         if spy:
@@ -150,7 +158,7 @@ def drain(system: str, rs: RedisServer, n: int, *, opts: dict | None = None,
             time.sleep(1.0)  # let the worker go idle (blocked / polling)
             res = run_child([system, "pickup", "--url", rs.url, "--n", str(pickup_n),
                              "--rate", str(rate)], label=f"{system} pickup")
-            deadline = time.perf_counter() + 60
+            deadline = time.perf_counter() + STALL
             while backlog(system, r) and time.perf_counter() < deadline:
                 time.sleep(POLL)
             time.sleep(0.05)
@@ -364,7 +372,13 @@ def report_overhead(ov: dict) -> None:
               f"{fmt(d.get('otlp_requests')):>14}")
 
 
+def _terminate(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwind, so private redis-servers and children stop
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
+    sys.stdout.reconfigure(line_buffering=True)
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=ALL_SYSTEMS, action="append",
