@@ -58,7 +58,7 @@ class Executor:
         self.chain = app.wrap(self._invoke)
 
     def build_task(self, queue: str, raw: RawTask, redis_now_ms: int) -> Task:
-        task_id, fence, task_type, payload, headers, options, retried, due_ms = raw
+        task_id, fence, task_type, payload, headers, options, retried, due_ms, unique = raw
         route = self.app.route(task_type)
         try:
             opts = orjson.loads(options) if options else {}
@@ -71,6 +71,7 @@ class Executor:
         return Task(
             id=task_id, type=task_type, queue=queue, raw_payload=payload, raw_headers=headers,
             retry_count=retried, fence=fence, route=route.pattern if route else "other",
+            unique_key=unique,
             max_retry=max_retry if isinstance(max_retry, int) else
             (route.max_retry if route and route.max_retry is not None else DEFAULT_MAX_RETRY),
             timeout=timeout if isinstance(timeout, (int, float)) and timeout > 0 else

@@ -46,10 +46,11 @@ class Heartbeat(BackgroundLoop):
 class LeaseKeeper(BackgroundLoop):
     name = "lease-keeper"
 
-    def __init__(self, broker: Broker, lease_seconds: float,
+    def __init__(self, broker: Broker, worker_id: str, lease_seconds: float,
                  running: Callable[[], dict[str, list[tuple[str, int]]]]) -> None:
         super().__init__(lease_seconds / 3)
         self.broker = broker
+        self.worker_id = worker_id
         self.lease_seconds = lease_seconds
         self.running = running
 
@@ -57,7 +58,7 @@ class LeaseKeeper(BackgroundLoop):
         attempts = self.running()
         if not attempts:
             return
-        lost = await self.broker.extend(attempts, self.lease_seconds)
+        lost = await self.broker.extend(attempts, self.lease_seconds, self.worker_id)
         for queue, ids in lost.items():
             if ids:
                 log.warning("lease lost for %d running task(s) of queue %s (taken over after "

@@ -22,6 +22,7 @@ SWEEP_BATCH = 1000
 # Fetching: how long an idle worker blocks on Redis before it looks again, and batch caps.
 WAIT_TIMEOUT = 2.0
 MAX_FETCH = 100
+PREFETCH_BELOW_SECONDS = 0.05  # prefetch a second batch only while tasks take less
 # Retention of what is left behind.
 DEAD_MAX_AGE = 30 * 24 * 3600.0
 DEAD_MAX_COUNT = 100_000
@@ -77,7 +78,7 @@ class WorkerSettings:
     shutdown_timeout: float = 25.0
     lease_seconds: float = 30.0
     max_recoveries: int = 5
-    http_port: int | None = None  # None: no HTTP endpoint
+    http_port: int | None = None  # None or -1: no HTTP endpoint; 0: a free port
     http_host: str = "0.0.0.0"
     metrics: bool = True
     tracing: bool = True
@@ -99,7 +100,7 @@ class WorkerSettings:
             raise ConfigurationError("shutdown_timeout must not be negative")
         if self.max_recoveries < 0:
             raise ConfigurationError("max_recoveries must not be negative")
-        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+        if self.http_port is not None and not -1 <= self.http_port <= 65535:  # -1: off
             raise ConfigurationError(f"http_port {self.http_port} is not a TCP port")
         if self.log_format not in ("text", "json"):
             raise ConfigurationError(f"log_format must be text or json, got {self.log_format!r}")

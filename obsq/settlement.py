@@ -1,9 +1,10 @@
 """Recording how each attempt ended, then telling the outcome hooks.
 
-Completions are batched without waiting on a timer: while one batch is on its way to
-Redis the next one gathers, so a busy worker pays one round trip for many tasks and an
-idle one pays no delay. A Redis that is away is retried with backoff; an attempt whose
-fencing token went stale (its lease was taken over) ends as `lease_lost`.
+Completions are batched without waiting on a timer: they gather here until the worker's
+fetch loop next talks to Redis, which sends them in the same round trip as its next fetch
+(`take_acks`/`resolve_acks`); a busy worker thus pays one round trip for many tasks and an
+idle one no delay. A Redis that is away is retried with backoff; an attempt whose fencing
+token went stale (its lease was taken over) ends as `lease_lost`.
 """
 
 from __future__ import annotations
@@ -14,42 +15,42 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from obsq.app import OutcomeHook
-from obsq.broker import Broker
+from obsq.broker import AckBatches, Broker
 from obsq.errors import BrokerError
 from obsq.execution import Verdict
 from obsq.settings import REDIS_RETRY_MAX, REDIS_RETRY_MIN
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
-AckItem = tuple[str, int, float, bytes]
+AckItem = tuple[str, int, float, bytes, str]
+PendingAcks = dict[str, list[tuple[AckItem, "asyncio.Future[bool]"]]]
 
 
 class Settler:
-    def __init__(self, broker: Broker, hooks: list[OutcomeHook]) -> None:
+    def __init__(self, broker: Broker, worker_id: str, hooks: list[OutcomeHook]) -> None:
         self.broker = broker
+        self.worker_id = worker_id
         self.hooks = hooks
-        self._acks: dict[str, list[tuple[AckItem, asyncio.Future[bool]]]] = {}
-        self._more = asyncio.Event()
-        self._flusher: asyncio.Task[None] | None = None
+        self._acks: PendingAcks = {}
+        self.acks_waiting = asyncio.Event()
         self._gave_up = False
-
-    def start(self) -> None:
-        self._flusher = asyncio.create_task(self._flush_forever(), name="obsq-acks")
 
     async def settle(self, task: Task, verdict: Verdict) -> str:
         """Record the verdict in Redis; returns the final outcome."""
         if verdict.outcome == "success":
             future = asyncio.get_running_loop().create_future()
             self._acks.setdefault(task.queue, []).append(
-                ((task.id, task.fence, task.retention, verdict.result), future))
-            self._more.set()
+                ((task.id, task.fence, task.retention, verdict.result, task.unique_key),
+                 future))
+            self.acks_waiting.set()
             accepted = await future
         elif verdict.outcome == "retry":
             accepted = await self._persist(lambda: self.broker.retry(
-                task.queue, task.id, task.fence, verdict.delay, verdict.error_text))
+                task.queue, task.id, task.fence, self.worker_id, verdict.delay,
+                verdict.error_text))
         else:
             accepted = await self._persist(lambda: self.broker.kill(
-                task.queue, task.id, task.fence, verdict.error_text))
+                task.queue, task.id, task.fence, self.worker_id, verdict.error_text))
         outcome = verdict.outcome if accepted else "lease_lost"
         if not accepted:
             log.warning("task %s (%s) finished after its lease was taken over; its %s was "
@@ -69,7 +70,7 @@ class Settler:
             by_queue.setdefault(task.queue, []).append(task)
         for queue, group in by_queue.items():
             accepted = await self._persist(lambda q=queue, g=group: self.broker.requeue(
-                q, [(t.id, t.fence) for t in g]), attempts=5)
+                q, [(t.id, t.fence) for t in g], self.worker_id), attempts=5)
             for task, ok in zip(group, accepted or [False] * len(group)):
                 self.report(task, "requeued" if ok else "lease_lost", None)
 
@@ -80,43 +81,59 @@ class Settler:
             except Exception:
                 log.exception("outcome hook %r failed", hook)
 
+    def take_acks(self) -> tuple[AckBatches, PendingAcks]:
+        """Hand the gathered completions to the caller, who sends them to Redis and then
+        calls resolve_acks (or restore_acks if the call failed)."""
+        pending, self._acks = self._acks, {}
+        self.acks_waiting.clear()
+        return {q: [item for item, _ in entries] for q, entries in pending.items()}, pending
+
+    def resolve_acks(self, pending: PendingAcks, results: dict[str, list[bool]]) -> None:
+        for queue, entries in pending.items():
+            for (_, future), accepted in zip(entries, results[queue]):
+                if not future.done():
+                    future.set_result(accepted)
+
+    def restore_acks(self, pending: PendingAcks) -> None:
+        for queue, entries in pending.items():
+            self._acks[queue] = entries + self._acks.get(queue, [])
+        if self._acks:
+            self.acks_waiting.set()
+
+    async def flush(self) -> None:
+        """Send the gathered completions on their own (when no fetch is due)."""
+        batches, pending = self.take_acks()
+        if not batches:
+            return
+        try:
+            results = await self.broker.ack(batches, self.worker_id)
+        except BrokerError:
+            self.restore_acks(pending)
+            raise
+        self.resolve_acks(pending, results)
+
     async def close(self, timeout: float) -> None:
-        """Flush what is queued, then stop; give up on Redis after `timeout`."""
+        """Flush what is left, retrying while Redis is away for up to `timeout`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while self._acks and loop.time() < deadline:
-            await asyncio.sleep(0.01)
+        failures = 0
+        while self._acks:
+            try:
+                await self.flush()
+            except BrokerError as exc:
+                failures += 1
+                if loop.time() >= deadline:
+                    log.error("gave up recording %d completion(s): %s; their leases will "
+                              "expire and they will run again",
+                              sum(map(len, self._acks.values())), exc)
+                    break
+                await asyncio.sleep(_backoff(failures))
         self._gave_up = True
-        if self._flusher is not None:
-            self._flusher.cancel()
         for entries in self._acks.values():
             for _, future in entries:
                 if not future.done():
                     future.set_result(False)
-
-    async def _flush_forever(self) -> None:
-        failures = 0
-        while True:
-            await self._more.wait()
-            self._more.clear()
-            while self._acks:
-                batch, self._acks = self._acks, {}
-                try:
-                    results = await self.broker.ack(
-                        {q: [item for item, _ in entries] for q, entries in batch.items()})
-                except BrokerError as exc:
-                    failures += 1
-                    if failures == 1:
-                        log.warning("cannot record completions: %s; retrying", exc)
-                    for queue, entries in batch.items():
-                        self._acks[queue] = entries + self._acks.get(queue, [])
-                    await asyncio.sleep(_backoff(failures))
-                    continue
-                failures = 0
-                for queue, entries in batch.items():
-                    for (_, future), ok in zip(entries, results[queue]):
-                        if not future.done():
-                            future.set_result(ok)
+        self._acks = {}
 
     async def _persist(self, call: Callable[[], Awaitable[Any]],
                        attempts: int | None = None) -> Any:

@@ -161,13 +161,14 @@ class Task:
         "route",
         "timeout",
         "type",
+        "unique_key",
         "wait_seconds",
     )
 
     def __init__(self, *, id: str, type: str, queue: str, raw_payload: bytes,
                  raw_headers: bytes, retry_count: int, max_retry: int, timeout: float,
                  retention: float, fence: int = 0, wait_seconds: float = 0.0,
-                 route: str = "other",
+                 route: str = "other", unique_key: str = "",
                  update_state: Callable[[Task, Any], Awaitable[None]] | None = None) -> None:
         self.id = id
         self.type = type
@@ -179,6 +180,7 @@ class Task:
         self.fence = fence
         self.wait_seconds = wait_seconds
         self.route = route  # the matched route pattern: a bounded label for metrics
+        self.unique_key = unique_key  # digest of the unique lock this task holds, if any
         self.context: dict[str, Any] = {}  # per-attempt scratch space for middleware and hooks
         self._raw_payload = raw_payload
         self._raw_headers = raw_headers

@@ -10,6 +10,7 @@ within `shutdown_timeout`, hands the rest back to pending at once and deregister
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -22,7 +23,7 @@ from typing import Any
 
 from obsq import __version__
 from obsq.app import App
-from obsq.broker import Broker, RawTask
+from obsq.broker import Broker
 from obsq.errors import BrokerError
 from obsq.execution import Executor
 from obsq.heartbeat import Heartbeat, LeaseKeeper
@@ -31,6 +32,7 @@ from obsq.maintenance import Forwarder, Janitor, Recoverer
 from obsq.settings import (
     HEARTBEAT_TTL,
     MAX_FETCH,
+    PREFETCH_BELOW_SECONDS,
     PROGRESS_TTL,
     REDIS_RETRY_MAX,
     REDIS_RETRY_MIN,
@@ -82,6 +84,8 @@ class Worker:
         self.broker.on_error.extend(app.redis_error_hooks)
         self._order = sorted(self.queues, key=lambda q: -self.queues[q])
         self._busy = 0
+        self._buffer: collections.deque[Task] = collections.deque()  # fetched, awaiting a slot
+        self._recent_duration = 0.0  # moving average of handler run time, for prefetching
         self._slot_free = asyncio.Event()
         self._stopped = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -98,18 +102,18 @@ class Worker:
         await self.broker.check()
         await self.broker.register_queues(self.queues)
         self.executor = Executor(self.app, self.concurrency, self._update_state)
-        self.settler = Settler(self.broker, self.app.outcome_hooks)
+        self.settler = Settler(self.broker, self.id, self.app.outcome_hooks)
         self.heartbeat = Heartbeat(self.broker, self.id, self.describe)
         await self.heartbeat.beat()
         self._loops = [
             self.heartbeat,
-            LeaseKeeper(self.broker, self.settings.lease_seconds, self._attempts_by_queue),
+            LeaseKeeper(self.broker, self.id, self.settings.lease_seconds,
+                        self._attempts_by_queue),
             Forwarder(self.broker, self.id),
             Recoverer(self.broker, self.id, max_recoveries=self.settings.max_recoveries,
                       hooks=self.app.recovery_hooks),
             Janitor(self.broker, self.id),
         ]
-        self.settler.start()
         for loop in self._loops:
             loop.start()
         if self.settings.http_port is not None:
@@ -166,46 +170,82 @@ class Worker:
         return order
 
     async def _fetch_forever(self) -> None:
+        """Each cycle sends the completions gathered since the last one together with the
+        next fetch, in one round trip; with nothing to fetch, it blocks on Redis."""
         failures = 0
         while not self._stopped.is_set():
-            free = self.concurrency - self._busy
-            if free <= 0:
-                self._slot_free.clear()
-                await self._slot_free.wait()
-                continue
-            got = 0
+            free = self._fetch_window() - self._busy - len(self._buffer)
             try:
+                if free <= 0:
+                    if self.settler.acks_waiting.is_set():
+                        await self.settler.flush()
+                    self._slot_free.clear()
+                    await self._slot_free.wait()
+                    continue
+                got = 0
                 for queue in self._queue_order():
-                    now, raws = await self.broker.dequeue(queue, min(free - got, MAX_FETCH),
-                                                          self.id, self.settings.lease_seconds)
-                    for raw in raws:
-                        self._start(queue, raw, now)
-                    got += len(raws)
+                    got += await self._fetch(queue, min(free - got, MAX_FETCH))
                     if got >= free:
                         break
                 failures = 0
             except BrokerError as exc:
                 failures += 1
                 if failures == 1:
-                    log.warning("cannot fetch tasks: %s; retrying", exc)
+                    log.warning("cannot reach Redis to fetch tasks: %s; retrying", exc)
                 await self._pause(min(REDIS_RETRY_MIN * 2 ** failures, REDIS_RETRY_MAX))
                 continue
             if not got:
                 await self._wait_for_work()
 
+    def _fetch_window(self) -> int:
+        """How many tasks this worker may hold: its slots, plus as many again while its
+        tasks are short, so a busy worker fetches in batches twice as large (fewer round
+        trips) without holding long tasks back from idle workers."""
+        if self._recent_duration < PREFETCH_BELOW_SECONDS:
+            return self.concurrency * 2
+        return self.concurrency
+
+    async def _fetch(self, queue: str, count: int) -> int:
+        lease = self.settings.lease_seconds
+        if self.settler.acks_waiting.is_set():
+            batches, pending = self.settler.take_acks()
+            try:
+                acked, now, raws = await self.broker.ack_and_dequeue(batches, queue, count,
+                                                                     self.id, lease)
+            except BrokerError:
+                self.settler.restore_acks(pending)
+                raise
+            self.settler.resolve_acks(pending, acked)
+        else:
+            now, raws = await self.broker.dequeue(queue, count, self.id, lease)
+        fetched_at = time.monotonic()
+        for raw in raws:
+            task = self.executor.build_task(queue, raw, now)
+            if self._busy < self.concurrency:
+                self._start(task)
+            else:
+                task.context["fetched_at"] = fetched_at
+                self._buffer.append(task)
+        return len(raws)
+
     async def _wait_for_work(self) -> None:
-        """Block on every queue's wake list until a producer signals one, or we stop."""
+        """Block on every queue's wake list until a producer signals one, a running task
+        ends (its completion must be sent), or the worker stops."""
+        self._slot_free.clear()
+        if self.settler.acks_waiting.is_set():
+            return
         waiters = [asyncio.ensure_future(self.broker.wait_for_work(q, WAIT_TIMEOUT))
                    for q in self.queues]
-        stopped = asyncio.ensure_future(self._stopped.wait())
+        events = [asyncio.ensure_future(e.wait()) for e in (self._stopped, self._slot_free)]
         try:
-            done, _ = await asyncio.wait([*waiters, stopped],
+            done, _ = await asyncio.wait([*waiters, *events],
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for future in [*waiters, stopped]:
+            for future in [*waiters, *events]:
                 future.cancel()
+            await asyncio.gather(*waiters, *events, return_exceptions=True)
         for future in done:
-            if future is not stopped and future.exception() is not None:
+            if future in waiters and future.exception() is not None:
                 await self._pause(REDIS_RETRY_MAX)  # Redis away; the broker counted it
                 return
 
@@ -215,8 +255,10 @@ class Worker:
 
     # -- running --------------------------------------------------------------------------
 
-    def _start(self, queue: str, raw: RawTask, redis_now_ms: int) -> None:
-        task = self.executor.build_task(queue, raw, redis_now_ms)
+    def _start(self, task: Task) -> None:
+        fetched_at = task.context.pop("fetched_at", None)
+        if fetched_at is not None:  # waited in the buffer too
+            task.wait_seconds += time.monotonic() - fetched_at
         self._busy += 1
         runner = asyncio.create_task(self._process(task))
         self._running[runner] = task
@@ -224,6 +266,7 @@ class Worker:
 
     async def _process(self, task: Task) -> None:
         runner = asyncio.current_task()
+        started = time.monotonic()
         try:
             verdict = await self.executor.run(task)
         except asyncio.CancelledError:
@@ -231,8 +274,11 @@ class Worker:
             return  # the drain hands it back
         finally:
             self._busy -= 1
-            self._slot_free.set()
             self._handling.discard(runner)  # type: ignore[arg-type]
+            if self._buffer and not self.draining:
+                self._start(self._buffer.popleft())
+            self._slot_free.set()
+        self._recent_duration += (time.monotonic() - started - self._recent_duration) * 0.1
         try:
             await self.settler.settle(task, verdict)
             self.processed += 1
@@ -241,7 +287,7 @@ class Worker:
 
     def _attempts_by_queue(self) -> dict[str, list[tuple[str, int]]]:
         attempts: dict[str, list[tuple[str, int]]] = {}
-        for task in self._running.values():
+        for task in [*self._running.values(), *self._buffer]:
             attempts.setdefault(task.queue, []).append((task.id, task.fence))
         return attempts
 
@@ -256,6 +302,9 @@ class Worker:
         fetcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await fetcher
+        if self._buffer:
+            await self.settler.requeue(list(self._buffer))
+            self._buffer.clear()
         log.info("worker %s draining: %d task(s) running, waiting up to %g s", self.id,
                  len(self._handling), self.settings.shutdown_timeout)
         if self._handling:
@@ -272,10 +321,10 @@ class Worker:
             await asyncio.gather(*cancelled, return_exceptions=True)
             await self.settler.requeue(unfinished)
             log.info("handed %d unfinished task(s) back to pending", len(unfinished))
+        await self.settler.close(timeout=5)
         settling = [r for r in self._running if not r.done()]
         if settling:
             await asyncio.wait(settling, timeout=5)
-        await self.settler.close(timeout=5)
         for loop in reversed(self._loops):
             await loop.stop()
         self.executor.close()

@@ -8,6 +8,7 @@ BrokerError, which decides whether to retry.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
@@ -22,11 +23,15 @@ from obsq.errors import BrokerError, ConfigurationError
 from obsq.task import TaskMessage
 
 ErrorHook = Callable[[str, BaseException], None]
+# queue -> [(id, fence, retention_s, result, unique digest or "")]
+AckBatches = dict[str, list[tuple[str, int, float, bytes, str]]]
+log = logging.getLogger("obsq")
 MIN_REDIS_VERSION = (6, 2)
 SCRIPTS = load_scripts()
 
-# One attempt handed to a worker: id, fence, type, payload, headers, options, retried, due_ms.
-RawTask = tuple[str, int, str, bytes, bytes, bytes, int, int]
+# One attempt handed to a worker: id, fence, type, payload, headers, options, retried, due_ms,
+# unique digest.
+RawTask = tuple[str, int, str, bytes, bytes, bytes, int, int, str]
 
 
 class Broker:
@@ -98,29 +103,27 @@ class Broker:
         except (RedisError, OSError) as exc:
             raise self._failed(name, exc) from exc
 
-    async def _scripts(self, name: str, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    async def _scripts(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
                        ) -> list[Any]:
-        """Several calls of one script in one round trip (one per queue)."""
+        """Several script calls (name, keys, args) in one round trip."""
         if len(calls) == 1:
-            return [await self._script(name, *calls[0])]
-        script = SCRIPTS[name]
+            return [await self._script(*calls[0])]
         try:
             pipe = self.redis.pipeline(transaction=False)
-            for keys, args in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            for name, keys, args in calls:
+                pipe.evalsha(SCRIPTS[name].sha, len(keys), *keys, *args)
             results = await pipe.execute(raise_on_error=False)
-            if any(is_noscript(r) for r in results):
-                await self.redis.script_load(script.source)
-                for i, (keys, args) in enumerate(calls):
-                    if is_noscript(results[i]):
-                        results[i] = await self.redis.evalsha(script.sha, len(keys), *keys,
-                                                              *args)
+            for i, (name, keys, args) in enumerate(calls):
+                if is_noscript(results[i]):
+                    await self.redis.script_load(SCRIPTS[name].source)
+                    results[i] = await self.redis.evalsha(SCRIPTS[name].sha, len(keys), *keys,
+                                                          *args)
             for result in results:
                 if isinstance(result, Exception):
                     raise result
             return results
         except (RedisError, OSError) as exc:
-            raise self._failed(name, exc) from exc
+            raise self._failed(calls[0][0], exc) from exc
 
     # -- producing ------------------------------------------------------------------------
 
@@ -142,57 +145,87 @@ class Broker:
     async def dequeue(self, queue: str, count: int, worker_id: str, lease_seconds: float
                       ) -> tuple[int, list[RawTask]]:
         """Up to `count` tasks under lease; returns Redis's clock (ms) and the tasks."""
+        reply = await self._script(*self._dequeue_call(queue, count, worker_id, lease_seconds))
+        return self._parse_dequeue(queue, reply)
+
+    async def ack(self, batches: AckBatches, worker_id: str) -> dict[str, list[bool]]:
+        """Complete attempts: {queue: [(id, fence, retention_s, result, unique)]} -> accepted
+        flags (False: the fencing token is stale)."""
+        results = await self._scripts(self._ack_calls(batches, worker_id))
+        return {q: [bool(x) for x in r] for q, r in zip(batches, results)}
+
+    async def ack_and_dequeue(self, batches: AckBatches, queue: str, count: int, worker_id: str,
+                              lease_seconds: float
+                              ) -> tuple[dict[str, list[bool]], int, list[RawTask]]:
+        """ack() and dequeue() in one round trip: what a busy worker does in each cycle."""
+        calls = self._ack_calls(batches, worker_id)
+        calls.append(self._dequeue_call(queue, count, worker_id, lease_seconds))
+        *acked, fetched = await self._scripts(calls)
+        now, tasks = self._parse_dequeue(queue, fetched)
+        return {q: [bool(x) for x in r] for q, r in zip(batches, acked)}, now, tasks
+
+    def _dequeue_call(self, queue: str, count: int, worker_id: str, lease_seconds: float
+                      ) -> tuple[str, Sequence[str], Sequence[Any]]:
         k = self.keys(queue)
-        reply = await self._script("dequeue", (k.pending, k.lease, k.wake, k.paused),
-                                   (0, int(lease_seconds * 1000), count, worker_id))
+        return ("dequeue", (k.pending, k.lease, k.wake, k.paused, k.active, k.fence),
+                (0, int(lease_seconds * 1000), count, worker_id))
+
+    def _parse_dequeue(self, queue: str, reply: list[Any]) -> tuple[int, list[RawTask]]:
+        if reply[1]:
+            log.warning("%d id(s) in queue %s had no task data (deleted outside obsq); "
+                        "skipped", reply[1], queue)
         tasks = [
             (reply[i].decode(), reply[i + 1], reply[i + 2].decode(), reply[i + 3],
-             reply[i + 4], reply[i + 5], int(reply[i + 6] or 0), int(reply[i + 7] or 0))
-            for i in range(2, len(reply), 8)
+             reply[i + 4], reply[i + 5], int(reply[i + 6] or 0), int(reply[i + 7] or 0),
+             reply[i + 8].decode())
+            for i in range(2, len(reply), 9)
         ]
         return reply[0], tasks
 
-    async def ack(self, batches: dict[str, list[tuple[str, int, float, bytes]]]
-                  ) -> dict[str, list[bool]]:
-        """Complete attempts: {queue: [(id, fence, retention_s, result)]} -> accepted flags."""
-        calls = []
+    def _ack_calls(self, batches: AckBatches, worker_id: str
+                   ) -> list[tuple[str, Sequence[str], Sequence[Any]]]:
+        calls: list[tuple[str, Sequence[str], Sequence[Any]]] = []
         for queue, items in batches.items():
             k = self.keys(queue)
-            args: list[Any] = [0]
-            for task_id, fence, retention, result in items:
-                args += (task_id, fence, int(retention * 1000), result)
-            calls.append(((k.lease, k.completed), args))
-        results = await self._scripts("ack", calls)
-        return {q: [bool(x) for x in r] for q, r in zip(batches, results)}
+            args: list[Any] = [0, worker_id]
+            for task_id, fence, retention, result, unique in items:
+                args += (task_id, fence, int(retention * 1000), result, unique)
+            calls.append(("ack", (k.lease, k.completed, k.active, k.watched), args))
+        return calls
 
-    async def retry(self, queue: str, task_id: str, fence: int, delay: float,
+    async def retry(self, queue: str, task_id: str, fence: int, worker_id: str, delay: float,
                     error: str) -> bool:
         k = self.keys(queue)
-        return bool(await self._script("retry", (k.lease, k.retry, k.pending, k.wake),
-                                       (0, task_id, fence, int(delay * 1000), error)))
+        return bool(await self._script(
+            "retry", (k.lease, k.retry, k.pending, k.wake, k.active),
+            (0, worker_id, task_id, fence, int(delay * 1000), error)))
 
-    async def kill(self, queue: str, task_id: str, fence: int, error: str) -> bool:
+    async def kill(self, queue: str, task_id: str, fence: int, worker_id: str,
+                   error: str) -> bool:
         k = self.keys(queue)
-        return bool(await self._script("kill", (k.lease, k.dead), (0, task_id, fence, error)))
+        return bool(await self._script("kill", (k.lease, k.dead, k.active, k.watched),
+                                       (0, worker_id, task_id, fence, error)))
 
-    async def requeue(self, queue: str, attempts: Sequence[tuple[str, int]]) -> list[bool]:
+    async def requeue(self, queue: str, attempts: Sequence[tuple[str, int]],
+                      worker_id: str) -> list[bool]:
         k = self.keys(queue)
-        args: list[Any] = [0]
+        args: list[Any] = [0, worker_id]
         for task_id, fence in attempts:
             args += (task_id, fence)
-        return [bool(x) for x in await self._script("requeue", (k.lease, k.pending, k.wake),
-                                                    args)]
+        return [bool(x) for x in await self._script(
+            "requeue", (k.lease, k.pending, k.wake, k.active), args)]
 
-    async def extend(self, attempts: dict[str, list[tuple[str, int]]], lease_seconds: float
-                     ) -> dict[str, list[str]]:
+    async def extend(self, attempts: dict[str, list[tuple[str, int]]], lease_seconds: float,
+                     worker_id: str) -> dict[str, list[str]]:
         """Extend leases: {queue: [(id, fence)]} -> {queue: ids whose lease was lost}."""
         calls = []
         for queue, items in attempts.items():
-            args: list[Any] = [0, int(lease_seconds * 1000)]
+            k = self.keys(queue)
+            args: list[Any] = [0, int(lease_seconds * 1000), worker_id]
             for task_id, fence in items:
                 args += (task_id, fence)
-            calls.append(((self.keys(queue).lease,), args))
-        results = await self._scripts("extend", calls)
+            calls.append(("extend", (k.lease, k.active), args))
+        results = await self._scripts(calls)
         return {q: [i.decode() for i in r] for q, r in zip(attempts, results)}
 
     async def wait_for_work(self, queue: str, timeout: float) -> bool:
@@ -250,7 +283,7 @@ class Broker:
         """Expired leases (or, given lost workers, their attempts) -> (requeued, killed)."""
         k = self.keys(queue)
         requeued, killed = await self._script(
-            "recover", (k.lease, k.pending, k.dead, k.wake),
+            "recover", (k.lease, k.pending, k.dead, k.wake, k.active, k.watched),
             (0, max_recoveries, batch, *lost_workers))
         return requeued, killed
 
@@ -307,9 +340,9 @@ class Broker:
         calls = []
         for queue in queues:
             k = self.keys(queue)
-            calls.append(((k.pending, k.lease, k.scheduled, k.retry, k.dead, k.completed,
-                           k.paused), (0,)))
-        results = await self._scripts("stats", calls) if calls else []
+            calls.append(("stats", (k.pending, k.lease, k.scheduled, k.retry, k.dead,
+                                    k.completed, k.paused), (0,)))
+        results = await self._scripts(calls) if calls else []
         stats = {}
         for queue, r in zip(queues, results):
             oldest, now = r[6], r[8]
@@ -331,17 +364,24 @@ class Broker:
         found = await self._guard("find_queue", pipe.execute())
         return next((q for q, f in zip(queues, found) if f), None)
 
-    async def task_fields(self, queue: str, task_id: str) -> tuple[dict[bytes, bytes],
-                                                                   bytes | None]:
+    async def task_fields(self, queue: str, task_id: str
+                          ) -> tuple[dict[bytes, bytes], bytes | None]:
+        """The task hash (its state corrected to active while an attempt runs) and its
+        progress."""
         k = self.keys(queue)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(k.task(task_id))
         pipe.get(k.progress(task_id))
-        fields, progress = await self._guard("task_info", pipe.execute())
+        pipe.hexists(k.active, task_id)
+        fields, progress, active = await self._guard("task_info", pipe.execute())
+        if fields and active:
+            fields[b"state"] = b"active"
         return fields, progress
 
     async def watch_result(self, queue: str, task_id: str) -> list[Any] | None:
-        return await self._script("watch", (self.keys(queue).task(task_id),), ())
+        k = self.keys(queue)
+        return await self._script("watch", (k.active, k.watched, k.task(task_id)),
+                                  (0, task_id))
 
     async def wait_done(self, queue: str, task_id: str, timeout: float) -> tuple[str, bytes] | None:
         reply = await self._guard("wait_result", self.redis.brpop(

@@ -7,20 +7,23 @@ TASK_STATES = ("pending", "active", "scheduled", "retry", "dead", "completed")
 
 
 class QueueKeys:
-    __slots__ = ("completed", "dead", "lease", "paused", "pending", "prefix", "queue", "retry",
-                 "scheduled", "wake")
+    __slots__ = ("active", "completed", "dead", "fence", "lease", "paused", "pending", "prefix",
+                 "queue", "retry", "scheduled", "wake", "watched")
 
     def __init__(self, namespace: str, queue: str) -> None:
         self.queue = queue
         self.prefix = f"{namespace}:{{{queue}}}:"
         self.pending = self.prefix + "pending"  # list of ids: pushed left, popped right
         self.lease = self.prefix + "lease"  # zset id -> lease expiry (ms): the active tasks
+        self.active = self.prefix + "active"  # hash id -> "<fence>:<worker id>" of each attempt
+        self.fence = self.prefix + "fence"  # counter the fencing tokens are drawn from
         self.scheduled = self.prefix + "scheduled"  # zset id -> due time (ms)
         self.retry = self.prefix + "retry"  # zset id -> due time (ms)
         self.dead = self.prefix + "dead"  # zset id -> time of death (ms)
         self.completed = self.prefix + "completed"  # zset id -> end of retention (ms)
         self.wake = self.prefix + "wake"  # list of tokens idle workers block on
         self.paused = self.prefix + "paused"  # exists while the queue is paused
+        self.watched = self.prefix + "watched"  # set of ids a client waits on in result()
 
     def task(self, task_id: str) -> str:
         return self.prefix + "t:" + task_id

@@ -34,11 +34,17 @@ local function wake(wake_key, n)
   end
 end
 
--- A client waiting in Client.result() set "notify"; hand it the outcome on a short-lived list.
-local function notify_done(key, id, state, value)
-  if redis.call('HEXISTS', key, 'notify') == 1 then
-    local done = prefix .. 'done:' .. id
-    redis.call('LPUSH', done, state .. ':' .. value)
-    redis.call('EXPIRE', done, 300)
-  end
+-- A client waiting in Client.result() put the id in the queue's "watched" set; hand it the
+-- outcome on a short-lived list it blocks on.
+local function notify_done(id, state, value)
+  local done = prefix .. 'done:' .. id
+  redis.call('LPUSH', done, state .. ':' .. value)
+  redis.call('EXPIRE', done, 300)
+  redis.call('SREM', prefix .. 'watched', id)
+end
+
+-- Each attempt is recorded in the queue's "active" hash as id -> "<fence>:<worker id>".
+-- Fencing tokens come from one counter per queue, so a token names one attempt for good.
+local function holds(owner, fence, worker)
+  return owner == fence .. ':' .. worker
 end

@@ -1,7 +1,8 @@
 -- Take up to ARGV[3] pending tasks of one queue under a lease, each with a new fencing token.
--- KEYS: pending, lease, wake, paused
+-- KEYS: pending, lease, wake, paused, active, fence counter
 -- ARGV: now, lease_ms, count, worker_id
--- Returns {now, dropped, then per task: id, fence, type, payload, headers, options, retried, due}.
+-- Returns {now, dropped, then per task: id, fence, type, payload, headers, options, retried, due,
+-- unique digest}.
 if redis.call('EXISTS', KEYS[4]) == 1 then
   return {0, 0}
 end
@@ -12,25 +13,31 @@ if not ids then
   redis.call('DEL', KEYS[3])
   return out
 end
+local fence = redis.call('INCRBY', KEYS[6], #ids) - #ids
 local expires = now + tonumber(ARGV[2])
-local dropped = 0
+local leases, owners = {}, {}
 for _, id in ipairs(ids) do
-  local key = task_key(id)
-  local f = redis.call('HMGET', key, 'type', 'payload', 'headers', 'opts', 'retried', 'due')
+  local f = redis.call('HMGET', task_key(id), 'type', 'payload', 'headers', 'opts', 'retried',
+                       'due', 'uniq')
   if f[1] then
-    local fence = redis.call('HINCRBY', key, 'fence', 1)
-    redis.call('HSET', key, 'state', 'active', 'wid', ARGV[4])
-    redis.call('ZADD', KEYS[2], expires, id)
+    fence = fence + 1
+    leases[#leases + 1] = expires
+    leases[#leases + 1] = id
+    owners[#owners + 1] = id
+    owners[#owners + 1] = fence .. ':' .. ARGV[4]
     out[#out + 1] = id
     out[#out + 1] = fence
-    for j = 1, 6 do
+    for j = 1, 7 do
       out[#out + 1] = f[j] or ''
     end
   else
-    dropped = dropped + 1  -- its hash was deleted behind obsq's back: nothing left to run
+    out[2] = out[2] + 1  -- its hash was deleted behind obsq's back: nothing left to run
   end
 end
-out[2] = dropped
+if #leases > 0 then
+  redis.call('ZADD', KEYS[2], unpack(leases))
+  redis.call('HSET', KEYS[5], unpack(owners))
+end
 if redis.call('LLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[3])
 end

@@ -4,7 +4,7 @@
 -- Returns per task: '' (enqueued), 'id' (the id exists) or 'unique:<id of the holder>'.
 local now = now_ms()
 local out = {}
-local pushed = 0
+local pending = {}
 for i = 2, #ARGV, 8 do
   local id = ARGV[i]
   local key = task_key(id)
@@ -44,13 +44,13 @@ for i = 2, #ARGV, 8 do
     if state == 'scheduled' then
       redis.call('ZADD', KEYS[2], due, id)
     else
-      redis.call('LPUSH', KEYS[1], id)
-      pushed = pushed + 1
+      pending[#pending + 1] = id
     end
   end
   out[#out + 1] = status
 end
-if pushed > 0 then
-  wake(KEYS[3], pushed)
+if #pending > 0 then
+  redis.call('LPUSH', KEYS[1], unpack(pending))
+  wake(KEYS[3], #pending)
 end
 return out

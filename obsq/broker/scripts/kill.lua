@@ -1,17 +1,17 @@
 -- A failed attempt that may not be retried goes to the dead set, kept for inspection.
--- KEYS: lease, dead
--- ARGV: now, id, fence, error
+-- KEYS: lease, dead, active, watched
+-- ARGV: now, worker_id, id, fence, error
 -- Returns 1, or 0 when the fencing token is stale.
 local now = now_ms()
-local id = ARGV[2]
-local key = task_key(id)
-local f = redis.call('HMGET', key, 'fence', 'state')
-if f[1] ~= ARGV[3] or f[2] ~= 'active' then
+local id = ARGV[3]
+if not holds(redis.call('HGET', KEYS[3], id), ARGV[4], ARGV[2]) then
   return 0
 end
+redis.call('HDEL', KEYS[3], id)
 redis.call('ZREM', KEYS[1], id)
-redis.call('HSET', key, 'state', 'dead', 'error', ARGV[4], 'done', now)
-redis.call('HDEL', key, 'wid')
+redis.call('HSET', task_key(id), 'state', 'dead', 'error', ARGV[5], 'done', now)
 redis.call('ZADD', KEYS[2], now, id)
-notify_done(key, id, 'dead', ARGV[4])
+if redis.call('SISMEMBER', KEYS[4], id) == 1 then
+  notify_done(id, 'dead', ARGV[5])
+end
 return 1
