@@ -46,7 +46,7 @@ def _namespace(args: argparse.Namespace) -> str:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from obsq.observability import configure_logging, setup_tracing
+    from obsq.observability import configure_logging, setup_tracing, shutdown_tracing
 
     settings = WorkerSettings.from_env(
         redis_url=args.redis_url, namespace=args.namespace, queues=args.queues,
@@ -57,17 +57,26 @@ def cmd_worker(args: argparse.Namespace) -> int:
         metrics=False if args.no_metrics else None, tracing=False if args.no_tracing else None)
     if settings.http_port is None:
         settings.http_port = 9191
+    elif settings.http_port < 0:
+        settings.http_port = None  # no endpoint: a supervisor's child, or by choice
     configure_logging(settings.log_format, settings.log_level)
     if settings.processes > 1:
         from obsq.supervisor import Supervisor
 
         return Supervisor(args.app, settings).run()
+    if settings.http_port is not None:
+        from obsq.observability.metrics import clear_multiprocess_dir
+
+        clear_multiprocess_dir()  # this process serves the directory: drop a past run's files
     app = load_app(args.app)
     if settings.tracing:
         setup_tracing()
     from obsq.worker import Worker
 
-    asyncio.run(Worker(app, settings=settings).run())
+    try:
+        asyncio.run(Worker(app, settings=settings).run())
+    finally:
+        shutdown_tracing()
     return 0
 
 
@@ -123,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--queues", help="critical=6,default=3 (OBSQ_QUEUES)")
     worker.add_argument("--concurrency", type=int, help="task slots (OBSQ_CONCURRENCY, 50)")
     worker.add_argument("--processes", type=int, help="worker processes (OBSQ_PROCESSES, 1)")
-    worker.add_argument("--http-port", type=int, help="metrics and probes (OBSQ_HTTP_PORT, 9191)")
+    worker.add_argument("--http-port", type=int,
+                        help="metrics and probes (OBSQ_HTTP_PORT, 9191; 0: any free port, "
+                        "-1: none)")
     worker.add_argument("--lease-seconds", type=float, help="OBSQ_LEASE_SECONDS, 30")
     worker.add_argument("--shutdown-timeout", type=float, help="OBSQ_SHUTDOWN_TIMEOUT, 25")
     worker.add_argument("--max-recoveries", type=int, help="OBSQ_MAX_RECOVERIES, 5")

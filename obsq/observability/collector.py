@@ -1,0 +1,121 @@
+"""The queue-wide gauges, read from Redis when Prometheus scrapes.
+
+`obsq_queue_depth`, `obsq_queue_latency_seconds`, `obsq_queue_paused` and `obsq_workers`
+describe Redis, not this process, so they are not multiprocess files: a custom collector
+asks Redis at scrape time through an asyncio Broker that runs on some event loop (the
+worker's), while the scrape runs in an HTTP thread. Reads are cached for a second and
+bounded by a timeout, so a slow Redis never hangs a scrape; concurrent scrapes share one
+read, and after a failure Redis is not asked again until the cache would have expired.
+A failed read serves the last values while they are recent, else nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+
+from obsq.broker import TASK_STATES, Broker
+from obsq.errors import BrokerError
+
+log = logging.getLogger("obsq")
+
+CACHE_SECONDS = 1.0
+TIMEOUT_SECONDS = 2.0
+STALE_LIMIT = 30.0  # serve the last values after a failed read for this long, then nothing
+
+QueueSource = Sequence[str] | Callable[[], Awaitable[Sequence[str]]]
+
+
+class QueueCollector:
+    def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop, queues: QueueSource,
+                 *, cache_seconds: float = CACHE_SECONDS,
+                 timeout: float = TIMEOUT_SECONDS) -> None:
+        """`queues`: the names to report, or an async function returning them (the exporter
+        reports every queue Redis knows)."""
+        self.broker = broker
+        self.loop = loop
+        self.queues = queues
+        self.cache_seconds = cache_seconds
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._families: list[GaugeMetricFamily] = []
+        self._read_at = 0.0  # monotonic time of the last successful read
+        self._tried_at = -CACHE_SECONDS  # of the last attempt, successful or not
+        self._failing = False
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        """Names only, without asking Redis (for registries that check duplicates)."""
+        return _families({}, None)
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._tried_at >= self.cache_seconds:
+                self._refresh()
+                now = self._tried_at = time.monotonic()  # a slow failure counts from its end
+            if now - self._read_at > STALE_LIMIT:
+                return []
+            return list(self._families)
+
+    def _refresh(self) -> None:
+        try:
+            in_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            in_loop = False
+        if in_loop or self.loop.is_closed():
+            return  # waiting here would block the loop that must answer; serve the cache
+        future = asyncio.run_coroutine_threadsafe(self._read(), self.loop)
+        try:
+            stats, workers = future.result(self.timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            self._failed(f"Redis did not answer within {self.timeout:g} s")
+            return
+        except BrokerError as exc:  # already counted by the broker's error hooks
+            self._failed(str(exc))
+            return
+        except Exception as exc:  # a closed loop, a cancelled read: not worth a traceback
+            self._failed(f"{type(exc).__name__}: {exc}")
+            return
+        self._families = _families(stats, workers)
+        self._read_at = time.monotonic()
+        if self._failing:
+            log.info("queue metrics: Redis answers again")
+        self._failing = False
+
+    def _failed(self, reason: str) -> None:
+        if not self._failing:
+            log.warning("queue metrics: %s; serving the last values", reason)
+        self._failing = True
+
+    async def _read(self) -> tuple[dict[str, dict[str, Any]], int]:
+        queues = self.queues if isinstance(self.queues, Sequence) else await self.queues()
+        stats = await self.broker.queue_stats(list(queues))
+        workers = await self.broker.workers()
+        return stats, len(workers)
+
+
+def _families(stats: dict[str, dict[str, Any]], workers: int | None
+              ) -> list[GaugeMetricFamily]:
+    depth = GaugeMetricFamily("obsq_queue_depth", "Tasks of a queue in each state",
+                              labels=["queue", "state"])
+    latency = GaugeMetricFamily("obsq_queue_latency_seconds",
+                                "Age of the oldest pending task of a queue", labels=["queue"])
+    paused = GaugeMetricFamily("obsq_queue_paused", "1 when the queue is paused",
+                               labels=["queue"])
+    live = GaugeMetricFamily("obsq_workers", "Live workers registered in Redis")
+    for queue, s in stats.items():
+        for state in TASK_STATES:
+            depth.add_metric([queue, state], s["depth"][state])
+        latency.add_metric([queue], s["latency"])
+        paused.add_metric([queue], 1 if s["paused"] else 0)
+    if workers is not None:
+        live.add_metric([], workers)
+    return [depth, latency, paused, live]

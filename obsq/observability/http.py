@@ -1,0 +1,174 @@
+"""The HTTP endpoint Kubernetes and Prometheus talk to, on the standard library's threaded
+HTTP server, so that it answers even while the event loop is busy (and can tell it is):
+
+- `/metrics`: prometheus-client's exposition, OpenMetrics when the Accept header asks
+  for it (histograms then carry trace-id exemplars), gzip when accepted;
+- `/healthz` (liveness): the event loop runs a callback within LOOP_TIMEOUT and the
+  worker's heartbeats reach Redis; else 503 with a JSON reason;
+- `/readyz` (readiness): Redis reachable and the worker not draining; else 503;
+- `/`: a short JSON status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from obsq import __version__
+
+log = logging.getLogger("obsq")
+
+LOOP_TIMEOUT = 1.5  # a loop that cannot run a callback this long is stuck
+Check = Callable[[], "str | None"]  # None: fine; else why not
+
+
+def loop_answers(loop: asyncio.AbstractEventLoop, timeout: float = LOOP_TIMEOUT) -> bool:
+    """True if `loop` runs a callback within `timeout` seconds (call from another thread)."""
+    answered = threading.Event()
+    try:
+        loop.call_soon_threadsafe(answered.set)
+    except RuntimeError:  # closed
+        return False
+    return answered.wait(timeout)
+
+
+class HealthServer:
+    """/metrics, /healthz, /readyz and / on a port of their own, served from threads."""
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry, *, live: Check,
+                 ready: Check, status: Callable[[], dict[str, Any]]) -> None:
+        handler = type("Handler", (_Handler,), {"registry": registry, "live": staticmethod(live),
+                                                "ready": staticmethod(ready),
+                                                "status": staticmethod(status)})
+        self._server = _Server((host, port), handler)
+        self.host = host
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,),
+                                        name=f"obsq-http-{self.port}", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    allow_reuse_address = True
+
+
+class _Handler(BaseHTTPRequestHandler):
+    registry: CollectorRegistry
+    live: Check
+    ready: Check
+    status: Callable[[], dict[str, Any]]
+    server_version = f"obsq/{__version__}"
+    protocol_version = "HTTP/1.1"
+    timeout = 60  # an idle keep-alive connection is closed after this
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        try:
+            if url.path == "/metrics":
+                self._metrics(parse_qs(url.query))
+            elif url.path in ("/healthz", "/livez"):
+                self._probe(self.live())
+            elif url.path == "/readyz":
+                self._probe(self.ready())
+            elif url.path == "/":
+                self._json(200, self.status())
+            else:
+                self._json(404, {"error": "not found", "paths": ["/metrics", "/healthz",
+                                                                 "/readyz", "/"]})
+        except Exception as exc:
+            log.exception("HTTP %s failed", url.path)
+            self._json(500, {"error": f"{type(exc).__name__}: {exc}"})
+
+    def _metrics(self, params: dict[str, list[str]]) -> None:
+        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+        registry: Any = self.registry
+        if "name[]" in params:
+            registry = registry.restricted_registry(params["name[]"])
+        body = encoder(registry)
+        headers = {"Content-Type": content_type}
+        if "gzip" in self.headers.get("Accept-Encoding", ""):
+            body = gzip.compress(body, compresslevel=1)
+            headers["Content-Encoding"] = "gzip"
+        self._send(200, body, headers)
+
+    def _probe(self, problem: str | None) -> None:
+        if problem is None:
+            self._json(200, {"status": "ok"})
+        else:
+            self._json(503, {"status": "unavailable", "reason": problem})
+
+    def _json(self, code: int, value: dict[str, Any]) -> None:
+        self._send(code, json.dumps(value).encode() + b"\n",
+                   {"Content-Type": "application/json"})
+
+    def _send(self, code: int, body: bytes, headers: dict[str, str]) -> None:
+        self.send_response(code)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_HEAD = do_GET
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # probes every few seconds would drown the worker's own logs
+
+
+def serve_http(worker: Any, host: str, port: int) -> HealthServer | None:
+    """The endpoint of a running Worker (call it on the worker's event loop). Port 0 picks
+    a free port (see `.port`); a negative port means no endpoint (returns None)."""
+    if port is not None and port < 0:
+        return None
+    from obsq.observability.collector import QueueCollector
+    from obsq.observability.metrics import endpoint_registry
+
+    loop = asyncio.get_running_loop()
+    registry = endpoint_registry(QueueCollector(worker.broker, loop, list(worker.queues)))
+
+    def live() -> str | None:
+        if not loop_answers(loop):
+            return f"the event loop did not answer within {LOOP_TIMEOUT:g} s"
+        health = worker.health()
+        if not health["heartbeat_ok"]:
+            return f"no heartbeat reached Redis for {health['heartbeat_age']:.0f} s"
+        return None
+
+    def ready() -> str | None:
+        health = worker.health()
+        if health["draining"]:
+            return "the worker is draining"
+        if not health["redis_ok"]:
+            return "Redis is unreachable"
+        return None
+
+    def status() -> dict[str, Any]:
+        health = worker.health()
+        started = getattr(worker, "started_at", 0.0)
+        return {"worker": worker.id, "version": __version__, "queues": worker.queues,
+                "concurrency": worker.concurrency, "busy": worker.busy,
+                "processed": getattr(worker, "processed", None),
+                "heartbeat_age": round(health["heartbeat_age"], 3),
+                "draining": health["draining"],
+                "uptime": round(time.time() - started, 3) if started else 0.0}
+
+    return HealthServer(host, port, registry, live=live, ready=ready, status=status)

@@ -1,0 +1,227 @@
+"""Prometheus metrics of tasks, built on the App's middleware and hooks and the Client's
+producer hooks.
+
+The metric objects live in prometheus-client's default registry, created once per
+process (so a user's own metrics appear beside them), and work in its multiprocess mode
+(`PROMETHEUS_MULTIPROC_DIR`): gauges say how the processes' values combine. The hot path
+resolves label children once per (queue, task) and keeps them: `.labels()` costs more
+than the observation itself.
+
+Task labels are bounded: the registered route pattern that matched, else `other`. Ids,
+payloads and error texts never become labels.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry import trace
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from obsq import __version__
+from obsq.app import App
+from obsq.task import Task, TaskInfo, TaskMessage
+
+# From 5 ms to 10 minutes: handlers and queueing delays of a task queue span seconds to
+# minutes, unlike the sub-second buckets of an HTTP server.
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+           120.0, 300.0, 600.0)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+OTHER = "other"
+RAN_KEY = "obsq.ran"  # task.context: the attempt entered the handler chain, not yet counted
+LABEL_CACHE_LIMIT = 10_000  # task types behind "*" are unbounded; their labels are not
+
+
+def multiprocess_dir() -> str | None:
+    """The directory of prometheus-client's multiprocess mode, when it is on."""
+    return os.environ.get(MULTIPROC_ENV) or os.environ.get(MULTIPROC_ENV.lower()) or None
+
+
+def clear_multiprocess_dir(path: str | None = None) -> None:
+    """Remove the value files a previous run left behind. Only the process that serves the
+    directory's metrics may call this, before any metric is created: a restarted container
+    gets the pids of its previous run, and would otherwise inherit their counts."""
+    path = path or multiprocess_dir()
+    if path:
+        os.makedirs(path, exist_ok=True)
+        for name in glob.glob(os.path.join(path, "*.db")):
+            os.remove(name)
+
+
+def remove_multiprocess_dir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class _Metrics:
+    """The process-wide metric objects (one set per process, whatever the number of Apps)."""
+
+    def __init__(self) -> None:
+        self.multiprocess = multiprocess_dir() is not None
+        self.enqueued = Counter("obsq_tasks_enqueued", "Tasks enqueued by this process",
+                                ["queue", "task"])
+        self.processed = Counter(
+            "obsq_tasks_processed", "Handler runs finished, by outcome: success, retry "
+            "(failed, scheduled again), dead (failed for good), requeued (handed back "
+            "unfinished at shutdown), lease_lost (finished after its lease was taken over)",
+            ["queue", "task", "outcome"])
+        self.duration = Histogram("obsq_task_duration_seconds", "Handler run time",
+                                  ["queue", "task"], buckets=BUCKETS)
+        self.wait = Histogram(
+            "obsq_task_wait_seconds", "From the moment a task was due to its start "
+            "(queueing latency; deliberate delays excluded)", ["queue", "task"],
+            buckets=BUCKETS)
+        self.in_progress = Gauge("obsq_tasks_in_progress", "Tasks running now in this process",
+                                 ["queue", "task"], multiprocess_mode="livesum")
+        self.concurrency = Gauge("obsq_worker_concurrency", "Task slots of this process",
+                                 multiprocess_mode="livesum")
+        self.recoveries = Counter(
+            "obsq_lease_recoveries", "Tasks taken back from a worker: expired (lease ran "
+            "out) or worker_lost (its worker stopped heartbeating)", ["queue", "reason"])
+        self.redis_errors = Counter("obsq_redis_errors", "Failed Redis calls", ["operation"])
+        self.build_info = Gauge("obsq_build_info", "obsq version; always 1", ["version"],
+                                multiprocess_mode="max")
+        self.build_info.labels(__version__).set(1)
+
+
+_metrics: _Metrics | None = None
+
+
+def get_metrics() -> _Metrics:
+    """The metric objects, created on first use (not at import, so that the CLI can clear
+    a multiprocess directory first)."""
+    global _metrics
+    if _metrics is None:
+        _metrics = _Metrics()
+    return _metrics
+
+
+def _exemplar() -> dict[str, str] | None:
+    """The current trace id, when a sampled span is current."""
+    ctx = trace.get_current_span().get_span_context()
+    if ctx.trace_flags & 1:  # sampled (an invalid context has flags 0)
+        return {"trace_id": format(ctx.trace_id, "032x")}
+    return None
+
+
+class TaskMetrics:
+    """The middleware and hooks that one App gets."""
+
+    def __init__(self, m: _Metrics | None = None) -> None:
+        self.m = m or get_metrics()
+        self._running: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        self._outcomes: dict[tuple[str, str, str], Any] = {}
+        self._recoveries: dict[tuple[str, str], Any] = {}
+        self._errors: dict[str, Any] = {}
+        self._exemplars = not self.m.multiprocess  # multiprocess mode drops them anyway
+
+    def _children(self, key: tuple[str, str]) -> tuple[Any, Any, Any]:
+        m = self.m
+        children = (m.duration.labels(*key), m.wait.labels(*key), m.in_progress.labels(*key))
+        self._running[key] = children
+        return children
+
+    async def middleware(self, task: Task, call_next: Callable[[Task], Any]) -> Any:
+        key = (task.queue, task.route)
+        duration, wait, in_progress = self._running.get(key) or self._children(key)
+        exemplar = _exemplar() if self._exemplars else None
+        task.context[RAN_KEY] = True
+        wait.observe(task.wait_seconds, exemplar)
+        in_progress.inc()
+        start = time.perf_counter()
+        try:
+            return await call_next(task)
+        finally:
+            duration.observe(time.perf_counter() - start, exemplar)
+            in_progress.dec()
+
+    def on_outcome(self, task: Task, outcome: str, error: BaseException | None) -> None:
+        """Count each handler run once: not a prefetched task handed back before it ran,
+        nor an attempt reported again after it was counted (e.g. requeued at shutdown)."""
+        if task.context.get(RAN_KEY) is not True:
+            return
+        task.context[RAN_KEY] = False
+        key = (task.queue, task.route, outcome)
+        child = self._outcomes.get(key)
+        if child is None:
+            child = self._outcomes[key] = self.m.processed.labels(*key)
+        child.inc()
+
+    def on_recovery(self, queue: str, reason: str, count: int) -> None:
+        key = (queue, reason)
+        child = self._recoveries.get(key)
+        if child is None:
+            child = self._recoveries[key] = self.m.recoveries.labels(*key)
+        child.inc(count)
+
+    def on_redis_error(self, operation: str, exc: BaseException) -> None:
+        child = self._errors.get(operation)
+        if child is None:
+            child = self._errors[operation] = self.m.redis_errors.labels(operation)
+        child.inc()
+
+
+class EnqueueMetrics:
+    """The producer hook of a Client: counts the tasks Redis accepted (not duplicates)."""
+
+    def __init__(self, app: App | None, m: _Metrics | None = None) -> None:
+        self.m = m or get_metrics()
+        self.app = app
+        self._children: dict[tuple[str, str], Any] = {}
+
+    def _child(self, queue: str, task_type: str) -> Any:
+        key = (queue, task_type)
+        child = self._children.get(key)
+        if child is None:
+            route = self.app.route(task_type) if self.app is not None else None
+            child = self.m.enqueued.labels(queue, route.pattern if route else OTHER)
+            if len(self._children) < LABEL_CACHE_LIMIT:
+                self._children[key] = child
+        return child
+
+    async def hook(self, messages: list[TaskMessage],
+                   call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
+        infos = await call_next(messages)
+        for info in infos:
+            if not info.duplicate:
+                self._child(info.queue, info.type).inc()
+        return infos
+
+    def on_redis_error(self, operation: str, exc: BaseException) -> None:
+        self.m.redis_errors.labels(operation).inc()
+
+
+def set_concurrency(slots: int) -> None:
+    """Task slots of this process (one Worker per process; `--processes` for more)."""
+    get_metrics().concurrency.set(slots)
+
+
+class _Forward:
+    """Serve another registry's metrics from an endpoint's own registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterable[Any]:
+        return self.registry.collect()
+
+
+def endpoint_registry(*collectors: Any, include_process: bool = True) -> CollectorRegistry:
+    """The registry one HTTP endpoint serves: this process's metrics (or, in multiprocess
+    mode, every process's, from the directory) plus the given collectors."""
+    registry = CollectorRegistry()
+    if include_process:
+        path = multiprocess_dir()
+        if path:
+            os.makedirs(path, exist_ok=True)
+            MultiProcessCollector(registry, path)
+        else:
+            registry.register(_Forward(REGISTRY))
+    for collector in collectors:
+        registry.register(collector)
+    return registry

@@ -1,0 +1,218 @@
+"""OpenTelemetry tracing after the messaging conventions, and its exporter set-up.
+
+Producer: one `send {queue}` PRODUCER span per message, each a child of the caller's
+context (not of one another), whose W3C `traceparent`/`tracestate`/`baggage` go into the
+message's headers through the global propagator. Worker: a `process {queue}` CONSUMER
+span around the middleware and handler, child of the producer's span, or a new trace
+linked to it when `OBSQ_TRACE_LINK=true` (or `link=True`). The process span stays open
+until the outcome hook reports how Redis recorded the attempt, so it covers the settle;
+that hook ends it whatever the outcome (retry and dead become span events, and the final
+outcome an attribute).
+
+Exporting: `setup_tracing()` installs an SDK TracerProvider with a batch OTLP exporter
+when `OTEL_*` variables ask for one, unless the application already set a provider.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+from obsq import __version__
+from obsq.errors import ConfigurationError
+from obsq.task import Task, TaskInfo, TaskMessage
+
+log = logging.getLogger("obsq")
+
+SYSTEM = "obsq"
+SPAN_KEY = "obsq.span"  # where the process span waits in task.context for the outcome
+RECORDED_KEY = "obsq.span.error"
+LINK_ENV = "OBSQ_TRACE_LINK"
+TRUE = ("1", "true", "yes", "on")
+
+
+def _tracer() -> trace.Tracer:
+    # A proxy until a provider is set; it then resolves once and stays cheap.
+    return trace.get_tracer("obsq", __version__)
+
+
+def _error_status(exc: BaseException) -> Status:
+    return Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200])
+
+
+class TaskTracing:
+    """The middleware and outcome hook that one App gets."""
+
+    def __init__(self, *, link: bool | None = None, tracer: trace.Tracer | None = None) -> None:
+        self.tracer = tracer or _tracer()
+        self.link = (os.environ.get(LINK_ENV, "").lower() in TRUE) if link is None else link
+        self._names: dict[str, str] = {}
+
+    async def middleware(self, task: Task, call_next: Callable[[Task], Any]) -> Any:
+        headers = task.headers
+        parent = propagate.extract(headers) if headers else otel_context.Context()
+        links = None
+        if self.link:
+            remote = trace.get_current_span(parent).get_span_context()
+            if remote.is_valid:
+                links = (Link(remote),)
+                parent = trace.set_span_in_context(trace.INVALID_SPAN, parent)  # keep baggage
+        name = self._names.get(task.queue)
+        if name is None:
+            name = self._names[task.queue] = f"process {task.queue}"
+        span = self.tracer.start_span(name, parent, SpanKind.CONSUMER, {
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.destination.name": task.queue,
+            "messaging.message.id": task.id,
+            "obsq.task.type": task.type,
+            "obsq.task.retry_count": task.retry_count,
+        }, links)
+        task.context[SPAN_KEY] = span
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        try:
+            return await call_next(task)
+        except Exception as exc:
+            span.record_exception(exc)
+            span.set_status(_error_status(exc))
+            task.context[RECORDED_KEY] = True
+            raise
+        finally:
+            otel_context.detach(token)
+
+    def on_outcome(self, task: Task, outcome: str, error: BaseException | None) -> None:
+        span = task.context.pop(SPAN_KEY, None)
+        if span is None:
+            return
+        if outcome != "success":
+            if error is not None and not task.context.get(RECORDED_KEY):
+                # e.g. a result that is not JSON: the failure came after the handler
+                span.record_exception(error)
+                span.set_status(_error_status(error))
+            span.add_event(outcome)
+        span.set_attribute("obsq.task.outcome", outcome)
+        span.end()
+
+
+class SendTracing:
+    """The producer hook of a Client."""
+
+    def __init__(self, tracer: trace.Tracer | None = None) -> None:
+        self.tracer = tracer or _tracer()
+
+    async def hook(self, messages: list[TaskMessage],
+                   call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
+        parent = otel_context.get_current()
+        spans = []
+        for m in messages:
+            span = self.tracer.start_span(f"send {m.queue}", parent, SpanKind.PRODUCER, {
+                "messaging.system": SYSTEM,
+                "messaging.operation.type": "send",
+                "messaging.destination.name": m.queue,
+                "messaging.message.id": m.id,
+                "obsq.task.type": m.type,
+            })
+            propagate.inject(m.headers, trace.set_span_in_context(span, parent))
+            spans.append(span)
+        try:
+            infos = await call_next(messages)
+        except BaseException as exc:
+            for span in spans:
+                if isinstance(exc, Exception):
+                    span.record_exception(exc)
+                    span.set_status(_error_status(exc))
+                span.end()
+            raise
+        for span, info in zip(spans, infos):
+            if info.duplicate:
+                span.set_attribute("obsq.task.duplicate", True)
+            span.end()
+        return infos
+
+
+# -- exporting ---------------------------------------------------------------------------
+
+EXPORTER_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "OTEL_TRACES_EXPORTER")
+_provider: Any = None
+
+
+def setup_tracing(service_name: str = "obsq-worker") -> bool:
+    """Export spans as the standard `OTEL_*` variables say; returns True if it set up a
+    provider. Nothing happens when no exporter variable is set, when OTEL_SDK_DISABLED is
+    true or OTEL_TRACES_EXPORTER is none, or when the application set its own provider.
+
+    The SDK reads the details itself: OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES (the
+    service name defaults to `service_name`), OTEL_TRACES_SAMPLER(_ARG), OTEL_BSP_*, and
+    the endpoint, headers, timeout, compression and certificates of OTEL_EXPORTER_OTLP_*.
+    OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL picks `http/protobuf` (the default, port 4318) or
+    `grpc` (port 4317)."""
+    global _provider
+    env = os.environ
+    if not any(env.get(name) for name in EXPORTER_ENV):
+        return False
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return False
+    exporters = [e.strip() for e in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
+    exporters = [e for e in exporters if e and e != "none"]
+    if not exporters:
+        return False
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        log.info("tracing: the application set its own tracer provider; obsq uses it")
+        return False
+
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get(
+        "OTEL_RESOURCE_ATTRIBUTES", "")
+    resource = Resource.create({} if named else {"service.name": service_name})
+    provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
+    for name in exporters:
+        provider.add_span_processor(BatchSpanProcessor(_exporter(name)))
+    trace.set_tracer_provider(provider)
+    if trace.get_tracer_provider() is not provider:  # another thread won the race
+        provider.shutdown()
+        return False
+    _provider = provider
+    atexit.register(shutdown_tracing)
+    log.info("tracing: exporting spans (%s) as service %s", ", ".join(exporters),
+             resource.attributes.get("service.name"))
+    return True
+
+
+def _exporter(name: str) -> Any:
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if name != "otlp":
+        raise ConfigurationError(f"OTEL_TRACES_EXPORTER={name!r}: obsq supports otlp, console "
+                                 "or none")
+    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    elif protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    else:
+        raise ConfigurationError(f"OTLP protocol {protocol!r} is not supported: use grpc or "
+                                 "http/protobuf")
+    return OTLPSpanExporter()
+
+
+def shutdown_tracing(timeout_millis: int = 10_000) -> None:
+    """Flush and stop the provider setup_tracing installed (once; safe to call again)."""
+    global _provider
+    provider, _provider = _provider, None
+    if provider is not None:
+        provider.force_flush(timeout_millis)
+        provider.shutdown()

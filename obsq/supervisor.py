@@ -1,0 +1,282 @@
+"""`obsq worker --processes N`: N worker processes in one pod, and one HTTP endpoint for
+them all.
+
+The supervisor starts each child as `python -m obsq worker APP --processes 1` with the
+same settings (as OBSQ_* variables) and no HTTP endpoint of its own. The children write
+their metrics to prometheus-client's multiprocess directory (`PROMETHEUS_MULTIPROC_DIR`,
+a temporary one if unset), which the supervisor cleans at start and serves, merged, with
+the queue-wide gauges it reads from Redis on an event loop of its own. A child that dies
+is restarted with backoff (its live gauges are dropped); a child that exits with a
+configuration error (status 2) stops the whole pod with that status, as a single worker
+would. SIGTERM and SIGINT are forwarded to the children (which run in a session of their
+own, so a terminal's Ctrl-C reaches them once, through here); the supervisor waits for
+their drain, then exits 0. /healthz: every child is running; /readyz: Redis answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from obsq import __version__
+from obsq.settings import WorkerSettings
+
+log = logging.getLogger("obsq")
+
+RESTART_MIN = 1.0  # seconds before restarting a child that died, doubling up to the cap
+RESTART_MAX = 30.0
+STABLE_AFTER = 60.0  # a child that ran this long starts its backoff afresh
+STOP_MARGIN = 10.0  # beyond the children's shutdown_timeout before they are killed
+POLL = 0.2
+CONFIG_ERROR = 2  # the exit status of `obsq` for a configuration error
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class _Child:
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.process: subprocess.Popen[bytes] | None = None
+        self.started = 0.0
+        self.failures = 0
+        self.restart_at: float | None = 0.0  # monotonic time of the next start; None: none
+        self.restarts = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+class Supervisor:
+    def __init__(self, app_spec: str, settings: WorkerSettings) -> None:
+        self.app_spec = app_spec
+        self.settings = settings
+        self.children = [_Child(i) for i in range(settings.processes)]
+        self._stopping = False
+        self._wake = threading.Event()
+        self._own_dir = False
+        self._dir = ""
+        self._http: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._stop_watch: asyncio.Event | None = None
+        self._watch: Any = None
+        self._watching: Any = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        from obsq.cli import load_app
+
+        self._prepare_dir()
+        namespace = self.settings.namespace or load_app(self.app_spec).namespace
+        previous = {sig: signal.signal(sig, self._on_signal)
+                    for sig in (signal.SIGTERM, signal.SIGINT)}
+        status = 0
+        try:
+            if self.settings.http_port is not None:
+                self._start_http(namespace)
+            log.info("supervisor %d: starting %d worker processes of %s%s", os.getpid(),
+                     len(self.children), self.app_spec,
+                     f", http on :{self._http.port}" if self._http else "")
+            status = self._supervise()
+        finally:
+            self._stop_children()
+            self._stop_http()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if self._own_dir:
+                from obsq.observability.metrics import remove_multiprocess_dir
+
+                remove_multiprocess_dir(self._dir)
+        log.info("supervisor %d stopped", os.getpid())
+        return status
+
+    @property
+    def port(self) -> int | None:
+        return self._http.port if self._http else None
+
+    def _prepare_dir(self) -> None:
+        path = os.environ.get(MULTIPROC_ENV)
+        if not path:
+            path = tempfile.mkdtemp(prefix="obsq-metrics-")
+            self._own_dir = True
+        os.environ[MULTIPROC_ENV] = path  # before prometheus-client is imported here
+        from obsq.observability.metrics import clear_multiprocess_dir
+
+        clear_multiprocess_dir(path)
+        self._dir = path
+
+    def _on_signal(self, sig: int, frame: Any) -> None:
+        if not self._stopping:
+            log.info("received %s: stopping %d worker processes", signal.Signals(sig).name,
+                     len(self.children))
+        self._stopping = True
+        for child in self.children:  # a second signal makes the children hurry
+            if child.alive:
+                with contextlib.suppress(OSError):
+                    child.process.send_signal(sig)  # type: ignore[union-attr]
+        self._wake.set()
+
+    # -- children -------------------------------------------------------------------------
+
+    def _child_env(self) -> dict[str, str]:
+        s = self.settings
+        env = dict(os.environ)
+        env.update({
+            "OBSQ_REDIS_URL": s.redis_url,
+            "OBSQ_QUEUES": ",".join(f"{q}={w}" for q, w in s.queues.items()),
+            "OBSQ_CONCURRENCY": str(s.concurrency),
+            "OBSQ_STRICT_PRIORITY": "true" if s.strict_priority else "false",
+            "OBSQ_SHUTDOWN_TIMEOUT": repr(float(s.shutdown_timeout)),
+            "OBSQ_LEASE_SECONDS": repr(float(s.lease_seconds)),
+            "OBSQ_MAX_RECOVERIES": str(s.max_recoveries),
+            "OBSQ_METRICS": "true" if s.metrics else "false",
+            "OBSQ_TRACING": "true" if s.tracing else "false",
+            "OBSQ_LOG_FORMAT": s.log_format,
+            "OBSQ_LOG_LEVEL": str(s.log_level),
+            "OBSQ_PROCESSES": "1",
+            "OBSQ_HTTP_PORT": "-1",  # the supervisor serves the pod's endpoint
+            MULTIPROC_ENV: self._dir,
+        })
+        if s.namespace:
+            env["OBSQ_NAMESPACE"] = s.namespace
+        return env
+
+    def _spawn(self, child: _Child) -> None:
+        child.process = subprocess.Popen(
+            [sys.executable, "-m", "obsq", "worker", self.app_spec, "--processes", "1"],
+            env=self._child_env(), start_new_session=True)
+        child.started = time.monotonic()
+        child.restart_at = None
+        log.info("worker process %d started: pid %d", child.index, child.process.pid)
+
+    def _supervise(self) -> int:
+        from prometheus_client.multiprocess import mark_process_dead
+
+        while not self._stopping:
+            now = time.monotonic()
+            for child in self.children:
+                if child.restart_at is not None:
+                    if now >= child.restart_at:
+                        self._spawn(child)
+                    continue
+                process = child.process
+                if process is None or process.poll() is None:
+                    continue
+                code = process.returncode
+                mark_process_dead(process.pid, self._dir)
+                if code == CONFIG_ERROR and now - child.started < STABLE_AFTER:
+                    log.error("worker process %d (pid %d) stopped with a configuration "
+                              "error; stopping", child.index, process.pid)
+                    self._stopping = True
+                    return CONFIG_ERROR
+                child.failures = 1 if now - child.started >= STABLE_AFTER else \
+                    child.failures + 1
+                delay = min(RESTART_MIN * 2 ** (child.failures - 1), RESTART_MAX)
+                child.restart_at = now + delay
+                child.restarts += 1
+                log.warning("worker process %d (pid %d) exited with %s; restarting it in "
+                            "%.0f s", child.index, process.pid, _describe_exit(code), delay)
+            self._wake.wait(POLL)
+            self._wake.clear()
+        return 0
+
+    def _stop_children(self) -> None:
+        from prometheus_client.multiprocess import mark_process_dead
+
+        running = [c.process for c in self.children if c.alive]
+        for process in running:
+            if process is not None:
+                with contextlib.suppress(OSError):
+                    process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.shutdown_timeout + STOP_MARGIN
+        for process in running:
+            if process is None:
+                continue
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.error("worker process pid %d did not stop in time; killing it",
+                          process.pid)
+                process.kill()
+                process.wait()
+        for child in self.children:
+            if child.process is not None:
+                mark_process_dead(child.process.pid, self._dir)
+
+    # -- the pod's HTTP endpoint ----------------------------------------------------------
+
+    def _start_http(self, namespace: str) -> None:
+        from obsq.broker import Broker
+        from obsq.observability.collector import QueueCollector
+        from obsq.observability.exporter import RedisWatch
+        from obsq.observability.http import HealthServer
+        from obsq.observability.metrics import endpoint_registry
+
+        loop = self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=loop.run_forever, name="obsq-supervisor",
+                                             daemon=True)
+        self._loop_thread.start()
+        broker = Broker(self.settings.redis_url, namespace)
+        self._watch = RedisWatch(broker)
+
+        self._watching = asyncio.run_coroutine_threadsafe(self._run_watch(), loop)
+        registry = endpoint_registry(QueueCollector(broker, loop, list(self.settings.queues)))
+        self._http = HealthServer(self.settings.http_host, self.settings.http_port, registry,
+                                  live=self._live, ready=self._ready, status=self._status)
+
+    async def _run_watch(self) -> None:
+        self._stop_watch = asyncio.Event()
+        await self._watch.run(self._stop_watch)
+
+    def _live(self) -> str | None:
+        down = [c.index for c in self.children if not c.alive]
+        return f"worker processes {down} are not running" if down else None
+
+    def _ready(self) -> str | None:
+        if self._stopping:
+            return "stopping"
+        return self._watch.problem()
+
+    def _status(self) -> dict[str, Any]:
+        return {"supervisor": os.getpid(), "version": __version__,
+                "queues": self.settings.queues, "concurrency": self.settings.concurrency,
+                "processes": [{"index": c.index, "pid": c.process.pid if c.process else None,
+                               "alive": c.alive, "restarts": c.restarts}
+                              for c in self.children]}
+
+    def _stop_http(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        loop = self._loop
+        if loop is None:
+            return
+
+        if self._stop_watch is not None:
+            loop.call_soon_threadsafe(self._stop_watch.set)
+        with contextlib.suppress(Exception):
+            self._watching.result(5)
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._watch.broker.close(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._loop_thread is not None:
+            self._loop_thread.join(timeout=5)
+        loop.close()
+        self._loop = None
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-code).name}"
+    return f"status {code}"

@@ -1,0 +1,57 @@
+"""`obsq exporter`: the queue-wide gauges of every queue in Redis, and nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+
+import obsq
+from obsq.redis_server import free_port
+
+from .helpers import (
+    eventually,
+    obsq_env,
+    parse,
+    pick,
+    probe,
+    scrape,
+    start_obsq,
+    stop_process,
+    value,
+)
+
+
+async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
+    client = obsq.Client(redis_url, namespace=namespace, instrument=False)
+    await client.enqueue("a", {}, queue="alpha")
+    await client.enqueue("b", {}, queue="beta")
+    await client.enqueue("b", {}, queue="beta", delay=600)
+    port = free_port()
+    exporter = start_obsq(["exporter", "--http-port", str(port)],
+                          obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace),
+                          tmp_path, tmp_path / "exporter.log")
+    try:
+        async def ready():
+            try:
+                return await asyncio.to_thread(probe, port, "/readyz")
+            except OSError:
+                return None
+        assert await eventually(ready, timeout=20) == (200, {"status": "ok"})
+        assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
+        s = parse(await asyncio.to_thread(scrape, port))
+        assert value(s, "obsq_queue_depth", queue="alpha", state="pending") == 1
+        assert value(s, "obsq_queue_depth", queue="beta", state="pending") == 1
+        assert value(s, "obsq_queue_depth", queue="beta", state="scheduled") == 1
+        assert len(pick(s, "obsq_queue_depth")) == 12  # 2 queues x 6 states
+        assert value(s, "obsq_queue_paused", queue="alpha") == 0
+        assert 0 <= value(s, "obsq_queue_latency_seconds", queue="alpha") < 60
+        assert value(s, "obsq_workers") == 0
+        assert {name for name, _ in s} == {"obsq_queue_depth", "obsq_queue_latency_seconds",
+                                           "obsq_queue_paused", "obsq_workers"}
+
+        await client.enqueue("c", {}, queue="gamma")  # a new queue shows up
+        await eventually(lambda: asyncio.to_thread(lambda: value(
+            parse(scrape(port)), "obsq_queue_depth", queue="gamma", state="pending") == 1))
+    finally:
+        await client.close()
+        code = await asyncio.to_thread(stop_process, exporter)
+    assert code == 0, (tmp_path / "exporter.log").read_text()

@@ -1,0 +1,155 @@
+"""The probes and the queue gauges under trouble: Redis down and back, an event loop
+blocked by a careless handler, a draining worker, a Redis too slow for a scrape."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import obsq
+from obsq.broker import Broker
+from obsq.observability.collector import QueueCollector
+
+from .helpers import eventually, http_get, parse, probe, scrape, value
+
+
+async def test_readiness_follows_redis_down_and_back(app, private_redis, namespace,
+                                                     start_worker):
+    worker = await start_worker(redis_url=private_redis.url, metrics=True, http_port=0)
+    port = worker._http.port
+    assert await asyncio.to_thread(probe, port, "/readyz") == (200, {"status": "ok"})
+    assert (await asyncio.to_thread(probe, port, "/healthz"))[0] == 200
+
+    private_redis.stop()
+    _, body = await eventually(
+        lambda: asyncio.to_thread(lambda: (r := probe(port, "/readyz"))[0] == 503 and r),
+        timeout=10, what="readyz 503")
+    assert body == {"status": "unavailable", "reason": "Redis is unreachable"}
+    # a short outage is no reason to restart the pod: liveness stays up
+    assert (await asyncio.to_thread(probe, port, "/healthz"))[0] == 200
+    errors = parse(await asyncio.to_thread(scrape, port))
+    assert value(errors, "obsq_redis_errors_total", operation="heartbeat") >= 1
+
+    private_redis.start()
+    await eventually(lambda: asyncio.to_thread(lambda: probe(port, "/readyz")[0] == 200),
+                     timeout=15, what="readyz 200 again")
+    assert (await asyncio.to_thread(probe, port, "/healthz"))[0] == 200
+
+
+async def test_liveness_fails_while_a_handler_blocks_the_event_loop(app, redis_url, namespace,
+                                                                    start_worker):
+    @app.task("careless")
+    async def careless(task):
+        time.sleep(3)  # blocks the event loop: the bug liveness must catch
+
+    worker = await start_worker(http_port=0)
+    port = worker._http.port
+    seen: list[tuple[float, int, dict]] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            status, body = probe(port, "/healthz")
+            seen.append((time.monotonic(), status, body))
+            time.sleep(0.1)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    client = obsq.Client(redis_url, namespace=namespace, app=app, instrument=False)
+    try:
+        await client.enqueue("careless")
+        await asyncio.sleep(0.5)  # the handler has run and blocked the loop for 3 s by now
+        await eventually(lambda: any(s == 503 for _, s, _ in seen) and seen[-1][1] == 200,
+                         timeout=15, what="503 then 200")
+    finally:
+        stop.set()
+        await asyncio.to_thread(poller.join)
+        await client.close()
+    statuses = [s for _, s, _ in seen]
+    first_bad = statuses.index(503)
+    assert 200 in statuses[first_bad:]
+    assert next(b for _, s, b in seen if s == 503)["reason"].startswith(
+        "the event loop did not answer")
+
+
+async def test_readiness_fails_while_draining_and_status_page(app, redis_url, namespace,
+                                                              start_worker):
+    started = asyncio.Event()
+
+    @app.task("long")
+    async def long(task):
+        started.set()
+        await asyncio.sleep(1.5)
+
+    worker = await start_worker(http_port=0, shutdown_timeout=10)
+    port = worker._http.port
+    status, page = await asyncio.to_thread(probe, port, "/")
+    assert status == 200
+    assert page["worker"] == worker.id and page["queues"] == {"default": 1}
+    assert page["concurrency"] == 10 and page["busy"] == 0 and page["version"]
+    assert 0 <= page["heartbeat_age"] < 5
+    assert (await asyncio.to_thread(http_get, port, "/nope"))[0] == 404
+
+    client = obsq.Client(redis_url, namespace=namespace, app=app, instrument=False)
+    await client.enqueue("long")
+    await started.wait()
+    assert (await asyncio.to_thread(probe, port, "/"))[1]["busy"] == 1
+    worker.stop()
+    status, body = await asyncio.to_thread(probe, port, "/readyz")
+    assert (status, body["reason"]) == (503, "the worker is draining")
+    await client.close()
+
+
+class SlowBroker:
+    """The real broker, with queue_stats made slow or counted on demand."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.delay = 0.0
+        self.calls = 0
+
+    async def queue_stats(self, queues):
+        self.calls += 1
+        await asyncio.sleep(self.delay)
+        return await self.broker.queue_stats(queues)
+
+    async def workers(self):
+        return await self.broker.workers()
+
+
+async def test_a_slow_redis_never_hangs_a_scrape(redis_url, namespace):
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    broker = Broker(redis_url, namespace)
+    slow = SlowBroker(broker)
+    collector = QueueCollector(slow, loop, ["q1"], cache_seconds=0.5, timeout=0.5)
+
+    def depth():
+        families = {f.name: f for f in collector.collect()}
+        return {s.labels["state"]: s.value for s in families["obsq_queue_depth"].samples} \
+            if families else None
+
+    try:
+        assert (await asyncio.to_thread(depth))["pending"] == 0
+        assert await asyncio.to_thread(depth) and slow.calls == 1  # cached
+        slow.delay = 5
+        await asyncio.sleep(0.6)
+        began = time.monotonic()
+        assert (await asyncio.to_thread(depth))["pending"] == 0  # the last values
+        assert time.monotonic() - began < 1.5
+        calls = slow.calls
+        results = await asyncio.gather(*(asyncio.to_thread(depth) for _ in range(5)))
+        assert all(r is not None for r in results)
+        assert slow.calls == calls  # no new attempt before the cache would expire
+    finally:
+        slow.delay = 0
+        asyncio.run_coroutine_threadsafe(broker.close(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+    # a loop that is gone: the collector serves what it had, without waiting
+    began = time.monotonic()
+    assert await asyncio.to_thread(depth) is not None
+    assert time.monotonic() - began < 0.5

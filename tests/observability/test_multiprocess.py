@@ -1,0 +1,99 @@
+"""`obsq worker --processes 2`: one /metrics for both children (prometheus-client's
+multiprocess mode), a child killed with SIGKILL restarted, a clean stop on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import obsq
+from obsq.redis_server import free_port
+
+from .helpers import eventually, obsq_env, parse, probe, scrape, start_obsq, stop_process, value
+
+APP = """
+import asyncio, os
+import obsq
+
+app = obsq.App(namespace=os.environ["OBSQ_NAMESPACE"])
+
+
+@app.task("pid")
+async def pid(task):
+    await asyncio.sleep(0.2)
+    return os.getpid()
+"""
+
+
+async def test_two_processes_one_endpoint(redis_url, namespace, tmp_path):
+    (tmp_path / "mp_app.py").write_text(APP)
+    port = free_port()
+    supervisor = start_obsq(
+        ["worker", "mp_app:app", "--processes", "2", "--concurrency", "2", "--http-port",
+         str(port), "--shutdown-timeout", "5"],
+        obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace), tmp_path,
+        tmp_path / "supervisor.log")
+    client = obsq.Client(redis_url, namespace=namespace, instrument=False)
+    try:
+        async def metrics():
+            return parse(await asyncio.to_thread(scrape, port))
+
+        async def up():
+            try:
+                return value(await metrics(), "obsq_workers") == 2
+            except OSError:
+                return False
+        await eventually(up, timeout=30, what="two children heartbeating")
+        status, page = await asyncio.to_thread(probe, port, "/")
+        pids = [p["pid"] for p in page["processes"]]
+        assert status == 200 and len(set(pids)) == 2 and all(p["alive"] for p in
+                                                             page["processes"])
+        assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
+        assert (await asyncio.to_thread(probe, port, "/readyz"))[0] == 200
+
+        infos = [await client.enqueue("pid", retention=60) for _ in range(20)]
+        ran_in = {await client.result(i, timeout=30) for i in infos}
+        assert ran_in == set(pids)  # both children worked
+        s = await metrics()
+        assert value(s, "obsq_tasks_processed_total", queue="default", task="pid",
+                     outcome="success") == 20
+        assert value(s, "obsq_task_duration_seconds_count", queue="default", task="pid") == 20
+        assert value(s, "obsq_worker_concurrency") == 4  # livesum of 2 x 2 slots
+        assert value(s, "obsq_tasks_in_progress", queue="default", task="pid") == 0
+        assert value(s, "obsq_build_info", version=obsq.__version__) == 1
+
+        os.kill(pids[0], signal.SIGKILL)
+
+        async def replaced():
+            _, page = await asyncio.to_thread(probe, port, "/")
+            now = [p["pid"] for p in page["processes"]]
+            return pids[0] not in now and all(p["alive"] for p in page["processes"]) and now
+        new_pids = await eventually(replaced, timeout=30, what="the child restarted")
+        assert pids[1] in new_pids
+        assert (await asyncio.to_thread(probe, port, "/"))[1]["processes"][0]["restarts"] == 1
+        await eventually(lambda: asyncio.to_thread(lambda: probe(port, "/healthz")[0] == 200))
+        s = await metrics()  # the dead child's counts stay; its live gauges went with it
+        assert value(s, "obsq_tasks_processed_total", queue="default", task="pid",
+                     outcome="success") == 20
+
+        async def all_done():
+            more = [await client.enqueue("pid", retention=60) for _ in range(10)]
+            return {await client.result(i, timeout=30) for i in more}
+        ran_again = await all_done()
+        assert ran_again <= set(new_pids)
+        await eventually(lambda: asyncio.to_thread(lambda: metrics_value(port) == 30),
+                         timeout=10, what="30 counted")
+        assert value(await metrics(), "obsq_worker_concurrency") == 4
+    finally:
+        await client.close()
+        code = await asyncio.to_thread(stop_process, supervisor, 40)
+    log = (tmp_path / "supervisor.log").read_text()
+    assert code == 0, log
+    assert "exited with signal SIGKILL; restarting it" in log
+    assert "Traceback" not in log, log
+
+
+def metrics_value(port: int) -> float:
+    return value(parse(scrape(port)), "obsq_tasks_processed_total", queue="default",
+                 task="pid", outcome="success")

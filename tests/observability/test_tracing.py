@@ -1,0 +1,198 @@
+"""Spans of a real worker and client, read from an in-memory exporter: one trace from the
+caller through `send {queue}` to `process {queue}`, the messaging attributes, errors,
+retries, links instead of parents, and a span ended whatever the outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import REGISTRY
+
+import obsq
+
+from .helpers import eventually, parse, scrape, value
+
+tracer = trace.get_tracer("tests")
+
+
+def named(spans, name):
+    return [s for s in spans.get_finished_spans() if s.name == name]
+
+
+async def test_one_trace_from_the_caller_to_the_handler(app, redis_url, namespace, spans,
+                                                        start_worker):
+    queue = f"tr-{namespace}"
+    seen = {}
+
+    @app.task("greet", queue=queue)
+    async def greet(task):
+        seen[task.id] = trace.get_current_span().get_span_context()
+        return "hi"
+
+    await start_worker(queues={queue: 1}, tracing=True)
+    client = obsq.Client(redis_url, namespace=namespace, app=app)
+    with tracer.start_as_current_span("checkout") as caller:
+        infos = await client.enqueue_many([obsq.Job("greet", {"n": i}) for i in range(3)])
+    await eventually(lambda: len(named(spans, f"process {queue}")) == 3, what="3 spans")
+
+    root = caller.get_span_context()
+    sends = {s.attributes["messaging.message.id"]: s for s in named(spans, f"send {queue}")}
+    processes = {s.attributes["messaging.message.id"]: s
+                 for s in named(spans, f"process {queue}")}
+    assert set(sends) == set(processes) == {i.id for i in infos}
+    for info in infos:
+        send, process = sends[info.id], processes[info.id]
+        assert send.kind == SpanKind.PRODUCER and process.kind == SpanKind.CONSUMER
+        # every send span is a child of the caller, not of the previous send span
+        assert send.parent.span_id == root.span_id
+        assert send.context.trace_id == process.context.trace_id == root.trace_id
+        assert process.parent.span_id == send.context.span_id
+        assert info.headers["traceparent"].startswith(
+            f"00-{root.trace_id:032x}-{send.context.span_id:016x}-")
+        assert dict(send.attributes) == {
+            "messaging.system": "obsq", "messaging.operation.type": "send",
+            "messaging.destination.name": queue, "messaging.message.id": info.id,
+            "obsq.task.type": "greet"}
+        assert dict(process.attributes) == {
+            "messaging.system": "obsq", "messaging.operation.type": "process",
+            "messaging.destination.name": queue, "messaging.message.id": info.id,
+            "obsq.task.type": "greet", "obsq.task.retry_count": 0,
+            "obsq.task.outcome": "success"}
+        assert process.status.status_code == StatusCode.UNSET
+        assert seen[info.id].span_id == process.context.span_id  # the handler runs inside
+        assert process.end_time >= process.start_time
+    await client.close()
+
+
+async def test_failures_record_the_exception_and_each_retry(app, redis_url, namespace, spans,
+                                                           start_worker):
+    queue = f"fail-{namespace}"
+
+    @app.task("boom", queue=queue, max_retry=1, retry_delay=0)
+    async def boom(task):
+        raise ValueError("card declined")
+
+    await start_worker(queues={queue: 1}, tracing=True)
+    client = obsq.Client(redis_url, namespace=namespace, app=app)
+    info = await client.enqueue("boom")
+    await eventually(lambda: len(named(spans, f"process {queue}")) == 2, what="2 attempts")
+    first, second = sorted(named(spans, f"process {queue}"),
+                           key=lambda s: s.attributes["obsq.task.retry_count"])
+    (send,) = named(spans, f"send {queue}")
+    for span, outcome in ((first, "retry"), (second, "dead")):
+        assert span.parent.span_id == send.context.span_id
+        assert span.status.status_code == StatusCode.ERROR
+        assert "ValueError" in span.status.description
+        assert [e.name for e in span.events] == ["exception", outcome]
+        assert span.events[0].attributes["exception.type"] == "ValueError"
+        assert span.events[0].attributes["exception.message"] == "card declined"
+        assert span.attributes["obsq.task.outcome"] == outcome
+    assert second.attributes["obsq.task.retry_count"] == 1
+    assert (await client.info(info.id)).state == "dead"
+    await client.close()
+
+
+async def test_a_link_instead_of_a_parent_when_asked(app, redis_url, namespace, spans,
+                                                     monkeypatch, start_worker):
+    monkeypatch.setenv("OBSQ_TRACE_LINK", "true")
+    queue = f"link-{namespace}"
+
+    @app.task("linked", queue=queue)
+    async def linked(task):
+        return None
+
+    await start_worker(queues={queue: 1}, tracing=True)
+    client = obsq.Client(redis_url, namespace=namespace, app=app)
+    await client.enqueue("linked")
+    (process,) = await eventually(lambda: named(spans, f"process {queue}"))
+    (send,) = named(spans, f"send {queue}")
+    assert process.parent is None
+    assert process.context.trace_id != send.context.trace_id
+    assert [link.context.span_id for link in process.links] == [send.context.span_id]
+    assert process.links[0].context.trace_id == send.context.trace_id
+    await client.close()
+
+
+async def test_span_and_count_end_once_for_a_task_handed_back_at_shutdown(
+        app, redis_url, namespace, spans, start_worker):
+    queue = f"req-{namespace}"
+    started = asyncio.Event()
+
+    @app.task("forever", queue=queue)
+    async def forever(task):
+        started.set()
+        await asyncio.sleep(3600)
+
+    worker = await start_worker(queues={queue: 1}, tracing=True, metrics=True, http_port=0,
+                                shutdown_timeout=0.2)
+    port = worker._http.port
+    client = obsq.Client(redis_url, namespace=namespace, app=app, instrument=False)
+    info = await client.enqueue("forever")
+    await started.wait()
+    before = parse(await asyncio.to_thread(scrape, port))
+    assert value(before, "obsq_tasks_in_progress", queue=queue, task="forever") == 1
+    worker.stop()
+    (process,) = await eventually(lambda: named(spans, f"process {queue}"))
+    assert process.attributes["obsq.task.outcome"] == "requeued"
+    assert process.status.status_code == StatusCode.UNSET  # cancelled, not failed
+    assert [e.name for e in process.events] == ["requeued"]
+    assert (await client.info(info.id)).state == "pending"
+    labels = {"queue": queue, "task": "forever"}
+    assert REGISTRY.get_sample_value("obsq_tasks_in_progress", labels) == 0
+    counts = {o: REGISTRY.get_sample_value("obsq_tasks_processed_total", {**labels,
+                                                                          "outcome": o})
+              for o in ("success", "retry", "dead", "requeued", "lease_lost")}
+    assert counts == {"success": None, "retry": None, "dead": None, "requeued": 1,
+                      "lease_lost": None}
+    await client.close()
+
+
+async def test_span_ends_when_the_lease_was_lost(app, redis_url, namespace, spans, raw_redis,
+                                                 start_worker):
+    queue = f"ll-{namespace}"
+    release = asyncio.Event()
+    attempts = []
+
+    @app.task("held", queue=queue)
+    async def held(task):
+        attempts.append(task.id)
+        if len(attempts) == 1:
+            await release.wait()
+
+    await start_worker(queues={queue: 1}, tracing=True, lease_seconds=60)
+    client = obsq.Client(redis_url, namespace=namespace, app=app)
+    info = await client.enqueue("held")
+    await eventually(lambda: attempts)
+    raw_redis.zadd(f"{namespace}:{{{queue}}}:lease", {info.id: 1})  # expired: taken back
+    await eventually(lambda: len(attempts) == 2, what="the second attempt")
+    release.set()
+    await eventually(lambda: len(named(spans, f"process {queue}")) == 2, what="both spans")
+    outcomes = sorted(s.attributes["obsq.task.outcome"]
+                      for s in named(spans, f"process {queue}"))
+    assert outcomes == ["lease_lost", "success"]
+    lost = next(s for s in named(spans, f"process {queue}")
+                if s.attributes["obsq.task.outcome"] == "lease_lost")
+    assert [e.name for e in lost.events] == ["lease_lost"]
+    await client.close()
+
+
+async def test_sync_client_sends_from_the_callers_context(app, redis_url, namespace, spans):
+    queue = f"sync-{namespace}"
+    box = {}
+
+    def produce():
+        with obsq.SyncClient(redis_url, namespace, app=app) as client, \
+                tracer.start_as_current_span("request") as span:
+            box["info"] = client.enqueue("anything", {}, queue=queue)
+            box["root"] = span.get_span_context()
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    await asyncio.to_thread(thread.join)
+    (send,) = named(spans, f"send {queue}")
+    assert send.parent.span_id == box["root"].span_id
+    assert send.context.trace_id == box["root"].trace_id
+    assert box["info"].headers["traceparent"].split("-")[2] == f"{send.context.span_id:016x}"
