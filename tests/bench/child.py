@@ -135,7 +135,12 @@ def main() -> None:
                 ready=lambda: emit("ready", **status()),
                 metrics=a.metrics, tracing=a.tracing, http_port=a.http_port,
             )
-            emit("exit", latencies=systems.STATE.latencies, **status())
+            emit(
+                "exit",
+                latencies=systems.STATE.latencies,
+                tracing_exporter=systems.STATE.tracing_exporter,
+                **status(),
+            )
         elif a.role == "enqueue":
             elapsed = system.enqueue(a.url, a.n, a.mode)
             emit("result", elapsed=elapsed, n=a.n)

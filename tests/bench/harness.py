@@ -273,6 +273,22 @@ class OtlpSink:
     requests: int = 0
     bytes: int = 0
     _server: http.server.ThreadingHTTPServer | None = field(default=None, repr=False)
+    _bodies: list[bytes] = field(default_factory=list, repr=False)
+
+    @property
+    def spans(self) -> int | None:
+        """Spans received, decoded after the fact (None without opentelemetry-proto)."""
+        try:
+            from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+                ExportTraceServiceRequest,
+            )
+        except ImportError:
+            return None
+        n = 0
+        for body in self._bodies:
+            req = ExportTraceServiceRequest.FromString(body)
+            n += sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+        return n
 
     def __enter__(self) -> OtlpSink:
         sink = self
@@ -286,6 +302,8 @@ class OtlpSink:
                 if self.path.startswith("/v1/"):
                     sink.requests += 1
                     sink.bytes += len(body)
+                    if self.path == "/v1/traces":
+                        sink._bodies.append(body)
                     code = 200
                 else:
                     code = 404

@@ -51,8 +51,10 @@ def backlog(system: str, r) -> int:
     if system == "obsq":
         p = r.pipeline(transaction=False)
         p.llen("bench:{default}:pending")
-        p.zcard("bench:{default}:lease")
-        return sum(p.execute())
+        p.zcard("bench:{default}:lease")  # leased = running
+        p.hlen("bench:{default}:active")  # the attempts' owners, also cleared on ack
+        pending, leased, active = p.execute()
+        return pending + max(leased, active)
     if system == "dramatiq":
         # each message lives in this hash from enqueue until its ack
         return int(r.hlen("dramatiq:default.msgs"))
@@ -190,7 +192,9 @@ def bench_system(system: str, binary: str, args) -> dict:
                 drain(system, rs, args.tasks, opts=opts, env=env, pickup_n=args.pickup,
                       out=res)
                 if env:
-                    res["otlp"] = {"requests": sink.requests, "bytes": sink.bytes}
+                    res["otlp"] = {
+                        "requests": sink.requests, "bytes": sink.bytes, "spans": sink.spans
+                    }
         except ChildError as e:
             res["error"] = str(e)
             print(f"!! {system} failed:\n{e}", file=sys.stderr)
@@ -214,7 +218,7 @@ def overhead(binary: str, args) -> dict:
                 print(f"!! obsq ({name}) failed:\n{e}", file=sys.stderr)
                 d = {"error": str(e)}
             if env:
-                d["otlp_requests"], d["otlp_bytes"] = sink.requests, sink.bytes
+                d["otlp_requests"], d["otlp_spans"] = sink.requests, sink.spans
             out[name] = d
     return out
 
@@ -346,7 +350,10 @@ def report(res: dict, systems, args) -> None:
             print(f"warning: {s} pickup: {pk['received']} of {pk['n']} latencies recorded")
     if "otlp" in res.get("obsq", {}):
         o = res["obsq"]["otlp"]
-        print(f"OTLP receiver got {o['requests']} requests, {o['bytes']:,} bytes")
+        print(
+            f"OTLP receiver got {o['requests']} requests, {o['bytes']:,} bytes, "
+            f"{fmt(o['spans'])} spans (drain + pickup: {args.tasks + args.pickup:,} tasks)"
+        )
     if "obsq" in systems:
         print("\n== obsq vs targets ==")
         for name, want, value, ok in targets(res):
@@ -359,7 +366,7 @@ def report_overhead(ov: dict) -> None:
     print("== obsq observability overhead: drain, 1 worker, concurrency 10 ==")
     print(f"{'config':<9} {'tasks/s':>9} {'wall us/task':>13} {'+ vs off':>9} "
           f"{'worker CPU us/task':>19} {'+ vs off':>9} {'Redis CPU us/task':>18} "
-          f"{'OTLP requests':>14}")
+          f"{'spans exported':>15}")
     for name, d in ov.items():
         if "error" in d:
             print(f"{name:<9} error")
@@ -369,7 +376,7 @@ def report_overhead(ov: dict) -> None:
         dcpu = d["worker_cpu_us"] - base.get("worker_cpu_us", float("nan"))
         print(f"{name:<9} {fmt(d['rate']):>9} {fmt(wall):>13} {fmt(dwall):>9} "
               f"{fmt(d['worker_cpu_us']):>19} {fmt(dcpu):>9} {fmt(d['redis_cpu_us']):>18} "
-              f"{fmt(d.get('otlp_requests')):>14}")
+              f"{fmt(d.get('otlp_spans')):>15}")
 
 
 def _terminate(signum, frame) -> None:
@@ -423,10 +430,14 @@ def main() -> None:
         report(res, systems, args)
         figures["results"] = res
     if args.profile:
-        with RedisServer(binary) as rs:
-            d = drain("obsq", rs, args.tasks, profile=args.profile)["drain"]
-        print(f"\nprofiled obsq drain (under py-spy, slower): {fmt(d['rate'])} tasks/s; "
-              f"flame graph: {args.profile}")
+        opts = {"metrics": args.metrics, "tracing": args.tracing}
+        with RedisServer(binary) as rs, OtlpSink() as sink:
+            env = sink.env if args.tracing else None
+            d = drain("obsq", rs, args.tasks, opts=opts, env=env, profile=args.profile)["drain"]
+        print(
+            f"\nprofiled obsq drain (metrics={args.metrics} tracing={args.tracing}, "
+            f"py-spy attached): {fmt(d['rate'])} tasks/s; flame graph: {args.profile}"
+        )
         figures["profiled_drain"] = d
     print(f"\ntotal {time.monotonic() - started:.0f}s")
     if args.json:

@@ -28,6 +28,7 @@ class State:
         self.handled = 0  # handler runs
         self.latencies: list[float] = []  # pickup latencies in seconds
         self.lock = threading.Lock()
+        self.tracing_exporter: bool | None = None  # obsq: did setup_tracing() install one
 
 
 STATE = State()
@@ -57,7 +58,10 @@ class Obsq:
     @classmethod
     def worker(cls, url, concurrency, ctl, ready, metrics=False, tracing=False, http_port=0):
         import obsq
+        from obsq.observability import setup_tracing, shutdown_tracing
 
+        if tracing:  # as `obsq worker` does: an SDK provider exporting per OTEL_* variables
+            STATE.tracing_exporter = setup_tracing("obsq-bench")
         app = cls._app()
         kwargs = dict(
             redis_url=url, queues={"default": 1}, concurrency=concurrency,
@@ -84,7 +88,10 @@ class Obsq:
             ctl.on_stop(lambda: loop.call_soon_threadsafe(stop))
             await worker.run()
 
-        asyncio.run(main())
+        try:
+            asyncio.run(main())
+        finally:
+            shutdown_tracing()
 
     @staticmethod
     def enqueue(url, n, mode):
