@@ -194,6 +194,10 @@ class Worker:
                     log.warning("cannot reach Redis to fetch tasks: %s; retrying", exc)
                 await self._pause(min(REDIS_RETRY_MIN * 2 ** failures, REDIS_RETRY_MAX))
                 continue
+            except Exception:
+                log.exception("fetching tasks failed; retrying")  # never let the loop die
+                await self._pause(REDIS_RETRY_MAX)
+                continue
             if not got:
                 await self._wait_for_work()
 

@@ -175,9 +175,10 @@ class Broker:
             log.warning("%d id(s) in queue %s had no task data (deleted outside obsq); "
                         "skipped", reply[1], queue)
         tasks = [
-            (reply[i].decode(), reply[i + 1], reply[i + 2].decode(), reply[i + 3],
-             reply[i + 4], reply[i + 5], int(reply[i + 6] or 0), int(reply[i + 7] or 0),
-             reply[i + 8].decode())
+            (reply[i].decode(errors="replace"), reply[i + 1],
+             reply[i + 2].decode(errors="replace"), reply[i + 3],
+             reply[i + 4], reply[i + 5], _count(reply[i + 6]), _count(reply[i + 7]),
+             reply[i + 8].decode(errors="replace"))
             for i in range(2, len(reply), 9)
         ]
         return reply[0], tasks
@@ -410,6 +411,14 @@ class Broker:
         key = self.keys(queue).paused
         call = self.redis.set(key, 1) if paused else self.redis.delete(key)
         await self._guard("pause", call)
+
+
+def _count(raw: bytes) -> int:
+    """A numeric field of a task hash; junk written by hand reads as 0, not a crash."""
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return 0
 
 
 def _safe(url: str) -> str:
