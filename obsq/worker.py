@@ -30,6 +30,7 @@ from obsq.heartbeat import Heartbeat, LeaseKeeper
 from obsq.loop import BackgroundLoop
 from obsq.maintenance import Forwarder, Janitor, Recoverer
 from obsq.settings import (
+    ACK_LINGER,
     HEARTBEAT_TTL,
     MAX_FETCH,
     PREFETCH_BELOW_SECONDS,
@@ -85,7 +86,7 @@ class Worker:
         self._order = sorted(self.queues, key=lambda q: -self.queues[q])
         self._busy = 0
         self._buffer: collections.deque[Task] = collections.deque()  # fetched, awaiting a slot
-        self._recent_duration = 0.0  # moving average of handler run time, for prefetching
+        self._recent_duration = PREFETCH_BELOW_SECONDS  # moving average of handler run time
         self._slot_free = asyncio.Event()
         self._stopped = asyncio.Event()
         self._hurry = asyncio.Event()
@@ -174,13 +175,12 @@ class Worker:
         next fetch, in one round trip; with nothing to fetch, it blocks on Redis."""
         failures = 0
         while not self._stopped.is_set():
-            free = self._fetch_window() - self._busy - len(self._buffer)
+            held = self._busy + len(self._buffer)
+            prefetching = self._recent_duration < PREFETCH_BELOW_SECONDS
+            free = self.concurrency * (2 if prefetching else 1) - held
             try:
-                if free <= 0:
-                    if self.settler.acks_waiting.is_set():
-                        await self.settler.flush()
-                    self._slot_free.clear()
-                    await self._slot_free.wait()
+                if free <= 0 or (prefetching and held > self.concurrency):
+                    await self._await_room()
                     continue
                 got = 0
                 for queue in self._queue_order():
@@ -201,13 +201,19 @@ class Worker:
             if not got:
                 await self._wait_for_work()
 
-    def _fetch_window(self) -> int:
-        """How many tasks this worker may hold: its slots, plus as many again while its
-        tasks are short, so a busy worker fetches in batches twice as large (fewer round
-        trips) without holding long tasks back from idle workers."""
-        if self._recent_duration < PREFETCH_BELOW_SECONDS:
-            return self.concurrency * 2
-        return self.concurrency
+    async def _await_room(self) -> None:
+        """Wait until a slot frees. While tasks are short the worker holds up to twice its
+        slots and fetches only once a whole batch fits, so each round trip carries many
+        tasks; the buffer keeps the slots fed meanwhile. Completions gathered in the
+        meantime wait at most ACK_LINGER for that fetch before they are sent alone."""
+        self._slot_free.clear()
+        if self.settler.acks_waiting.is_set():
+            try:
+                await asyncio.wait_for(self._slot_free.wait(), ACK_LINGER)
+            except asyncio.TimeoutError:
+                await self.settler.flush()
+        else:
+            await self._slot_free.wait()
 
     async def _fetch(self, queue: str, count: int) -> int:
         lease = self.settings.lease_seconds
