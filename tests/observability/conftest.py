@@ -1,7 +1,11 @@
 """Fixtures of the observability tests: a real Prometheus (`prometheus`, a factory taking
-scrape targets, reusable by other test folders), OTLP receivers over HTTP/protobuf and
-gRPC (`otlp_receiver`), and the spans this process ends (`spans`: an in-memory exporter on
-a session-wide SDK tracer provider)."""
+scrape targets), OTLP receivers over HTTP/protobuf and gRPC (`otlp_receiver`), and the
+spans this process ends (`spans`: an in-memory exporter on a session-wide SDK tracer
+provider).
+
+Another test folder reuses the Prometheus fixture with, in its conftest.py,
+`from observability.conftest import prometheus  # noqa: F401` (tests/ is on sys.path), or
+the class itself: `from observability.helpers import PrometheusServer`."""
 
 from __future__ import annotations
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 
 import obsq
 from obsq.redis_server import free_port
@@ -97,3 +99,42 @@ async def test_two_processes_one_endpoint(redis_url, namespace, tmp_path):
 def metrics_value(port: int) -> float:
     return value(parse(scrape(port)), "obsq_tasks_processed_total", queue="default",
                  task="pid", outcome="success")
+
+
+async def test_a_single_worker_serving_a_multiprocess_directory_starts_it_afresh(
+        redis_url, namespace, tmp_path):
+    """As the Helm chart runs it: one process, PROMETHEUS_MULTIPROC_DIR set. A previous
+    run's files (a restarted container keeps its emptyDir, and reuses pids) are cleared."""
+    (tmp_path / "mp_app.py").write_text(APP)
+    directory = tmp_path / "prom"
+    directory.mkdir()
+    env = obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace,
+                   PROMETHEUS_MULTIPROC_DIR=str(directory))
+    stale = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", (
+        "from prometheus_client import Counter; "
+        "Counter('obsq_stale', 'a previous run', ['x']).labels('y').inc(5)")],
+        env=env, capture_output=True, text=True, timeout=30)
+    assert stale.returncode == 0, stale.stderr
+    assert list(directory.glob("counter_*.db"))
+    port = free_port()
+    worker = start_obsq(["worker", "mp_app:app", "--http-port", str(port)], env, tmp_path,
+                        tmp_path / "worker.log")
+    client = obsq.Client(redis_url, namespace=namespace, instrument=False)
+    try:
+        async def up():
+            try:
+                return value(parse(await asyncio.to_thread(scrape, port)), "obsq_workers") == 1
+            except OSError:
+                return False
+        await eventually(up, timeout=30, what="the worker serving")
+        for _ in range(3):
+            await client.result(await client.enqueue("pid", retention=60), timeout=30)
+        s = parse(await asyncio.to_thread(scrape, port))
+        assert not [name for name, _ in s if name.startswith("obsq_stale")]
+        assert value(s, "obsq_tasks_processed_total", queue="default", task="pid",
+                     outcome="success") == 3
+        assert value(s, "obsq_worker_concurrency") == 50
+    finally:
+        await client.close()
+        code = await asyncio.to_thread(stop_process, worker)
+    assert code == 0, (tmp_path / "worker.log").read_text()
