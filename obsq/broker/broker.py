@@ -133,11 +133,12 @@ class Broker:
     async def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[str]:
         """Returns per message '' (enqueued), 'id' (id taken) or 'unique:<holder id>'."""
         k = self.keys(queue)
-        args: list[Any] = [0]
-        for m in messages:
-            args += (m.id, m.type, m.payload, m.encoded_headers(), m.encoded_options(),
-                     int(m.due_at * 1000), m.unique_key, int(m.unique_for * 1000))
-        result = await self._script("enqueue", (k.pending, k.scheduled, k.wake), args)
+        batch = orjson.dumps([
+            (m.id, m.type, m.payload.decode(), m.encoded_headers().decode(),
+             m.encoded_options().decode(), int(m.due_at * 1000), m.unique_key,
+             int(m.unique_for * 1000))
+            for m in messages])
+        result = await self._script("enqueue", (k.pending, k.scheduled, k.wake), (0, batch))
         return [s.decode() for s in result]
 
     # -- working --------------------------------------------------------------------------

@@ -1,40 +1,41 @@
 -- Enqueue a batch of tasks into one queue.
 -- KEYS: pending, scheduled, wake
--- ARGV: now, then per task: id, type, payload, headers, options, due_ms, unique_digest, unique_ms
+-- ARGV: now, then one JSON array holding per task
+--       [id, type, payload, headers, options, due_ms, unique_digest, unique_ms]
+--       (one argument for the whole batch: cheaper to send than eight per task)
 -- Returns per task: '' (enqueued), 'id' (the id exists) or 'unique:<id of the holder>'.
 local now = now_ms()
 local out = {}
 local pending = {}
-for i = 2, #ARGV, 8 do
-  local id = ARGV[i]
+for _, t in ipairs(cjson.decode(ARGV[2])) do
+  local id = t[1]
   local key = task_key(id)
   local status = ''
-  local digest = ARGV[i + 6]
+  local digest = t[7]
   if redis.call('EXISTS', key) == 1 then
     status = 'id'
   elseif digest ~= '' then
     local lock = prefix .. 'unique:' .. digest
-    if not redis.call('SET', lock, id, 'NX', 'PX', ARGV[i + 7]) then
+    if not redis.call('SET', lock, id, 'NX', 'PX', t[8]) then
       status = 'unique:' .. (redis.call('GET', lock) or '')
     end
   end
   if status == '' then
-    local due = tonumber(ARGV[i + 5])
+    local due = t[6]
     local state = 'pending'
     if due > now then
       state = 'scheduled'
     else
       due = now
     end
-    local fields = {'type', ARGV[i + 1], 'payload', ARGV[i + 2], 'state', state,
-                    'enq', now, 'due', due}
-    if ARGV[i + 3] ~= '' then
+    local fields = {'type', t[2], 'payload', t[3], 'state', state, 'enq', now, 'due', due}
+    if t[4] ~= '' then
       fields[#fields + 1] = 'headers'
-      fields[#fields + 1] = ARGV[i + 3]
+      fields[#fields + 1] = t[4]
     end
-    if ARGV[i + 4] ~= '{}' then
+    if t[5] ~= '{}' then
       fields[#fields + 1] = 'opts'
-      fields[#fields + 1] = ARGV[i + 4]
+      fields[#fields + 1] = t[5]
     end
     if digest ~= '' then
       fields[#fields + 1] = 'uniq'
