@@ -3,6 +3,7 @@ inside the test's event loop.
 
 Redis comes from $OBSQ_TEST_REDIS_URL, else a private redis-server from PATH on a free
 port, else testcontainers. Under CI a missing tool fails the run instead of skipping.
+Plain helpers for test modules live in support.py.
 """
 
 from __future__ import annotations
@@ -17,18 +18,10 @@ from typing import Any
 
 import pytest
 import redis
+from support import missing_tool
 
 import obsq
 from obsq.redis_server import RedisServer
-
-IN_CI = bool(os.environ.get("CI"))
-
-
-def missing_tool(message: str) -> None:
-    """Fail under CI (which installs every tool), skip on a developer's machine."""
-    if IN_CI:
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
 
 
 @pytest.fixture(scope="session")
@@ -117,24 +110,8 @@ async def start_worker(redis_url: str, app: obsq.App
         return worker
 
     yield start
-    for worker, task in running:
+    for worker, _ in running:
         worker.stop()
-    for worker, task in running:
+    for _, task in running:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, timeout=30)
-
-
-async def wait_until(condition: Callable[[], Any], timeout: float = 10.0,
-                     interval: float = 0.02) -> Any:
-    """Poll `condition` (sync or async) until it is truthy; fail after `timeout`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.sleep(interval)

@@ -1,5 +1,6 @@
+from support import wait_until
+
 import obsq
-from conftest import wait_until
 
 
 async def test_a_task_runs_and_its_result_is_returned(app, client, start_worker):

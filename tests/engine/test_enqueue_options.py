@@ -7,7 +7,7 @@ import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from conftest import wait_until
+from support import wait_until
 
 import obsq
 

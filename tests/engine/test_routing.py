@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 import pytest
-from conftest import wait_until
+from support import wait_until
 
 import obsq
 

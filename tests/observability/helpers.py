@@ -24,23 +24,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from support import missing_tool  # noqa: F401 - re-exported for these tests
+
 from obsq.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-IN_CI = bool(os.environ.get("CI"))
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def missing_tool(message: str) -> None:
-    """As tests/conftest.py's: fail under CI (which installs every tool), else skip. Kept
-    here because `from conftest import ...` finds whichever conftest module loaded last."""
-    import pytest
-
-    if IN_CI:
-        pytest.fail(message, pytrace=False)
-    pytest.skip(message)
 
 
 # -- HTTP -----------------------------------------------------------------------------------

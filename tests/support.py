@@ -1,0 +1,35 @@
+"""Helpers for test modules (fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+IN_CI = bool(os.environ.get("CI"))
+
+
+def missing_tool(message: str) -> None:
+    """Fail under CI (which installs every tool), skip on a developer's machine."""
+    if IN_CI:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+async def wait_until(condition: Callable[[], Any], timeout: float = 10.0,
+                     interval: float = 0.02) -> Any:
+    """Poll `condition` (sync or async) until it is truthy; fail after `timeout`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = condition()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.sleep(interval)
