@@ -157,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = command("demo", "a worker, a producer and the HTTP endpoint in one process",
                    cmd_demo)
     demo.add_argument("--duration", type=float, default=12.0, help="seconds to run (12)")
-    demo.add_argument("--http-port", type=int, default=9191, help="9191, or a free one")
+    demo.add_argument("--http-port", type=int, default=9191,
+                      help="9191 (another free one when taken; 0: any free port)")
 
     command("stats", "queues, their depth by state, and live workers", cmd_admin)
     tasks = command("tasks", "list the tasks of a queue in one state", cmd_admin)

@@ -65,7 +65,7 @@ async def run_demo(redis_url: str | None, duration: float, http_port: int) -> in
         print(f"Cannot reach Redis at {redis_url}.")
         return 1
     try:
-        return await _demo(redis_url, duration, _port_or_free(http_port))
+        return await _demo(redis_url, duration, _port_or_free(http_port) if http_port else 0)
     finally:
         if server is not None:
             server.close()
@@ -78,7 +78,11 @@ async def _demo(redis_url: str, duration: float, port: int) -> int:
                          handle_signals=True)
     client = obsq.Client(redis_url, namespace=NAMESPACE, app=app)
     running = asyncio.create_task(worker.run())
-    await asyncio.sleep(0.3)
+    while not worker.started_at and not running.done():
+        await asyncio.sleep(0.05)
+    if running.done():
+        running.result()  # raises the worker's start-up error
+    port = worker.http_port
     print(f"Worker {worker.id} serving queues critical and default; metrics and probes on "
           f"http://127.0.0.1:{port}/metrics, /healthz, /readyz\n")
     jobs = [obsq.Job("email:send", {"to": f"user{i}@example.com"}) for i in range(8)]

@@ -125,7 +125,7 @@ class Worker:
         log.info("worker %s started: queues %s, concurrency %d, Redis %s%s", self.id,
                  ",".join(f"{q}={w}" for q, w in self.queues.items()), self.concurrency,
                  self.broker.url.rpartition("@")[2],
-                 f", http on :{self._http.port}" if self._http else "")
+                 f", http on :{self.http_port}" if self._http else "")
         fetcher = asyncio.create_task(self._fetch_forever(), name="obsq-fetch")
         try:
             await self._stopped.wait()
@@ -155,6 +155,11 @@ class Worker:
     @property
     def busy(self) -> int:
         return self._busy
+
+    @property
+    def http_port(self) -> int | None:
+        """The port of the HTTP endpoint once running (a free one when 0 was asked)."""
+        return self._http.port if self._http is not None else None
 
     # -- fetching -------------------------------------------------------------------------
 

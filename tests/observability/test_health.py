@@ -17,7 +17,7 @@ from .helpers import eventually, http_get, parse, probe, scrape, value
 async def test_readiness_follows_redis_down_and_back(app, private_redis, namespace,
                                                      start_worker):
     worker = await start_worker(redis_url=private_redis.url, metrics=True, http_port=0)
-    port = worker._http.port
+    port = worker.http_port
     assert await asyncio.to_thread(probe, port, "/readyz") == (200, {"status": "ok"})
     assert (await asyncio.to_thread(probe, port, "/healthz"))[0] == 200
 
@@ -44,7 +44,7 @@ async def test_liveness_fails_while_a_handler_blocks_the_event_loop(app, redis_u
         time.sleep(3)  # blocks the event loop: the bug liveness must catch
 
     worker = await start_worker(http_port=0)
-    port = worker._http.port
+    port = worker.http_port
     seen: list[tuple[float, int, dict]] = []
     stop = threading.Event()
 
@@ -83,7 +83,7 @@ async def test_readiness_fails_while_draining_and_status_page(app, redis_url, na
         await asyncio.sleep(1.5)
 
     worker = await start_worker(http_port=0, shutdown_timeout=10)
-    port = worker._http.port
+    port = worker.http_port
     status, page = await asyncio.to_thread(probe, port, "/")
     assert status == 200
     assert page["worker"] == worker.id and page["queues"] == {"default": 1}

@@ -52,7 +52,7 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
     client = obsq.Client(redis_url, namespace=namespace, app=app)  # instrumented
     worker = await start_worker(queues={main: 1, paused: 1}, metrics=True, http_port=0,
                                 lease_seconds=60, concurrency=10)
-    port = worker._http.port
+    port = worker.http_port
 
     await client.enqueue("flaky", {})
     await client.enqueue("doomed", {})
@@ -169,7 +169,7 @@ async def test_second_worker_on_the_same_app_does_not_double_count(app, redis_ur
         await client.enqueue("one")
 
     def counted():
-        s = parse(scrape(first._http.port))
+        s = parse(scrape(first.http_port))
         return value(s, "obsq_tasks_processed_total", queue=queue, task="one",
                      outcome="success") == 20 and s
     s = await eventually(lambda: asyncio.to_thread(counted), what="20 successes")
@@ -193,7 +193,7 @@ async def test_openmetrics_scrape_carries_trace_id_exemplars(app, redis_url, nam
                               if s.name == f"process {queue}"], what="the process span")
     process = next(s for s in spans.get_finished_spans() if s.name == f"process {queue}")
     trace_id = format(process.context.trace_id, "032x")
-    status, body, headers = await asyncio.to_thread(http_get, worker._http.port, "/metrics",
+    status, body, headers = await asyncio.to_thread(http_get, worker.http_port, "/metrics",
                                                     accept=OPENMETRICS)
     assert status == 200 and headers["Content-Type"].startswith("application/openmetrics-text")
     text = body.decode()
@@ -204,6 +204,6 @@ async def test_openmetrics_scrape_carries_trace_id_exemplars(app, redis_url, nam
                  and f'queue="{queue}"' in line and " # {" in line]
     assert len(exemplars) == 2
     assert all(f'# {{trace_id="{trace_id}"}}' in line for line in exemplars)
-    plain = await asyncio.to_thread(scrape, worker._http.port)  # the text format has none
+    plain = await asyncio.to_thread(scrape, worker.http_port)  # the text format has none
     assert "trace_id" not in plain
     await client.close()

@@ -29,7 +29,7 @@ async def test_prometheus_scrapes_a_worker(app, redis_url, namespace, spans, pro
     await client.enqueue("fail")
     await eventually(lambda: len([s for s in spans.get_finished_spans()
                                   if s.name == f"process {queue}"]) == 7, what="7 runs")
-    prom = prometheus([f"127.0.0.1:{worker._http.port}"])
+    prom = prometheus([f"127.0.0.1:{worker.http_port}"])
 
     by_outcome = f'sum by (outcome) (obsq_tasks_processed_total{{queue="{queue}"}})'
     await prom.wait_for(by_outcome, lambda r: len(r) == 3, timeout=30)

@@ -128,7 +128,7 @@ async def test_span_and_count_end_once_for_a_task_handed_back_at_shutdown(
 
     worker = await start_worker(queues={queue: 1}, tracing=True, metrics=True, http_port=0,
                                 shutdown_timeout=0.2)
-    port = worker._http.port
+    port = worker.http_port
     client = obsq.Client(redis_url, namespace=namespace, app=app, instrument=False)
     info = await client.enqueue("forever")
     await started.wait()

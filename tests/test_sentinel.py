@@ -1,0 +1,75 @@
+"""obsq through Redis Sentinel: the URL names the sentinels and the service, and the
+client follows a failover to the new master."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from support import missing_tool, wait_until
+
+import obsq
+from obsq.redis_server import RedisServer, free_port
+
+
+@pytest.fixture
+def sentinel(tmp_path: Path) -> Iterator[tuple[str, RedisServer, RedisServer]]:
+    if not shutil.which("redis-server"):
+        missing_tool("redis-server is not on PATH")
+    master = RedisServer().start()
+    replica = RedisServer().start()
+    redis.Redis(port=replica.port).replicaof("127.0.0.1", master.port)
+    port = free_port()
+    config = tmp_path / "sentinel.conf"
+    config.write_text(f"port {port}\nbind 127.0.0.1\n"
+                      f"sentinel monitor obsqmaster 127.0.0.1 {master.port} 1\n"
+                      "sentinel down-after-milliseconds obsqmaster 1000\n"
+                      "sentinel failover-timeout obsqmaster 5000\n")
+    process = subprocess.Popen(["redis-server", str(config), "--sentinel"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if redis.Redis(port=port).sentinel_master("obsqmaster")["num-slaves"] >= 1:
+                break
+        except (redis.RedisError, KeyError):
+            pass
+        time.sleep(0.1)
+    yield f"redis+sentinel://127.0.0.1:{port}/obsqmaster/0", master, replica
+    process.kill()
+    process.wait()
+    master.close()
+    replica.close()
+
+
+async def test_a_worker_and_a_client_run_through_sentinel_and_follow_a_failover(
+        sentinel, start_worker, namespace):
+    url, master, replica = sentinel
+    app = obsq.App(namespace=namespace)
+
+    @app.task("echo", retry_delay=0)
+    async def echo(task: obsq.Task):
+        return task.payload
+
+    client = obsq.Client(url, namespace=namespace, instrument=False)
+    await start_worker(app, redis_url=url)
+    first = await client.enqueue("echo", {"n": 1}, retention=60)
+    assert await client.result(first, timeout=10) == {"n": 1}
+
+    master.stop()  # the sentinel promotes the replica within a few seconds
+
+    async def served_again() -> bool:
+        try:
+            info = await client.enqueue("echo", {"n": 2}, retention=60)
+            return await client.result(info, timeout=3) == {"n": 2}
+        except (obsq.BrokerError, TimeoutError):
+            return False
+
+    await wait_until(served_again, timeout=30, interval=0.5)
+    assert redis.Redis(port=replica.port).info("replication")["role"] == "master"
+    await client.close()
