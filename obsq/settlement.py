@@ -34,6 +34,7 @@ class Settler:
         self._acks: PendingAcks = {}
         self.acks_waiting = asyncio.Event()
         self._gave_up = False
+        self.direct = False  # draining: send each completion at once, no fetch carries it
 
     async def settle(self, task: Task, verdict: Verdict) -> str:
         """Record the verdict in Redis; returns the final outcome."""
@@ -43,6 +44,8 @@ class Settler:
                 ((task.id, task.fence, task.retention, verdict.result, task.unique_key),
                  future))
             self.acks_waiting.set()
+            if self.direct:
+                await self._persist(self.flush)
             accepted = await future
         elif verdict.outcome == "retry":
             accepted = await self._persist(lambda: self.broker.retry(

@@ -258,6 +258,10 @@ class Worker:
         finally:
             for future in [*waiters, *events]:
                 future.cancel()
+            if self._stopped.is_set():  # redis-py may not end a cancelled BLPOP at once
+                for future in waiters:  # (Python 3.11); when stopping, do not wait for it
+                    future.add_done_callback(_retrieve)
+                waiters = []
             await asyncio.gather(*waiters, *events, return_exceptions=True)
         for future in done:
             if future in waiters and future.exception() is not None:
@@ -314,9 +318,16 @@ class Worker:
     async def _drain(self, fetcher: asyncio.Task[None]) -> None:
         self.draining = True
         self._stopped.set()
-        fetcher.cancel()
+        self._slot_free.set()  # a fetcher waiting for room sees the stop and ends
+        # Not cancelled: a fetch cut short would strand the completions it carries (their
+        # handlers would wait for them until the shutdown timeout) and the tasks it took.
+        if not (await asyncio.wait([fetcher], timeout=15))[0]:
+            fetcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await fetcher
+        self.settler.direct = True  # no fetch loop carries completions any more
+        with contextlib.suppress(BrokerError):
+            await self.settler.flush()
         if self._buffer:
             await self.settler.requeue(list(self._buffer))
             self._buffer.clear()
@@ -370,3 +381,9 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in signals:
             loop.remove_signal_handler(sig)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Consume the outcome of a wait nobody awaits, so asyncio does not log it."""
+    if not future.cancelled():
+        future.exception()
