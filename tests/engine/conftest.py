@@ -55,6 +55,7 @@ def spawn_worker(redis_url: str, namespace: str, tmp_path: Path
     yield spawn
     for worker in started:
         worker.close()
+        print(f"--- log of worker {worker.pid} ---\n{worker.log()}")  # shown on failure
 
 
 # -- Redis Cluster ------------------------------------------------------------------------
@@ -67,7 +68,7 @@ def _redis_binary(name: str) -> str | None:
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[str]:
     """Three masters, no replicas, on free ports; yields a redis+cluster:// URL."""
-    from conftest import missing_tool
+    from support import missing_tool
 
     server, cli = _redis_binary("redis-server"), _redis_binary("redis-cli")
     if not server or not cli:

@@ -55,7 +55,8 @@ class WorkerProcess:
         return self.process.wait(timeout=timeout)
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def close(self) -> None:

@@ -1,0 +1,266 @@
+"""Bad input on every side: what producers pass, what sits in Redis, how a worker is
+configured. Nothing bad may crash a worker or write half a task."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from support import missing_tool, wait_until
+
+import obsq
+from obsq.redis_server import free_port
+
+from .helpers import ROOT, namespace_keys
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda c: c.enqueue("t", {"when": object()}), TypeError),
+    (lambda c: c.enqueue("t", {1, 2}), TypeError),
+    (lambda c: c.enqueue("t", delay=-1), ValueError),
+    (lambda c: c.enqueue("t", queue=""), ValueError),
+    (lambda c: c.enqueue("t", queue="a{b}"), ValueError),
+    (lambda c: c.enqueue(""), ValueError),
+    (lambda c: c.enqueue("t", max_retry=-1), ValueError),
+    (lambda c: c.enqueue("t", max_retry=1.5), ValueError),
+    (lambda c: c.enqueue("t", timeout=0), ValueError),
+    (lambda c: c.enqueue("t", retention=-5), ValueError),
+    (lambda c: c.enqueue("t", unique_for=-5), ValueError),
+    (lambda c: c.enqueue("t", task_id=""), ValueError),
+    (lambda c: c.enqueue("t", delay=1, eta=datetime.datetime.now()), ValueError),
+    (lambda c: c.enqueue("t", headers={"k": 1}), TypeError),
+    # one bad job spoils the batch: nothing of it is written
+    (lambda c: c.enqueue_many([obsq.Job("t", 1), obsq.Job("t", object())]), TypeError),
+    (lambda c: c.enqueue_many([obsq.Job("t", 1, queue="q"), obsq.Job("t", delay=-1)]),
+     ValueError),
+])
+async def test_bad_enqueue_is_rejected_before_anything_is_written(client, raw_redis,
+                                                                  namespace, call,
+                                                                  error) -> None:
+    with pytest.raises(error):
+        await call(client)
+    assert namespace_keys(raw_redis, namespace) == []
+
+
+async def test_a_tampered_payload_goes_to_dead_while_others_run(app, client, start_worker,
+                                                                raw_redis,
+                                                                namespace) -> None:
+    ran: list[object] = []
+
+    @app.task("t")
+    async def handler(task: obsq.Task):
+        ran.append(task.payload)
+
+    bad = await client.enqueue("t", {"ok": False}, max_retry=5)
+    raw_redis.hset(f"{namespace}:{{default}}:t:{bad.id}", "payload", b"\x00not json{")
+    await client.enqueue("t", {"ok": True})
+    await start_worker()
+    await wait_until(lambda: ran == [{"ok": True}])
+    dead = await wait_until(lambda: _in_state(client, bad.id, "dead"))
+    assert dead.error.startswith("PayloadError: payload of task")
+    assert dead.retry_count == 0  # retrying cannot help a payload that does not decode
+    await client.enqueue("t", "after")
+    await wait_until(lambda: "after" in ran)
+
+
+async def test_an_unknown_task_type_is_retried_then_dead(app, client, start_worker) -> None:
+    @app.task("known")
+    async def known(task: obsq.Task):
+        return "ok"
+
+    await start_worker()
+    info = await client.enqueue("unknown:type", max_retry=1, retention=60)
+    retrying = await wait_until(lambda: _in_state(client, info.id, "retry"))
+    assert retrying.error == "UnknownTaskType: no handler is registered for task type " \
+                             "'unknown:type'"
+    # the default backoff of the first retry is 1-2 s
+    dead = await wait_until(lambda: _in_state(client, info.id, "dead"), timeout=10)
+    assert dead.retry_count == 1
+    assert "UnknownTaskType" in dead.error
+    known_info = await client.enqueue("known", retention=60)
+    assert await client.result(known_info, timeout=5) == "ok"
+
+
+async def test_a_result_that_is_not_json_fails_the_task(app, client, start_worker) -> None:
+    @app.task("weird")
+    async def weird(task: obsq.Task):
+        return {"a set": {1, 2}}
+
+    await start_worker()
+    info = await client.enqueue("weird", max_retry=0, retention=60)
+    with pytest.raises(obsq.TaskFailed, match="not JSON-serializable"):
+        await client.result(info, timeout=10)
+    dead = await client.info(info.id)
+    assert dead.error.startswith("TypeError: the result is not JSON-serializable")
+
+
+async def test_a_task_hash_deleted_behind_obsqs_back_is_skipped(app, client, start_worker,
+                                                                raw_redis,
+                                                                namespace) -> None:
+    ran: list[object] = []
+
+    @app.task("t")
+    async def handler(task: obsq.Task):
+        ran.append(task.payload)
+
+    ghost = await client.enqueue("t", "ghost")
+    await client.enqueue("t", "real")
+    raw_redis.delete(f"{namespace}:{{default}}:t:{ghost.id}")
+    assert raw_redis.llen(f"{namespace}:{{default}}:pending") == 2
+    await start_worker()
+    await wait_until(lambda: ran == ["real"])
+    assert raw_redis.llen(f"{namespace}:{{default}}:pending") == 0
+    assert not raw_redis.zscore(f"{namespace}:{{default}}:lease", ghost.id)
+    await client.enqueue("t", "after")
+    await wait_until(lambda: ran == ["real", "after"])
+
+
+@pytest.mark.parametrize("field, junk", [
+    ("opts", b"{not json"), ("opts", b"[1, 2]"), ("opts", b'{"max_retry": "x", "timeout": -1}'),
+    ("headers", b"\xff\xfe"), ("headers", b"[]"),
+])
+async def test_garbage_in_stored_fields_falls_back_to_defaults(app, client, start_worker,
+                                                               raw_redis, namespace, field,
+                                                               junk) -> None:
+    seen: list[tuple] = []
+
+    @app.task("t", max_retry=3)
+    async def handler(task: obsq.Task):
+        seen.append((task.max_retry, task.timeout, task.headers, task.payload))
+        return "fine"
+
+    info = await client.enqueue("t", "p", timeout=9, max_retry=1, headers={"h": "v"})
+    raw_redis.hset(f"{namespace}:{{default}}:t:{info.id}", field, junk)
+    stored = await client.info(info.id)  # info() can show the task
+    assert (stored.state, stored.payload) == ("pending", "p")
+    await start_worker()
+    await wait_until(lambda: seen)
+    if field == "opts":  # the route's max_retry, the default timeout
+        assert seen == [(3, obsq.execution.DEFAULT_TIMEOUT, {"h": "v"}, "p")]
+    else:
+        assert seen == [(1, 9, {}, "p")]
+    await wait_until(lambda: not raw_redis.exists(f"{namespace}:{{default}}:t:{info.id}"))
+
+
+async def test_garbage_in_the_retry_count_does_not_stop_the_worker(app, client, start_worker,
+                                                                  raw_redis,
+                                                                  namespace) -> None:
+    ran: list[object] = []
+
+    @app.task("t")
+    async def handler(task: obsq.Task):
+        ran.append((task.payload, task.retry_count))
+
+    info = await client.enqueue("t", "odd")
+    raw_redis.hset(f"{namespace}:{{default}}:t:{info.id}", "retried", b"lots")
+    await start_worker()
+    await client.enqueue("t", "next")
+    await wait_until(lambda: ("next", 0) in ran)
+    await wait_until(lambda: [p for p, _ in ran].count("odd") == 1)
+
+
+# -- worker configuration -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [
+    {"concurrency": 0},
+    {"concurrency": -3},
+    {"queues": ""},
+    {"queues": "default=0"},
+    {"queues": "default=x"},
+    {"queues": "bad{name}=1"},
+    {"queues": {"default": -1}},
+    {"lease_seconds": 0},
+    {"shutdown_timeout": -1},
+    {"max_recoveries": -1},
+    {"namespace": "a{b}"},
+    {"redis_url": "nonsense"},
+    {"redis_url": "http://localhost:6379"},
+])
+def test_worker_with_bad_options_raises_configuration_error(app, options) -> None:
+    with pytest.raises(obsq.ConfigurationError):
+        obsq.Worker(app, **{"redis_url": "redis://127.0.0.1:6379/0", **options})
+
+
+async def test_worker_run_against_unreachable_redis_raises_configuration_error(app) -> None:
+    worker = obsq.Worker(app, redis_url=f"redis://127.0.0.1:{free_port()}/0",
+                         metrics=False, tracing=False, handle_signals=False)
+    with pytest.raises(obsq.ConfigurationError, match="cannot reach Redis"):
+        await asyncio.wait_for(worker.run(), timeout=20)
+
+
+def _run_worker_cli(redis_url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "obsq", "worker", "tests.engine.apps:app", "--redis-url",
+         redis_url, "--http-port", "0", "--no-metrics", "--no-tracing"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+def _one_clear_line(result: subprocess.CompletedProcess[str], *expected: str) -> str:
+    assert result.returncode != 0
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert "Traceback" not in lines[0]
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+def test_worker_cli_exits_with_one_line_for_an_unreachable_redis() -> None:
+    line = _one_clear_line(_run_worker_cli(f"redis://127.0.0.1:{free_port()}/0"),
+                           "cannot reach Redis")
+    assert "127.0.0.1" in line
+
+
+def test_worker_cli_exits_with_one_line_for_a_malformed_url() -> None:
+    _one_clear_line(_run_worker_cli("nonsense"), "nonsense", "not a URL")
+
+
+@pytest.fixture
+def redis_with_password() -> Iterator[tuple[int, str]]:
+    server = shutil.which("redis-server")
+    if not server:
+        missing_tool("redis-server is not on PATH")
+    port = free_port()
+    directory = tempfile.TemporaryDirectory(prefix="obsq-auth-")
+    process = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+         "no", "--dir", directory.name, "--requirepass", "s3cret"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        r = redis.Redis(port=port, password="s3cret")
+        for _ in range(500):
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        r.close()
+        yield port, "s3cret"
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        directory.cleanup()
+
+
+def test_worker_cli_exits_with_one_line_for_a_wrong_password(redis_with_password) -> None:
+    port, _ = redis_with_password
+    line = _one_clear_line(_run_worker_cli(f"redis://:wrong@127.0.0.1:{port}/0"),
+                           "refused the credentials")
+    assert "wrong" not in line  # the password is not printed
+    line = _one_clear_line(_run_worker_cli(f"redis://127.0.0.1:{port}/0"))
+    assert "Redis" in line and "auth" in line.lower()
+
+
+async def _in_state(client: obsq.Client, task_id: str, state: str) -> obsq.TaskInfo | None:
+    info = await client.info(task_id)
+    return info if info.state == state else None
+
