@@ -7,9 +7,11 @@ any language can produce or inspect them and a tampered entry fails loudly.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
+import re
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -23,17 +25,24 @@ if TYPE_CHECKING:
 
 STATES = ("pending", "active", "scheduled", "retry", "dead", "completed")
 MAX_NAME_LENGTH = 200
+_FORBIDDEN = re.compile(r"[{}\x00-\x1f]")
 
 
 def new_task_id() -> str:
-    return uuid.uuid4().hex
+    """128 random bits as 32 hex digits (a uuid4's entropy, a quarter of its cost)."""
+    return os.urandom(16).hex()
 
 
 def validate_name(kind: str, value: str) -> str:
     """Queue names become Redis Cluster hash tags, so braces would split a queue across slots."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{kind} must be a non-empty string, got {value!r}")
-    if len(value) > MAX_NAME_LENGTH or any(c in value for c in "{}\n\r\0"):
+    return _checked_name(kind, value)
+
+
+@functools.lru_cache(maxsize=4096)  # the same few types and queues, checked per enqueue
+def _checked_name(kind: str, value: str) -> str:
+    if len(value) > MAX_NAME_LENGTH or _FORBIDDEN.search(value):
         raise ValueError(f"{kind} {value!r} must be at most {MAX_NAME_LENGTH} characters "
                          "without braces or control characters")
     return value
