@@ -7,6 +7,7 @@ BrokerError, which decides whether to retry.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from obsq.broker.connection import create_client
@@ -230,11 +232,21 @@ class Broker:
         results = await self._scripts(calls)
         return {q: [i.decode() for i in r] for q, r in zip(attempts, results)}
 
-    async def wait_for_work(self, queue: str, timeout: float) -> bool:
-        """Block until a producer signals `queue` (or `timeout` passes, then False)."""
-        reply = await self._guard("wait_for_work",
-                                  self.redis.blpop([self.keys(queue).wake], timeout=timeout))
-        return reply is not None
+    async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
+        """Block until a producer signals one of `queues` (False after `timeout`). One BLPOP
+        on all wake lists; on a Cluster, whose keys live in different slots, one per queue."""
+        if not isinstance(self.redis, RedisCluster) or len(queues) == 1:
+            reply = await self._guard("wait_for_work", self.redis.blpop(
+                [self.keys(q).wake for q in queues], timeout=timeout))
+            return reply is not None
+        waiters = [asyncio.ensure_future(self.wait_for_work([q], timeout)) for q in queues]
+        try:
+            done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+        return any(w.result() for w in done)
 
     async def set_progress(self, queue: str, task_id: str, state: Any, ttl: float) -> None:
         await self._guard("set_progress", self.redis.set(
@@ -247,6 +259,8 @@ class Broker:
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(g.workers, {worker_id: int(time.time() * 1000)})
         pipe.set(g.worker(worker_id), orjson.dumps(description), px=int(ttl * 1000))
+        if description.get("queues"):  # again each time: a Redis that restarted empty has
+            pipe.sadd(g.queues, *description["queues"])  # lost the set the sweeps go through
         await self._guard("heartbeat", pipe.execute())
 
     async def deregister(self, worker_id: str) -> None:
