@@ -1,0 +1,78 @@
+"""Redis stopped and started again under a running worker. The new Redis is empty: no
+scripts, no registered queues, no heartbeats. The worker must ride it out and go on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from support import wait_until
+
+import obsq
+
+
+async def test_the_worker_rides_out_a_redis_restart(app, namespace, private_redis,
+                                                    start_worker) -> None:
+    ran: list[str] = []
+    errors: list[str] = []
+    app.on_redis_error(lambda operation, exc: errors.append(operation))
+
+    @app.task("t")
+    async def handler(task: obsq.Task):
+        ran.append(task.payload)
+        return task.payload
+
+    client = obsq.Client(private_redis.url, namespace, app=app, instrument=False)
+    try:
+        worker = await start_worker(redis_url=private_redis.url, queues="default,other")
+        running = next(t for t in asyncio.all_tasks() if t.get_coro().__qualname__ ==
+                       "Worker.run")
+        await client.enqueue("t", "before")
+        await wait_until(lambda: ran == ["before"])
+
+        private_redis.stop()
+        with pytest.raises(obsq.BrokerError):
+            await client.enqueue("t", "while down")
+        with pytest.raises(obsq.BrokerError):
+            await client.info("anything")
+        await wait_until(lambda: errors, timeout=10)  # the worker noticed
+        await asyncio.sleep(0.5)  # let the worker fail a few rounds against a dead port
+        assert not running.done()
+
+        private_redis.start()  # the same port, empty
+
+        async def enqueued(payload: str, **options) -> obsq.TaskInfo | None:
+            try:
+                return await client.enqueue("t", payload, **options)
+            except obsq.BrokerError:
+                return None  # a pooled connection from before the restart
+
+        await wait_until(lambda: enqueued("after"), timeout=10)
+        await wait_until(lambda: "after" in ran, timeout=15)
+        # scripts were loaded again (NOSCRIPT), and so were the sweeps' queues: a delayed
+        # task, and one on the worker's other queue, run too
+        delayed = await client.enqueue("t", "delayed", delay=0.2, retention=60)
+        other = await client.enqueue("t", "other queue", queue="other", retention=60)
+        assert await client.result(delayed, timeout=15) == "delayed"
+        assert await client.result(other, timeout=15) == "other queue"
+        assert "while down" not in ran
+        assert not running.done()
+        assert worker.heartbeat.failures == 0
+    finally:
+        await client.close()
+
+
+async def test_a_producer_gets_broker_error_while_redis_is_down(app, namespace,
+                                                              private_redis) -> None:
+    client = obsq.Client(private_redis.url, namespace, app=app, instrument=False)
+    try:
+        first = await client.enqueue("t", 1)
+        private_redis.stop()
+        for call in (lambda: client.enqueue("t", 2), lambda: client.info(first.id),
+                     lambda: client.result(first, timeout=1),
+                     lambda: client.enqueue_many([obsq.Job("t", 3, queue="new")])):
+            with pytest.raises(obsq.BrokerError) as caught:
+                await call()
+            assert caught.value.operation
+    finally:
+        await client.close()
