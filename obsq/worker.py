@@ -249,8 +249,8 @@ class Worker:
         self._slot_free.clear()
         if self.settler.acks_waiting.is_set():
             return
-        waiters = [asyncio.ensure_future(self.broker.wait_for_work(q, WAIT_TIMEOUT))
-                   for q in self.queues]
+        waiters = [asyncio.ensure_future(self.broker.wait_for_work(list(self.queues),
+                                                                   WAIT_TIMEOUT))]
         events = [asyncio.ensure_future(e.wait()) for e in (self._stopped, self._slot_free)]
         try:
             done, _ = await asyncio.wait([*waiters, *events],
