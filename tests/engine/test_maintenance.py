@@ -1,0 +1,121 @@
+"""The maintenance sweeps: forwarder (due tasks to pending), janitor (retention) and the
+lock that lets one process at a time run each sweep."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from support import wait_until
+
+import obsq
+from obsq.broker import Broker
+from obsq.maintenance import Forwarder, Janitor
+
+
+async def test_the_forwarder_moves_delayed_tasks_on_time(app, client, start_worker) -> None:
+    ran_at: dict[int, float] = {}
+
+    @app.task("later")
+    async def later(task: obsq.Task):
+        ran_at[task.payload] = time.time()
+
+    await start_worker()
+    enqueued_at = time.time()
+    infos = await client.enqueue_many([obsq.Job("later", n, delay=0.3 * n)
+                                       for n in range(1, 5)])
+    assert all(i.state == "scheduled" for i in infos)
+    await wait_until(lambda: len(ran_at) == 4, timeout=10)
+    for n, at in ran_at.items():
+        due = enqueued_at + 0.3 * n
+        assert at >= due - 0.05, f"task {n} ran {due - at:.3f} s early"
+        assert at <= due + 1.0, f"task {n} ran {at - due:.3f} s late"  # a sweep, not polling
+
+
+async def test_the_forwarder_moves_due_retries_and_scheduled_tasks(client, broker: Broker,
+                                                                   namespace) -> None:
+    info = await client.enqueue("t", delay=0.05)
+    forwarder = Forwarder(broker, "test-forwarder", interval=0.05)
+    forwarder.start()
+    try:
+        await wait_until(lambda: _state(client, info.id, "pending"), timeout=5)
+    finally:
+        await forwarder.stop()
+    stats = (await broker.queue_stats(["default"]))["default"]["depth"]
+    assert (stats["scheduled"], stats["pending"]) == (0, 1)
+
+
+async def test_the_janitor_deletes_completed_tasks_after_retention(app, client, broker: Broker,
+                                                                   start_worker, raw_redis,
+                                                                   namespace) -> None:
+    @app.task("t")
+    async def handler(task: obsq.Task):
+        if task.payload == "fail":
+            raise obsq.SkipRetry("dead on purpose")
+        return task.payload
+
+    worker = await start_worker()
+    short = await client.enqueue("t", "short", retention=0.5)
+    long = await client.enqueue("t", "long", retention=600)
+    assert await client.result(short, timeout=10) == "short"
+    assert await client.result(long, timeout=10) == "long"
+    dead = []
+    for _ in range(3):  # one after the other, so they die in this order
+        dead.append(await client.enqueue("t", "fail"))
+        await wait_until(lambda: _state(client, dead[-1].id, "dead"))
+    worker.stop()  # it releases its janitor lock
+    await wait_until(lambda: not raw_redis.exists(f"{namespace}:lock:janitor"))
+
+    janitor = Janitor(broker, "test-janitor", dead_max_count=2, interval=0.1)
+    janitor.start()
+    try:
+        short_key = f"{namespace}:{{default}}:t:{short.id}"
+        await wait_until(lambda: not raw_redis.exists(short_key), timeout=10)
+        await wait_until(lambda: _depth(broker, "dead", 2))
+    finally:
+        await janitor.stop()
+    assert not raw_redis.zscore(f"{namespace}:{{default}}:completed", short.id)
+    assert (await client.info(long.id)).result == "long"  # still within its retention
+    # the oldest dead task went first
+    assert [i.id for i in dead[1:]] == await broker.list_tasks("default", "dead", 10)
+    assert not raw_redis.exists(f"{namespace}:{{default}}:t:{dead[0].id}")
+
+
+async def test_only_one_worker_holds_the_recoverer_lock(app, raw_redis, namespace,
+                                                        start_worker) -> None:
+    first = await start_worker()
+    second = await start_worker()
+    lock = f"{namespace}:lock:recoverer"
+    holder = await wait_until(lambda: raw_redis.get(lock))
+    assert holder in (first.id.encode(), second.id.encode())
+    for _ in range(20):  # it stays with that one while it lives
+        assert raw_redis.get(lock) == holder
+        assert 0 < raw_redis.pttl(lock) <= 5000
+        await asyncio.sleep(0.05)
+    for name in ("forwarder", "janitor"):
+        assert raw_redis.get(f"{namespace}:lock:{name}") in (first.id.encode(),
+                                                             second.id.encode())
+
+    # the holder stops (and releases its locks): the other takes over
+    leaving, staying = (first, second) if holder == first.id.encode() else (second, first)
+    leaving.stop()
+    await wait_until(lambda: raw_redis.get(lock) == staying.id.encode(), timeout=10)
+
+
+async def test_a_lock_is_taken_by_one_owner_at_a_time(broker: Broker) -> None:
+    assert await broker.try_lock("sweep", "a", 5)
+    assert not await broker.try_lock("sweep", "b", 5)
+    assert await broker.try_lock("sweep", "a", 5)  # the holder keeps it
+    await broker.release_lock("sweep", "b")  # not b's to release
+    assert not await broker.try_lock("sweep", "b", 5)
+    await broker.release_lock("sweep", "a")
+    assert await broker.try_lock("sweep", "b", 0.1)
+    await wait_until(lambda: broker.try_lock("sweep", "a", 5), timeout=5)  # b's lapsed
+
+
+async def _state(client: obsq.Client, task_id: str, state: str) -> bool:
+    return (await client.info(task_id)).state == state
+
+
+async def _depth(broker: Broker, state: str, expected: int) -> bool:
+    return (await broker.queue_stats(["default"]))["default"]["depth"][state] == expected
