@@ -110,6 +110,8 @@ class Broker:
         """Several script calls (name, keys, args) in one round trip."""
         if len(calls) == 1:
             return [await self._script(*calls[0])]
+        if isinstance(self.redis, RedisCluster):  # its pipelines refuse EVALSHA: the calls
+            return list(await asyncio.gather(*(self._script(*c) for c in calls)))  # at once
         try:
             pipe = self.redis.pipeline(transaction=False)
             for name, keys, args in calls:
