@@ -1,0 +1,159 @@
+"""obsq on a three-node Redis Cluster (redis+cluster://): every queue is one hash slot, and
+the queues below live on different nodes, so every script must stay inside one slot and
+every multi-key call must be split by slot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+from support import wait_until
+
+import obsq
+from obsq.admin import stats_table
+from obsq.broker import Broker
+
+QUEUES = ("alpha", "beta", "delta")  # slots 865, 15419 and 9053: one on each master
+
+
+@pytest.fixture
+def cluster_raw(redis_cluster: str) -> Iterator[RedisCluster]:
+    r = RedisCluster.from_url(redis_cluster.replace("redis+cluster://", "redis://"))
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def cluster_ns(cluster_raw: RedisCluster) -> Iterator[str]:
+    ns = f"c{uuid.uuid4().hex[:10]}"
+    yield ns
+    for key in list(cluster_raw.scan_iter(match=f"{ns}:*", count=1000)):
+        cluster_raw.delete(key)
+
+
+@pytest.fixture
+def cluster_app(cluster_ns: str) -> obsq.App:
+    return obsq.App(namespace=cluster_ns)
+
+
+@pytest.fixture
+async def cluster_client(redis_cluster: str, cluster_ns: str, cluster_app: obsq.App
+                         ) -> AsyncIterator[obsq.Client]:
+    client = obsq.Client(redis_cluster, cluster_ns, app=cluster_app, instrument=False)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def cluster_broker(redis_cluster: str, cluster_ns: str) -> AsyncIterator[Broker]:
+    broker = Broker(redis_cluster, cluster_ns)
+    yield broker
+    await broker.close()
+
+
+def test_the_test_queues_live_on_different_nodes(cluster_raw: RedisCluster) -> None:
+    nodes = {cluster_raw.get_node_from_key(f"ns:{{{q}}}:pending").name for q in QUEUES}
+    assert len(nodes) == 3
+    assert len({key_slot(f"ns:{{{q}}}:pending".encode()) for q in QUEUES}) == 3
+
+
+async def test_enqueue_work_result_retry_and_delay_on_a_cluster(
+        redis_cluster, cluster_ns, cluster_app, cluster_client, cluster_raw,
+        start_worker) -> None:
+    app, client = cluster_app, cluster_client
+
+    @app.task("echo")
+    async def echo(task: obsq.Task):
+        await task.update_state({"queue": task.queue})
+        return {"queue": task.queue, "payload": task.payload}
+
+    @app.task("flaky", retry_delay=0.1)
+    async def flaky(task: obsq.Task):
+        if task.retry_count == 0:
+            raise RuntimeError("first attempt fails")
+        return task.retry_count
+
+    @app.task("hopeless")
+    async def hopeless(task: obsq.Task):
+        raise obsq.SkipRetry("never")
+
+    worker = await start_worker(app, redis_url=redis_cluster, namespace=cluster_ns,
+                                queues={q: 1 for q in QUEUES})
+    for queue in QUEUES:
+        info = await client.enqueue("echo", queue, queue=queue, retention=60)
+        assert await client.result(info, timeout=15) == {"queue": queue, "payload": queue}
+        stored = await client.info(info.id)  # found by id alone, across the slots
+        assert (stored.state, stored.queue, stored.progress) == ("completed", queue,
+                                                                 {"queue": queue})
+    retried = await client.enqueue("flaky", queue="beta", retention=60)
+    assert await client.result(retried, timeout=15) == 1
+    assert (await client.info(retried.id)).retry_count == 1
+
+    start = time.time()
+    delayed = await client.enqueue("echo", "later", queue="alpha", delay=0.3, retention=60)
+    assert (await client.info(delayed.id)).state == "scheduled"
+    assert (await client.result(delayed, timeout=15))["payload"] == "later"
+    assert time.time() >= start + 0.3 - 0.05
+
+    dead = await client.enqueue("hopeless", queue="delta", retention=60)
+    with pytest.raises(obsq.TaskFailed, match="never"):
+        await client.result(dead, timeout=15)
+
+    many = await client.enqueue_many(
+        [obsq.Job("echo", i, queue=QUEUES[i % 3], retention=60) for i in range(30)]
+        + [obsq.Job("echo", "u", queue="alpha", unique_for=60),
+           obsq.Job("echo", "u", queue="alpha", unique_for=60)])
+    assert [m.duplicate for m in many[-2:]] == [False, True]
+    results = await asyncio.gather(*(client.result(m, timeout=15) for m in many[:30]))
+    assert [r["payload"] for r in results] == list(range(30))
+
+    # every key obsq wrote carries its queue's hash tag (or is one of the global keys)
+    for key in cluster_raw.scan_iter(match=f"{cluster_ns}:*", count=1000):
+        name = key.decode()
+        assert any(f":{{{q}}}:" in name for q in QUEUES) or name.split(":")[1] in (
+            "queues", "workers", "worker", "lock"), name
+    assert worker.heartbeat.failures == 0
+    stats = await client.broker.queue_stats(list(QUEUES))
+    assert stats["delta"]["depth"]["dead"] == 1
+
+
+async def test_workers_and_stats_on_a_cluster(redis_cluster, cluster_ns, cluster_app,
+                                              cluster_broker, start_worker) -> None:
+    workers = [await start_worker(cluster_app, redis_url=redis_cluster, namespace=cluster_ns,
+                                  queues=",".join(QUEUES)) for _ in range(3)]
+    described = await cluster_broker.workers()
+    assert sorted(w["id"] for w in described) == sorted(w.id for w in workers)
+    table = await stats_table(cluster_broker)
+    assert "3 live worker(s)" in table
+    for queue in QUEUES:
+        assert queue in table
+
+
+async def test_a_lost_workers_tasks_are_recovered_on_a_cluster(
+        redis_cluster, cluster_ns, cluster_app, cluster_client, cluster_broker, cluster_raw,
+        start_worker) -> None:
+    @cluster_app.task("echo")
+    async def echo(task: obsq.Task):
+        return task.payload
+
+    infos = []
+    for i, queue in enumerate(QUEUES):
+        infos.append(await cluster_client.enqueue("echo", queue, queue=queue, retention=60))
+        # taken by workers that then vanished without a trace (their heartbeat keys,
+        # in other slots, are gone), with leases far from expiry
+        await cluster_broker.dequeue(queue, 1, f"ghost-{i}", lease_seconds=600)
+    old = int((time.time() - 60) * 1000)
+    cluster_raw.zadd(f"{cluster_ns}:workers", {f"ghost-{i}": old for i in range(3)})
+    for info in infos:
+        assert (await cluster_client.info(info.id)).state == "active"
+
+    await start_worker(cluster_app, redis_url=redis_cluster, namespace=cluster_ns,
+                       queues=",".join(QUEUES))
+    for info in infos:
+        assert await cluster_client.result(info, timeout=20) == info.queue
+    await wait_until(lambda: not cluster_raw.zrangebyscore(f"{cluster_ns}:workers", 0, old))
