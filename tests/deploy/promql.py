@@ -57,15 +57,15 @@ VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]")
 
 
 def substitute(expr: str, values: dict[str, str] | None = None) -> str:
-    """Replace Grafana variables: built-in intervals by durations, others by `values`
-    (default `.*`, which matches every label value in a `=~` matcher)."""
+    """Replace Grafana variables by `values`, else built-in intervals by the durations of
+    BUILTINS, else by `.*` (which matches every label value in a `=~` matcher)."""
     values = values or {}
 
     def replace(match: re.Match[str]) -> str:
         name = match.group(1) or match.group(2) or match.group(3)
-        if name in BUILTINS:
-            return BUILTINS[name]
-        return values.get(name, ".*")
+        if name in values:
+            return values[name]
+        return BUILTINS.get(name, ".*")
 
     return VARIABLE.sub(replace, expr)
 

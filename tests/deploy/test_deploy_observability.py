@@ -241,6 +241,7 @@ def test_substitute_grafana_variables() -> None:
         'sum(rate(obsq_tasks_processed_total{queue=~".*", task=~".*"}[1m]))'
     )
     assert substitute('x{queue=~"[[queue]]"}', {"queue": "default"}) == 'x{queue=~"default"}'
+    assert substitute("rate(x[$__rate_interval])", {"__rate_interval": "15s"}) == "rate(x[15s])"
 
 
 def test_metric_names_fold_histogram_series_only() -> None:

@@ -135,7 +135,8 @@ def stop_process(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
 
 class PrometheusServer:
     """The `prometheus` binary on a free loopback port, scraping `targets` every second,
-    with its TSDB in `directory`. `query()` and `wait_for()` use its HTTP API."""
+    with its TSDB in `directory`, evaluating `rule_files` as often. `api()`, `reply()`,
+    `query()` and `wait_for()` use its HTTP API."""
 
     def __init__(self, binary: str, directory: Path, targets: Iterable[str], *,
                  scrape_interval: str = "1s", rule_files: Iterable[str | Path] = (),
@@ -181,11 +182,24 @@ class PrometheusServer:
         raise RuntimeError(f"prometheus not ready in {timeout} s: {self.log.read_text()[-2000:]}")
 
     def api(self, path: str, **params: Any) -> Any:
+        """The `data` of a successful reply; an AssertionError carrying Prometheus's error
+        (bad_data, execution, ...) otherwise."""
+        return self.reply(path, **params)["data"]
+
+    def reply(self, path: str, **params: Any) -> dict[str, Any]:
+        """The whole JSON reply (status, data, warnings), asserted successful."""
         url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            reply = json.loads(response.read())
-        assert reply["status"] == "success", reply
-        return reply["data"]
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                reply = json.loads(response.read())
+        except urllib.error.HTTPError as exc:  # 400/422/503 carry a JSON error body
+            body = exc.read()
+            try:
+                reply = json.loads(body)
+            except ValueError:
+                reply = {"status": "error", "error": f"HTTP {exc.code}: {body[:500]!r}"}
+        assert reply.get("status") == "success", f"{path} {params}: {reply}"
+        return reply
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """Instant vector: [{"metric": {...}, "value": [ts, "v"]}, ...]."""
