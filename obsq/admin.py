@@ -7,6 +7,7 @@ import time
 
 from obsq.broker import TASK_STATES, Broker
 from obsq.client import Client
+from obsq.errors import ConfigurationError
 from obsq.task import validate_name
 
 
@@ -19,15 +20,23 @@ async def run(command: str, redis_url: str, namespace: str, args: argparse.Names
         elif command == "tasks":
             print(await tasks_table(broker, namespace, args.queue, args.state, args.limit))
         elif command == "requeue":
-            moved = await broker.revive(validate_name("queue", args.queue), args.state,
+            moved = await broker.revive(_queue(args.queue), args.state,
                                         args.ids)
             print(f"moved {moved} task(s) from {args.state} to pending in {args.queue}")
         else:
-            await broker.set_paused(validate_name("queue", args.queue), command == "pause")
+            await broker.set_paused(_queue(args.queue), command == "pause")
             print(f"queue {args.queue} {command}d")
         return 0
     finally:
         await broker.close()
+
+
+def _queue(name: str) -> str:
+    """A queue name from the command line; a bad one is reported in one line."""
+    try:
+        return validate_name("queue", name)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -58,7 +67,7 @@ async def stats_table(broker: Broker) -> str:
 async def tasks_table(broker: Broker, namespace: str, queue: str, state: str, limit: int) -> str:
     client = Client(broker.url, namespace, broker=broker, instrument=False)
     rows = []
-    for task_id in await broker.list_tasks(validate_name("queue", queue), state, limit):
+    for task_id in await broker.list_tasks(_queue(queue), state, limit):
         info = await client.info(task_id, queue)
         when = info.next_run_at or info.completed_at or info.enqueued_at
         rows.append([info.id, info.type, str(info.retry_count),
