@@ -216,9 +216,19 @@ def test_worker_container(rendered: Render) -> None:
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert mounts["tmp"] == "/tmp"
-    assert mounts["metrics"] == env["PROMETHEUS_MULTIPROC_DIR"] == "/var/run/obsq-metrics"
+    assert mounts["metrics"] == "/var/run/obsq-metrics"
     assert volumes["tmp"]["emptyDir"] == {} and volumes["metrics"]["emptyDir"] == {}
     assert pod["automountServiceAccountToken"] is False
+    # multiprocess mode (which drops exemplars) only for more than one process
+    assert ("PROMETHEUS_MULTIPROC_DIR" in env) == (env["OBSQ_PROCESSES"] != "1")
+
+
+def test_multiprocess_metrics_directory_only_with_several_processes(helm: str) -> None:
+    env = env_of(container(helm_template(helm, "--set", "worker.processes=3").one(
+        "Deployment", "-worker")))
+    assert env["PROMETHEUS_MULTIPROC_DIR"] == "/var/run/obsq-metrics"
+    assert "PROMETHEUS_MULTIPROC_DIR" not in env_of(container(helm_template(helm).one(
+        "Deployment", "-worker")))
 
 
 def test_worker_environment_defaults(helm: str) -> None:
