@@ -242,3 +242,78 @@ async def test_route_defaults_apply_when_the_client_has_the_app(app, client, sta
     async with obsq.Client(redis_url, namespace, instrument=False) as bare:
         plain = await bare.enqueue("routed")
     assert plain.queue == "default"
+
+
+async def test_payloads_headers_and_names_round_trip_exactly(app, client, start_worker,
+                                                             raw_redis, namespace) -> None:
+    seen: dict[str, tuple] = {}
+
+    @app.task("échange:données")
+    async def handler(task: obsq.Task):
+        seen[task.id] = (task.payload, task.headers, task.queue, task.type)
+        return task.payload
+
+    payloads = [
+        None, True, 0, -1, 2**53 + 1, -(2**63), 1.5, 1e-300, "", "plain",
+        "ünïcødé ✓ 😀 中文", "quote \" backslash \\ newline \n tab \t nul \x00",
+        '{"looks": "like json"}', [1, [2, [3, [4]]]], {"nested": {"list": [{"a": None}]}},
+        "x" * 1_000_000,
+    ]
+    jobs = [obsq.Job("échange:données", p, queue="file:à:traiter", task_id=f"id:{i}:ü",
+                     headers={"clé": "välue ✓", "empty": ""}, retention=60)
+            for i, p in enumerate(payloads)]
+    infos = await client.enqueue_many(jobs)
+    assert not any(i.duplicate for i in infos)
+    await start_worker(queues="file:à:traiter")
+    for i, p in enumerate(payloads):
+        assert await client.result(infos[i], timeout=10) == p
+        assert seen[f"id:{i}:ü"] == (p, {"clé": "välue ✓", "empty": ""}, "file:à:traiter",
+                                     "échange:données")
+    stored = await client.info("id:15:ü")
+    assert stored.payload == "x" * 1_000_000
+
+
+async def test_enqueue_many_in_large_batches(app, client, start_worker, broker) -> None:
+    done: set[int] = set()
+
+    @app.task("n")
+    async def n(task: obsq.Task):
+        done.add(task.payload)
+
+    jobs = [obsq.Job("n", i, queue="big" if i % 3 else "small") for i in range(2500)]
+    infos = await client.enqueue_many(jobs)
+    assert [i.queue for i in infos] == [j.queue for j in jobs]
+    assert len({i.id for i in infos}) == 2500
+    stats = await broker.queue_stats(["big", "small"])
+    assert stats["big"]["depth"]["pending"] + stats["small"]["depth"]["pending"] == 2500
+    await start_worker(queues="big,small", concurrency=20)
+    await wait_until(lambda: len(done) == 2500, timeout=30)
+
+
+async def test_producer_hooks_wrap_every_write(app, client, start_worker) -> None:
+    calls: list[str] = []
+
+    @client.use
+    async def outer(messages, call_next):
+        calls.append(f"outer {len(messages)}")
+        for m in messages:
+            assert m.id  # ids are known before the write
+            m.headers["trace"] = f"t-{m.id}"
+        infos = await call_next(messages)
+        calls.append("outer done")
+        return infos
+
+    @client.use
+    async def inner(messages, call_next):
+        calls.append("inner")
+        return await call_next(messages)
+
+    @app.task("h")
+    async def h(task: obsq.Task):
+        return task.headers["trace"]
+
+    await start_worker()
+    info = await client.enqueue("h", retention=60)
+    assert await client.result(info, timeout=10) == f"t-{info.id}"
+    await client.enqueue_many([obsq.Job("h"), obsq.Job("h")])
+    assert calls == ["outer 1", "inner", "outer done", "outer 2", "inner", "outer done"]

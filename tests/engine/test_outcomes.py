@@ -1,0 +1,122 @@
+"""What the outcome and recovery hooks report (metrics and tracing are built on them), and
+leases held for as long as a handler runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+from support import wait_until
+
+import obsq
+from obsq.broker import Broker
+
+
+async def test_outcome_hooks_see_every_settled_attempt(app, client, redis_url,
+                                                       start_worker) -> None:
+    outcomes: list[tuple[str, str, str | None]] = []
+    app.on_outcome(lambda task, outcome, error: outcomes.append(
+        (task.payload, outcome, type(error).__name__ if error else None)))
+
+    @app.on_outcome
+    def broken_hook(task, outcome, error):
+        raise RuntimeError("a failing hook must not break the worker")
+
+    release = asyncio.Event()
+
+    @app.task("t", retry_delay=0)
+    async def handler(task: obsq.Task):
+        if task.payload == "fails once" and task.retry_count == 0:
+            raise ValueError("once")
+        if task.payload == "dies":
+            raise obsq.SkipRetry("no")
+        if task.payload == "blocks":
+            await release.wait()
+        return task.payload
+
+    worker = obsq.Worker(app, redis_url, concurrency=4, shutdown_timeout=0.2, metrics=False,
+                         tracing=False, handle_signals=False)
+    running = asyncio.create_task(worker.run())
+    for payload in ("ok", "fails once", "dies"):
+        await client.enqueue("t", payload)
+    await wait_until(lambda: len(outcomes) == 4)
+    assert sorted(outcomes) == sorted([("ok", "success", None),
+                                       ("fails once", "retry", "ValueError"),
+                                       ("fails once", "success", None),
+                                       ("dies", "dead", "SkipRetry")])
+    outcomes.clear()
+    await client.enqueue("t", "blocks")
+    await wait_until(lambda: worker.busy == 1)
+    worker.stop()
+    await asyncio.wait_for(running, timeout=10)
+    assert outcomes == [("blocks", "requeued", None)]
+
+
+async def test_an_attempt_that_lost_its_lease_is_reported_and_refused(
+        app, client, broker: Broker, start_worker) -> None:
+    outcomes: list[str] = []
+    app.on_outcome(lambda task, outcome, error: outcomes.append(outcome))
+    recoveries: list[tuple[str, str, int]] = []
+    app.on_recovery(lambda queue, reason, count: recoveries.append((queue, reason, count)))
+    taken_over = asyncio.Event()
+
+    @app.task("slow")
+    async def slow(task: obsq.Task):
+        if task.retry_count == 0 and not taken_over.is_set():
+            await taken_over.wait()
+            return "from the first attempt"
+        return "from the second attempt"
+
+    worker = await start_worker()
+    info = await client.enqueue("slow", retention=60)
+    await wait_until(lambda: worker.busy == 1)
+    # the cluster decides this worker is gone (as after a network partition)
+    assert await broker.recover("default", max_recoveries=5, batch=100,
+                                lost_workers=[worker.id]) == (1, 0)
+    taken_over.set()
+    assert await client.result(info, timeout=10) == "from the second attempt"
+    await wait_until(lambda: sorted(outcomes) == ["lease_lost", "success"])
+
+
+async def test_a_task_longer_than_its_lease_keeps_it(app, client, start_worker) -> None:
+    runs: list[int] = []
+    recoveries: list[str] = []
+    app.on_recovery(lambda queue, reason, count: recoveries.append(reason))
+
+    @app.task("long")
+    async def long(task: obsq.Task):
+        runs.append(task.retry_count)
+        await asyncio.sleep(2.5)  # more than two leases of 1 s
+        return "done"
+
+    await start_worker(lease_seconds=1)
+    infos = [await client.enqueue("long", i, retention=60) for i in range(3)]
+    for info in infos:
+        assert await client.result(info, timeout=20) == "done"
+    assert runs == [0, 0, 0]  # never taken back and run again
+    assert recoveries == []
+
+
+async def test_prefetched_tasks_keep_their_leases_too(app, client, start_worker) -> None:
+    """While tasks are short a worker fetches ahead into a buffer; a task held there
+    behind a slow one waits longer than its lease, and must not be taken back."""
+    runs: list[object] = []
+    recoveries: list[str] = []
+    app.on_recovery(lambda queue, reason, count: recoveries.append(reason))
+
+    @app.task("t")
+    async def handler(task: obsq.Task):
+        runs.append(task.payload)
+        if str(task.payload).startswith("slow"):
+            await asyncio.sleep(2.2)  # two leases
+
+    await client.enqueue_many([obsq.Job("t", i) for i in range(40)]
+                              + [obsq.Job("t", "slow 1"), obsq.Job("t", "slow 2")])
+    worker = await start_worker(concurrency=1, lease_seconds=1)
+    await wait_until(lambda: "slow 1" in runs, timeout=10)
+    held_back = [t.payload for t in worker._buffer]  # shows the scenario really happened
+    await wait_until(lambda: "slow 2" in runs, timeout=30)
+    await wait_until(lambda: worker.busy == 0, timeout=30)
+    await asyncio.sleep(0.3)  # a duplicate would start as soon as the slot is free
+    assert runs == [*range(40), "slow 1", "slow 2"]
+    assert held_back == ["slow 2"]
+    assert recoveries == []
