@@ -197,10 +197,11 @@ async def test_worker_run_against_unreachable_redis_raises_configuration_error(a
         await asyncio.wait_for(worker.run(), timeout=20)
 
 
-def _run_worker_cli(redis_url: str) -> subprocess.CompletedProcess[str]:
+def _run_worker_cli(redis_url: str, *extra: str,
+                    app: str = "tests.engine.apps:app") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "obsq", "worker", "tests.engine.apps:app", "--redis-url",
-         redis_url, "--http-port", "0", "--no-metrics", "--no-tracing"],
+        [sys.executable, "-m", "obsq", "worker", app, "--redis-url", redis_url,
+         "--http-port", "0", "--no-metrics", "--no-tracing", *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
@@ -222,6 +223,19 @@ def test_worker_cli_exits_with_one_line_for_an_unreachable_redis() -> None:
 
 def test_worker_cli_exits_with_one_line_for_a_malformed_url() -> None:
     _one_clear_line(_run_worker_cli("nonsense"), "nonsense", "not a URL")
+
+
+@pytest.mark.parametrize("extra, app, expected", [
+    (("--queues", "bad{name}=1"), "tests.engine.apps:app", "bad{name}"),
+    (("--queues", "default=zero"), "tests.engine.apps:app", "not an integer"),
+    (("--concurrency", "0"), "tests.engine.apps:app", "concurrency"),
+    ((), "tests.engine.no_such_module:app", "cannot import"),
+    ((), "tests.engine.apps:nothing", "is not an obsq.App"),
+    ((), "tests.engine.apps", "MODULE:APP"),
+])
+def test_worker_cli_exits_with_one_line_for_bad_options(redis_url, extra, app,
+                                                        expected) -> None:
+    _one_clear_line(_run_worker_cli(redis_url, *extra, app=app), expected)
 
 
 @pytest.fixture
