@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import redis
 from support import wait_until
 
 import obsq
@@ -76,3 +77,45 @@ async def test_a_producer_gets_broker_error_while_redis_is_down(app, namespace,
             assert caught.value.operation
     finally:
         await client.close()
+
+
+async def test_connections_dropped_under_load_lose_no_task(app, namespace, private_redis,
+                                                           start_worker) -> None:
+    """Every connection of the worker is killed again and again while it works: replies
+    get lost after Redis acted on them. Tasks may be late (a lost fetch reply leaves its
+    tasks to lease expiry) but none is lost, and none is left behind."""
+    runs: dict[int, int] = {}
+
+    @app.task("t")
+    async def handler(task: obsq.Task):
+        runs[task.payload] = runs.get(task.payload, 0) + 1
+        await asyncio.sleep(0.02)
+
+    total = 1000
+    client = obsq.Client(private_redis.url, namespace, app=app, instrument=False)
+    killer = redis.Redis.from_url(private_redis.url)
+    try:
+        await client.enqueue_many([obsq.Job("t", i) for i in range(total)])
+        await start_worker(redis_url=private_redis.url, concurrency=10, lease_seconds=2)
+        killed = 0
+        for _ in range(30):  # while the worker works
+            await asyncio.sleep(0.1)
+            if len(runs) == total:
+                break
+            killed += killer.client_kill_filter(_type="normal", skipme=True)
+        assert killed >= 10
+        await wait_until(lambda: len(runs) == total, timeout=30)
+        assert min(runs.values()) >= 1
+        stats = await _stats(client)
+        assert stats["active"] == stats["pending"] == 0
+    finally:
+        killer.close()
+        await client.close()
+
+
+async def _stats(client: obsq.Client) -> dict[str, int]:
+    while True:
+        try:
+            return (await client.broker.queue_stats(["default"]))["default"]["depth"]
+        except obsq.BrokerError:
+            await asyncio.sleep(0.05)  # a connection killed by the test
