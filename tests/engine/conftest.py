@@ -74,7 +74,11 @@ def redis_cluster() -> Iterator[str]:
     if not server or not cli:
         missing_tool("redis-server and redis-cli are needed for the Redis Cluster tests")
     directory = tempfile.TemporaryDirectory(prefix="obsq-cluster-")
-    ports = [free_port() for _ in range(3)]
+    ports: list[int] = []
+    while len(ports) < 3:
+        port = _cluster_port()
+        if not {port, port + 10000} & {q for p in ports for q in (p, p + 10000)}:
+            ports.append(port)
     processes = []
     try:
         for port in ports:
@@ -86,9 +90,13 @@ def redis_cluster() -> Iterator[str]:
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         for port in ports:
             _wait_listening(port)
-        subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
-                        "--cluster-replicas", "0", "--cluster-yes"], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60)
+        created = subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True, text=True, timeout=60)
+        if created.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout}"
+                               f"{created.stderr}")
         deadline = time.monotonic() + 30
         while not _cluster_ok(ports):
             if time.monotonic() > deadline:
@@ -101,6 +109,20 @@ def redis_cluster() -> Iterator[str]:
         for process in processes:
             process.wait(timeout=10)
         directory.cleanup()
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is a valid, free port too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
 
 
 def _wait_listening(port: int) -> None:
