@@ -55,6 +55,7 @@ def spawn_worker(redis_url: str, namespace: str, tmp_path: Path
     yield spawn
     for worker in started:
         worker.close()
+    for worker in started:
         print(f"--- log of worker {worker.pid} ---\n{worker.log()}")  # shown on failure
 
 
