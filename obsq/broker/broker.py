@@ -1,134 +1,32 @@
 """The broker: one method per state change, each one Lua script or one plain command.
 
-This is the only code in obsq that speaks Redis. Every failed call is reported to the
-`on_error(operation, exc)` callbacks (the metrics count them) and raised to the caller as
-BrokerError, which decides whether to retry.
+This is the only code in obsq that speaks Redis (with calls.py, which says how).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
-from obsq.broker.connection import create_client
-from obsq.broker.keys import TASK_STATES, GlobalKeys, QueueKeys
-from obsq.broker.scripts import is_noscript, load_scripts
-from obsq.errors import BrokerError, ConfigurationError
+from obsq.broker.calls import RedisCalls
+from obsq.broker.keys import TASK_STATES
 from obsq.task import TaskMessage
 
-ErrorHook = Callable[[str, BaseException], None]
 # queue -> [(id, fence, retention_s, result, unique digest or "")]
 AckBatches = dict[str, list[tuple[str, int, float, bytes, str]]]
 log = logging.getLogger("obsq")
-MIN_REDIS_VERSION = (6, 2)
-SCRIPTS = load_scripts()
 
 # One attempt handed to a worker: id, fence, type, payload, headers, options, retried, due_ms,
 # unique digest.
 RawTask = tuple[str, int, str, bytes, bytes, bytes, int, int, str]
 
 
-class Broker:
-    def __init__(self, url: str, namespace: str, *, client: Any = None) -> None:
-        self.url = url
-        self.namespace = namespace
-        self.redis = client if client is not None else create_client(url)
-        self.global_keys = GlobalKeys(namespace)
-        self._queue_keys: dict[str, QueueKeys] = {}
-        self.on_error: list[ErrorHook] = []
-
-    def keys(self, queue: str) -> QueueKeys:
-        keys = self._queue_keys.get(queue)
-        if keys is None:
-            keys = self._queue_keys[queue] = QueueKeys(self.namespace, queue)
-        return keys
-
-    async def check(self) -> str:
-        """Fail at start with one clear error for a wrong URL, password or Redis version."""
-        try:
-            info = await self.redis.info("server")
-        except AuthenticationError as exc:
-            raise ConfigurationError(f"Redis at {_safe(self.url)} refused the credentials: "
-                                     f"{exc}") from None
-        except (RedisError, OSError) as exc:
-            raise ConfigurationError(f"cannot reach Redis at {_safe(self.url)}: {exc}") from None
-        if "redis_version" not in info:  # a cluster answers per node
-            info = next(iter(info.values()))
-        version = str(info["redis_version"])
-        if tuple(int(p) for p in version.split(".")[:2]) < MIN_REDIS_VERSION:
-            raise ConfigurationError(f"obsq needs Redis 6.2 or newer; {_safe(self.url)} runs "
-                                     f"{version}")
-        return version
-
-    async def close(self) -> None:
-        with contextlib.suppress(RedisError, OSError):
-            await self.redis.aclose()
-
-    # -- plumbing -------------------------------------------------------------------------
-
-    def _failed(self, operation: str, exc: BaseException) -> BrokerError:
-        for hook in self.on_error:
-            hook(operation, exc)
-        return BrokerError(operation, exc)
-
-    async def _guard(self, operation: str, call: Awaitable[Any]) -> Any:
-        try:
-            return await call
-        except (RedisError, OSError) as exc:
-            raise self._failed(operation, exc) from exc
-
-    async def _get_many(self, operation: str, keys: Sequence[str]) -> list[Any]:
-        """GET of keys in different cluster slots, in one round trip (MGET cannot)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.get(key)
-        return await self._guard(operation, pipe.execute())
-
-    async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        script = SCRIPTS[name]
-        try:
-            try:
-                return await self.redis.evalsha(script.sha, len(keys), *keys, *args)
-            except ResponseError as exc:
-                if not is_noscript(exc):
-                    raise
-                await self.redis.script_load(script.source)
-                return await self.redis.evalsha(script.sha, len(keys), *keys, *args)
-        except (RedisError, OSError) as exc:
-            raise self._failed(name, exc) from exc
-
-    async def _scripts(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
-                       ) -> list[Any]:
-        """Several script calls (name, keys, args) in one round trip."""
-        if len(calls) == 1:
-            return [await self._script(*calls[0])]
-        if isinstance(self.redis, RedisCluster):  # its pipelines refuse EVALSHA: the calls
-            return list(await asyncio.gather(*(self._script(*c) for c in calls)))  # at once
-        try:
-            pipe = self.redis.pipeline(transaction=False)
-            for name, keys, args in calls:
-                pipe.evalsha(SCRIPTS[name].sha, len(keys), *keys, *args)
-            results = await pipe.execute(raise_on_error=False)
-            for i, (name, keys, args) in enumerate(calls):
-                if is_noscript(results[i]):
-                    await self.redis.script_load(SCRIPTS[name].source)
-                    results[i] = await self.redis.evalsha(SCRIPTS[name].sha, len(keys), *keys,
-                                                          *args)
-            for result in results:
-                if isinstance(result, Exception):
-                    raise result
-            return results
-        except (RedisError, OSError) as exc:
-            raise self._failed(calls[0][0], exc) from exc
-
+class Broker(RedisCalls):
     # -- producing ------------------------------------------------------------------------
 
     async def register_queues(self, queues: Iterable[str]) -> None:
@@ -237,7 +135,7 @@ class Broker:
     async def wait_for_work(self, queues: Sequence[str], timeout: float) -> bool:
         """Block until a producer signals one of `queues` (False after `timeout`). One BLPOP
         on all wake lists; on a Cluster, whose keys live in different slots, one per queue."""
-        if not isinstance(self.redis, RedisCluster) or len(queues) == 1:
+        if not self.is_cluster or len(queues) == 1:
             reply = await self._guard("wait_for_work", self.redis.blpop(
                 [self.keys(q).wake for q in queues], timeout=timeout))
             return reply is not None
@@ -436,11 +334,3 @@ def _count(raw: bytes) -> int:
         return int(raw or 0)
     except ValueError:
         return 0
-
-
-def _safe(url: str) -> str:
-    """The URL without its password, for messages."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.rpartition("@")[2]
-    return scheme + sep + rest

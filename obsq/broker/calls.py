@@ -1,0 +1,123 @@
+"""How the broker calls Redis: scripts by SHA (loaded again after NOSCRIPT), pipelines of
+them in one round trip, and every failure reported to the `on_error(operation, exc)`
+callbacks (the metrics count them) and raised as BrokerError."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
+
+from obsq.broker.connection import create_client
+from obsq.broker.keys import GlobalKeys, QueueKeys
+from obsq.broker.scripts import is_noscript, load_scripts
+from obsq.errors import BrokerError, ConfigurationError
+
+ErrorHook = Callable[[str, BaseException], None]
+MIN_REDIS_VERSION = (6, 2)
+SCRIPTS = load_scripts()
+
+
+class RedisCalls:
+    def __init__(self, url: str, namespace: str, *, client: Any = None) -> None:
+        self.url = url
+        self.namespace = namespace
+        self.redis = client if client is not None else create_client(url)
+        self.is_cluster = isinstance(self.redis, RedisCluster)
+        self.global_keys = GlobalKeys(namespace)
+        self._queue_keys: dict[str, QueueKeys] = {}
+        self.on_error: list[ErrorHook] = []
+
+    def keys(self, queue: str) -> QueueKeys:
+        keys = self._queue_keys.get(queue)
+        if keys is None:
+            keys = self._queue_keys[queue] = QueueKeys(self.namespace, queue)
+        return keys
+
+    async def check(self) -> str:
+        """Fail at start with one clear error for a wrong URL, password or Redis version."""
+        try:
+            info = await self.redis.info("server")
+        except AuthenticationError as exc:
+            raise ConfigurationError(f"Redis at {_safe(self.url)} refused the credentials: "
+                                     f"{exc}") from None
+        except (RedisError, OSError) as exc:
+            raise ConfigurationError(f"cannot reach Redis at {_safe(self.url)}: {exc}") from None
+        if "redis_version" not in info:  # a cluster answers per node
+            info = next(iter(info.values()))
+        version = str(info["redis_version"])
+        if tuple(int(p) for p in version.split(".")[:2]) < MIN_REDIS_VERSION:
+            raise ConfigurationError(f"obsq needs Redis 6.2 or newer; {_safe(self.url)} runs "
+                                     f"{version}")
+        return version
+
+    async def close(self) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await self.redis.aclose()
+
+    def _failed(self, operation: str, exc: BaseException) -> BrokerError:
+        for hook in self.on_error:
+            hook(operation, exc)
+        return BrokerError(operation, exc)
+
+    async def _guard(self, operation: str, call: Awaitable[Any]) -> Any:
+        try:
+            return await call
+        except (RedisError, OSError) as exc:
+            raise self._failed(operation, exc) from exc
+
+    async def _get_many(self, operation: str, keys: Sequence[str]) -> list[Any]:
+        """GET of keys in different cluster slots, in one round trip (MGET cannot)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(key)
+        return await self._guard(operation, pipe.execute())
+
+    async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        script = SCRIPTS[name]
+        try:
+            try:
+                return await self.redis.evalsha(script.sha, len(keys), *keys, *args)
+            except ResponseError as exc:
+                if not is_noscript(exc):
+                    raise
+                await self.redis.script_load(script.source)
+                return await self.redis.evalsha(script.sha, len(keys), *keys, *args)
+        except (RedisError, OSError) as exc:
+            raise self._failed(name, exc) from exc
+
+    async def _scripts(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+                       ) -> list[Any]:
+        """Several script calls (name, keys, args) in one round trip."""
+        if len(calls) == 1:
+            return [await self._script(*calls[0])]
+        if self.is_cluster:  # its pipelines refuse EVALSHA: the calls
+            return list(await asyncio.gather(*(self._script(*c) for c in calls)))  # at once
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for name, keys, args in calls:
+                pipe.evalsha(SCRIPTS[name].sha, len(keys), *keys, *args)
+            results = await pipe.execute(raise_on_error=False)
+            for i, (name, keys, args) in enumerate(calls):
+                if is_noscript(results[i]):
+                    await self.redis.script_load(SCRIPTS[name].source)
+                    results[i] = await self.redis.evalsha(SCRIPTS[name].sha, len(keys), *keys,
+                                                          *args)
+            for result in results:
+                if isinstance(result, Exception):
+                    raise result
+            return results
+        except (RedisError, OSError) as exc:
+            raise self._failed(calls[0][0], exc) from exc
+
+
+def _safe(url: str) -> str:
+    """The URL without its password, for messages."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    return scheme + sep + rest
