@@ -323,9 +323,8 @@ class Broker(RedisCalls):
                                   (0, 1 if state == "dead" else 0, *task_ids))
 
     async def set_paused(self, queue: str, paused: bool) -> None:
-        key = self.keys(queue).paused
-        call = self.redis.set(key, 1) if paused else self.redis.delete(key)
-        await self._guard("pause", call)
+        k = self.keys(queue)
+        await self._script("pause", (k.paused, k.pending, k.wake), (0, 1 if paused else 0))
 
 
 def _count(raw: bytes) -> int:

@@ -94,3 +94,14 @@ async def test_a_paused_high_priority_queue_does_not_block_the_others(
                        strict_priority=strict)
     await wait_until(lambda: len(ran) == 5)
     assert ran == ["low"] * 5
+
+
+async def test_unpausing_wakes_idle_workers_for_the_tasks_that_waited(
+        client, broker: Broker, raw_redis, namespace) -> None:
+    await broker.set_paused("emails", True)
+    for n in range(3):
+        await client.enqueue("work", n, queue="emails")
+    raw_redis.delete(f"{namespace}:{{emails}}:wake")  # as if idle workers had taken them
+    await broker.set_paused("emails", False)
+    # one wake token per waiting task: idle workers blocked on the wake list start at once
+    assert raw_redis.llen(f"{namespace}:{{emails}}:wake") == 3
