@@ -24,6 +24,7 @@ WAIT_TIMEOUT = 2.0
 MAX_FETCH = 100
 PREFETCH_BELOW_SECONDS = 0.05  # prefetch a second batch only while tasks take less
 ACK_LINGER = 0.002  # how long completions may wait to ride along with the next fetch
+STOP_WAIT = 2.0  # how long a stopping worker waits for Redis to end its blocking wait
 # Retention of what is left behind.
 DEAD_MAX_AGE = 30 * 24 * 3600.0
 DEAD_MAX_COUNT = 100_000

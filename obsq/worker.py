@@ -23,7 +23,7 @@ from typing import Any
 
 from obsq import __version__
 from obsq.app import App
-from obsq.broker import Broker
+from obsq.broker import Broker, RawTask
 from obsq.errors import BrokerError
 from obsq.execution import Executor
 from obsq.heartbeat import Heartbeat, LeaseKeeper
@@ -37,6 +37,7 @@ from obsq.settings import (
     PROGRESS_TTL,
     REDIS_RETRY_MAX,
     REDIS_RETRY_MIN,
+    STOP_WAIT,
     WAIT_TIMEOUT,
     WorkerSettings,
 )
@@ -233,40 +234,75 @@ class Worker:
             self.settler.resolve_acks(pending, acked)
         else:
             now, raws = await self.broker.dequeue(queue, count, self.id, lease)
+        self._take(queue, raws, now)
+        return len(raws)
+
+    def _take(self, queue: str, raws: list[RawTask], redis_now_ms: int) -> None:
+        """Start fetched tasks in free slots; the rest wait in the buffer (all of them once
+        the worker is stopping: the drain hands the buffer back)."""
         fetched_at = time.monotonic()
         for raw in raws:
-            task = self.executor.build_task(queue, raw, now)
-            if self._busy < self.concurrency:
+            task = self.executor.build_task(queue, raw, redis_now_ms)
+            if self._busy < self.concurrency and not self._stopped.is_set():
                 self._start(task)
             else:
                 task.context["fetched_at"] = fetched_at
                 self._buffer.append(task)
-        return len(raws)
 
     async def _wait_for_work(self) -> None:
-        """Block on every queue's wake list until a producer signals one, a running task
-        ends (its completion must be sent), or the worker stops."""
+        """Block on Redis until a producer signals a queue, with the fetch of the first queue
+        riding behind the wait. Meanwhile completions of running tasks are sent on their
+        own, and a stop interrupts the wait through the worker's own wake list."""
         self._slot_free.clear()
         if self.settler.acks_waiting.is_set():
             return
-        waiters = [asyncio.ensure_future(self.broker.wait_for_work(list(self.queues),
-                                                                   WAIT_TIMEOUT))]
-        events = [asyncio.ensure_future(e.wait()) for e in (self._stopped, self._slot_free)]
+        first = self._queue_order()[0]
+        count = min(self.concurrency - self._busy, MAX_FETCH)
+        waiter = asyncio.ensure_future(self.broker.wait_and_dequeue(
+            list(self.queues), WAIT_TIMEOUT, first, count, self.id,
+            self.settings.lease_seconds))
+        interrupted = False
         try:
-            done, _ = await asyncio.wait([*waiters, *events],
-                                         return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for future in [*waiters, *events]:
-                future.cancel()
-            if self._stopped.is_set():  # redis-py may not end a cancelled BLPOP at once
-                for future in waiters:  # (Python 3.11); when stopping, do not wait for it
-                    future.add_done_callback(_retrieve)
-                waiters = []
-            await asyncio.gather(*waiters, *events, return_exceptions=True)
-        for future in done:
-            if future in waiters and future.exception() is not None:
-                await self._pause(REDIS_RETRY_MAX)  # Redis away; the broker counted it
-                return
+            while not waiter.done():
+                events = [] if interrupted else [asyncio.ensure_future(e.wait())
+                                                 for e in (self._stopped, self._slot_free)]
+                await asyncio.wait([waiter, *events], return_when=asyncio.FIRST_COMPLETED,
+                                   timeout=STOP_WAIT if interrupted else None)
+                for event in events:
+                    event.cancel()
+                if waiter.done():
+                    break
+                if interrupted:  # Redis did not answer the interruption: give up the wait
+                    waiter.cancel()
+                elif self._stopped.is_set():
+                    interrupted = True
+                    await self._interrupt(waiter)
+                else:
+                    self._slot_free.clear()
+                    if self.settler.acks_waiting.is_set():
+                        with contextlib.suppress(BrokerError):  # kept for the next try
+                            await self.settler.flush()
+            _, now, raws = await waiter
+        except asyncio.CancelledError:
+            if not waiter.done():
+                waiter.cancel()
+            raise
+        except BrokerError:
+            await self._pause(REDIS_RETRY_MAX)  # Redis away; the broker counted it
+            return
+        self._take(first, raws, now)
+        await asyncio.sleep(0)  # let the handlers just started begin before the next fetch
+
+    async def _interrupt(self, waiter: asyncio.Future[Any]) -> None:
+        if self.broker.is_cluster:
+            waiter.cancel()  # a plain wait: nothing rides behind it
+            waiter.add_done_callback(_retrieve)
+            return
+        try:
+            await self.broker.interrupt_wait(self.id)
+        except BrokerError:
+            waiter.cancel()
+            waiter.add_done_callback(_retrieve)
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

@@ -13,8 +13,9 @@ from typing import Any
 
 import orjson
 
-from obsq.broker.calls import RedisCalls
+from obsq.broker.calls import SCRIPTS, RedisCalls
 from obsq.broker.keys import TASK_STATES
+from obsq.broker.scripts import is_noscript
 from obsq.task import TaskMessage
 
 # queue -> [(id, fence, retention_s, result, unique digest or "")]
@@ -148,6 +149,39 @@ class Broker(RedisCalls):
             await asyncio.gather(*waiters, return_exceptions=True)
         return any(w.result() for w in done)
 
+    async def wait_and_dequeue(self, queues: Sequence[str], timeout: float, queue: str,
+                               count: int, worker_id: str, lease_seconds: float
+                               ) -> tuple[bool, int, list[RawTask]]:
+        """Block on the wake lists (and the worker's own, see `interrupt_wait`) with the
+        dequeue of `queue` queued right behind on the same connection: Redis runs it the
+        moment the BLPOP returns, so an idle worker gets its task in the round trip that
+        wakes it. Returns (woken, Redis clock in ms, tasks). On a Cluster, whose keys live
+        in different slots, it only waits; the caller fetches."""
+        if self.is_cluster:
+            return await self.wait_for_work(queues, timeout), 0, []
+        wake = [self.keys(q).wake for q in queues] + [self.global_keys.wake(worker_id)]
+        name, keys, args = self._dequeue_call(queue, count, worker_id, lease_seconds)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.blpop(wake, timeout=timeout)
+        pipe.evalsha(SCRIPTS[name].sha, len(keys), *keys, *args)
+        woken, fetched = await self._guard("wait_for_work", pipe.execute(raise_on_error=False))
+        if isinstance(woken, Exception):
+            raise self._failed("wait_for_work", woken)
+        if is_noscript(fetched):  # Redis restarted empty: load it and fetch again
+            fetched = await self._script(name, keys, args)
+        elif isinstance(fetched, Exception):
+            raise self._failed(name, fetched)
+        now, tasks = self._parse_dequeue(queue, fetched)
+        return woken is not None, now, tasks
+
+    async def interrupt_wait(self, worker_id: str) -> None:
+        """End the worker's wait_and_dequeue at once (the tasks it takes are returned)."""
+        key = self.global_keys.wake(worker_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.rpush(key, 1)
+        pipe.expire(key, 10)
+        await self._guard("wait_for_work", pipe.execute())
+
     async def set_progress(self, queue: str, task_id: str, state: Any, ttl: float) -> None:
         await self._guard("set_progress", self.redis.set(
             self.keys(queue).progress(task_id), orjson.dumps(state), px=int(ttl * 1000)))
@@ -167,7 +201,7 @@ class Broker(RedisCalls):
         g = self.global_keys
         pipe = self.redis.pipeline(transaction=False)
         pipe.zrem(g.workers, worker_id)
-        pipe.delete(g.worker(worker_id))
+        pipe.delete(g.worker(worker_id), g.wake(worker_id))
         await self._guard("deregister", pipe.execute())
 
     async def workers(self) -> list[dict[str, Any]]:

@@ -49,6 +49,9 @@ class GlobalKeys:
     def worker(self, worker_id: str) -> str:
         return f"{self.namespace}:worker:{worker_id}"  # hash describing a live worker
 
+    def wake(self, worker_id: str) -> str:
+        return f"{self.namespace}:worker:{worker_id}:wake"  # a worker interrupting its wait
+
     def lock(self, name: str) -> str:
         return f"{self.namespace}:lock:{name}"
 
