@@ -273,15 +273,18 @@ class Worker:
                 if waiter.done():
                     break
                 if interrupted:  # Redis did not answer the interruption: give up the wait
-                    waiter.cancel()
-                elif self._stopped.is_set():
+                    _abandon(waiter)
+                    return
+                if self._stopped.is_set():
                     interrupted = True
                     await self._interrupt(waiter)
-                else:
-                    self._slot_free.clear()
-                    if self.settler.acks_waiting.is_set():
-                        with contextlib.suppress(BrokerError):  # kept for the next try
-                            await self.settler.flush()
+                    continue
+                self._slot_free.clear()
+                if self.settler.acks_waiting.is_set():
+                    with contextlib.suppress(BrokerError):  # kept for the next try
+                        await self.settler.flush()
+            if waiter.cancelled():  # abandoned on a stop (a Cluster's plain wait)
+                return
             _, now, raws = await waiter
         except asyncio.CancelledError:
             if not waiter.done():
@@ -295,14 +298,12 @@ class Worker:
 
     async def _interrupt(self, waiter: asyncio.Future[Any]) -> None:
         if self.broker.is_cluster:
-            waiter.cancel()  # a plain wait: nothing rides behind it
-            waiter.add_done_callback(_retrieve)
+            _abandon(waiter)  # a plain wait: nothing rides behind it
             return
         try:
             await self.broker.interrupt_wait(self.id)
         except BrokerError:
-            waiter.cancel()
-            waiter.add_done_callback(_retrieve)
+            _abandon(waiter)
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -419,7 +420,8 @@ class Worker:
             loop.remove_signal_handler(sig)
 
 
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """Consume the outcome of a wait nobody awaits, so asyncio does not log it."""
-    if not future.cancelled():
-        future.exception()
+def _abandon(waiter: asyncio.Future[Any]) -> None:
+    """Cancel a wait nobody will await, and consume its outcome so asyncio does not log it
+    (redis-py may finish a cancelled BLPOP only at its timeout)."""
+    waiter.cancel()
+    waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
