@@ -94,8 +94,11 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 def cmd_exporter(args: argparse.Namespace) -> int:
     from obsq.observability import configure_logging, run_exporter
 
-    configure_logging(os.environ.get("OBSQ_LOG_FORMAT", "text"), "INFO")
-    port = args.http_port or int(os.environ.get("OBSQ_HTTP_PORT", 9191))
+    configure_logging(os.environ.get("OBSQ_LOG_FORMAT", "text"),
+                      os.environ.get("OBSQ_LOG_LEVEL", "INFO"))
+    port = args.http_port
+    if port is None:
+        port = int(os.environ.get("OBSQ_HTTP_PORT") or 9191)
     asyncio.run(run_exporter(_redis_url(args), _namespace(args), port))
     return 0
 
@@ -152,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     exporter = command("exporter", "serve only the queue-wide gauges on /metrics",
                        cmd_exporter)
-    exporter.add_argument("--http-port", type=int, help="OBSQ_HTTP_PORT, 9191")
+    exporter.add_argument("--http-port", type=int,
+                          help="OBSQ_HTTP_PORT, 9191; 0: any free port")
 
     demo = command("demo", "a worker, a producer and the HTTP endpoint in one process",
                    cmd_demo)

@@ -57,10 +57,12 @@ EXPECTED_KINDS = {
         "ConfigMap",
         "Deployment",
         "Deployment",
+        "Deployment",
         "NetworkPolicy",
         "PodDisruptionBudget",
         "PrometheusRule",
         "ScaledObject",
+        "Service",
         "Service",
         "ServiceAccount",
         "ServiceMonitor",
@@ -69,10 +71,12 @@ EXPECTED_KINDS = {
         "ConfigMap",
         "Deployment",
         "Deployment",
+        "Deployment",
         "HorizontalPodAutoscaler",
         "NetworkPolicy",
         "PodDisruptionBudget",
         "PrometheusRule",
+        "Service",
         "Service",
         "ServiceAccount",
         "ServiceMonitor",
@@ -81,9 +85,11 @@ EXPECTED_KINDS = {
         "ConfigMap",
         "Deployment",
         "Deployment",
+        "Deployment",
         "PodDisruptionBudget",
         "PrometheusRule",
         "ScaledObject",
+        "Service",
         "Service",
         "ServiceAccount",
         "ServiceMonitor",
@@ -136,6 +142,10 @@ def test_crd_objects_need_the_monitoring_api(helm: str) -> None:
         (["--set", r"worker.queues[0].name=a\,b"], "queues"),
         (["--set", "tracing.protocol=udp"], "protocol"),
         (["--set", "podDisruptionBudget.maxUnavailable=half"], "maxUnavailable"),
+        (["--set", "exporter.bogus=1"], "bogus"),
+        (["--set-string", "exporter.replicaCount=one"], "replicaCount"),
+        (["--set", "exporter.enabled=yes"], "enabled"),
+        (["--set", "exporter.readinessProbe.periodSeconds=0"], "periodSeconds"),
     ],
     ids=[
         "unknown-top-level-key",
@@ -148,6 +158,10 @@ def test_crd_objects_need_the_monitoring_api(helm: str) -> None:
         "queue-name-pattern",
         "otlp-protocol-enum",
         "pdb-int-or-percent",
+        "unknown-exporter-key",
+        "exporter-string-for-integer",
+        "exporter-string-for-boolean",
+        "exporter-probe-minimum",
     ],
 )
 def test_schema_rejects_bad_values(helm: str, args: list[str], message: str) -> None:
@@ -302,6 +316,110 @@ def test_metrics_service_and_service_monitor(render_all: Render) -> None:
         "labels"
     ]
     assert service["spec"]["selector"].items() <= worker_labels.items()
+
+
+# --- the exporter Deployment ------------------------------------------------------------
+
+
+def test_exporter_is_off_by_default(helm: str) -> None:
+    render = helm_template(helm)
+    assert [d["metadata"]["name"] for d in render.all("Deployment")] == ["jobs-obsq-worker"]
+    assert [d["metadata"]["name"] for d in render.all("Service")] == ["jobs-obsq-metrics"]
+
+
+def test_exporter_deployment(render_all: Render) -> None:
+    exporter = render_all.one("Deployment", "-exporter")
+    worker = render_all.one("Deployment", "-worker")
+    assert exporter["spec"]["replicas"] == 2
+    pod = exporter["spec"]["template"]["spec"]
+    c = container(exporter)
+    assert c["name"] == "exporter"
+    assert c["command"] == ["obsq"] and c["args"] == ["exporter"]
+    assert c["image"] == container(worker)["image"]
+    assert c["ports"] == [{"name": "http-metrics", "containerPort": 9191, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http-metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http-metrics"}
+    assert c["resources"]["requests"] == {"cpu": "20m", "memory": "64Mi"}
+    # The same non-root, read-only settings as the workers.
+    assert pod["securityContext"] == worker["spec"]["template"]["spec"]["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"] == container(worker)["securityContext"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["automountServiceAccountToken"] is False
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    # The same Redis, key namespace and port as the workers.
+    env, worker_env = env_of(c), env_of(container(worker))
+    for name in ("OBSQ_REDIS_URL", "OBSQ_NAMESPACE", "OBSQ_HTTP_PORT", "OBSQ_LOG_FORMAT"):
+        assert env[name] == worker_env[name], name
+    assert env["OBSQ_REDIS_URL"] == {"secretKeyRef": {"name": "obsq-redis", "key": "url"}}
+    assert env["SHOP_ROLE"] == "exporter"
+    assert "OBSQ_QUEUES" not in env
+    # Not selected by the worker Deployment, PDB or scalers.
+    labels = exporter["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "exporter"
+    assert labels["tier"] == "observability"
+    worker_selector = worker["spec"]["selector"]["matchLabels"]
+    assert not worker_selector.items() <= labels.items()
+    pdb_selector = render_all.one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
+    assert not pdb_selector.items() <= labels.items()
+
+
+def test_exporter_default_values(helm: str) -> None:
+    render = helm_template(helm, "--set", "exporter.enabled=true")
+    exporter = render.one("Deployment", "-exporter")
+    assert exporter["spec"]["replicas"] == 1
+    c = container(exporter)
+    assert env_of(c)["OBSQ_REDIS_URL"] == "redis://redis:6379/0"
+    assert env_of(c)["OBSQ_NAMESPACE"] == "obsq"
+    assert env_of(c)["OBSQ_HTTP_PORT"] == "9191"
+    assert c["livenessProbe"]["periodSeconds"] == 10
+    assert c["readinessProbe"]["periodSeconds"] == 5
+    off = helm_template(
+        helm,
+        "--set",
+        "exporter.enabled=true,exporter.livenessProbe.enabled=false,"
+        "exporter.readinessProbe.enabled=false",
+    )
+    c = container(off.one("Deployment", "-exporter"))
+    assert "livenessProbe" not in c and "readinessProbe" not in c
+
+
+def test_exporter_is_scraped_by_the_service_monitor(render_all: Render) -> None:
+    monitor = render_all.one("ServiceMonitor")
+    selector = monitor["spec"]["selector"]
+
+    def selects(labels: dict[str, str]) -> bool:
+        if not selector["matchLabels"].items() <= labels.items():
+            return False
+        return all(
+            labels.get(e["key"]) in e["values"]
+            for e in selector.get("matchExpressions", [])
+            if e["operator"] == "In"
+        )
+
+    services = {d["metadata"]["name"]: d for d in render_all.all("Service")}
+    assert set(services) == {"jobs-obsq-metrics", "jobs-obsq-exporter"}
+    for service in services.values():
+        assert selects(service["metadata"]["labels"]), service["metadata"]["name"]
+        assert service["spec"]["ports"][0]["name"] == "http-metrics"
+    exporter_pod = render_all.one("Deployment", "-exporter")["spec"]["template"]["metadata"]
+    worker_pod = render_all.one("Deployment", "-worker")["spec"]["template"]["metadata"]
+    exporter_selector = services["jobs-obsq-exporter"]["spec"]["selector"]
+    assert exporter_selector.items() <= exporter_pod["labels"].items()
+    assert not exporter_selector.items() <= worker_pod["labels"].items()
+    # The workers' Service keeps selecting only the workers (their job label is unchanged).
+    metrics_selector = services["jobs-obsq-metrics"]["spec"]["selector"]
+    assert not metrics_selector.items() <= exporter_pod["labels"].items()
+    # The NetworkPolicy lets the scrapes through to the exporter too.
+    policy = render_all.one("NetworkPolicy")["spec"]["podSelector"]["matchLabels"]
+    assert policy.items() <= exporter_pod["labels"].items()
+
+
+def test_production_example_runs_the_exporter(helm: str) -> None:
+    render = helm_template(helm, *SCENARIOS["production-example"])
+    assert container(render.one("Deployment", "-exporter"))["args"] == ["exporter"]
 
 
 # --- autoscaling ------------------------------------------------------------------------
@@ -514,6 +632,10 @@ def test_obsq_command_line_accepts_the_rendered_arguments(render_all: Render) ->
         args = cli.build_parser().parse_args(c["args"])
         assert args.command == suffix.lstrip("-")
         assert args.app == "shop.tasks:app"
+    c = container(render_all.one("Deployment", "-exporter"))
+    args = cli.build_parser().parse_args(c["args"])
+    assert args.command == "exporter"
+    assert args.http_port is None  # from OBSQ_HTTP_PORT
 
 
 @pytest.mark.parametrize(
@@ -522,10 +644,16 @@ def test_obsq_command_line_accepts_the_rendered_arguments(render_all: Render) ->
         ([], ["obsq stats", "WARNING: `app` is still the placeholder", "redis.existingSecret"]),
         (
             ["-f", str(HERE / "values-all.yaml"), "--set", "keda.minReplicaCount=0"],
-            ["scaled by KEDA between 0 and 40", "keda.minReplicaCount is 0", "dashboards"],
+            ["scaled by KEDA between 0 and 40", "runs `obsq exporter` (2 replica(s))",
+             "dashboards"],
+        ),
+        (
+            ["--set", "keda.enabled=true,keda.minReplicaCount=0"],
+            ["keda.minReplicaCount is 0 but exporter.enabled is false",
+             "Set exporter.enabled=true"],
         ),
     ],
-    ids=["default", "all"],
+    ids=["default", "all", "keda-zero-without-exporter"],
 )
 def test_notes_render(args: list[str], expected: list[str]) -> None:
     # Helm 4 renders NOTES.txt without a cluster (install --dry-run=client); Helm 3.17
@@ -536,3 +664,5 @@ def test_notes_render(args: list[str], expected: list[str]) -> None:
     notes = proc.stdout.split("NOTES:", 1)[1]
     for text in expected:
         assert text in notes
+    if "values-all.yaml" in " ".join(args):  # exporter.enabled: no warning about it
+        assert "exporter.enabled is false" not in notes

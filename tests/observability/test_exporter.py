@@ -55,3 +55,32 @@ async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
         await client.close()
         code = await asyncio.to_thread(stop_process, exporter)
     assert code == 0, (tmp_path / "exporter.log").read_text()
+
+
+async def test_exporter_takes_its_settings_from_the_chart_environment(redis_url, namespace,
+                                                                      tmp_path):
+    # The Helm chart passes no flags: only OBSQ_REDIS_URL, OBSQ_NAMESPACE, OBSQ_HTTP_PORT
+    # and the log settings (deploy/helm/obsq/templates/exporter-deployment.yaml).
+    client = obsq.Client(redis_url, namespace=namespace, instrument=False)
+    await client.enqueue("a", {}, queue="alpha")
+    port = free_port()
+    exporter = start_obsq(["exporter"],
+                          obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace,
+                                   OBSQ_HTTP_PORT=str(port), OBSQ_LOG_FORMAT="json",
+                                   OBSQ_LOG_LEVEL="INFO"),
+                          tmp_path, tmp_path / "exporter.log")
+    try:
+        async def ready():
+            try:
+                return await asyncio.to_thread(probe, port, "/readyz")
+            except OSError:
+                return None
+        assert await eventually(ready, timeout=20) == (200, {"status": "ok"})
+        assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
+        s = parse(await asyncio.to_thread(scrape, port))
+        assert value(s, "obsq_queue_depth", queue="alpha", state="pending") == 1
+    finally:
+        await client.close()
+        code = await asyncio.to_thread(stop_process, exporter)
+    assert code == 0, (tmp_path / "exporter.log").read_text()
+    assert '"message":"exporter serving' in (tmp_path / "exporter.log").read_text()
