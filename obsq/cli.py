@@ -87,7 +87,11 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     configure_logging(args.log_format or os.environ.get("OBSQ_LOG_FORMAT", "text"), "INFO")
     app = load_app(args.app)
     setup_tracing()
-    asyncio.run(Scheduler(app, _redis_url(args), namespace=args.namespace).run())
+    port = args.http_port
+    if port is None:
+        port = int(os.environ.get("OBSQ_HTTP_PORT") or 9191)
+    asyncio.run(Scheduler(app, _redis_url(args), namespace=args.namespace,
+                          http_port=port).run())
     return 0
 
 
@@ -152,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                         cmd_scheduler)
     scheduler.add_argument("app", metavar="MODULE:APP")
     scheduler.add_argument("--log-format", choices=("text", "json"))
+    scheduler.add_argument("--http-port", type=int,
+                           help="/healthz, /readyz and /metrics (OBSQ_HTTP_PORT, 9191; "
+                           "0: any free port, -1: none)")
 
     exporter = command("exporter", "serve only the queue-wide gauges on /metrics",
                        cmd_exporter)

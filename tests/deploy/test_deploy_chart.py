@@ -146,6 +146,7 @@ def test_crd_objects_need_the_monitoring_api(helm: str) -> None:
         (["--set-string", "exporter.replicaCount=one"], "replicaCount"),
         (["--set", "exporter.enabled=yes"], "enabled"),
         (["--set", "exporter.readinessProbe.periodSeconds=0"], "periodSeconds"),
+        (["--set", "scheduler.livenessProbe.bogus=1"], "bogus"),
     ],
     ids=[
         "unknown-top-level-key",
@@ -162,6 +163,7 @@ def test_crd_objects_need_the_monitoring_api(helm: str) -> None:
         "exporter-string-for-integer",
         "exporter-string-for-boolean",
         "exporter-probe-minimum",
+        "unknown-scheduler-probe-key",
     ],
 )
 def test_schema_rejects_bad_values(helm: str, args: list[str], message: str) -> None:
@@ -316,6 +318,31 @@ def test_metrics_service_and_service_monitor(render_all: Render) -> None:
         "labels"
     ]
     assert service["spec"]["selector"].items() <= worker_labels.items()
+
+
+# --- the scheduler Deployment -----------------------------------------------------------
+
+
+def test_scheduler_probes(render_all: Render) -> None:
+    c = container(render_all.one("Deployment", "-scheduler"))
+    assert c["ports"] == [{"name": "http-metrics", "containerPort": 9191, "protocol": "TCP"}]
+    assert env_of(c)["OBSQ_HTTP_PORT"] == "9191"
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http-metrics"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http-metrics"}
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_scheduler_probes_can_be_turned_off(helm: str) -> None:
+    render = helm_template(
+        helm,
+        "--set",
+        "scheduler.enabled=true,scheduler.livenessProbe.enabled=false,"
+        "scheduler.readinessProbe.enabled=false,metrics.port=9300",
+    )
+    c = container(render.one("Deployment", "-scheduler"))
+    assert "livenessProbe" not in c and "readinessProbe" not in c
+    assert env_of(c)["OBSQ_HTTP_PORT"] == "9300"
+    assert c["ports"][0]["containerPort"] == 9300
 
 
 # --- the exporter Deployment ------------------------------------------------------------
@@ -632,6 +659,10 @@ def test_obsq_command_line_accepts_the_rendered_arguments(render_all: Render) ->
         args = cli.build_parser().parse_args(c["args"])
         assert args.command == suffix.lstrip("-")
         assert args.app == "shop.tasks:app"
+    scheduler = cli.build_parser().parse_args(
+        container(render_all.one("Deployment", "-scheduler"))["args"]
+    )
+    assert scheduler.http_port is None  # from OBSQ_HTTP_PORT
     c = container(render_all.one("Deployment", "-exporter"))
     args = cli.build_parser().parse_args(c["args"])
     assert args.command == "exporter"

@@ -1,0 +1,92 @@
+"""`obsq scheduler` serves /healthz and /readyz (the exporter's endpoint) for its probes."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+
+import redis
+
+from obsq.redis_server import free_port
+
+from .helpers import eventually, obsq_env, probe, start_obsq, stop_process
+
+
+def write_app(folder: Path, namespace: str) -> None:
+    (folder / "schedapp.py").write_text(textwrap.dedent(f"""
+        import obsq
+
+        app = obsq.App(namespace={namespace!r})
+        app.periodic("@every 1s", "tick")
+    """))
+
+
+async def test_scheduler_probes_follow_redis(private_redis, namespace, tmp_path):
+    write_app(tmp_path, namespace)
+    port = free_port()
+    log = tmp_path / "scheduler.log"
+    scheduler = start_obsq(["scheduler", "schedapp:app", "--http-port", str(port)],
+                           obsq_env(OBSQ_REDIS_URL=private_redis.url), tmp_path, log)
+    try:
+        async def ready():
+            try:
+                return await asyncio.to_thread(probe, port, "/readyz")
+            except OSError:
+                return None
+        assert await eventually(ready, timeout=20, what="readyz") == (200, {"status": "ok"})
+        assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
+        status, body = await asyncio.to_thread(probe, port, "/")
+        assert status == 200 and body["namespace"] == namespace
+        assert body["periodic_tasks"] == 1
+        # it schedules as before
+        r = redis.Redis.from_url(private_redis.url)
+        try:
+            await eventually(lambda: asyncio.to_thread(
+                lambda: any(r.scan_iter(match=f"{namespace}:*periodic-*"))), timeout=10,
+                what="a periodic task enqueued")
+        finally:
+            r.close()
+
+        private_redis.stop()
+        _, body = await eventually(
+            lambda: asyncio.to_thread(lambda: (p := probe(port, "/readyz"))[0] == 503 and p),
+            timeout=15, what="readyz 503")
+        assert body == {"status": "unavailable", "reason": "Redis is unreachable"}
+        # an outage is no reason to restart the pod: liveness stays up
+        assert (await asyncio.to_thread(probe, port, "/healthz"))[0] == 200
+
+        private_redis.start()
+        await eventually(lambda: asyncio.to_thread(lambda: probe(port, "/readyz")[0] == 200),
+                         timeout=15, what="readyz 200 again")
+    finally:
+        code = await asyncio.to_thread(stop_process, scheduler)
+    assert code == 0, log.read_text()
+
+
+async def test_scheduler_port_from_the_environment_and_off(redis_url, namespace, tmp_path):
+    write_app(tmp_path, namespace)
+    port = free_port()
+    log = tmp_path / "scheduler.log"
+    scheduler = start_obsq(["scheduler", "schedapp:app"],
+                           obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_HTTP_PORT=str(port)),
+                           tmp_path, log)
+    try:
+        async def ready():
+            try:
+                return await asyncio.to_thread(probe, port, "/readyz")
+            except OSError:
+                return None
+        assert await eventually(ready, timeout=20, what="readyz") == (200, {"status": "ok"})
+    finally:
+        assert await asyncio.to_thread(stop_process, scheduler) == 0, log.read_text()
+
+    off = start_obsq(["scheduler", "schedapp:app", "--http-port", "-1"],
+                     obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_HTTP_PORT=str(port)),
+                     tmp_path, log)
+    try:
+        await eventually(lambda: "scheduler started" in log.read_text().split(
+            "scheduler stopped")[-1], timeout=20, what="second scheduler started")
+        assert ", http on" not in log.read_text().split("scheduler stopped")[-1]
+    finally:
+        assert await asyncio.to_thread(stop_process, off) == 0, log.read_text()
