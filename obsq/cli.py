@@ -90,8 +90,8 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     port = args.http_port
     if port is None:
         port = int(os.environ.get("OBSQ_HTTP_PORT") or 9191)
-    asyncio.run(Scheduler(app, _redis_url(args), namespace=args.namespace,
-                          http_port=port).run())
+    namespace = args.namespace or os.environ.get("OBSQ_NAMESPACE")  # else the App's, as a worker
+    asyncio.run(Scheduler(app, _redis_url(args), namespace=namespace, http_port=port).run())
     return 0
 
 

@@ -90,3 +90,27 @@ async def test_scheduler_port_from_the_environment_and_off(redis_url, namespace,
         assert ", http on" not in log.read_text().split("scheduler stopped")[-1]
     finally:
         assert await asyncio.to_thread(stop_process, off) == 0, log.read_text()
+
+
+async def test_scheduler_takes_its_namespace_from_the_environment(redis_url, namespace,
+                                                                  tmp_path):
+    """As the chart runs it: a plain App() and OBSQ_NAMESPACE, like the workers."""
+    (tmp_path / "plainapp.py").write_text(textwrap.dedent("""
+        import obsq
+
+        app = obsq.App()
+        app.periodic("@every 1s", "tick")
+    """))
+    log = tmp_path / "scheduler.log"
+    scheduler = start_obsq(["scheduler", "plainapp:app"],
+                           obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace,
+                                    OBSQ_HTTP_PORT="-1"), tmp_path, log)
+    r = redis.Redis.from_url(redis_url)
+    try:
+        await eventually(lambda: asyncio.to_thread(
+            lambda: any(r.scan_iter(match=f"{namespace}:*periodic-*"))), timeout=15,
+            what="a periodic task enqueued in the namespace of OBSQ_NAMESPACE")
+    finally:
+        r.close()
+        code = await asyncio.to_thread(stop_process, scheduler)
+    assert code == 0, log.read_text()
