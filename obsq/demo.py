@@ -13,6 +13,7 @@ import urllib.request
 from typing import Any
 
 import obsq
+from obsq.broker import Broker
 from obsq.errors import BrokerError, ConfigurationError
 from obsq.redis_server import start_private_redis
 
@@ -120,7 +121,7 @@ def _metrics_sample(port: int) -> str:
 
 
 async def _reachable(url: str) -> bool:
-    broker = obsq.Client(url, namespace=NAMESPACE, instrument=False).broker
+    broker = Broker(url, NAMESPACE)
     try:
         await broker.check()
         return True

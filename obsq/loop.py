@@ -9,7 +9,7 @@ import contextlib
 import logging
 
 from obsq.errors import BrokerError
-from obsq.settings import REDIS_RETRY_MAX, REDIS_RETRY_MIN
+from obsq.settings import redis_retry_delay
 
 log = logging.getLogger("obsq")
 
@@ -51,7 +51,7 @@ class BackgroundLoop:
                 self.failures += 1
                 if self.failures == 1:
                     log.warning("%s: %s; retrying", self.name, exc)
-                wait = min(REDIS_RETRY_MIN * 2 ** self.failures, REDIS_RETRY_MAX)
+                wait = redis_retry_delay(self.failures)
             except Exception:
                 log.exception("%s failed; retrying in %.1f s", self.name, self.interval)
                 wait = None

@@ -37,6 +37,11 @@ REDIS_RETRY_MIN = 0.05
 REDIS_RETRY_MAX = 2.0
 
 
+def redis_retry_delay(failures: int) -> float:
+    """The pause after `failures` failed attempts in a row to reach Redis."""
+    return min(REDIS_RETRY_MIN * 2 ** failures, REDIS_RETRY_MAX)
+
+
 def parse_queues(value: str | dict[str, int]) -> dict[str, int]:
     """'critical=6,default=3' (or 'default') -> {'critical': 6, 'default': 3}."""
     if isinstance(value, dict):

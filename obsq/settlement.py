@@ -18,7 +18,7 @@ from obsq.app import OutcomeHook
 from obsq.broker import AckBatches, Broker
 from obsq.errors import BrokerError
 from obsq.execution import Verdict
-from obsq.settings import REDIS_RETRY_MAX, REDIS_RETRY_MIN
+from obsq.settings import redis_retry_delay
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
@@ -130,7 +130,7 @@ class Settler:
                               "expire and they will run again",
                               sum(map(len, self._acks.values())), exc)
                     break
-                await asyncio.sleep(_backoff(failures))
+                await asyncio.sleep(redis_retry_delay(failures))
         self._gave_up = True
         for entries in self._acks.values():
             for _, future in entries:
@@ -153,8 +153,4 @@ class Settler:
                     return None
                 if failures == 1:
                     log.warning("cannot record an outcome: %s; retrying", exc)
-                await asyncio.sleep(_backoff(failures))
-
-
-def _backoff(failures: int) -> float:
-    return min(REDIS_RETRY_MIN * 2 ** failures, REDIS_RETRY_MAX)
+                await asyncio.sleep(redis_retry_delay(failures))

@@ -36,10 +36,10 @@ from obsq.settings import (
     PREFETCH_BELOW_SECONDS,
     PROGRESS_TTL,
     REDIS_RETRY_MAX,
-    REDIS_RETRY_MIN,
     STOP_WAIT,
     WAIT_TIMEOUT,
     WorkerSettings,
+    redis_retry_delay,
 )
 from obsq.settlement import Settler
 from obsq.task import Task
@@ -198,7 +198,7 @@ class Worker:
                 failures += 1
                 if failures == 1:
                     log.warning("cannot reach Redis to fetch tasks: %s; retrying", exc)
-                await self._pause(min(REDIS_RETRY_MIN * 2 ** failures, REDIS_RETRY_MAX))
+                await self._pause(redis_retry_delay(failures))
                 continue
             except Exception:
                 log.exception("fetching tasks failed; retrying")  # never let the loop die
