@@ -54,6 +54,17 @@ def probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
     return status, json.loads(body)
 
 
+async def wait_ready(port: int, timeout: float = 20) -> tuple[int, dict[str, Any]]:
+    """The first answer of /readyz from a process that is starting (polled until it
+    listens)."""
+    async def ready() -> tuple[int, dict[str, Any]] | None:
+        try:
+            return await asyncio.to_thread(probe, port, "/readyz")
+        except OSError:  # not listening yet
+            return None
+    return await eventually(ready, timeout=timeout, what=f"readyz on port {port}")
+
+
 def scrape(port: int, *, openmetrics: bool = False) -> str:
     status, body, _ = http_get(port, "/metrics", accept=OPENMETRICS if openmetrics else None)
     assert status == 200, body

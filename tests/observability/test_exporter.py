@@ -17,6 +17,7 @@ from .helpers import (
     start_obsq,
     stop_process,
     value,
+    wait_ready,
 )
 
 
@@ -30,12 +31,7 @@ async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
                           obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace),
                           tmp_path, tmp_path / "exporter.log")
     try:
-        async def ready():
-            try:
-                return await asyncio.to_thread(probe, port, "/readyz")
-            except OSError:
-                return None
-        assert await eventually(ready, timeout=20) == (200, {"status": "ok"})
+        assert await wait_ready(port) == (200, {"status": "ok"})
         assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
         s = parse(await asyncio.to_thread(scrape, port))
         assert value(s, "obsq_queue_depth", queue="alpha", state="pending") == 1
@@ -70,12 +66,7 @@ async def test_exporter_takes_its_settings_from_the_chart_environment(redis_url,
                                    OBSQ_LOG_LEVEL="INFO"),
                           tmp_path, tmp_path / "exporter.log")
     try:
-        async def ready():
-            try:
-                return await asyncio.to_thread(probe, port, "/readyz")
-            except OSError:
-                return None
-        assert await eventually(ready, timeout=20) == (200, {"status": "ok"})
+        assert await wait_ready(port) == (200, {"status": "ok"})
         assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
         s = parse(await asyncio.to_thread(scrape, port))
         assert value(s, "obsq_queue_depth", queue="alpha", state="pending") == 1

@@ -10,7 +10,7 @@ import redis
 
 from obsq.redis_server import free_port
 
-from .helpers import eventually, obsq_env, probe, start_obsq, stop_process
+from .helpers import eventually, obsq_env, probe, start_obsq, stop_process, wait_ready
 
 
 def write_app(folder: Path, namespace: str) -> None:
@@ -29,12 +29,7 @@ async def test_scheduler_probes_follow_redis(private_redis, namespace, tmp_path)
     scheduler = start_obsq(["scheduler", "schedapp:app", "--http-port", str(port)],
                            obsq_env(OBSQ_REDIS_URL=private_redis.url), tmp_path, log)
     try:
-        async def ready():
-            try:
-                return await asyncio.to_thread(probe, port, "/readyz")
-            except OSError:
-                return None
-        assert await eventually(ready, timeout=20, what="readyz") == (200, {"status": "ok"})
+        assert await wait_ready(port) == (200, {"status": "ok"})
         assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
         status, body = await asyncio.to_thread(probe, port, "/")
         assert status == 200 and body["namespace"] == namespace
@@ -72,12 +67,7 @@ async def test_scheduler_port_from_the_environment_and_off(redis_url, namespace,
                            obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_HTTP_PORT=str(port)),
                            tmp_path, log)
     try:
-        async def ready():
-            try:
-                return await asyncio.to_thread(probe, port, "/readyz")
-            except OSError:
-                return None
-        assert await eventually(ready, timeout=20, what="readyz") == (200, {"status": "ok"})
+        assert await wait_ready(port) == (200, {"status": "ok"})
     finally:
         assert await asyncio.to_thread(stop_process, scheduler) == 0, log.read_text()
 
