@@ -49,8 +49,8 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 async def stats_table(broker: Broker) -> str:
     queues = await broker.queues()
     stats = await broker.queue_stats(queues)
-    rows = [[q, *(str(stats[q]["depth"][s]) for s in TASK_STATES),
-             f"{stats[q]['latency']:.1f}s", "yes" if stats[q]["paused"] else ""]
+    rows = [[q, *(str(stats[q].depth[s]) for s in TASK_STATES),
+             f"{stats[q].latency:.1f}s", "yes" if stats[q].paused else ""]
             for q in queues]
     out = table(["queue", *TASK_STATES, "latency", "paused"], rows) if rows else "no queues yet"
     workers = await broker.workers()

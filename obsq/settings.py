@@ -32,6 +32,9 @@ PROGRESS_TTL = 24 * 3600.0
 # Default retry backoff: base * 2**retries, capped, then jittered to 50-100 %.
 BACKOFF_BASE = 2.0
 BACKOFF_CAP = 600.0
+# Connections per process: calls beyond the pool wait up to REDIS_POOL_TIMEOUT for one.
+REDIS_MAX_CONNECTIONS = 50
+REDIS_POOL_TIMEOUT = 20.0
 # Pause between attempts to reach a Redis that is away, doubling up to the cap.
 REDIS_RETRY_MIN = 0.05
 REDIS_RETRY_MAX = 2.0

@@ -33,3 +33,8 @@ async def wait_until(condition: Callable[[], Any], timeout: float = 10.0,
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         await asyncio.sleep(interval)
+
+
+async def depth(broker: Any, queue: str = "default") -> dict[str, int]:
+    """Tasks of `queue` by state."""
+    return (await broker.queue_stats([queue]))[queue].depth

@@ -73,7 +73,7 @@ async def test_an_attempt_that_lost_its_lease_is_reported_and_refused(
     await wait_until(lambda: worker.busy == 1)
     # the cluster decides this worker is gone (as after a network partition)
     assert await broker.recover("default", max_recoveries=5, batch=100,
-                                lost_workers=[worker.id]) == (1, 0)
+                                lost_workers=[worker.id]) == (1, 0, "0")
     taken_over.set()
     assert await client.result(info, timeout=10) == "from the second attempt"
     await wait_until(lambda: sorted(outcomes) == ["lease_lost", "success"])
