@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 
 from obsq.app import App
 from obsq.broker import Broker, Enqueued
-from obsq.errors import DuplicateTask, TaskNotFound
+from obsq.errors import BrokerError, DuplicateTask, TaskNotFound
 from obsq.results import ResultWaiter
 from obsq.task import (
     Job,
@@ -33,6 +34,7 @@ from obsq.task import (
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 DEFAULT_NAMESPACE = "obsq"
+log = logging.getLogger("obsq")
 BATCH_SIZE = 500  # tasks per script call: bounds how long one call holds Redis
 
 CallNextProducer = Callable[[list[TaskMessage]], Awaitable[list[TaskInfo]]]
@@ -54,6 +56,7 @@ class Client:
         self.results = ResultWaiter(self.broker)
         self.hooks: list[ProducerHook] = []
         self._known_queues: set[str] = set()
+        self._checks: set[asyncio.Future[None]] = set()
         self._write = self._compose()
         if instrument:
             from obsq.observability import instrument_client
@@ -111,6 +114,10 @@ class Client:
         if new_queues:
             await self.broker.register_queues(new_queues)
             self._known_queues |= new_queues
+            if self.app is None:  # nothing says where its tasks belong: look, once a queue
+                check = asyncio.ensure_future(self._warn_if_unserved(new_queues))
+                self._checks.add(check)
+                check.add_done_callback(self._checks.discard)
         statuses: dict[int, Enqueued] = {}  # by message object: two jobs may share a task_id
         for queue, group in by_queue.items():
             for start in range(0, len(group), BATCH_SIZE):
@@ -118,6 +125,17 @@ class Client:
                 for m, status in zip(chunk, await self.broker.enqueue(queue, chunk)):
                     statuses[id(m)] = status
         return [_info_after_enqueue(m, statuses[id(m)]) for m in messages]
+
+    async def _warn_if_unserved(self, queues: set[str]) -> None:
+        try:
+            workers = await self.broker.workers()
+        except BrokerError:
+            return  # the enqueue itself reports a Redis that is away
+        served = {q for w in workers for q in w.get("queues") or ()}
+        for queue in sorted(queues - served):
+            log.warning("enqueued to queue %r of namespace %r, which no live worker serves: "
+                        "start one with --queues %s, or give the Client the App so that "
+                        "tasks go to their route's queue", queue, self.namespace, queue)
 
     async def info(self, task_id: str, queue: str | None = None) -> TaskInfo:
         """The task's current state; raises TaskNotFound."""
@@ -141,6 +159,8 @@ class Client:
         return await self.results.wait(queue, task_id, timeout)
 
     async def close(self) -> None:
+        for check in list(self._checks):
+            check.cancel()
         await self.results.close()
         await self.broker.close()
 

@@ -71,7 +71,7 @@ class Worker:
         self.settings = settings
         self.app = app
         self.namespace = settings.namespace or app.namespace
-        self.queues = settings.queues
+        self.queues = settings.queues or dict.fromkeys(app.queues, 1)
         self.concurrency = settings.concurrency
         self.handle_signals = handle_signals
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -81,7 +81,7 @@ class Worker:
         if settings.metrics or settings.tracing:
             from obsq.observability import instrument_app
             instrument_app(app, metrics=settings.metrics, tracing=settings.tracing,
-                           concurrency=self.concurrency)
+                           concurrency=self.concurrency, queues=self.queues)
         self.broker = Broker(settings.redis_url, self.namespace)
         self.broker.on_error.extend(app.redis_error_hooks)
         self._order = sorted(self.queues, key=lambda q: -self.queues[q])
@@ -116,11 +116,11 @@ class Worker:
                       hooks=self.app.recovery_hooks),
             Janitor(self.broker, self.id),
         ]
-        for loop in self._loops:
-            loop.start()
-        if self.settings.http_port is not None:
+        if self.settings.http_port is not None:  # first: a taken port stops the start here
             from obsq.observability import serve_http
             self._http = serve_http(self, self.settings.http_host, self.settings.http_port)
+        for loop in self._loops:
+            loop.start()
         signals = self._install_signals()
         self.started_at = time.time()
         log.info("worker %s started: queues %s, concurrency %d, Redis %s%s", self.id,

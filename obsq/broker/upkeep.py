@@ -138,6 +138,17 @@ class Upkeep(RedisCalls):
         return await self._script("revive", (k.by_state(state), k.pending, k.wake),
                                   (0, 1 if state == "dead" else 0, *task_ids))
 
+    async def delete_namespace(self) -> int:
+        """Delete every key of this namespace; returns how many there were."""
+        keys = [key async for key in self.redis.scan_iter(match=f"{self.namespace}:*",
+                                                          count=1000)]
+        for start in range(0, len(keys), 500):  # one key per command: a Cluster's slots differ
+            pipe = self.redis.pipeline(transaction=False)
+            for key in keys[start:start + 500]:
+                pipe.unlink(key)
+            await self._guard("delete_namespace", pipe.execute())
+        return len(keys)
+
     async def set_paused(self, queue: str, paused: bool) -> None:
         k = self.keys(queue)
         await self._script("pause", (k.paused, k.pending, k.wake), (0, 1 if paused else 0))
