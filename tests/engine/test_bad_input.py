@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -260,3 +261,16 @@ async def _in_state(client: obsq.Client, task_id: str, state: str) -> obsq.TaskI
     info = await client.info(task_id)
     return info if info.state == state else None
 
+
+
+@pytest.mark.parametrize("command", ["worker", "scheduler"])
+def test_a_taken_http_port_is_one_line(redis_url, command) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "obsq", command, "tests.engine.apps:app", "--redis-url",
+             redis_url, "--http-port", str(port)],
+            cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    _one_clear_line(result, f"cannot serve HTTP on 0.0.0.0:{port}", "--http-port")
