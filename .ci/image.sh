@@ -14,8 +14,8 @@
 #   build stage FROM the new image, runs tests/image/smoke.py as the image's user
 #   against a private redis-server on the host (network host).
 #
-# Ends with the image's size and the build time. The previous image of the same tag
-# (and its build stage) is removed once the new one passed.
+# The tag moves to the new image only once its smoke test passed, and the images no tag
+# names any more are removed. Ends with the image's size and the build time.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -78,8 +78,18 @@ BASE="localhost/obsq-ci-python:$PYTHON_VERSION-$SUITE-$recipe_id"
 
 work="$(mktemp -d)"
 redis_pid=""
+images=()   # the images a tag of this script named before, and the new image
 cleanup() {
     if [ -n "$redis_pid" ]; then kill "$redis_pid" 2>/dev/null || true; fi
+    # Those that no tag names any more: the previous images after a success, the new
+    # image after a failed smoke test.
+    local image
+    for image in "${images[@]}"; do
+        if [ -n "$image" ] && podman image exists "$image" \
+            && [ "$(podman image inspect --format '{{len .RepoTags}}' "$image")" = 0 ]; then
+            podman rmi "$image" >/dev/null 2>&1 || log "could not remove the image $image"
+        fi
+    done
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -111,14 +121,13 @@ build_args=(--build-arg "BASE_IMAGE=$BASE" --build-arg "PYTHON_VERSION=$PYTHON_V
             --build-arg "VERSION=$VERSION")
 
 image_id() { podman image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
-old_image="$(image_id "$IMAGE")"
-old_build_stage="$(image_id "$BUILD_STAGE")"
+images+=("$(image_id "$IMAGE")" "$(image_id "$BUILD_STAGE")")
 
 t="$(now)"
 # The build stage gets a tag of its own, so that the previous one can be removed; the
 # second command reuses it from the layer cache.
 if ! { "${podman_build[@]}" "${build_args[@]}" --target build -t "$BUILD_STAGE" . \
-        && "${podman_build[@]}" "${build_args[@]}" --iidfile "$work/iid" -t "$IMAGE" .
+        && "${podman_build[@]}" "${build_args[@]}" --iidfile "$work/iid" .
      } >"$work/build.log" 2>&1; then
     cat "$work/build.log"
     log "build failed"
@@ -126,7 +135,8 @@ if ! { "${podman_build[@]}" "${build_args[@]}" --target build -t "$BUILD_STAGE" 
 fi
 build_seconds="$(since "$t")"
 new_image="$(cat "$work/iid")"
-log "built $IMAGE (${new_image#sha256:}) in $build_seconds s"
+images+=("$new_image")
+log "built ${new_image#sha256:} in $build_seconds s"
 
 inspect() { podman image inspect --format "$1" "$new_image"; }
 label="$(inspect '{{index .Labels "org.opencontainers.image.version"}}')"
@@ -153,14 +163,8 @@ t="$(now)"
 podman rmi --force "$(cat "$work/smoke-iid")" >/dev/null
 log "smoke test passed in $(since "$t") s"
 
-# --- tidy up -----------------------------------------------------------------------------
-# The images this tag and the build stage's tag pointed to before, once nothing names them.
-for old in "$old_image" "$old_build_stage"; do
-    if [ -n "$old" ] && podman image exists "$old" \
-        && [ "$(podman image inspect --format '{{len .RepoTags}}' "$old")" = 0 ]; then
-        podman rmi "$old" >/dev/null 2>&1 || log "could not remove the previous image $old"
-    fi
-done
+podman tag "$new_image" "$IMAGE"
+log "tagged $IMAGE"
 
 size="$(inspect '{{.Size}}')"
 base_size="$(podman image inspect --format '{{.Size}}' "$BASE")"

@@ -1,7 +1,7 @@
 """Smoke test of the obsq image.
 
-`.ci/image.sh` runs this file in a build stage `FROM` the freshly built image (the
-Containerfile next to it), as the image's own user and on the host's network: `podman
+`.ci/image.sh` runs this file in a build stage `FROM` the freshly built image
+(tests/image/Dockerfile), as the image's own user and on the host's network: `podman
 run` is refused on the CI machines, a build step is not. Every entry of CHECKS runs in
 turn and the first that fails fails the build. Each command that the Helm chart runs
 from the image has its entry; a command that answers HTTP needs one line,
