@@ -32,7 +32,7 @@ COPY pyproject.toml README.md ./
 # pyproject.toml rebuilds this layer and the one that installs them.
 RUN mkdir obsq && touch obsq/__init__.py \
     && pip wheel --wheel-dir /wheels/dependencies . \
-    && rm -r obsq build obsq.egg-info /wheels/dependencies/obsq-*.whl \
+    && rm -rf obsq build obsq.egg-info /wheels/dependencies/obsq-*.whl \
     && sha256sum /wheels/dependencies/*.whl \
         | awk '{ print $2 " --hash=sha256:" $1 }' > /wheels/dependencies.txt
 COPY obsq ./obsq
