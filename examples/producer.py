@@ -14,15 +14,17 @@ import os
 
 import obsq
 from examples.tasks import app
-from obsq.observability import setup_tracing, shutdown_tracing
+from obsq.observability import instrument_app, setup_tracing, shutdown_tracing
 
 REDIS_URL = os.environ.get("OBSQ_REDIS_URL", "redis://localhost:6379/0")
 
 
 async def main() -> dict[str, object]:
-    # The App gives each task type its queue, retries and timeout; the Client adds the
-    # trace context to each task's headers and counts obsq_tasks_enqueued_total.
-    async with obsq.Client(REDIS_URL, namespace=app.namespace, app=app) as client:
+    # The App gives each task type its queue, retries and timeout (and the namespace);
+    # instrumented, its clients add the trace context to each task's headers and count
+    # obsq_tasks_enqueued_total.
+    instrument_app(app)
+    async with obsq.Client(REDIS_URL, app=app) as client:
         emails = await client.enqueue_many(
             [obsq.Job("email:send", {"to": f"user{i}@example.com"}) for i in range(3)])
         print(f"enqueued {len(emails)} emails: {', '.join(e.id[:8] for e in emails)}")

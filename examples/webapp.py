@@ -17,10 +17,13 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 import obsq
 from examples.tasks import app as tasks
-from obsq.observability import setup_tracing, shutdown_tracing
+from obsq.observability import instrument_app, setup_tracing, shutdown_tracing
 
 REDIS_URL = os.environ.get("OBSQ_REDIS_URL", "redis://localhost:6379/0")
 
+# Send spans carrying the request's trace into each task, and obsq_tasks_enqueued_total,
+# for every Client built with the tasks' App.
+instrument_app(tasks)
 # One client for the whole process: it holds a connection pool. Created at import, it
 # connects on first use, inside the server's event loop.
 client = obsq.Client(REDIS_URL, namespace=tasks.namespace, app=tasks)

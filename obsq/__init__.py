@@ -2,8 +2,7 @@
 watched. Read the package top-down: task, app, client, broker, worker, maintenance,
 scheduler, observability, cli."""
 
-__version__ = "0.1.0"
-
+from obsq._version import __version__
 from obsq.app import App, Route
 from obsq.client import Client, SyncClient
 from obsq.errors import (

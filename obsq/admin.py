@@ -65,7 +65,7 @@ async def stats_table(broker: Broker) -> str:
 
 
 async def tasks_table(broker: Broker, namespace: str, queue: str, state: str, limit: int) -> str:
-    client = Client(broker.url, namespace, broker=broker, instrument=False)
+    client = Client(broker.url, namespace, broker=broker)
     rows = []
     for task_id in await broker.list_tasks(_queue(queue), state, limit):
         info = await client.info(task_id, queue)

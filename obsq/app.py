@@ -18,13 +18,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from obsq.errors import ConfigurationError
+from obsq.names import validate_name
 from obsq.schedule import Periodic
-from obsq.task import DEFAULT_QUEUE, Task, validate_name
+from obsq.settings import DEFAULT_QUEUE
+from obsq.task import Task, TaskInfo, TaskMessage
 
 Handler = Callable[[Task], Any]
 CallNext = Callable[[Task], Awaitable[Any]]
 Middleware = Callable[[Task, CallNext], Awaitable[Any]]
 RetryDelay = float | Callable[[int, BaseException, Task], float] | None
+CallNextProducer = Callable[[list[TaskMessage]], Awaitable[list[TaskInfo]]]
+ProducerHook = Callable[[list[TaskMessage], CallNextProducer], Awaitable[list[TaskInfo]]]
 OutcomeHook = Callable[[Task, str, BaseException | None], None]
 RecoveryHook = Callable[[str, str, int], None]
 RedisErrorHook = Callable[[str, BaseException], None]
@@ -62,6 +66,7 @@ class App:
         self.outcome_hooks: list[OutcomeHook] = []
         self.recovery_hooks: list[RecoveryHook] = []
         self.redis_error_hooks: list[RedisErrorHook] = []
+        self.producer_hooks: list[ProducerHook] = []  # around every Client built with it
         self.periodic_tasks: list[Periodic] = []
 
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
@@ -127,6 +132,12 @@ class App:
         """Wrap every handler; usable as a decorator."""
         self.middleware.append(middleware)
         return middleware
+
+    def use_producer(self, hook: ProducerHook) -> ProducerHook:
+        """Wrap every enqueue of the Clients built with this App (`client.use` wraps one
+        Client's); usable as a decorator."""
+        self.producer_hooks.append(hook)
+        return hook
 
     def on_outcome(self, hook: OutcomeHook) -> OutcomeHook:
         """Call `hook(task, outcome, error)` after each attempt is settled in Redis.

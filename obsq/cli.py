@@ -10,10 +10,11 @@ import os
 import sys
 from typing import Any
 
-from obsq import __version__
+from obsq._version import __version__
 from obsq.app import load_app
 from obsq.errors import ConfigurationError
 from obsq.settings import (
+    DEFAULT_NAMESPACE,
     EXPORTER_HTTP_PORT,
     SCHEDULER_HTTP_PORT,
     WORKER_HTTP_PORT,
@@ -38,11 +39,16 @@ def _http_port(args: argparse.Namespace, default: int) -> int:
 
 
 def _namespace(args: argparse.Namespace) -> str:
-    return args.namespace or os.environ.get("OBSQ_NAMESPACE") or "obsq"
+    return args.namespace or os.environ.get("OBSQ_NAMESPACE") or DEFAULT_NAMESPACE
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from obsq.observability import configure_logging, setup_tracing, shutdown_tracing
+    from obsq.observability import (
+        configure_logging,
+        run_worker,
+        setup_tracing,
+        shutdown_tracing,
+    )
 
     settings = WorkerSettings.from_env(
         redis_url=args.redis_url, namespace=args.namespace, queues=args.queues,
@@ -70,22 +76,33 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from obsq.worker import Worker
 
     try:
-        asyncio.run(Worker(app, settings=settings).run())
+        asyncio.run(run_worker(Worker(app, settings=settings), http_port=settings.http_port,
+                               http_host=settings.http_host, metrics=settings.metrics,
+                               tracing=settings.tracing))
     finally:
         shutdown_tracing()
     return 0
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
-    from obsq.observability import configure_logging, setup_tracing
+    from obsq.observability import (
+        configure_logging,
+        run_scheduler,
+        setup_tracing,
+        shutdown_tracing,
+    )
     from obsq.scheduler import Scheduler
 
     configure_logging(args.log_format or os.environ.get("OBSQ_LOG_FORMAT", "text"), "INFO")
     app = load_app(args.app)
     setup_tracing()
-    port = _http_port(args, SCHEDULER_HTTP_PORT)
     namespace = args.namespace or os.environ.get("OBSQ_NAMESPACE")  # else the App's, as a worker
-    asyncio.run(Scheduler(app, _redis_url(args), namespace=namespace, http_port=port).run())
+    try:
+        asyncio.run(run_scheduler(Scheduler(app, _redis_url(args), namespace=namespace),
+                                  http_port=_http_port(args, SCHEDULER_HTTP_PORT),
+                                  http_host=os.environ.get("OBSQ_HTTP_HOST", "0.0.0.0")))
+    finally:
+        shutdown_tracing()
     return 0
 
 
@@ -95,7 +112,8 @@ def cmd_exporter(args: argparse.Namespace) -> int:
     configure_logging(os.environ.get("OBSQ_LOG_FORMAT", "text"),
                       os.environ.get("OBSQ_LOG_LEVEL", "INFO"))
     port = _http_port(args, EXPORTER_HTTP_PORT)
-    asyncio.run(run_exporter(_redis_url(args), _namespace(args), port))
+    asyncio.run(run_exporter(_redis_url(args), _namespace(args), port,
+                             host=os.environ.get("OBSQ_HTTP_HOST", "0.0.0.0")))
     return 0
 
 

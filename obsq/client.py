@@ -14,14 +14,15 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from obsq.app import App
+from obsq.app import App, CallNextProducer, ProducerHook
 from obsq.broker import Broker, Enqueued
 from obsq.errors import BrokerError, DuplicateTask, TaskNotFound
 from obsq.results import ResultWaiter
+from obsq.settings import DEFAULT_NAMESPACE, DEFAULT_REDIS_URL, ENQUEUE_BATCH
 from obsq.task import (
     Job,
     TaskInfo,
@@ -32,23 +33,16 @@ from obsq.task import (
     validate_name,
 )
 
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
-DEFAULT_NAMESPACE = "obsq"
 log = logging.getLogger("obsq")
-BATCH_SIZE = 500  # tasks per script call: bounds how long one call holds Redis
 
-CallNextProducer = Callable[[list[TaskMessage]], Awaitable[list[TaskInfo]]]
-ProducerHook = Callable[[list[TaskMessage], CallNextProducer], Awaitable[list[TaskInfo]]]
 T = TypeVar("T")
 
 
 class Client:
     def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str | None = None, *,
-                 app: App | None = None, instrument: bool = True,
-                 broker: Broker | None = None) -> None:
-        """`app` supplies the namespace (unless `namespace` is given) and each route's
-        default queue, max_retry and timeout; `instrument` adds the metrics and tracing
-        producer hooks of obsq.observability."""
+                 app: App | None = None, broker: Broker | None = None) -> None:
+        """`app` supplies the namespace (unless `namespace` is given), each route's default
+        queue, max_retry and timeout, and its producer hooks (the outermost)."""
         namespace = namespace or (app.namespace if app is not None else DEFAULT_NAMESPACE)
         self.namespace = validate_name("namespace", namespace)
         self.app = app
@@ -57,22 +51,23 @@ class Client:
         self.hooks: list[ProducerHook] = []
         self._known_queues: set[str] = set()
         self._checks: set[asyncio.Future[None]] = set()
-        self._write = self._compose()
-        if instrument:
-            from obsq.observability import instrument_client
-            instrument_client(self)
+        self._composed: tuple[int, int] = (-1, -1)  # the hook counts _write was built of
+        self._write: CallNextProducer = self._store
 
     def use(self, hook: ProducerHook) -> ProducerHook:
-        """Add a producer hook; the first added is the outermost."""
+        """Add a producer hook; the first added is the outermost (after the App's)."""
         self.hooks.append(hook)
-        self._write = self._compose()
         return hook
 
-    def _compose(self) -> CallNextProducer:
-        call: CallNextProducer = self._store
-        for hook in reversed(self.hooks):
-            call = _bind(hook, call)
-        return call
+    def _writer(self) -> CallNextProducer:
+        """The producer hooks around the write, built again when hooks were added."""
+        app_hooks = self.app.producer_hooks if self.app is not None else []
+        if self._composed != (len(app_hooks), len(self.hooks)):
+            call: CallNextProducer = self._store
+            for hook in reversed([*app_hooks, *self.hooks]):
+                call = _bind(hook, call)
+            self._write, self._composed = call, (len(app_hooks), len(self.hooks))
+        return self._write
 
     async def enqueue(self, task_type: str, payload: Any = None, *, queue: str | None = None,
                       max_retry: int | None = None, timeout: float | None = None,
@@ -96,7 +91,7 @@ class Client:
         id of the task that holds the id or the unique lock."""
         now = time.time()
         messages = [self._message(job, now) for job in jobs]
-        return await self._write(messages) if messages else []
+        return await self._writer()(messages) if messages else []
 
     def _message(self, job: Job, now: float) -> TaskMessage:
         route = self.app.route(job.type) if self.app else None
@@ -120,8 +115,8 @@ class Client:
                 check.add_done_callback(self._checks.discard)
         statuses: dict[int, Enqueued] = {}  # by message object: two jobs may share a task_id
         for queue, group in by_queue.items():
-            for start in range(0, len(group), BATCH_SIZE):
-                chunk = group[start:start + BATCH_SIZE]
+            for start in range(0, len(group), ENQUEUE_BATCH):
+                chunk = group[start:start + ENQUEUE_BATCH]
                 for m, status in zip(chunk, await self.broker.enqueue(queue, chunk)):
                     statuses[id(m)] = status
         return [_info_after_enqueue(m, statuses[id(m)]) for m in messages]

@@ -15,6 +15,7 @@ from typing import Any
 import obsq
 from obsq.broker import Broker
 from obsq.errors import BrokerError, ConfigurationError
+from obsq.observability import run_worker
 from obsq.redis_server import start_private_redis
 
 NAMESPACE = "obsq-demo"
@@ -77,15 +78,15 @@ async def run_demo(redis_url: str | None, duration: float, http_port: int) -> in
 async def _demo(redis_url: str, duration: float, port: int) -> int:
     app.outcome_hooks.append(_print_outcome)
     worker = obsq.Worker(app, redis_url=redis_url, queues={"critical": 6, "default": 3},
-                         concurrency=10, http_port=port, shutdown_timeout=5,
-                         handle_signals=True)
-    client = obsq.Client(redis_url, namespace=NAMESPACE, app=app)
-    running = asyncio.create_task(worker.run())
+                         concurrency=10, shutdown_timeout=5, handle_signals=True)
+    endpoint: list[Any] = []
+    running = asyncio.create_task(run_worker(worker, http_port=port, serving=endpoint.append))
     while not worker.started_at and not running.done():
         await asyncio.sleep(0.05)
     if running.done():
         running.result()  # raises the worker's start-up error
-    port = worker.http_port
+    port = endpoint[0].port
+    client = obsq.Client(redis_url, app=app)
     print(f"Worker {worker.id} serving queues critical and default; metrics and probes on "
           f"http://127.0.0.1:{port}/metrics, /healthz, /readyz\n")
     jobs = [obsq.Job("email:send", {"to": f"user{i}@example.com"}) for i in range(8)]

@@ -19,8 +19,8 @@ import orjson
 from obsq.app import App, Route
 from obsq.broker import FetchedTask
 from obsq.errors import PayloadError, Retry, SkipRetry, TaskTimeout, UnknownTaskType
-from obsq.settings import BACKOFF_BASE, BACKOFF_CAP
-from obsq.task import DEFAULT_MAX_RETRY, DEFAULT_TIMEOUT, Task
+from obsq.settings import BACKOFF_BASE, BACKOFF_CAP, DEFAULT_MAX_RETRY, DEFAULT_TIMEOUT
+from obsq.task import Task
 
 log = logging.getLogger("obsq")
 MAX_ERROR_LENGTH = 4000

@@ -14,7 +14,6 @@ from typing import Any
 from obsq.broker import Attempt, Broker
 from obsq.errors import BrokerError
 from obsq.loop import BackgroundLoop
-from obsq.settings import HEARTBEAT_INTERVAL, HEARTBEAT_TTL
 
 log = logging.getLogger("obsq")
 
@@ -23,15 +22,16 @@ class Heartbeat(BackgroundLoop):
     name = "heartbeat"
 
     def __init__(self, broker: Broker, worker_id: str, describe: Callable[[], dict[str, Any]],
-                 interval: float = HEARTBEAT_INTERVAL) -> None:
+                 interval: float, ttl: float) -> None:
         super().__init__(interval)
         self.broker = broker
         self.worker_id = worker_id
         self.describe = describe
-        self.last_success = 0.0  # time.monotonic() of the last heartbeat Redis accepted
+        self.ttl = ttl
+        self.last_success = time.monotonic()  # of the last heartbeat Redis accepted
 
     async def beat(self) -> None:
-        await self.broker.heartbeat(self.worker_id, self.describe(), HEARTBEAT_TTL)
+        await self.broker.heartbeat(self.worker_id, self.describe(), self.ttl)
         self.last_success = time.monotonic()
 
     async def tick(self) -> None:

@@ -1,17 +1,41 @@
-"""The lifecycle every background loop shares (heartbeat, lease keeper, forwarder,
-recoverer, janitor, scheduler): `start()`, `stop()`, and a `tick()` that says when to
-run next. A failing tick is logged and retried with backoff; it never ends the loop."""
+"""What every long-running part of obsq shares: the lifecycle of a background loop
+(`start()`, `stop()`, and a `tick()` that says when to run next), the same loop run by one
+process at a time under a Redis lock, the count of failed attempts to reach Redis that
+decides the next pause, and the signals that stop a process."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import signal
+from collections.abc import Callable
 
+from obsq.broker import Broker
 from obsq.errors import BrokerError
 from obsq.settings import redis_retry_delay
 
 log = logging.getLogger("obsq")
+
+
+class RedisRetry:
+    """Failed attempts in a row to reach Redis: the first is logged, and each gives the
+    pause before the next try; a success after failures is logged once."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.failures = 0
+
+    def failed(self, exc: BaseException) -> float:
+        self.failures += 1
+        if self.failures == 1:
+            log.warning("%s: %s; retrying", self.what, exc)
+        return redis_retry_delay(self.failures)
+
+    def succeeded(self) -> None:
+        if self.failures:
+            log.info("%s: Redis reachable again", self.what)
+        self.failures = 0
 
 
 class BackgroundLoop:
@@ -19,9 +43,14 @@ class BackgroundLoop:
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
+        self.retry = RedisRetry(self.name)
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.failures = 0
+
+    @property
+    def failures(self) -> int:
+        """Failed ticks in a row (Redis away): what health checks look at."""
+        return self.retry.failures
 
     async def tick(self) -> float | None:
         """Do one round; return the seconds until the next (None: the interval)."""
@@ -44,14 +73,9 @@ class BackgroundLoop:
         while not self._stopping.is_set():
             try:
                 wait = await self.tick()
-                if self.failures:
-                    log.info("%s: Redis reachable again", self.name)
-                self.failures = 0
+                self.retry.succeeded()
             except BrokerError as exc:
-                self.failures += 1
-                if self.failures == 1:
-                    log.warning("%s: %s; retrying", self.name, exc)
-                wait = redis_retry_delay(self.failures)
+                wait = self.retry.failed(exc)
             except Exception:
                 log.exception("%s failed; retrying in %.1f s", self.name, self.interval)
                 wait = None
@@ -61,3 +85,49 @@ class BackgroundLoop:
         """Sleep, but wake at once when stopped."""
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=max(seconds, 0))
+
+
+class LockedLoop(BackgroundLoop):
+    """A loop that any number of processes run, and one at a time does the work: each
+    tick takes (or keeps) a short lock named after the loop, then calls `work()`."""
+
+    def __init__(self, broker: Broker, owner: str, interval: float, lock_ttl: float) -> None:
+        super().__init__(interval)
+        self.broker = broker
+        self.owner = owner
+        self.lock_ttl = lock_ttl
+
+    async def tick(self) -> float | None:
+        if not await self.broker.try_lock(self.name, self.owner, self.lock_ttl):
+            return self.lock_ttl / 2  # another process works; look again before its lock lapses
+        return await self.work()
+
+    async def work(self) -> float | None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        await super().stop()
+        with contextlib.suppress(BrokerError):
+            await self.broker.release_lock(self.name, self.owner)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def on_stop_signals(callback: Callable[[signal.Signals], None]) -> Callable[[], None]:
+    """Call `callback(sig)` on SIGTERM and SIGINT in the running event loop (where it can:
+    not outside the main thread); returns the function that removes the handlers."""
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in STOP_SIGNALS:
+        try:
+            loop.add_signal_handler(sig, callback, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # not the main thread, or not supported here
+
+    def remove() -> None:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+    return remove

@@ -7,25 +7,22 @@ waiters of that task, so 2,000 waiters hold one connection between them.
 
 A notice can be lost (a connection that broke after Redis handed it over): the waiters
 then look at the task again, at once when the reader saw a failure, and every
-RECHECK_SECONDS in any case.
+RESULT_RECHECK in any case.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import time
 from typing import Any
 
 from obsq.broker import Broker, Ended
 from obsq.errors import BrokerError, TaskFailed, TaskNotFound
-from obsq.settings import REDIS_RETRY_MAX, WAIT_TIMEOUT, redis_retry_delay
+from obsq.loop import RedisRetry
+from obsq.settings import RESULT_READ_TIMEOUT, RESULT_RECHECK
 from obsq.task import decode_stored_json
-
-log = logging.getLogger("obsq")
-RECHECK_SECONDS = 10.0
 
 
 class ResultWaiter:
@@ -86,19 +83,16 @@ class ResultWaiter:
 
     async def _read(self) -> None:
         """Hand each end read from the inboxes to its waiters, until none is left."""
-        failures = 0
+        retry = RedisRetry("waiting for results")
         while self._waiters:
             self._listening = tuple(sorted({q for q, _ in self._waiters}))
             try:
                 ends = await self.broker.read_inbox(self._listening, self.client_id,
-                                                    WAIT_TIMEOUT)
-                failures = 0
+                                                    RESULT_READ_TIMEOUT)
+                retry.succeeded()
             except BrokerError as exc:
-                failures += 1
-                if failures == 1:
-                    log.warning("waiting for results: %s; retrying", exc)
                 self._recheck_all()
-                await asyncio.sleep(min(redis_retry_delay(failures), REDIS_RETRY_MAX))
+                await asyncio.sleep(retry.failed(exc))
                 continue
             for ended in ends:
                 for future in self._waiters.get((ended.queue, ended.task_id), []):
@@ -122,8 +116,8 @@ class ResultWaiter:
 async def _until(future: asyncio.Future[Ended | None], deadline: float | None, task_id: str,
                  timeout: float | None) -> Ended | None:
     """The end handed to `future`, or None when it is time to look at the task again."""
-    remaining = RECHECK_SECONDS if deadline is None else min(RECHECK_SECONDS,
-                                                             deadline - time.monotonic())
+    remaining = RESULT_RECHECK if deadline is None else min(RESULT_RECHECK,
+                                                            deadline - time.monotonic())
     try:
         if remaining <= 0:
             raise asyncio.TimeoutError

@@ -2,39 +2,36 @@
 one holds the lock at a time, and each entry's last run is kept in Redis so a failover
 neither skips nor repeats a run (missed runs are caught up once, not one by one).
 
-With an HTTP port it serves the same endpoint as the exporter (obsq/observability/http.py):
-/healthz while its event loop answers, /readyz while Redis answers, /metrics with this
-process's metrics."""
+Like the Worker it knows nothing of metrics or HTTP: obsq.observability.run_scheduler
+serves its probes and metrics, asking it through `health()` and `describe()`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import time
 from typing import Any
 
-from obsq import __version__
+from obsq._version import __version__
 from obsq.app import App
 from obsq.client import Client
 from obsq.errors import DuplicateTask
-from obsq.maintenance.sweep import Sweep
+from obsq.loop import LockedLoop, on_stop_signals
 from obsq.schedule import Periodic
+from obsq.settings import SCHEDULER_INTERVAL, SCHEDULER_LOCK_TTL
 
 log = logging.getLogger("obsq")
-SCHEDULER_INTERVAL = 1.0
 
 
-class SchedulerLoop(Sweep):
+class SchedulerLoop(LockedLoop):
     name = "scheduler"
 
     def __init__(self, client: Client, entries: list[Periodic], owner: str) -> None:
-        super().__init__(client.broker, owner, SCHEDULER_INTERVAL)
+        super().__init__(client.broker, owner, SCHEDULER_INTERVAL, SCHEDULER_LOCK_TTL)
         self.client = client
         self.entries = entries
 
-    async def sweep(self) -> float:
+    async def work(self) -> float:
         now = time.time()
         last_runs = await self.broker.last_runs([e.id for e in self.entries])
         soonest = now + SCHEDULER_INTERVAL
@@ -63,60 +60,38 @@ class SchedulerLoop(Sweep):
 
 
 class Scheduler:
-    def __init__(self, app: App, redis_url: str, namespace: str | None = None, *,
-                 http_port: int | None = None, http_host: str | None = None) -> None:
-        """`http_port`: None or negative for no HTTP endpoint, 0 for a free port."""
+    def __init__(self, app: App, redis_url: str, namespace: str | None = None) -> None:
         self.app = app
         self.client = Client(redis_url, namespace or app.namespace, app=app)
         self.loop = SchedulerLoop(self.client, app.periodic_tasks,
                                   f"scheduler-{id(self):x}-{time.time_ns()}")
+        self.started_at = 0.0
         self._stopped = asyncio.Event()
-        self._http_port = http_port if http_port is not None and http_port >= 0 else None
-        self._http_host = http_host or os.environ.get("OBSQ_HTTP_HOST", "0.0.0.0")
-        self.http: Any = None  # the HealthServer while running with an HTTP port
 
     async def run(self) -> None:
+        """Enqueue due entries until stop() or SIGTERM/SIGINT."""
         await self.client.broker.check()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopped.set)
-        watching = self._serve_http(loop) if self._http_port is not None else None
-        log.info("scheduler started with %d periodic task(s)%s", len(self.app.periodic_tasks),
-                 f", http on :{self.http.port}" if self.http else "")
+        remove_signals = on_stop_signals(lambda sig: self.stop())
+        log.info("scheduler started with %d periodic task(s)", len(self.app.periodic_tasks))
+        self.started_at = time.time()
         self.loop.start()
-        await self._stopped.wait()
-        await self.loop.stop()
-        if watching is not None:
-            await watching
-            await asyncio.to_thread(self.http.close)
-            self.http = None
-        await self.client.close()
-        log.info("scheduler stopped")
-
-    def _serve_http(self, loop: asyncio.AbstractEventLoop) -> asyncio.Task[None]:
-        """Start the probe endpoint; returns the Redis watch, which ends with the scheduler."""
-        from obsq.observability.exporter import RedisWatch
-        from obsq.observability.http import LOOP_TIMEOUT, HealthServer, loop_answers
-        from obsq.observability.metrics import endpoint_registry
-
-        watch = RedisWatch(self.client.broker)
-        started = time.time()
-
-        def live() -> str | None:
-            if loop_answers(loop):
-                return None
-            return f"the event loop did not answer within {LOOP_TIMEOUT:g} s"
-
-        def status() -> dict[str, Any]:
-            return {"scheduler": self.loop.owner, "version": __version__,
-                    "namespace": self.client.broker.namespace,
-                    "periodic_tasks": len(self.app.periodic_tasks), "redis_ok": watch.ok,
-                    "uptime": round(time.time() - started, 3)}
-
-        assert self._http_port is not None
-        self.http = HealthServer(self._http_host, self._http_port, endpoint_registry(),
-                                 live=live, ready=watch.problem, status=status)
-        return asyncio.create_task(watch.run(self._stopped), name="obsq-scheduler-redis-watch")
+        try:
+            await self._stopped.wait()
+        finally:
+            remove_signals()
+            await self.loop.stop()
+            await self.client.close()
+            log.info("scheduler stopped")
 
     def stop(self) -> None:
         self._stopped.set()
+
+    def redis_ok(self) -> bool:
+        """Whether its last look at Redis succeeded (readiness)."""
+        return self.loop.failures == 0
+
+    def describe(self) -> dict[str, Any]:
+        return {"scheduler": self.loop.owner, "version": __version__,
+                "namespace": self.client.namespace,
+                "periodic_tasks": len(self.app.periodic_tasks), "redis_ok": self.redis_ok(),
+                "uptime": round(time.time() - self.started_at, 3) if self.started_at else 0.0}

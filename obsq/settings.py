@@ -1,5 +1,6 @@
-"""Every tunable of a worker in one place: the named defaults, and WorkerSettings, which
-reads `OBSQ_<NAME>` from the environment so the CLI, the Helm chart and code agree."""
+"""Every default of obsq in one place: the named constants below, and WorkerSettings, the
+tunables of a worker process, which reads `OBSQ_<NAME>` from the environment so that the
+CLI, the Helm chart and code agree. Times are in seconds."""
 
 from __future__ import annotations
 
@@ -9,27 +10,15 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from obsq.errors import ConfigurationError
-from obsq.task import validate_name
+from obsq.names import validate_name
 
-# Liveness of workers: a heartbeat every 2 s, considered lost after 10 s of silence.
-HEARTBEAT_INTERVAL = 2.0
-HEARTBEAT_TTL = 10.0
-# Maintenance sweeps; each runs in one process at a time, under a lock of LOCK_TTL.
-FORWARD_INTERVAL = 0.25  # longest sleep of the forwarder; it wakes sooner for earlier tasks
-RECOVER_INTERVAL = 1.0
-JANITOR_INTERVAL = 10.0
-LOCK_TTL = 5.0
-SWEEP_BATCH = 1000
-# Fetching: how long an idle worker blocks on Redis before it looks again, and batch caps.
-WAIT_TIMEOUT = 2.0
-MAX_FETCH = 100
-PREFETCH_BELOW_SECONDS = 0.05  # prefetch a second batch only while tasks take less
-ACK_LINGER = 0.002  # how long completions may wait to ride along with the next fetch
-STOP_WAIT = 2.0  # how long a stopping worker waits for Redis to end its blocking wait
-# Retention of what is left behind.
-DEAD_MAX_AGE = 30 * 24 * 3600.0
-DEAD_MAX_COUNT = 100_000
-PROGRESS_TTL = 24 * 3600.0
+# What a task gets when neither the producer nor its route says otherwise.
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+DEFAULT_NAMESPACE = "obsq"
+DEFAULT_QUEUE = "default"
+DEFAULT_MAX_RETRY = 25
+DEFAULT_TIMEOUT = 1800.0
+ENQUEUE_BATCH = 500  # tasks per enqueue script call: bounds how long one call holds Redis
 # Default retry backoff: base * 2**retries, capped, then jittered to 50-100 %.
 BACKOFF_BASE = 2.0
 BACKOFF_CAP = 600.0
@@ -41,9 +30,49 @@ EXPORTER_HTTP_PORT = 9193
 # Connections per process: calls beyond the pool wait up to REDIS_POOL_TIMEOUT for one.
 REDIS_MAX_CONNECTIONS = 50
 REDIS_POOL_TIMEOUT = 20.0
+CONNECT_TIMEOUT = 5.0
 # Pause between attempts to reach a Redis that is away, doubling up to the cap.
 REDIS_RETRY_MIN = 0.05
 REDIS_RETRY_MAX = 2.0
+# Inside the scripts (written into their source when they are loaded): wake tokens kept
+# per queue, values per Redis command (Lua's unpack() fails near 8,000), how long a
+# client's inbox of results outlives its last write.
+WAKE_CAP = 64
+LUA_SLICE = 1000
+INBOX_TTL = 300
+# Attempts per call of ack, extend and hand_back, and results per inbox read.
+ATTEMPTS_PER_CALL = 1000
+INBOX_BATCH = 1000
+# Fetching: batch caps, and when a worker holds a second batch.
+MAX_FETCH = 100
+PREFETCH_BELOW_SECONDS = 0.05  # prefetch a second batch only while tasks take less
+ACK_LINGER = 0.002  # how long completions may wait to ride along with the next fetch
+STOP_WAIT = 2.0  # how long a stopping worker waits for Redis to end its blocking wait
+FETCH_STOP_TIMEOUT = 15.0  # how long a drain waits for the fetch loop to end by itself
+SWEEP_BATCH = 1000  # tasks per call of a maintenance sweep
+# Waiting for results: how long one read of the inboxes blocks, and how often a waiter
+# looks at its task again in case a notice was lost.
+RESULT_READ_TIMEOUT = 2.0
+RESULT_RECHECK = 10.0
+# The queue gauges of /metrics: read from Redis at most once per cache period, within the
+# timeout; after a failure, the last values are served for STALE_LIMIT.
+COLLECTOR_CACHE = 1.0
+COLLECTOR_TIMEOUT = 2.0
+COLLECTOR_STALE_LIMIT = 30.0
+# Health: an event loop that cannot run a callback within LOOP_TIMEOUT is stuck; the
+# exporter and supervisor ping Redis every PING_INTERVAL.
+LOOP_TIMEOUT = 1.5
+PING_INTERVAL = 2.0
+# `obsq scheduler`: how often it looks at its entries at most, and its lock.
+SCHEDULER_INTERVAL = 1.0
+SCHEDULER_LOCK_TTL = 5.0
+# `obsq worker --processes N`: restarts of a child that died, doubling up to the cap; a
+# child that ran STABLE_AFTER starts its backoff afresh; children get STOP_MARGIN beyond
+# their shutdown timeout before they are killed.
+RESTART_MIN = 1.0
+RESTART_MAX = 30.0
+STABLE_AFTER = 60.0
+STOP_MARGIN = 10.0
 
 
 def redis_retry_delay(failures: int) -> float:
@@ -93,7 +122,7 @@ def _checked_name(kind: str, value: str) -> str:
 
 @dataclass
 class WorkerSettings:
-    redis_url: str = "redis://localhost:6379/0"
+    redis_url: str = DEFAULT_REDIS_URL
     namespace: str | None = None  # None: the App's namespace
     queues: dict[str, int] | None = None  # None: every queue the App's routes declare
     concurrency: int = 50
@@ -108,6 +137,21 @@ class WorkerSettings:
     processes: int = 1
     log_format: str = "text"
     log_level: str = "INFO"
+    # The worker's loops: a heartbeat every interval, and a worker is lost after `ttl` of
+    # silence (its tasks are then taken back); the sweeps, each in one process at a time
+    # under a lock of `lock_ttl`; an idle worker's blocking wait; settling at shutdown.
+    heartbeat_interval: float = 2.0
+    heartbeat_ttl: float = 10.0
+    forward_interval: float = 0.25  # the forwarder's longest sleep; it wakes sooner when due
+    recover_interval: float = 1.0
+    janitor_interval: float = 10.0
+    lock_ttl: float = 5.0
+    wait_timeout: float = 2.0
+    settle_timeout: float = 5.0  # how long a stopping worker keeps trying to record outcomes
+    # What is left behind: dead tasks (by age and count), and a task's progress.
+    dead_max_age: float = 30 * 24 * 3600.0
+    dead_max_count: int = 100_000
+    progress_ttl: float = 24 * 3600.0
 
     def __post_init__(self) -> None:
         if self.queues is not None:
@@ -124,6 +168,13 @@ class WorkerSettings:
             raise ConfigurationError("shutdown_timeout must not be negative")
         if self.max_recoveries < 0:
             raise ConfigurationError("max_recoveries must not be negative")
+        for name in ("heartbeat_interval", "forward_interval", "recover_interval",
+                     "janitor_interval", "lock_ttl", "wait_timeout", "dead_max_age",
+                     "progress_ttl"):
+            if not getattr(self, name) > 0:
+                raise ConfigurationError(f"{name} must be positive, got {getattr(self, name)}")
+        if not self.heartbeat_ttl > self.heartbeat_interval:
+            raise ConfigurationError("heartbeat_ttl must be longer than heartbeat_interval")
         if self.http_port is not None and not -1 <= self.http_port <= 65535:  # -1: off
             raise ConfigurationError(f"http_port {self.http_port} is not a TCP port")
         if self.log_format not in ("text", "json"):

@@ -20,7 +20,7 @@ from obsq.app import OutcomeHook
 from obsq.broker import Attempt, Broker, Completion, Completions
 from obsq.errors import BrokerError
 from obsq.execution import Verdict
-from obsq.settings import redis_retry_delay
+from obsq.loop import RedisRetry
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
@@ -143,18 +143,18 @@ class Settler:
         """Flush what is left, retrying while Redis is away for up to `timeout`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        failures = 0
+        retry = RedisRetry("recording completions")
         while self._acks:
             try:
                 await self.flush()
             except BrokerError as exc:
-                failures += 1
+                pause = retry.failed(exc)
                 if loop.time() >= deadline:
                     log.error("gave up recording %d completion(s): %s; they will run again "
                               "once this worker is known lost",
                               sum(map(len, self._acks.values())), exc)
                     break
-                await asyncio.sleep(redis_retry_delay(failures))
+                await asyncio.sleep(pause)
         self._gave_up = True
         for acks in self._acks.values():
             for ack in acks:
@@ -166,16 +166,14 @@ class Settler:
                        attempts: int | None = None) -> Any:
         """Retry a settling call while Redis is away; None once the worker gives up (a
         re-sent call whose first send was applied is recognised by its fencing token)."""
-        failures = 0
+        retry = RedisRetry("recording an outcome")
         while True:
             try:
                 return await call()
             except BrokerError as exc:
-                failures += 1
-                if self._gave_up or (attempts is not None and failures >= attempts):
+                pause = retry.failed(exc)
+                if self._gave_up or (attempts is not None and retry.failures >= attempts):
                     log.error("gave up recording an outcome: %s; the task will run again "
                               "once this worker is known lost", exc)
                     return None
-                if failures == 1:
-                    log.warning("cannot record an outcome: %s; retrying", exc)
-                await asyncio.sleep(redis_retry_delay(failures))
+                await asyncio.sleep(pause)

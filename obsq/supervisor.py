@@ -27,16 +27,12 @@ import threading
 import time
 from typing import Any
 
-from obsq import __version__
+from obsq._version import __version__
 from obsq.app import load_app
-from obsq.settings import WorkerSettings
+from obsq.settings import RESTART_MAX, RESTART_MIN, STABLE_AFTER, STOP_MARGIN, WorkerSettings
 
 log = logging.getLogger("obsq")
 
-RESTART_MIN = 1.0  # seconds before restarting a child that died, doubling up to the cap
-RESTART_MAX = 30.0
-STABLE_AFTER = 60.0  # a child that ran this long starts its backoff afresh
-STOP_MARGIN = 10.0  # beyond the children's shutdown_timeout before they are killed
 POLL = 0.2
 CONFIG_ERROR = 2  # the exit status of `obsq` for a configuration error
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -221,9 +217,9 @@ class Supervisor:
     def _start_http(self, namespace: str) -> None:
         from obsq.broker import Broker
         from obsq.observability.collector import QueueCollector
-        from obsq.observability.exporter import RedisWatch
         from obsq.observability.http import HealthServer
         from obsq.observability.metrics import endpoint_registry
+        from obsq.observability.probes import RedisWatch
 
         loop = self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=loop.run_forever, name="obsq-supervisor",

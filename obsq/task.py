@@ -7,11 +7,9 @@ any language can produce or inspect them and a tampered entry fails loudly.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -20,36 +18,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import orjson
 
 from obsq.errors import PayloadError, Retry
+from obsq.names import validate_name
+from obsq.settings import DEFAULT_QUEUE
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-STATES = ("pending", "active", "scheduled", "retry", "dead", "completed")
-MAX_NAME_LENGTH = 200
-_FORBIDDEN = re.compile(r"[{}\x00-\x1f]")
-_SPACE = re.compile(r"\s")
-
-
 def new_task_id() -> str:
     """128 random bits as 32 hex digits (a uuid4's entropy, a quarter of its cost)."""
     return os.urandom(16).hex()
-
-
-def validate_name(kind: str, value: str) -> str:
-    """Queue names become Redis Cluster hash tags, so braces would split a queue across slots."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{kind} must be a non-empty string, got {value!r}")
-    return _checked_name(kind, value)
-
-
-@functools.lru_cache(maxsize=4096)  # the same few types and queues, checked per enqueue
-def _checked_name(kind: str, value: str) -> str:
-    if len(value) > MAX_NAME_LENGTH or _FORBIDDEN.search(value):
-        raise ValueError(f"{kind} {value!r} must be at most {MAX_NAME_LENGTH} characters "
-                         "without braces or control characters")
-    if kind in ("queue", "namespace") and _SPACE.search(value):
-        raise ValueError(f"{kind} {value!r} must not contain spaces")
-    return value
 
 
 def encode_json(value: Any, what: str) -> bytes:
@@ -114,11 +91,6 @@ class TaskMessage:
         options = {"max_retry": self.max_retry, "timeout": self.timeout,
                    "retention": self.retention or None}
         return orjson.dumps({k: v for k, v in options.items() if v is not None})
-
-
-DEFAULT_MAX_RETRY = 25
-DEFAULT_TIMEOUT = 1800.0
-DEFAULT_QUEUE = "default"
 
 
 def build_message(job: Job, *, queue: str | None = None, max_retry: int | None = None,

@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 import redis
-from support import missing_tool, wait_until
+from support import SHORT_INTERVALS, missing_tool, wait_until
 
 import obsq
+from obsq.observability import run_worker
 from obsq.redis_server import RedisServer
 
 
@@ -74,7 +75,7 @@ def app(namespace: str) -> obsq.App:
 
 @pytest.fixture
 async def client(redis_url: str, namespace: str, app: obsq.App) -> AsyncIterator[obsq.Client]:
-    c = obsq.Client(redis_url, namespace=namespace, app=app, instrument=False)
+    c = obsq.Client(redis_url, namespace=namespace, app=app)
     yield c
     await c.close()
 
@@ -90,22 +91,32 @@ def raw_redis(redis_url: str) -> Iterator[redis.Redis]:
 async def start_worker(redis_url: str, app: obsq.App
                        ) -> AsyncIterator[Callable[..., Any]]:
     """`worker = await start_worker(**options)`: a Worker running in this event loop,
-    stopped and drained at the end of the test (or earlier with `await stop(worker)`)."""
+    stopped and drained at the end of the test. `metrics`, `tracing` and `http_port` run it
+    the way `obsq worker` does (obsq.observability.run_worker); `start_worker.port(worker)`
+    is then its endpoint's port. Its intervals are short, so tests need not wait long for
+    heartbeats to lapse or sweeps to come round."""
     running: list[tuple[obsq.Worker, asyncio.Task[None]]] = []
+    ports: dict[obsq.Worker, int] = {}
 
-    async def start(worker_app: obsq.App | None = None, **options: Any) -> obsq.Worker:
+    async def start(worker_app: obsq.App | None = None, *, metrics: bool = False,
+                    tracing: bool = False, http_port: int | None = None,
+                    **options: Any) -> obsq.Worker:
         options.setdefault("redis_url", redis_url)
-        options.setdefault("metrics", False)
-        options.setdefault("tracing", False)
         options.setdefault("concurrency", 10)
+        for name, value in SHORT_INTERVALS.items():
+            options.setdefault(name, value)
         worker = obsq.Worker(worker_app or app, handle_signals=False, **options)
-        task = asyncio.create_task(worker.run())
+        task = asyncio.create_task(run_worker(
+            worker, metrics=metrics, tracing=tracing, http_port=http_port,
+            http_host="127.0.0.1", serving=lambda server: ports.__setitem__(worker,
+                                                                            server.port)))
         running.append((worker, task))
         await wait_until(lambda: worker.started_at or task.done(), timeout=10)
         if task.done():
             task.result()  # its start-up error
         return worker
 
+    start.port = ports.__getitem__  # type: ignore[attr-defined]
     yield start
     for worker, _ in running:
         worker.stop()

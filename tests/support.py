@@ -11,6 +11,15 @@ from typing import Any
 import pytest
 
 IN_CI = bool(os.environ.get("CI"))
+# What the workers of the tests run with: a worker is known lost within seconds, and every
+# sweep comes round several times a second (the defaults are for production).
+SHORT_INTERVALS = {"heartbeat_interval": 0.5, "heartbeat_ttl": 3.0, "recover_interval": 0.1,
+                   "janitor_interval": 0.5, "lock_ttl": 1.0, "wait_timeout": 0.5}
+
+
+def short_interval_env() -> dict[str, str]:
+    """SHORT_INTERVALS as the OBSQ_* variables of a worker process."""
+    return {f"OBSQ_{name.upper()}": str(value) for name, value in SHORT_INTERVALS.items()}
 
 
 def missing_tool(message: str) -> None:

@@ -49,7 +49,7 @@ async def test_a_worker_and_a_client_run_through_sentinel_and_follow_a_failover(
     async def echo(task: obsq.Task):
         return task.payload
 
-    client = obsq.Client(url, namespace=namespace, instrument=False)
+    client = obsq.Client(url, namespace=namespace)
     await start_worker(app, redis_url=url)
     first = await client.enqueue("echo", {"n": 1}, retention=60)
     assert await client.result(first, timeout=10) == {"n": 1}

@@ -26,10 +26,9 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 
 from obsq.errors import ConfigurationError
-from obsq.settings import REDIS_MAX_CONNECTIONS, REDIS_POOL_TIMEOUT
+from obsq.settings import CONNECT_TIMEOUT, REDIS_MAX_CONNECTIONS, REDIS_POOL_TIMEOUT
 
 SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel")
-CONNECT_TIMEOUT = 5.0
 # Linux names; elsewhere plain keepalive with the system's timers.
 KEEPALIVE = {getattr(socket, name): value for name, value in (
     ("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 10_000),

@@ -14,6 +14,7 @@ import orjson
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.records import Ended, Enqueued
+from obsq.settings import INBOX_BATCH
 from obsq.task import TaskMessage
 
 
@@ -107,7 +108,6 @@ class Producing(RedisCalls):
         await self._guard("read_inbox", pipe.execute())
 
 
-INBOX_BATCH = 1000
 
 
 def _enqueued(status: str) -> Enqueued:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import hashlib
 from importlib import resources
+from string import Template
 from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
+
+from obsq.settings import INBOX_TTL, LUA_SLICE, WAKE_CAP
 
 SCRIPT_DIR = resources.files("obsq.broker") / "scripts"
 
@@ -21,8 +24,13 @@ class Script:
         self.sha = hashlib.sha1(source.encode()).hexdigest()
 
 
+class _Constants(Template):
+    delimiter = "@"  # Lua uses $ in patterns, never @
+
+
 def load_scripts() -> dict[str, Script]:
-    prelude = (SCRIPT_DIR / "_prelude.lua").read_text()
+    prelude = _Constants((SCRIPT_DIR / "_prelude.lua").read_text()).substitute(
+        LUA_SLICE=LUA_SLICE, WAKE_CAP=WAKE_CAP, INBOX_TTL=INBOX_TTL)
     scripts = {}
     for path in SCRIPT_DIR.iterdir():
         if path.name.endswith(".lua") and not path.name.startswith("_"):

@@ -13,10 +13,8 @@ import orjson
 from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
 from obsq.broker.records import Attempt, Completions, Fetched, FetchedTask
 from obsq.broker.scripts import is_noscript
+from obsq.settings import ATTEMPTS_PER_CALL
 
-# Attempts per script call of extend and hand_back, completions per call of ack: bounds how
-# long one call holds Redis, whatever the concurrency.
-ATTEMPTS_PER_CALL = 1000
 log = logging.getLogger("obsq")
 
 

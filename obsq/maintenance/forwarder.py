@@ -1,22 +1,18 @@
 """Moves scheduled and retry tasks to pending when they are due. It sleeps until the
-earliest due task, at most FORWARD_INTERVAL, so a delay is kept to within that."""
+earliest due task, at most its interval, so a delay is kept to within that."""
 
 from __future__ import annotations
 
 import time
 
-from obsq.broker import Broker
-from obsq.maintenance.sweep import Sweep
-from obsq.settings import FORWARD_INTERVAL, SWEEP_BATCH
+from obsq.loop import LockedLoop
+from obsq.settings import SWEEP_BATCH
 
 
-class Forwarder(Sweep):
+class Forwarder(LockedLoop):
     name = "forwarder"
 
-    def __init__(self, broker: Broker, owner: str, interval: float = FORWARD_INTERVAL) -> None:
-        super().__init__(broker, owner, interval)
-
-    async def sweep(self) -> float:
+    async def work(self) -> float:
         """Returns how long to sleep: until the earliest due task, on Redis's clock."""
         started = time.monotonic()
         soonest = self.interval

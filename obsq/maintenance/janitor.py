@@ -4,21 +4,20 @@ count limit, so Redis memory stays bounded."""
 from __future__ import annotations
 
 from obsq.broker import Broker
-from obsq.maintenance.sweep import Sweep
-from obsq.settings import DEAD_MAX_AGE, DEAD_MAX_COUNT, JANITOR_INTERVAL, SWEEP_BATCH
+from obsq.loop import LockedLoop
+from obsq.settings import SWEEP_BATCH
 
 
-class Janitor(Sweep):
+class Janitor(LockedLoop):
     name = "janitor"
 
-    def __init__(self, broker: Broker, owner: str, *, dead_max_age: float = DEAD_MAX_AGE,
-                 dead_max_count: int = DEAD_MAX_COUNT,
-                 interval: float = JANITOR_INTERVAL) -> None:
-        super().__init__(broker, owner, interval)
+    def __init__(self, broker: Broker, owner: str, interval: float, lock_ttl: float, *,
+                 dead_max_age: float, dead_max_count: int) -> None:
+        super().__init__(broker, owner, interval, lock_ttl)
         self.dead_max_age = dead_max_age
         self.dead_max_count = dead_max_count
 
-    async def sweep(self) -> None:
+    async def work(self) -> None:
         for queue in await self.broker.queues():
             deleted = SWEEP_BATCH
             while deleted >= SWEEP_BATCH:

@@ -8,22 +8,22 @@ import logging
 
 from obsq.app import RecoveryHook
 from obsq.broker import Broker
-from obsq.maintenance.sweep import Sweep
-from obsq.settings import RECOVER_INTERVAL, SWEEP_BATCH
+from obsq.loop import LockedLoop
+from obsq.settings import SWEEP_BATCH
 
 log = logging.getLogger("obsq")
 
 
-class Recoverer(Sweep):
+class Recoverer(LockedLoop):
     name = "recoverer"
 
-    def __init__(self, broker: Broker, owner: str, *, max_recoveries: int,
-                 hooks: list[RecoveryHook], interval: float = RECOVER_INTERVAL) -> None:
-        super().__init__(broker, owner, interval)
+    def __init__(self, broker: Broker, owner: str, interval: float, lock_ttl: float, *,
+                 max_recoveries: int, hooks: list[RecoveryHook]) -> None:
+        super().__init__(broker, owner, interval, lock_ttl)
         self.max_recoveries = max_recoveries
         self.hooks = hooks
 
-    async def sweep(self) -> None:
+    async def work(self) -> None:
         lost = await self.broker.lost_workers()
         for queue in await self.broker.queues():
             cursor = "0"

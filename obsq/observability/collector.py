@@ -23,20 +23,18 @@ from prometheus_client.core import GaugeMetricFamily
 
 from obsq.broker import TASK_STATES, Broker
 from obsq.errors import BrokerError
+from obsq.settings import COLLECTOR_CACHE, COLLECTOR_STALE_LIMIT, COLLECTOR_TIMEOUT
 
 log = logging.getLogger("obsq")
 
-CACHE_SECONDS = 1.0
-TIMEOUT_SECONDS = 2.0
-STALE_LIMIT = 30.0  # serve the last values after a failed read for this long, then nothing
 
 QueueSource = Sequence[str] | Callable[[], Awaitable[Sequence[str]]]
 
 
 class QueueCollector:
     def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop, queues: QueueSource,
-                 *, cache_seconds: float = CACHE_SECONDS,
-                 timeout: float = TIMEOUT_SECONDS) -> None:
+                 *, cache_seconds: float = COLLECTOR_CACHE,
+                 timeout: float = COLLECTOR_TIMEOUT) -> None:
         """`queues`: the names to report, or an async function returning them (the exporter
         reports every queue Redis knows)."""
         self.broker = broker
@@ -47,7 +45,7 @@ class QueueCollector:
         self._lock = threading.Lock()
         self._families: list[GaugeMetricFamily] = []
         self._read_at = 0.0  # monotonic time of the last successful read
-        self._tried_at = -CACHE_SECONDS  # of the last attempt, successful or not
+        self._tried_at = -cache_seconds  # of the last attempt, successful or not
         self._failing = False
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
@@ -60,7 +58,7 @@ class QueueCollector:
             if now - self._tried_at >= self.cache_seconds:
                 self._refresh()
                 now = self._tried_at = time.monotonic()  # a slow failure counts from its end
-            if now - self._read_at > STALE_LIMIT:
+            if now - self._read_at > COLLECTOR_STALE_LIMIT:
                 return []
             return list(self._families)
 

@@ -3,20 +3,17 @@ HTTP server, so that it answers even while the event loop is busy (and can tell 
 
 - `/metrics`: prometheus-client's exposition, OpenMetrics when the Accept header asks
   for it (histograms then carry trace-id exemplars), gzip when accepted;
-- `/healthz` (liveness): the event loop runs a callback within LOOP_TIMEOUT and the
-  worker's heartbeats reach Redis; else 503 with a JSON reason;
-- `/readyz` (readiness): Redis reachable and the worker not draining; else 503;
+- `/healthz` (liveness) and `/readyz` (readiness): 200, or 503 with the reason the
+  process's checks give (obsq/observability/probes.py);
 - `/`: a short JSON status.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -25,24 +22,11 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
-from obsq import __version__
+from obsq._version import __version__
 from obsq.errors import ConfigurationError
+from obsq.observability.probes import Check
 
 log = logging.getLogger("obsq")
-
-LOOP_TIMEOUT = 1.5  # a loop that cannot run a callback this long is stuck
-Check = Callable[[], "str | None"]  # None: fine; else why not
-
-
-def loop_answers(loop: asyncio.AbstractEventLoop, timeout: float = LOOP_TIMEOUT) -> bool:
-    """True if `loop` runs a callback within `timeout` seconds (call from another thread)."""
-    answered = threading.Event()
-    try:
-        loop.call_soon_threadsafe(answered.set)
-    except RuntimeError:  # closed
-        return False
-    return answered.wait(timeout)
-
 
 class HealthServer:
     """/metrics, /healthz, /readyz and / on a port of their own, served from threads."""
@@ -138,43 +122,3 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # probes every few seconds would drown the worker's own logs
-
-
-def serve_http(worker: Any, host: str, port: int) -> HealthServer | None:
-    """The endpoint of a running Worker (call it on the worker's event loop). Port 0 picks
-    a free port (see `.port`); a negative port means no endpoint (returns None)."""
-    if port is not None and port < 0:
-        return None
-    from obsq.observability.collector import QueueCollector
-    from obsq.observability.metrics import endpoint_registry
-
-    loop = asyncio.get_running_loop()
-    registry = endpoint_registry(QueueCollector(worker.broker, loop, list(worker.queues)))
-
-    def live() -> str | None:
-        if not loop_answers(loop):
-            return f"the event loop did not answer within {LOOP_TIMEOUT:g} s"
-        health = worker.health()
-        if not health["heartbeat_ok"]:
-            return f"no heartbeat reached Redis for {health['heartbeat_age']:.0f} s"
-        return None
-
-    def ready() -> str | None:
-        health = worker.health()
-        if health["draining"]:
-            return "the worker is draining"
-        if not health["redis_ok"]:
-            return "Redis is unreachable"
-        return None
-
-    def status() -> dict[str, Any]:
-        health = worker.health()
-        started = getattr(worker, "started_at", 0.0)
-        return {"worker": worker.id, "version": __version__, "queues": worker.queues,
-                "concurrency": worker.concurrency, "busy": worker.busy,
-                "processed": getattr(worker, "processed", None),
-                "heartbeat_age": round(health["heartbeat_age"], 3),
-                "draining": health["draining"],
-                "uptime": round(time.time() - started, 3) if started else 0.0}
-
-    return HealthServer(host, port, registry, live=live, ready=ready, status=status)

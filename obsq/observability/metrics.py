@@ -24,10 +24,11 @@ from opentelemetry import trace
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from obsq import __version__
+from obsq._version import __version__
 from obsq.app import OUTCOMES, RECOVERY_REASONS, App
 from obsq.broker.calls import OPERATIONS
-from obsq.task import DEFAULT_QUEUE, Task, TaskInfo, TaskMessage
+from obsq.settings import DEFAULT_QUEUE
+from obsq.task import Task, TaskInfo, TaskMessage
 
 # From 5 ms to 10 minutes: handlers and queueing delays of a task queue span seconds to
 # minutes, unlike the sub-second buckets of an HTTP server.

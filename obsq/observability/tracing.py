@@ -25,7 +25,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from obsq import __version__
+from obsq._version import __version__
 from obsq.errors import ConfigurationError
 from obsq.task import Task, TaskInfo, TaskMessage
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from support import short_interval_env
 
 from obsq.broker import Broker
 from obsq.redis_server import free_port
@@ -43,7 +44,7 @@ def spawn_worker(redis_url: str, namespace: str, tmp_path: Path
         env = {**os.environ, "OBSQ_ENGINE_RECORD_URL": redis_url,
                "OBSQ_ENGINE_RECORD_PREFIX": namespace, "PYTHONUNBUFFERED": "1"}
         env = {k: v for k, v in env.items() if not k.startswith("OBSQ_") or
-               k.startswith("OBSQ_ENGINE_")}
+               k.startswith("OBSQ_ENGINE_")} | short_interval_env()
         args = [sys.executable, "-m", "obsq", "worker", "tests.engine.apps:app",
                 "--redis-url", redis_url, "--namespace", namespace,
                 "--concurrency", str(concurrency), "--http-port", "0", "--no-metrics",

@@ -15,6 +15,7 @@ import pytest
 from support import missing_tool, wait_until
 
 import obsq
+from obsq.broker import QueueKeys
 from obsq.redis_server import RedisServer, free_port
 
 from .helpers import ROOT, namespace_keys
@@ -58,7 +59,7 @@ async def test_a_tampered_payload_goes_to_dead_while_others_run(app, client, sta
         ran.append(task.payload)
 
     bad = await client.enqueue("t", {"ok": False}, max_retry=5)
-    raw_redis.hset(f"{namespace}:{{default}}:t:{bad.id}", "payload", b"\x00not json{")
+    raw_redis.hset(QueueKeys(namespace, "default").task(bad.id), "payload", b"\x00not json{")
     await client.enqueue("t", {"ok": True})
     await start_worker()
     await wait_until(lambda: ran == [{"ok": True}])
@@ -111,12 +112,12 @@ async def test_a_task_hash_deleted_behind_obsqs_back_is_skipped(app, client, sta
 
     ghost = await client.enqueue("t", "ghost")
     await client.enqueue("t", "real")
-    raw_redis.delete(f"{namespace}:{{default}}:t:{ghost.id}")
-    assert raw_redis.llen(f"{namespace}:{{default}}:pending") == 2
+    raw_redis.delete(QueueKeys(namespace, "default").task(ghost.id))
+    assert raw_redis.llen(QueueKeys(namespace, "default").pending) == 2
     await start_worker()
     await wait_until(lambda: ran == ["real"])
-    assert raw_redis.llen(f"{namespace}:{{default}}:pending") == 0
-    assert not raw_redis.zscore(f"{namespace}:{{default}}:lease", ghost.id)
+    assert raw_redis.llen(QueueKeys(namespace, "default").pending) == 0
+    assert not raw_redis.zscore(QueueKeys(namespace, "default").lease, ghost.id)
     await client.enqueue("t", "after")
     await wait_until(lambda: ran == ["real", "after"])
 
@@ -136,7 +137,7 @@ async def test_garbage_in_stored_fields_falls_back_to_defaults(app, client, star
         return "fine"
 
     info = await client.enqueue("t", "p", timeout=9, max_retry=1, headers={"h": "v"})
-    raw_redis.hset(f"{namespace}:{{default}}:t:{info.id}", field, junk)
+    raw_redis.hset(QueueKeys(namespace, "default").task(info.id), field, junk)
     stored = await client.info(info.id)  # info() can show the task
     assert (stored.state, stored.payload) == ("pending", "p")
     await start_worker()
@@ -145,7 +146,7 @@ async def test_garbage_in_stored_fields_falls_back_to_defaults(app, client, star
         assert seen == [(3, obsq.execution.DEFAULT_TIMEOUT, {"h": "v"}, "p")]
     else:
         assert seen == [(1, 9, {}, "p")]
-    await wait_until(lambda: not raw_redis.exists(f"{namespace}:{{default}}:t:{info.id}"))
+    await wait_until(lambda: not raw_redis.exists(QueueKeys(namespace, "default").task(info.id)))
 
 
 async def test_garbage_in_the_retry_count_does_not_stop_the_worker(app, client, start_worker,
@@ -158,7 +159,7 @@ async def test_garbage_in_the_retry_count_does_not_stop_the_worker(app, client, 
         ran.append((task.payload, task.retry_count))
 
     info = await client.enqueue("t", "odd")
-    raw_redis.hset(f"{namespace}:{{default}}:t:{info.id}", "retried", b"lots")
+    raw_redis.hset(QueueKeys(namespace, "default").task(info.id), "retried", b"lots")
     await start_worker()
     await client.enqueue("t", "next")
     await wait_until(lambda: ("next", 0) in ran)
@@ -190,7 +191,7 @@ def test_worker_with_bad_options_raises_configuration_error(app, options) -> Non
 
 async def test_worker_run_against_unreachable_redis_raises_configuration_error(app) -> None:
     worker = obsq.Worker(app, redis_url=f"redis://127.0.0.1:{free_port()}/0",
-                         metrics=False, tracing=False, handle_signals=False)
+                         handle_signals=False)
     with pytest.raises(obsq.ConfigurationError, match="cannot reach Redis"):
         await asyncio.wait_for(worker.run(), timeout=20)
 

@@ -14,7 +14,7 @@ import pytest
 from support import depth, wait_until
 
 import obsq
-from obsq.broker import Attempt, Broker, Completion
+from obsq.broker import Attempt, Broker, Completion, GlobalKeys
 
 from .helpers import decoded, live_worker_pids, record_key
 
@@ -115,7 +115,8 @@ async def test_a_task_that_kills_its_worker_ends_in_dead_after_max_recoveries(
     # A steady worker on another queue holds the recoverer lock, as a healthy replica
     # would; the poisoned workers serve the default queue and die one after the other.
     steady = await start_worker(queues="steady", max_recoveries=1)
-    await wait_until(lambda: raw_redis.get(f"{namespace}:lock:recoverer") == steady.id.encode())
+    lock = GlobalKeys(namespace).lock("recoverer")
+    await wait_until(lambda: raw_redis.get(lock) == steady.id.encode())
     info = await client.enqueue("poison", retention=60)
     args = ("--max-recoveries", "1", "--lease-seconds", "1")
     restarts = 0
@@ -212,8 +213,7 @@ async def test_a_graceful_stop_under_load_is_prompt_and_loses_nothing(
 
     total = 1500
     infos = await client.enqueue_many([obsq.Job("tiny", i) for i in range(total)])
-    worker = obsq.Worker(app, redis_url, concurrency=8, shutdown_timeout=120, metrics=False,
-                         tracing=False, handle_signals=False)
+    worker = obsq.Worker(app, redis_url, concurrency=8, shutdown_timeout=120, handle_signals=False)
     running = asyncio.create_task(worker.run())
     await wait_until(lambda: len(runs) >= 300, timeout=20)
     worker.stop()

@@ -36,7 +36,7 @@ async def test_a_worker_without_queues_serves_every_queue_its_routes_declare(
     app = _routed_app(namespace)
     worker = await start_worker(app)
     assert worker.queues == {"critical": 1, "default": 1}
-    async with obsq.Client(redis_url, app=app, instrument=False) as client:
+    async with obsq.Client(redis_url, app=app) as client:
         paged = await client.enqueue("alert:page", retention=60)
         reported = await client.enqueue("report:daily", retention=60)
         assert paged.queue == "critical" and reported.queue == "default"
@@ -53,7 +53,7 @@ async def test_a_client_given_the_app_uses_its_namespace(redis_url, namespace,
                                                          start_worker) -> None:
     app = _routed_app(namespace)
     await start_worker(app)
-    async with obsq.Client(redis_url, app=app, instrument=False) as client:
+    async with obsq.Client(redis_url, app=app) as client:
         assert client.namespace == namespace
         info = await client.enqueue("alert:page", retention=60)
         assert await client.result(info, timeout=10) == "paged"
@@ -64,7 +64,7 @@ async def test_a_sync_client_given_the_app_routes_to_the_apps_queue(redis_url, n
     app = _routed_app(namespace)
     await start_worker(app)
     def produce() -> tuple[str, str]:  # in a thread: the worker runs on this event loop
-        with obsq.SyncClient(redis_url, app=app, instrument=False) as client:
+        with obsq.SyncClient(redis_url, app=app) as client:
             info = client.enqueue("alert:page", retention=60)
             return info.queue, client.result(info, timeout=10)
 
@@ -75,7 +75,7 @@ async def test_a_client_without_the_app_warns_once_of_a_queue_no_worker_serves(
         redis_url, namespace, start_worker, caplog) -> None:
     await start_worker(_routed_app(namespace))  # serves critical and default
     caplog.set_level(logging.WARNING, logger="obsq")
-    async with obsq.Client(redis_url, namespace, instrument=False) as client:
+    async with obsq.Client(redis_url, namespace) as client:
         for _ in range(3):
             await client.enqueue("x", queue="nobody")
             await client.enqueue("x", queue="critical")

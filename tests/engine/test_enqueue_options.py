@@ -10,6 +10,7 @@ import pytest
 from support import wait_until
 
 import obsq
+from obsq.broker import GlobalKeys, QueueKeys
 
 
 async def test_queue_option_puts_the_task_on_that_queue(app, client, start_worker) -> None:
@@ -106,7 +107,7 @@ async def test_unique_for_rejects_duplicates_until_success(app, client, start_wo
     # another payload, or another type, is not a duplicate
     other = await client.enqueue("uniq", {"n": 2}, unique_for=60, retention=60)
     assert other.id != first.id
-    assert raw_redis.keys(f"{namespace}:{{default}}:unique:*")
+    assert raw_redis.keys(QueueKeys(namespace, "default").prefix + "unique:*")
 
     await start_worker()
     with pytest.raises(obsq.DuplicateTask):  # still a duplicate while it runs
@@ -153,20 +154,20 @@ async def test_retention_keeps_the_result_and_without_it_the_task_is_gone(
 
     await start_worker()
     kept = await client.enqueue("double", 21, retention=60)
-    await wait_until(lambda: raw_redis.zscore(f"{namespace}:{{default}}:completed", kept.id))
+    await wait_until(lambda: raw_redis.zscore(QueueKeys(namespace, "default").completed, kept.id))
     info = await client.info(kept.id)
     assert (info.state, info.result) == ("completed", 42)
     assert info.completed_at is not None
-    ttl = raw_redis.pttl(f"{namespace}:{{default}}:t:{kept.id}")
+    ttl = raw_redis.pttl(QueueKeys(namespace, "default").task(kept.id))
     assert 60_000 < ttl <= 120_000  # retention plus a margin for the janitor
 
     gone = await client.enqueue("double", 1)
-    key = f"{namespace}:{{default}}:t:{gone.id}"
+    key = QueueKeys(namespace, "default").task(gone.id)
     assert raw_redis.exists(key)
     await wait_until(lambda: not raw_redis.exists(key))
     with pytest.raises(obsq.TaskNotFound):
         await client.info(gone.id)
-    assert not raw_redis.zscore(f"{namespace}:{{default}}:completed", gone.id)
+    assert not raw_redis.zscore(QueueKeys(namespace, "default").completed, gone.id)
 
 
 async def test_headers_reach_the_handler(app, client, start_worker) -> None:
@@ -210,7 +211,7 @@ async def test_enqueue_many_across_queues_flags_duplicates(app, client, start_wo
     assert infos[5].id == infos[4].id  # the id of the task holding the unique lock
     assert infos[6].id == "fresh-id"
     assert infos[2].state == "scheduled"
-    assert raw_redis.smembers(f"{namespace}:queues") == {b"a", b"b", b"c"}
+    assert raw_redis.smembers(GlobalKeys(namespace).queues) == {b"a", b"b", b"c"}
 
     await start_worker(queues="a,b,c")
     await wait_until(lambda: len(ran) == 6)
@@ -239,7 +240,7 @@ async def test_route_defaults_apply_when_the_client_has_the_app(app, client, sta
     assert (await client.info(explicit.id)).retry_count == 0
 
     # a client without the app knows no routes: the default queue
-    async with obsq.Client(redis_url, namespace, instrument=False) as bare:
+    async with obsq.Client(redis_url, namespace) as bare:
         plain = await bare.enqueue("routed")
     assert plain.queue == "default"
 

@@ -58,7 +58,7 @@ async def test_one_client_serves_2000_result_waits_on_a_few_connections(
         return task.payload * 2
 
     await start_worker(concurrency=200)
-    async with obsq.Client(redis_url, app=app, instrument=False) as client:
+    async with obsq.Client(redis_url, app=app) as client:
         infos = await client.enqueue_many([obsq.Job("gated", i) for i in range(2000)])
         async with PeakConnections(raw_redis) as seen:
             waits = [asyncio.ensure_future(client.result(info, timeout=60)) for info in infos]
@@ -76,7 +76,7 @@ async def test_one_client_serves_2000_result_waits_on_a_few_connections(
 async def test_one_client_takes_2000_concurrent_enqueues(app, redis_url, raw_redis,
                                                          namespace) -> None:
     errors: list[BaseException] = []
-    async with obsq.Client(redis_url, app=app, instrument=False) as client:
+    async with obsq.Client(redis_url, app=app) as client:
         client.broker.on_error.append(lambda operation, exc: errors.append(exc))
         async with PeakConnections(raw_redis) as seen:
             infos = await asyncio.gather(*(client.enqueue("t", {"n": i}) for i in range(2000)))

@@ -33,8 +33,7 @@ async def test_outcome_hooks_see_every_settled_attempt(app, client, redis_url,
             await release.wait()
         return task.payload
 
-    worker = obsq.Worker(app, redis_url, concurrency=4, shutdown_timeout=0.2, metrics=False,
-                         tracing=False, handle_signals=False)
+    worker = obsq.Worker(app, redis_url, concurrency=4, shutdown_timeout=0.2, handle_signals=False)
     running = asyncio.create_task(worker.run())
     for payload in ("ok", "fails once", "dies"):
         await client.enqueue("t", payload)

@@ -6,7 +6,7 @@ import pytest
 from support import wait_until
 
 import obsq
-from obsq.broker import Broker
+from obsq.broker import Broker, QueueKeys
 
 PER_QUEUE = 150
 FIRST_PICKS = 140
@@ -75,7 +75,7 @@ async def test_a_paused_queue_is_not_served(app, client, start_worker, broker: B
 
     await broker.set_paused("emails", False)
     await wait_until(lambda: "emails:held" in ran, timeout=10)
-    assert not raw_redis.exists(f"{namespace}:{{emails}}:paused")
+    assert not raw_redis.exists(QueueKeys(namespace, "emails").paused)
 
 
 @pytest.mark.parametrize("strict", [False, True])
@@ -101,7 +101,7 @@ async def test_unpausing_wakes_idle_workers_for_the_tasks_that_waited(
     await broker.set_paused("emails", True)
     for n in range(3):
         await client.enqueue("work", n, queue="emails")
-    raw_redis.delete(f"{namespace}:{{emails}}:wake")  # as if idle workers had taken them
+    raw_redis.delete(QueueKeys(namespace, "emails").wake)  # as if idle workers had taken them
     await broker.set_paused("emails", False)
     # one wake token per waiting task: idle workers blocked on the wake list start at once
-    assert raw_redis.llen(f"{namespace}:{{emails}}:wake") == 3
+    assert raw_redis.llen(QueueKeys(namespace, "emails").wake) == 3

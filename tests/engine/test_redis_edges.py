@@ -28,19 +28,11 @@ async def test_a_lost_workers_attempts_are_recovered_in_bounded_steps(client, br
 
     requeued, _, cursor = await broker.recover("default", 5, 1000, ["ghost"])
     assert cursor != "0" and requeued <= 1100  # one call scans about `batch` entries
-    recoverer = Recoverer(broker, "tester", max_recoveries=5, hooks=[])
-    await recoverer.sweep()  # the sweep calls again until the scan ends
+    recoverer = Recoverer(broker, "tester", 1.0, 1.0, max_recoveries=5, hooks=[])
+    await recoverer.work()  # the sweep calls again until the scan ends
     assert (await depth(broker))["pending"] == 2500
     assert (await depth(broker))["active"] == 0
     assert await broker.lost_workers() == []  # forgotten once its tasks are back
-
-
-async def test_only_the_owner_keeps_or_releases_a_lock(broker) -> None:
-    assert await broker.try_lock("sweep", "a", 5)
-    await broker.release_lock("sweep", "b")  # not b's to release
-    assert not await broker.try_lock("sweep", "b", 5)
-    await broker.release_lock("sweep", "a")
-    assert await broker.try_lock("sweep", "b", 5)
 
 
 @pytest.mark.parametrize("skew", [3600.0, -3600.0])
@@ -158,10 +150,9 @@ async def test_a_completion_a_stopping_worker_cannot_record_is_unrecorded(
     async def handler(task: obsq.Task):
         await gate.wait()
 
-    worker = obsq.Worker(app, private_redis.url, shutdown_timeout=10, metrics=False,
-                         tracing=False, handle_signals=False)
+    worker = obsq.Worker(app, private_redis.url, shutdown_timeout=10, handle_signals=False)
     running = asyncio.create_task(worker.run())
-    async with obsq.Client(private_redis.url, app=app, instrument=False) as client:
+    async with obsq.Client(private_redis.url, app=app) as client:
         await client.enqueue("t")
     await wait_until(lambda: worker.busy == 1)
     private_redis.stop()

@@ -86,7 +86,7 @@ async def test_waiters_in_two_clients_on_one_task_all_get_the_result(
 
     await start_worker()
     info = await client.enqueue("shared", retention=60)
-    async with obsq.Client(redis_url, app=app, instrument=False) as other:
+    async with obsq.Client(redis_url, app=app) as other:
         waiting = [asyncio.ensure_future(c.result(info, timeout=10))
                    for c in (client, client, other)]
         await wait_until(lambda: _state(client, info.id, "active"))
@@ -157,7 +157,7 @@ async def test_sync_client_enqueue_result_info(app, redis_url, namespace,
     await start_worker()
 
     def use_sync_client() -> tuple[object, object, list[bool]]:
-        with obsq.SyncClient(redis_url, namespace, app=app, instrument=False) as sync:
+        with obsq.SyncClient(redis_url, namespace, app=app) as sync:
             info = sync.enqueue("add", [1, 2, 3], retention=60)
             result = sync.result(info, timeout=10)
             stored = sync.info(info.id)

@@ -26,7 +26,7 @@ from typing import Any
 
 from deploy.promql import alert_queries, dashboard_queries
 
-from obsq.broker import Broker
+from obsq.broker import Broker, GlobalKeys, QueueKeys
 from obsq.observability import instrument_client
 
 from .helpers import (
@@ -187,7 +187,7 @@ async def test_every_dashboard_query_and_alert_returns_data(
     admin = Broker(redis_url, namespace)
     worker = await start_worker(queues={main: 2, side: 1}, metrics=True, http_port=0,
                                 lease_seconds=60)
-    port = worker._http.port
+    port = start_worker.port(worker)
     starting = asyncio.create_task(asyncio.to_thread(
         prometheus, [f"127.0.0.1:{port}"], rule_files=[RULES], labels={"namespace": namespace}))
     t0 = time.monotonic()
@@ -205,7 +205,7 @@ async def test_every_dashboard_query_and_alert_returns_data(
         and its first attempt's late result refused (lease_lost)."""
         info = await client.enqueue("slow")
         await eventually(lambda: attempts[info.id] == 1, what="the slow task started")
-        raw_redis.zadd(f"{namespace}:{{{main}}}:lease", {info.id: 1})
+        raw_redis.zadd(QueueKeys(namespace, main).lease, {info.id: 1})
         await eventually(lambda: attempts[info.id] == 2, what="the slow task ran again")
         releases[info.id].set()
 
@@ -214,13 +214,13 @@ async def test_every_dashboard_query_and_alert_returns_data(
         await client.enqueue("easy", {}, queue=away)
         _, (_, taken) = await admin.dequeue(away, 1, ghost, 60)
         assert len(taken) == 1
-        raw_redis.zadd(f"{namespace}:workers", {ghost: int((time.time() - 60) * 1000)})
+        raw_redis.zadd(GlobalKeys(namespace).workers, {ghost: int((time.time() - 60) * 1000)})
 
     async def fail_a_redis_call() -> None:
         """A key of the wrong type makes the queue gauges' read fail (WRONGTYPE), which
         the worker's broker counts under its operation, "stats"."""
         before = await scraped("obsq_redis_errors_total", operation="stats")
-        broken = f"{namespace}:{{{side}}}:completed"
+        broken = QueueKeys(namespace, side).completed
         raw_redis.set(broken, "not a sorted set")
         try:
             async def failed() -> bool:

@@ -22,7 +22,7 @@ from .helpers import (
 
 
 async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
-    client = obsq.Client(redis_url, namespace=namespace, instrument=False)
+    client = obsq.Client(redis_url, namespace=namespace)
     await client.enqueue("a", {}, queue="alpha")
     await client.enqueue("b", {}, queue="beta")
     await client.enqueue("b", {}, queue="beta", delay=600)
@@ -57,7 +57,7 @@ async def test_exporter_takes_its_settings_from_the_chart_environment(redis_url,
                                                                       tmp_path):
     # The Helm chart passes no flags: only OBSQ_REDIS_URL, OBSQ_NAMESPACE, OBSQ_HTTP_PORT
     # and the log settings (deploy/helm/obsq/templates/exporter-deployment.yaml).
-    client = obsq.Client(redis_url, namespace=namespace, instrument=False)
+    client = obsq.Client(redis_url, namespace=namespace)
     await client.enqueue("a", {}, queue="alpha")
     port = free_port()
     exporter = start_obsq(["exporter"],

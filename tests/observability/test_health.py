@@ -17,7 +17,7 @@ from .helpers import eventually, http_get, parse, probe, scrape, value
 async def test_readiness_follows_redis_down_and_back(app, private_redis, namespace,
                                                      start_worker):
     worker = await start_worker(redis_url=private_redis.url, metrics=True, http_port=0)
-    port = worker.http_port
+    port = start_worker.port(worker)
     assert await asyncio.to_thread(probe, port, "/readyz") == (200, {"status": "ok"})
     assert (await asyncio.to_thread(probe, port, "/healthz"))[0] == 200
 
@@ -44,7 +44,7 @@ async def test_liveness_fails_while_a_handler_blocks_the_event_loop(app, redis_u
         time.sleep(3)  # blocks the event loop: the bug liveness must catch
 
     worker = await start_worker(http_port=0)
-    port = worker.http_port
+    port = start_worker.port(worker)
     seen: list[tuple[float, int, dict]] = []
     stop = threading.Event()
 
@@ -56,7 +56,7 @@ async def test_liveness_fails_while_a_handler_blocks_the_event_loop(app, redis_u
 
     poller = threading.Thread(target=poll)
     poller.start()
-    client = obsq.Client(redis_url, namespace=namespace, app=app, instrument=False)
+    client = obsq.Client(redis_url, namespace=namespace, app=app)
     try:
         await client.enqueue("careless")
         await asyncio.sleep(0.5)  # the handler has run and blocked the loop for 3 s by now
@@ -83,7 +83,7 @@ async def test_readiness_fails_while_draining_and_status_page(app, redis_url, na
         await asyncio.sleep(1.5)
 
     worker = await start_worker(http_port=0, shutdown_timeout=10)
-    port = worker.http_port
+    port = start_worker.port(worker)
     status, page = await asyncio.to_thread(probe, port, "/")
     assert status == 200
     assert page["worker"] == worker.id and page["queues"] == {"default": 1}
@@ -91,7 +91,7 @@ async def test_readiness_fails_while_draining_and_status_page(app, redis_url, na
     assert 0 <= page["heartbeat_age"] < 5
     assert (await asyncio.to_thread(http_get, port, "/nope"))[0] == 404
 
-    client = obsq.Client(redis_url, namespace=namespace, app=app, instrument=False)
+    client = obsq.Client(redis_url, namespace=namespace, app=app)
     await client.enqueue("long")
     await started.wait()
     assert (await asyncio.to_thread(probe, port, "/"))[1]["busy"] == 1

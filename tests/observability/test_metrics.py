@@ -10,7 +10,7 @@ import time
 
 import obsq
 from obsq import __version__
-from obsq.broker import Broker
+from obsq.broker import Broker, GlobalKeys, QueueKeys
 from obsq.observability import instrument_client
 
 from .helpers import OPENMETRICS, eventually, http_get, missing_tool, parse, pick, scrape, value
@@ -52,7 +52,7 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
     client = obsq.Client(redis_url, namespace=namespace, app=app)  # instrumented
     worker = await start_worker(queues={main: 1, paused: 1}, metrics=True, http_port=0,
                                 lease_seconds=60, concurrency=10)
-    port = worker.http_port
+    port = start_worker.port(worker)
 
     await client.enqueue("flaky", {})
     await client.enqueue("doomed", {})
@@ -70,18 +70,18 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
 
     # The first slow attempt runs; expire its lease so the recoverer takes it back.
     await eventually(lambda: len(slow_attempts) == 1, what="the slow task started")
-    raw_redis.zadd(f"{namespace}:{{{main}}}:lease", {first.id: 1})
+    raw_redis.zadd(QueueKeys(namespace, main).lease, {first.id: 1})
     await eventually(lambda: len(slow_attempts) == 2, what="the task ran again")
 
     # A task held by a worker that stopped heartbeating, in a queue nobody serves.
     lost = await client.enqueue("easy", {}, queue=elsewhere)
     _, (_, taken) = await admin.dequeue(elsewhere, 1, "ghost", 60)
     assert [t[0] for t in taken] == [lost.id]
-    raw_redis.zadd(f"{namespace}:workers", {"ghost": int((time.time() - 60) * 1000)})
+    raw_redis.zadd(GlobalKeys(namespace).workers, {"ghost": int((time.time() - 60) * 1000)})
 
     # The paused queue's oldest task has been due for 100 s.
-    oldest = raw_redis.lindex(f"{namespace}:{{{paused}}}:pending", -1).decode()
-    raw_redis.hset(f"{namespace}:{{{paused}}}:t:{oldest}", "due",
+    oldest = raw_redis.lindex(QueueKeys(namespace, paused).pending, -1).decode()
+    raw_redis.hset(QueueKeys(namespace, paused).task(oldest), "due",
                    int((time.time() - 100) * 1000))
 
     outcomes = {("flaky", "retry"): 2, ("flaky", "success"): 1, ("doomed", "retry"): 2,
@@ -165,12 +165,12 @@ async def test_second_worker_on_the_same_app_does_not_double_count(app, redis_ur
     assert app.middleware.count(app.middleware[0]) == 1 and len(app.middleware) == 2
     client = obsq.Client(redis_url, namespace=namespace, app=app)
     instrument_client(client)  # again: nothing more
-    assert len(client.hooks) == 2
+    assert (len(app.producer_hooks), client.hooks) == (2, [])  # from the App, once
     for _ in range(20):
         await client.enqueue("one")
 
     def counted():
-        s = parse(scrape(first.http_port))
+        s = parse(scrape(start_worker.port(first)))
         return value(s, "obsq_tasks_processed_total", queue=queue, task="one",
                      outcome="success") == 20 and s
     s = await eventually(lambda: asyncio.to_thread(counted), what="20 successes")
@@ -194,7 +194,8 @@ async def test_openmetrics_scrape_carries_trace_id_exemplars(app, redis_url, nam
                               if s.name == f"process {queue}"], what="the process span")
     process = next(s for s in spans.get_finished_spans() if s.name == f"process {queue}")
     trace_id = format(process.context.trace_id, "032x")
-    status, body, headers = await asyncio.to_thread(http_get, worker.http_port, "/metrics",
+    port = start_worker.port(worker)
+    status, body, headers = await asyncio.to_thread(http_get, port, "/metrics",
                                                     accept=OPENMETRICS)
     assert status == 200 and headers["Content-Type"].startswith("application/openmetrics-text")
     text = body.decode()
@@ -205,7 +206,7 @@ async def test_openmetrics_scrape_carries_trace_id_exemplars(app, redis_url, nam
                  and f'queue="{queue}"' in line and " # {" in line]
     assert len(exemplars) == 2
     assert all(f'# {{trace_id="{trace_id}"}}' in line for line in exemplars)
-    plain = await asyncio.to_thread(scrape, worker.http_port)  # the text format has none
+    plain = await asyncio.to_thread(scrape, port)  # the text format has none
     assert "trace_id" not in plain
     await client.close()
 
@@ -219,7 +220,8 @@ async def test_known_series_are_exported_at_zero_from_the_start(app, redis_url, 
         return None
 
     worker = await start_worker(queues={queue: 1}, metrics=True, http_port=0)
-    s = parse(await asyncio.to_thread(scrape, worker.http_port))  # before any task or error
+    port = start_worker.port(worker)
+    s = parse(await asyncio.to_thread(scrape, port))  # before any task or error
 
     def exported(name: str, **labels: str) -> float | None:
         return s.get((name, tuple(sorted(labels.items()))))

@@ -36,7 +36,7 @@ async def test_two_processes_one_endpoint(redis_url, namespace, tmp_path):
          str(port), "--shutdown-timeout", "5"],
         obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace), tmp_path,
         tmp_path / "supervisor.log")
-    client = obsq.Client(redis_url, namespace=namespace, instrument=False)
+    client = obsq.Client(redis_url, namespace=namespace)
     try:
         async def metrics():
             return parse(await asyncio.to_thread(scrape, port))
@@ -119,7 +119,7 @@ async def test_a_single_worker_serving_a_multiprocess_directory_starts_it_afresh
     port = free_port()
     worker = start_obsq(["worker", "mp_app:app", "--http-port", str(port)], env, tmp_path,
                         tmp_path / "worker.log")
-    client = obsq.Client(redis_url, namespace=namespace, instrument=False)
+    client = obsq.Client(redis_url, namespace=namespace)
     try:
         async def up():
             try:

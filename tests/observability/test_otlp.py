@@ -17,6 +17,7 @@ from .helpers import ROOT, eventually, obsq_env, otel_env, start_obsq, stop_proc
 APP = """
 import os
 import obsq
+import obsq.observability
 
 app = obsq.App(namespace=os.environ["OBSQ_NAMESPACE"])
 
@@ -34,13 +35,15 @@ async def fail(task):
 PRODUCER = """
 import asyncio, json, os
 import obsq
+import obsq.observability
 from opentelemetry import trace
 from obsq.observability import setup_tracing, shutdown_tracing
 from otlp_app import app
 
 
 async def main():
-    client = obsq.Client(os.environ["OBSQ_REDIS_URL"], namespace=app.namespace, app=app)
+    obsq.observability.instrument_app(app)  # send spans for the clients built with it
+    client = obsq.Client(os.environ["OBSQ_REDIS_URL"], app=app)
     with trace.get_tracer("shop").start_as_current_span("checkout"):
         ok = await client.enqueue("ok")
         bad = await client.enqueue("fail")

@@ -12,6 +12,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import REGISTRY
 
 import obsq
+from obsq.broker import QueueKeys
+from obsq.observability import instrument_app
 
 from .helpers import eventually, parse, scrape, value
 
@@ -128,8 +130,8 @@ async def test_span_and_count_end_once_for_a_task_handed_back_at_shutdown(
 
     worker = await start_worker(queues={queue: 1}, tracing=True, metrics=True, http_port=0,
                                 shutdown_timeout=0.2)
-    port = worker.http_port
-    client = obsq.Client(redis_url, namespace=namespace, app=app, instrument=False)
+    port = start_worker.port(worker)
+    client = obsq.Client(redis_url, namespace=namespace, app=app)
     info = await client.enqueue("forever")
     await started.wait()
     before = parse(await asyncio.to_thread(scrape, port))
@@ -165,7 +167,7 @@ async def test_span_ends_when_the_lease_was_lost(app, redis_url, namespace, span
     client = obsq.Client(redis_url, namespace=namespace, app=app)
     info = await client.enqueue("held")
     await eventually(lambda: attempts)
-    raw_redis.zadd(f"{namespace}:{{{queue}}}:lease", {info.id: 1})  # expired: taken back
+    raw_redis.zadd(QueueKeys(namespace, queue).lease, {info.id: 1})  # expired: taken back
     await eventually(lambda: len(attempts) == 2, what="the second attempt")
     release.set()
     await eventually(lambda: len(named(spans, f"process {queue}")) == 2, what="both spans")
@@ -181,6 +183,8 @@ async def test_span_ends_when_the_lease_was_lost(app, redis_url, namespace, span
 async def test_sync_client_sends_from_the_callers_context(app, redis_url, namespace, spans):
     queue = f"sync-{namespace}"
     box = {}
+
+    instrument_app(app)  # its clients make send spans
 
     def produce():
         with obsq.SyncClient(redis_url, namespace, app=app) as client, \

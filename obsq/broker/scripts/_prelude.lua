@@ -1,4 +1,5 @@
 -- Prepended to every script; each script names on its first line the helpers it uses.
+-- Constants marked with an at sign come from obsq.settings, written in at load time.
 -- KEYS[1] is always a key of one queue ("<ns>:{<queue>}:<name>") or another single key, so
 -- every key a script builds is derived from it and shares its hash tag (one cluster slot).
 local prefix = string.match(KEYS[1], '^(.*:)[^:]*$')
@@ -20,7 +21,7 @@ end
 
 -- Lua's unpack() fails near 8,000 values, so lists of any length go to Redis in slices.
 -- SLICE is even: (score, member) and (field, value) pairs are never split.
-local SLICE = 1000
+local SLICE = @LUA_SLICE
 
 -- redis.call(command, <head...>, <values...>), the values in slices; `head` is a table of
 -- the leading arguments (the key, and an option such as 'XX').
@@ -48,7 +49,7 @@ end
 
 -- Wake tokens let idle workers block on BLPOP instead of polling; capped so a queue
 -- nobody is waiting on does not grow them without bound.
-local WAKE_CAP = 64
+local WAKE_CAP = @WAKE_CAP
 local function wake(wake_key, n)
   local room = WAKE_CAP - redis.call('LLEN', wake_key)
   if n > room then
@@ -87,7 +88,7 @@ local function notify_done(id, state, value, watchers)
   for client in string.gmatch(watchers, '%S+') do
     local inbox = prefix .. 'inbox:' .. client
     redis.call('LPUSH', inbox, id .. '\n' .. state .. '\n' .. value)
-    redis.call('EXPIRE', inbox, 300)
+    redis.call('EXPIRE', inbox, @INBOX_TTL)
   end
   redis.call('HDEL', prefix .. 'watched', id)
 end

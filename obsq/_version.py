@@ -1,0 +1,4 @@
+"""The version, in one place that every module can import without importing the package
+(pyproject.toml, the chart's appVersion and the image tag carry the same; a test checks)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,160 @@
+"""A worker's fetch loop: take tasks from Redis as slots free up, in as few round trips as
+possible, and block on Redis when there is nothing to do.
+
+Busy: each fetch takes as many tasks as there is room for, in one script call, with the
+completions gathered since the last round trip riding along (Settler.riding). While tasks
+are short the worker holds up to twice its slots (a prefetch buffer) and fetches once a
+whole batch fits. Idle: one BLPOP on the queues' wake lists, with the dequeue of the first
+queue queued behind it on the same connection, so a task arrives in the round trip that
+wakes the worker; a stop ends the wait through the worker's own wake list, so nothing the
+fetch took is stranded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+from obsq.broker import Broker, Fetched
+from obsq.errors import BrokerError
+from obsq.loop import RedisRetry
+from obsq.settings import ACK_LINGER, MAX_FETCH, REDIS_RETRY_MAX, STOP_WAIT
+from obsq.settlement import Settler
+
+log = logging.getLogger("obsq")
+
+
+class Fetcher:
+    def __init__(self, broker: Broker, settler: Settler, worker_id: str, *,
+                 queues: dict[str, int], strict_priority: bool, lease_seconds: float,
+                 wait_timeout: float, room: Callable[[], tuple[int, int]],
+                 take: Callable[[str, Fetched], None], slot_free: asyncio.Event,
+                 stopped: asyncio.Event) -> None:
+        """`room()` says how many tasks to fetch now (0: wait for a slot) and how many an
+        idle wait may take; `take(queue, fetched)` starts or buffers what came."""
+        self.broker = broker
+        self.settler = settler
+        self.worker_id = worker_id
+        self.queues = queues
+        self.strict_priority = strict_priority
+        self.lease_seconds = lease_seconds
+        self.wait_timeout = wait_timeout
+        self.room = room
+        self.take = take
+        self.slot_free = slot_free
+        self.stopped = stopped
+        self._order = sorted(queues, key=lambda q: -queues[q])
+
+    def queue_order(self) -> list[str]:
+        """Strict: by weight. Weighted: a random order, each queue first in proportion to
+        its weight, so low-weight queues are never starved."""
+        if self.strict_priority or len(self._order) == 1:
+            return self._order
+        names, weights, order = list(self._order), [self.queues[q] for q in self._order], []
+        while names:
+            i = random.choices(range(len(names)), weights)[0]
+            order.append(names.pop(i))
+            weights.pop(i)
+        return order
+
+    async def run(self) -> None:
+        """Fetch until the worker stops; Redis errors are retried with backoff."""
+        retry = RedisRetry("fetching tasks")
+        while not self.stopped.is_set():
+            wanted, _ = self.room()
+            try:
+                if wanted <= 0:
+                    self.slot_free.clear()
+                    await self.settler.wait_carrying(self.slot_free, ACK_LINGER)
+                    continue
+                got = 0
+                for queue in self.queue_order():
+                    got += await self._fetch(queue, min(wanted - got, MAX_FETCH))
+                    if got >= wanted:
+                        break
+                retry.succeeded()
+            except BrokerError as exc:
+                await self._pause(retry.failed(exc))
+                continue
+            except Exception:
+                log.exception("fetching tasks failed; retrying")  # never let the loop die
+                await self._pause(REDIS_RETRY_MAX)
+                continue
+            if not got:
+                await self._wait_for_work()
+
+    async def _fetch(self, queue: str, count: int) -> int:
+        """Take up to `count` tasks of `queue`; the completions gathered so far ride along."""
+        fetched = await self.settler.riding(lambda completions, resent: self.broker.dequeue(
+            queue, count, self.worker_id, self.lease_seconds, completions, resent))
+        self.take(queue, fetched)
+        return len(fetched.tasks)
+
+    async def _wait_for_work(self) -> None:
+        """Block on Redis until a producer signals a queue, with the fetch of the first queue
+        riding behind the wait. Meanwhile completions of running tasks are sent on their
+        own, and a stop interrupts the wait through the worker's own wake list."""
+        self.slot_free.clear()
+        if self.settler.acks_waiting.is_set():
+            return  # the next fetch carries them
+        first = self.queue_order()[0]
+        waiter = asyncio.ensure_future(self.broker.wait_and_dequeue(
+            list(self.queues), self.wait_timeout, first, min(self.room()[1], MAX_FETCH),
+            self.worker_id, self.lease_seconds))
+        interrupted = False
+        try:
+            while not waiter.done():
+                events = [] if interrupted else [asyncio.ensure_future(e.wait())
+                                                 for e in (self.stopped, self.slot_free)]
+                await asyncio.wait([waiter, *events], return_when=asyncio.FIRST_COMPLETED,
+                                   timeout=STOP_WAIT if interrupted else None)
+                for event in events:
+                    event.cancel()
+                if waiter.done():
+                    break
+                if interrupted:  # Redis did not answer the interruption: give up the wait
+                    _abandon(waiter)
+                    return
+                if self.stopped.is_set():
+                    interrupted = True
+                    await self._interrupt(waiter)
+                    continue
+                self.slot_free.clear()
+                with contextlib.suppress(BrokerError):  # kept for the next try
+                    await self.settler.flush()
+            if waiter.cancelled():  # abandoned on a stop (a Cluster's plain wait)
+                return
+            _, fetched = await waiter
+        except asyncio.CancelledError:
+            if not waiter.done():
+                waiter.cancel()
+            raise
+        except BrokerError:
+            await self._pause(REDIS_RETRY_MAX)  # Redis away; the broker counted it
+            return
+        self.take(first, fetched)
+        await asyncio.sleep(0)  # let the handlers just started begin before the next fetch
+
+    async def _interrupt(self, waiter: asyncio.Future[Any]) -> None:
+        if self.broker.is_cluster:
+            _abandon(waiter)  # a plain wait: nothing rides behind it
+            return
+        try:
+            await self.broker.interrupt_wait(self.worker_id)
+        except BrokerError:
+            _abandon(waiter)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.stopped.wait(), timeout=seconds)
+
+
+def _abandon(waiter: asyncio.Future[Any]) -> None:
+    """Cancel a wait nobody will await, and consume its outcome so asyncio does not log it
+    (redis-py may finish a cancelled BLPOP only at its timeout)."""
+    waiter.cancel()
+    waiter.add_done_callback(lambda f: f.cancelled() or f.exception())

@@ -1,0 +1,79 @@
+"""Instrumenting through the public hooks: an App (its workers' task metrics and process
+spans, and the send spans and enqueue counts of every Client built with it) or one Client.
+Instrumenting twice adds nothing."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from obsq.settings import DEFAULT_QUEUE
+
+if TYPE_CHECKING:
+    from obsq.app import App
+    from obsq.client import Client
+
+# What each App and Client already has, so that instrumenting twice adds nothing (a second
+# Worker on the same App must not count its tasks twice).
+_apps: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+_clients: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
+                   concurrency: int = 0, queues: Iterable[str] = (),
+                   link: bool | None = None) -> None:
+    """Add task metrics and tracing to `app`; idempotent. Both middleware go first in the
+    chain (tracing outermost, then metrics), so the process span and the timings cover the
+    user's middleware too, and its logs carry the trace id. `concurrency`: the task slots
+    of the calling worker, exported as obsq_worker_concurrency; `queues`: the queues it
+    serves, whose known series start at 0. `link`: start each process span in a new trace
+    linked to the producer's (default: OBSQ_TRACE_LINK)."""
+    done = _apps.setdefault(app, set())
+    if "producers" not in done:
+        _instrument_producers(app.producer_hooks, app)
+        done.add("producers")
+    if metrics:
+        from obsq.observability.metrics import TaskMetrics, set_concurrency, start_at_zero
+
+        if "metrics" not in done:
+            m = TaskMetrics()
+            app.middleware.insert(1 if "tracing" in done else 0, m.middleware)
+            app.on_outcome(m.on_outcome)
+            app.on_recovery(m.on_recovery)
+            app.on_redis_error(m.on_redis_error)
+            done.add("metrics")
+        if concurrency:
+            set_concurrency(concurrency)
+        start_at_zero(app, queues)
+    if tracing and "tracing" not in done:
+        from obsq.observability.tracing import TaskTracing
+
+        t = TaskTracing(link=link)
+        app.middleware.insert(0, t.middleware)
+        app.on_outcome(t.on_outcome)
+        done.add("tracing")
+
+
+def instrument_client(client: Client) -> Client:
+    """Add `send {queue}` spans (with trace context in the task headers) and the
+    obsq_tasks_enqueued_total count to `client` (a Client built with an instrumented App
+    has them already); idempotent. Returns the client."""
+    if client not in _clients and not (client.app is not None and "producers" in
+                                       _apps.get(client.app, ())):
+        counting = _instrument_producers(client.hooks, client.app)
+        client.broker.on_error.append(counting.on_redis_error)
+    _clients.add(client)
+    return client
+
+
+def _instrument_producers(hooks: list[Any], app: App | None) -> Any:
+    """Put the producer hooks first in `hooks`; returns the enqueue counter."""
+    from obsq.observability.metrics import EnqueueMetrics, start_at_zero
+    from obsq.observability.tracing import SendTracing
+
+    if app is not None:
+        start_at_zero(app, {r.queue or DEFAULT_QUEUE for r in app.routes}, worker=False)
+    counting = EnqueueMetrics(app)
+    hooks[:0] = [SendTracing().hook, counting.hook]
+    return counting

@@ -1,0 +1,152 @@
+"""The processes obsq runs, with their metrics, tracing and endpoint wired on: a worker, a
+scheduler, and `obsq exporter` (only the queue gauges). The engine knows nothing of this;
+the `obsq` command calls these, and so can anyone who builds a Worker in code:
+
+    await obsq.observability.run_worker(obsq.Worker(app, ...), http_port=9191)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from obsq._version import __version__
+from obsq.broker import Broker
+from obsq.loop import on_stop_signals
+from obsq.observability.collector import QueueCollector
+from obsq.observability.http import HealthServer
+from obsq.observability.instrument import instrument_app, instrument_client
+from obsq.observability.metrics import endpoint_registry
+from obsq.observability.probes import RedisWatch, loop_liveness
+
+if TYPE_CHECKING:
+    from obsq.scheduler import Scheduler
+    from obsq.worker import Worker
+
+log = logging.getLogger("obsq")
+Serving = Callable[[HealthServer], None]  # told the endpoint once it listens
+
+
+def serve_worker(worker: Worker, host: str, port: int) -> HealthServer:
+    """The endpoint of `worker` (call it on the worker's event loop; port 0: a free one).
+    /healthz: the loop answers and heartbeats reach Redis; /readyz: started, Redis
+    reachable, not draining."""
+    loop = asyncio.get_running_loop()
+    registry = endpoint_registry(QueueCollector(worker.broker, loop, list(worker.queues)))
+
+    def heartbeats() -> str | None:
+        health = worker.health()
+        if not health.heartbeat_ok:
+            return f"no heartbeat reached Redis for {health.heartbeat_age:.0f} s"
+        return None
+
+    def ready() -> str | None:
+        health = worker.health()
+        if health.draining:
+            return "the worker is draining"
+        if not health.started:
+            return "the worker is starting"
+        if not health.redis_ok:
+            return "Redis is unreachable"
+        return None
+
+    def status() -> dict[str, Any]:
+        health = worker.health()
+        about = worker.describe()
+        return {"worker": about["id"], "version": __version__, "queues": about["queues"],
+                "concurrency": about["concurrency"], "busy": about["busy"],
+                "processed": about["processed"],
+                "heartbeat_age": round(health.heartbeat_age, 3),
+                "draining": health.draining,
+                "uptime": round(time.time() - about["started"], 3) if about["started"] else 0.0}
+
+    return HealthServer(host, port, registry, live=loop_liveness(loop, heartbeats),
+                        ready=ready, status=status)
+
+
+async def run_worker(worker: Worker, *, http_port: int | None = None,
+                     http_host: str = "0.0.0.0", metrics: bool = True, tracing: bool = True,
+                     serving: Serving | None = None) -> None:
+    """Run `worker` with obsq's metrics and tracing on its App and, given a port (0: any
+    free one; None or negative: none), its HTTP endpoint, started before the worker so that
+    a taken port stops the start. `serving(server)` is told the endpoint once it listens."""
+    instrument_app(worker.app, metrics=metrics, tracing=tracing,
+                   concurrency=worker.concurrency, queues=worker.queues)
+    server = None
+    if http_port is not None and http_port >= 0:
+        server = serve_worker(worker, http_host, http_port)
+        if serving is not None:
+            serving(server)
+    running = asyncio.ensure_future(worker.run())
+    try:
+        if server is not None:
+            started = asyncio.ensure_future(worker.started.wait())
+            await asyncio.wait([running, started], return_when=asyncio.FIRST_COMPLETED)
+            started.cancel()
+            if worker.started.is_set():
+                log.info("worker %s: metrics and probes on :%d", worker.id, server.port)
+        await running
+    finally:
+        if not running.done():  # cancelled from outside: the worker drains first
+            worker.stop()
+            await asyncio.shield(running)
+        if server is not None:
+            await asyncio.to_thread(server.close)
+
+
+async def run_scheduler(scheduler: Scheduler, *, http_port: int | None = None,
+                        http_host: str = "0.0.0.0", serving: Serving | None = None) -> None:
+    """Run `scheduler` with send spans and enqueue counts on its client and, given a port,
+    its endpoint: /healthz while its event loop answers, /readyz while Redis answers."""
+    instrument_client(scheduler.client)
+    server = None
+    if http_port is not None and http_port >= 0:
+        server = HealthServer(
+            http_host, http_port, endpoint_registry(),
+            live=loop_liveness(asyncio.get_running_loop()),
+            ready=lambda: None if scheduler.redis_ok() else "Redis is unreachable",
+            status=scheduler.describe)
+        log.info("scheduler: metrics and probes on :%d", server.port)
+        if serving is not None:
+            serving(server)
+    try:
+        await scheduler.run()
+    finally:
+        if server is not None:
+            await asyncio.to_thread(server.close)
+
+
+async def run_exporter(redis_url: str, namespace: str, port: int, *,
+                       host: str = "0.0.0.0", serving: Serving | None = None) -> None:
+    """`obsq exporter`: the queue-wide gauges of every queue in Redis, until SIGTERM/SIGINT.
+    /healthz: the event loop answers; /readyz: Redis answered the last ping."""
+    broker = Broker(redis_url, namespace)
+    await broker.check()
+    loop = asyncio.get_running_loop()
+    watch = RedisWatch(broker)
+    registry = endpoint_registry(QueueCollector(broker, loop, broker.queues),
+                                 include_process=False)
+    started = time.time()
+
+    def status() -> dict[str, Any]:
+        return {"exporter": True, "version": __version__, "namespace": namespace,
+                "redis_ok": watch.ok, "uptime": round(time.time() - started, 3)}
+
+    server = HealthServer(host, port, registry, live=loop_liveness(loop),
+                          ready=watch.problem, status=status)
+    stop = asyncio.Event()
+    remove_signals = on_stop_signals(lambda sig: stop.set())
+    log.info("exporter serving the queue gauges of namespace %s on :%d", namespace,
+             server.port)
+    if serving is not None:
+        serving(server)
+    try:
+        await watch.run(stop)
+    finally:
+        remove_signals()
+        await asyncio.to_thread(server.close)
+        await broker.close()
+        log.info("exporter stopped")
