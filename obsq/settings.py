@@ -29,6 +29,10 @@ STOP_WAIT = 2.0  # how long a stopping worker waits for Redis to end its blockin
 DEAD_MAX_AGE = 30 * 24 * 3600.0
 DEAD_MAX_COUNT = 100_000
 PROGRESS_TTL = 24 * 3600.0
+# Outcome counts for the Inspector: flushed by each worker this often, kept per minute for
+# an hour and some slack for the minute being read.
+THROUGHPUT_FLUSH_INTERVAL = 5.0
+THROUGHPUT_BUCKET_TTL = 3900.0
 # Default retry backoff: base * 2**retries, capped, then jittered to 50-100 %.
 BACKOFF_BASE = 2.0
 BACKOFF_CAP = 600.0

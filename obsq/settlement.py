@@ -50,10 +50,11 @@ class Settler:
         elif verdict.outcome == "retry":
             accepted = await self._persist(lambda: self.broker.retry(
                 task.queue, task.id, task.fence, self.worker_id, verdict.delay,
-                verdict.error_text))
+                verdict.error_text, verdict.traceback_text))
         else:
             accepted = await self._persist(lambda: self.broker.kill(
-                task.queue, task.id, task.fence, self.worker_id, verdict.error_text))
+                task.queue, task.id, task.fence, self.worker_id, verdict.error_text,
+                verdict.traceback_text))
         outcome = verdict.outcome if accepted else "lease_lost"
         if not accepted:
             log.warning("task %s (%s) finished after its lease was taken over; its %s was "

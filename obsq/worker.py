@@ -43,6 +43,7 @@ from obsq.settings import (
 )
 from obsq.settlement import Settler
 from obsq.task import Task
+from obsq.throughput import ThroughputCounter
 
 log = logging.getLogger("obsq")
 
@@ -115,6 +116,7 @@ class Worker:
             Recoverer(self.broker, self.id, max_recoveries=self.settings.max_recoveries,
                       hooks=self.app.recovery_hooks),
             Janitor(self.broker, self.id),
+            ThroughputCounter(self.app, self.broker),
         ]
         for loop in self._loops:
             loop.start()

@@ -13,7 +13,8 @@ from typing import Any
 
 import orjson
 
-from obsq.broker.calls import SCRIPTS, RedisCalls
+from obsq.broker.calls import SCRIPTS
+from obsq.broker.inspection import Inspection
 from obsq.broker.keys import TASK_STATES
 from obsq.broker.scripts import is_noscript
 from obsq.task import TaskMessage
@@ -27,7 +28,7 @@ log = logging.getLogger("obsq")
 RawTask = tuple[str, int, str, bytes, bytes, bytes, int, int, str]
 
 
-class Broker(RedisCalls):
+class Broker(Inspection):
     # -- producing ------------------------------------------------------------------------
 
     async def register_queues(self, queues: Iterable[str]) -> None:
@@ -99,17 +100,17 @@ class Broker(RedisCalls):
         return calls
 
     async def retry(self, queue: str, task_id: str, fence: int, worker_id: str, delay: float,
-                    error: str) -> bool:
+                    error: str, traceback: str = "") -> bool:
         k = self.keys(queue)
         return bool(await self._script(
             "retry", (k.lease, k.retry, k.pending, k.wake, k.active),
-            (0, worker_id, task_id, fence, int(delay * 1000), error)))
+            (0, worker_id, task_id, fence, int(delay * 1000), error, traceback)))
 
     async def kill(self, queue: str, task_id: str, fence: int, worker_id: str,
-                   error: str) -> bool:
+                   error: str, traceback: str = "") -> bool:
         k = self.keys(queue)
         return bool(await self._script("kill", (k.lease, k.dead, k.active, k.watched),
-                                       (0, worker_id, task_id, fence, error)))
+                                       (0, worker_id, task_id, fence, error, traceback)))
 
     async def requeue(self, queue: str, attempts: Sequence[tuple[str, int]],
                       worker_id: str) -> list[bool]:
@@ -340,21 +341,6 @@ class Broker(RedisCalls):
             return None
         state, _, value = reply[1].partition(b":")
         return state.decode(), value
-
-    async def list_tasks(self, queue: str, state: str, limit: int) -> list[str]:
-        k = self.keys(queue)
-        if state == "pending":
-            ids = await self._guard("list_tasks", self.redis.lrange(k.pending, -limit, -1))
-            ids.reverse()
-        else:
-            ids = await self._guard("list_tasks", self.redis.zrange(k.by_state(state), 0,
-                                                                    limit - 1))
-        return [i.decode() for i in ids]
-
-    async def revive(self, queue: str, state: str, task_ids: Sequence[str] = ()) -> int:
-        k = self.keys(queue)
-        return await self._script("revive", (k.by_state(state), k.pending, k.wake),
-                                  (0, 1 if state == "dead" else 0, *task_ids))
 
     async def set_paused(self, queue: str, paused: bool) -> None:
         k = self.keys(queue)
