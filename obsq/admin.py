@@ -75,8 +75,11 @@ async def run(command: str, redis_url: str, namespace: str, args: argparse.Names
     try:
         await inspector.check()
         if command == "ui":
-            from obsq.ui.server import serve_from_args
-
+            try:
+                from obsq.ui.server import serve_from_args
+            except ImportError as exc:
+                raise ConfigurationError(f"the console needs the ui extra (pip install "
+                                         f"'obsq[ui]'): {exc}") from None
             await serve_from_args(inspector, args)
             return 0
         out = Output(getattr(args, "json", False))
