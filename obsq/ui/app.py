@@ -40,7 +40,7 @@ SECURITY_HEADERS = [
      b"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),  # no-referrer would make POSTs send Origin: null
 ]
 Refused = (QueueNotFound, TaskNotFound, TaskRunning, ValueError)
 
@@ -218,7 +218,7 @@ class Console:
         if not self.auth.can_act:
             return self.refuse(request, "This console is read-only: actions need a token "
                                "(obsq ui --token, or OBSQ_UI_TOKEN) and no --read-only.")
-        if origin and urlsplit(origin).netloc != request.headers.get("host"):
+        if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
             return self.refuse(request, "Actions are only accepted from the console itself.")
         if not (self.auth.bearer_ok(request.headers.get("authorization")) or
                 self.auth.csrf_ok(request.cookies.get(SESSION_COOKIE), _field(form, "csrf"))):

@@ -22,13 +22,18 @@ def environment() -> jinja2.Environment:
                              autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
     env.filters.update(num=number, ago=ago, utc=utc, seconds=seconds, pretty=pretty,
-                       path=lambda value: quote(str(value), safe=""))
+                       path=lambda value: quote(str(value), safe=""), plain=plain)
     env.globals.update(bars=bars)
     return env
 
 
 def number(value: int | float | None) -> str:
     return "" if value is None else f"{value:,}"
+
+
+def plain(value: Any) -> Any:
+    """3600.0 -> 3600: options read back from JSON keep the float the client sent."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def utc(value: datetime | None) -> str:
