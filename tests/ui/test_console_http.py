@@ -198,3 +198,23 @@ async def test_metrics_and_probes(client, console, namespace) -> None:
 
 async def _state(client: obsq.Client, task_id: str, state: str) -> bool:
     return (await client.info(task_id)).state == state
+
+
+async def test_obsq_ui_reports_a_taken_port_and_a_bad_trace_url_in_one_line(
+        redis_url, namespace, caplog) -> None:
+    import asyncio
+    import socket
+
+    from obsq import cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = await asyncio.to_thread(cli.main, ["ui", "--redis-url", redis_url, "--namespace",
+                                                  namespace, "--port", str(port)])
+    assert code == 2
+    assert f"obsq ui: cannot listen on 127.0.0.1:{port}" in caplog.text
+    code = await asyncio.to_thread(cli.main, ["ui", "--redis-url", redis_url, "--port", "0",
+                                              "--trace-url", "javascript:alert(1)//{trace_id}"])
+    assert code == 2 and "--trace-url must be an http(s) URL" in caplog.text
