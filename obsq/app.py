@@ -9,13 +9,17 @@ recorded it, tasks taken back from lost workers, and failed Redis calls.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import os
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from obsq.errors import ConfigurationError
 from obsq.schedule import Periodic
-from obsq.task import Task, validate_name
+from obsq.task import DEFAULT_QUEUE, Task, validate_name
 
 Handler = Callable[[Task], Any]
 CallNext = Callable[[Task], Awaitable[Any]]
@@ -25,7 +29,8 @@ OutcomeHook = Callable[[Task, str, BaseException | None], None]
 RecoveryHook = Callable[[str, str, int], None]
 RedisErrorHook = Callable[[str, BaseException], None]
 
-OUTCOMES = ("success", "retry", "dead", "requeued", "lease_lost")
+OUTCOMES = ("success", "retry", "dead", "requeued", "lease_lost", "unrecorded")
+RECOVERY_REASONS = ("expired", "worker_lost")
 CATCH_ALL = "*"
 PREFIX_ENDINGS = (":", ".")
 
@@ -102,6 +107,12 @@ class App:
     def routes(self) -> list[Route]:
         return [*self._exact.values(), *self._prefixes]
 
+    @property
+    def queues(self) -> list[str]:
+        """The queues its routes declare, and `default` (where the others' tasks go): what
+        a worker serves when it is not told which queues."""
+        return sorted({DEFAULT_QUEUE, *(r.queue for r in self.routes if r.queue)})
+
     def periodic(self, spec: str, task_type: str, payload: Any = None,
                  **options: Any) -> Periodic:
         """Enqueue `task_type` on a cron spec ('0 3 * * *') or an interval ('@every 30s')
@@ -150,3 +161,26 @@ def _bind(middleware: Middleware, call_next: CallNext) -> CallNext:
 
 
 _MISSING: Any = object()
+
+
+def load_app(spec: str) -> App:
+    """'package.module:app' -> the App object, with a clear error for each way it can fail
+    (the `obsq` commands take the App this way, from the current directory too)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"expected MODULE:APP (like myproject.tasks:app), got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
+    app: Any = module
+    for depth, part in enumerate(attribute.split(".")):
+        if not hasattr(app, part):
+            where = ".".join([module_name, *attribute.split(".")[:depth]])
+            raise ConfigurationError(f"{spec!r}: {where} has no attribute {part!r}")
+        app = getattr(app, part)
+    if not isinstance(app, App):
+        raise ConfigurationError(f"{spec!r} is not an obsq.App (found {type(app).__name__})")
+    return app

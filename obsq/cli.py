@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import logging
 import os
 import sys
@@ -13,33 +12,30 @@ from typing import Any
 
 from obsq import __version__
 from obsq.admin import add_commands as add_admin_commands
-from obsq.app import App
+from obsq.app import load_app
 from obsq.errors import ConfigurationError
-from obsq.settings import WorkerSettings
+from obsq.settings import (
+    EXPORTER_HTTP_PORT,
+    SCHEDULER_HTTP_PORT,
+    WORKER_HTTP_PORT,
+    WorkerSettings,
+)
 
 log = logging.getLogger("obsq")
 
 
-def load_app(spec: str) -> App:
-    """'package.module:app' -> the App object, with a clear error for each way it can fail."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ConfigurationError(f"expected MODULE:APP (like myproject.tasks:app), got {spec!r}")
-    sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
-    app: Any = module
-    for part in attribute.split("."):
-        app = getattr(app, part, None)
-    if not isinstance(app, App):
-        raise ConfigurationError(f"{spec!r} is not an obsq.App (found {type(app).__name__})")
-    return app
-
-
 def _redis_url(args: argparse.Namespace) -> str:
     return args.redis_url or os.environ.get("OBSQ_REDIS_URL") or WorkerSettings.redis_url
+
+
+def _http_port(args: argparse.Namespace, default: int) -> int:
+    if args.http_port is not None:
+        return args.http_port
+    raw = os.environ.get("OBSQ_HTTP_PORT") or default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(f"OBSQ_HTTP_PORT={raw!r} is not a port number") from None
 
 
 def _namespace(args: argparse.Namespace) -> str:
@@ -57,7 +53,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         log_format=args.log_format, log_level=args.log_level,
         metrics=False if args.no_metrics else None, tracing=False if args.no_tracing else None)
     if settings.http_port is None:
-        settings.http_port = 9191
+        settings.http_port = WORKER_HTTP_PORT
     elif settings.http_port < 0:
         settings.http_port = None  # no endpoint: a supervisor's child, or by choice
     configure_logging(settings.log_format, settings.log_level)
@@ -88,9 +84,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     configure_logging(args.log_format or os.environ.get("OBSQ_LOG_FORMAT", "text"), "INFO")
     app = load_app(args.app)
     setup_tracing()
-    port = args.http_port
-    if port is None:
-        port = int(os.environ.get("OBSQ_HTTP_PORT") or 9191)
+    port = _http_port(args, SCHEDULER_HTTP_PORT)
     namespace = args.namespace or os.environ.get("OBSQ_NAMESPACE")  # else the App's, as a worker
     asyncio.run(Scheduler(app, _redis_url(args), namespace=namespace, http_port=port).run())
     return 0
@@ -101,9 +95,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 
     configure_logging(os.environ.get("OBSQ_LOG_FORMAT", "text"),
                       os.environ.get("OBSQ_LOG_LEVEL", "INFO"))
-    port = args.http_port
-    if port is None:
-        port = int(os.environ.get("OBSQ_HTTP_PORT") or 9191)
+    port = _http_port(args, EXPORTER_HTTP_PORT)
     asyncio.run(run_exporter(_redis_url(args), _namespace(args), port))
     return 0
 
@@ -141,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, help="task slots (OBSQ_CONCURRENCY, 50)")
     worker.add_argument("--processes", type=int, help="worker processes (OBSQ_PROCESSES, 1)")
     worker.add_argument("--http-port", type=int,
-                        help="metrics and probes (OBSQ_HTTP_PORT, 9191; 0: any free port, "
-                        "-1: none)")
+                        help=f"metrics and probes (OBSQ_HTTP_PORT, {WORKER_HTTP_PORT}; "
+                        "0: any free port, -1: none)")
     worker.add_argument("--lease-seconds", type=float, help="OBSQ_LEASE_SECONDS, 30")
     worker.add_argument("--shutdown-timeout", type=float, help="OBSQ_SHUTDOWN_TIMEOUT, 25")
     worker.add_argument("--max-recoveries", type=int, help="OBSQ_MAX_RECOVERIES, 5")
@@ -158,19 +150,19 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler.add_argument("app", metavar="MODULE:APP")
     scheduler.add_argument("--log-format", choices=("text", "json"))
     scheduler.add_argument("--http-port", type=int,
-                           help="/healthz, /readyz and /metrics (OBSQ_HTTP_PORT, 9191; "
-                           "0: any free port, -1: none)")
+                           help="/healthz, /readyz and /metrics (OBSQ_HTTP_PORT, "
+                           f"{SCHEDULER_HTTP_PORT}; 0: any free port, -1: none)")
 
     exporter = command("exporter", "serve only the queue-wide gauges on /metrics",
                        cmd_exporter)
     exporter.add_argument("--http-port", type=int,
-                          help="OBSQ_HTTP_PORT, 9191; 0: any free port")
+                          help=f"OBSQ_HTTP_PORT, {EXPORTER_HTTP_PORT}; 0: any free port")
 
     demo = command("demo", "a worker, a producer and the HTTP endpoint in one process",
                    cmd_demo)
     demo.add_argument("--duration", type=float, default=12.0, help="seconds to run (12)")
-    demo.add_argument("--http-port", type=int, default=9191,
-                      help="9191 (another free one when taken; 0: any free port)")
+    demo.add_argument("--http-port", type=int, default=WORKER_HTTP_PORT,
+                      help=f"{WORKER_HTTP_PORT} (another free one when taken; 0: any free port)")
 
     add_admin_commands(command, cmd_admin)
     return parser

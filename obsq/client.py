@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -18,8 +19,9 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from obsq.app import App
-from obsq.broker import Broker
-from obsq.errors import DuplicateTask, TaskFailed, TaskNotFound
+from obsq.broker import Broker, Enqueued
+from obsq.errors import BrokerError, DuplicateTask, TaskNotFound
+from obsq.results import ResultWaiter
 from obsq.task import (
     Job,
     TaskInfo,
@@ -31,6 +33,8 @@ from obsq.task import (
 )
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+DEFAULT_NAMESPACE = "obsq"
+log = logging.getLogger("obsq")
 BATCH_SIZE = 500  # tasks per script call: bounds how long one call holds Redis
 
 CallNextProducer = Callable[[list[TaskMessage]], Awaitable[list[TaskInfo]]]
@@ -39,16 +43,20 @@ T = TypeVar("T")
 
 
 class Client:
-    def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str = "obsq", *,
+    def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str | None = None, *,
                  app: App | None = None, instrument: bool = True,
                  broker: Broker | None = None) -> None:
-        """`app` supplies each route's default queue, max_retry and timeout; `instrument`
-        adds the metrics and tracing producer hooks of obsq.observability."""
+        """`app` supplies the namespace (unless `namespace` is given) and each route's
+        default queue, max_retry and timeout; `instrument` adds the metrics and tracing
+        producer hooks of obsq.observability."""
+        namespace = namespace or (app.namespace if app is not None else DEFAULT_NAMESPACE)
         self.namespace = validate_name("namespace", namespace)
         self.app = app
-        self.broker = broker or Broker(redis_url, namespace)
+        self.broker = broker or Broker(redis_url, self.namespace)
+        self.results = ResultWaiter(self.broker)
         self.hooks: list[ProducerHook] = []
         self._known_queues: set[str] = set()
+        self._checks: set[asyncio.Future[None]] = set()
         self._write = self._compose()
         if instrument:
             from obsq.observability import instrument_client
@@ -106,13 +114,28 @@ class Client:
         if new_queues:
             await self.broker.register_queues(new_queues)
             self._known_queues |= new_queues
-        statuses: dict[int, str] = {}  # by message object: two jobs may share a task_id
+            if self.app is None:  # nothing says where its tasks belong: look, once a queue
+                check = asyncio.ensure_future(self._warn_if_unserved(new_queues))
+                self._checks.add(check)
+                check.add_done_callback(self._checks.discard)
+        statuses: dict[int, Enqueued] = {}  # by message object: two jobs may share a task_id
         for queue, group in by_queue.items():
             for start in range(0, len(group), BATCH_SIZE):
                 chunk = group[start:start + BATCH_SIZE]
                 for m, status in zip(chunk, await self.broker.enqueue(queue, chunk)):
                     statuses[id(m)] = status
         return [_info_after_enqueue(m, statuses[id(m)]) for m in messages]
+
+    async def _warn_if_unserved(self, queues: set[str]) -> None:
+        try:
+            workers = await self.broker.workers()
+        except BrokerError:
+            return  # the enqueue itself reports a Redis that is away
+        served = {q for w in workers for q in w.get("queues") or ()}
+        for queue in sorted(queues - served):
+            log.warning("enqueued to queue %r of namespace %r, which no live worker serves: "
+                        "start one with --queues %s, or give the Client the App so that "
+                        "tasks go to their route's queue", queue, self.namespace, queue)
 
     async def info(self, task_id: str, queue: str | None = None) -> TaskInfo:
         """The task's current state; raises TaskNotFound."""
@@ -133,32 +156,12 @@ class Client:
         queue = queue or await self.broker.find_queue(task_id)
         if queue is None:
             raise TaskNotFound(f"no task {task_id!r}")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        reply = await self.broker.watch_result(queue, task_id)
-        if reply is None:
-            raise TaskNotFound(f"no task {task_id!r} (a result is kept only with retention)")
-        state, result, error = (v.decode() if i != 1 and v else v for i, v in enumerate(reply))
-        while state not in ("completed", "dead"):
-            remaining = 2.0 if deadline is None else min(2.0, deadline - time.monotonic())
-            if remaining <= 0:
-                raise TimeoutError(f"task {task_id} did not finish within {timeout} s")
-            done = await self.broker.wait_done(queue, task_id, max(remaining, 0.01))
-            if done is not None:
-                state, value = done
-                result, error = (value, None) if state == "completed" else (None,
-                                                                            value.decode())
-            else:  # look again: another waiter on the same task may have taken the notice
-                reply = await self.broker.watch_result(queue, task_id)
-                if reply is None:
-                    raise TaskNotFound(f"no task {task_id!r} (it ended while another client "
-                                       "waited for it, and had no retention)")
-                state, result, error = (v.decode() if i != 1 and v else v
-                                        for i, v in enumerate(reply))
-        if state == "dead":
-            raise TaskFailed(task_id, error)
-        return decode_stored_json(result)
+        return await self.results.wait(queue, task_id, timeout)
 
     async def close(self) -> None:
+        for check in list(self._checks):
+            check.cancel()
+        await self.results.close()
         await self.broker.close()
 
     async def __aenter__(self) -> Client:
@@ -174,13 +177,10 @@ def _bind(hook: ProducerHook, call_next: CallNextProducer) -> CallNextProducer:
     return call
 
 
-def _info_after_enqueue(m: TaskMessage, status: str) -> TaskInfo:
-    duplicate = status != ""
-    return TaskInfo(
-        id=status.partition(":")[2] or m.id if status.startswith("unique:") else m.id,
-        type=m.type, queue=m.queue,
-        state="scheduled" if m.due_at > time.time() else "pending",
-        max_retry=m.max_retry, headers=m.headers, duplicate=duplicate)
+def _info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
+    return TaskInfo(id=status.existing_id or m.id, type=m.type, queue=m.queue,
+                    state="scheduled" if m.delay > 0 else "pending", max_retry=m.max_retry,
+                    headers=m.headers, duplicate=not status.created)
 
 
 def _info_from_fields(task_id: str, queue: str, f: dict[bytes, bytes],
@@ -209,7 +209,7 @@ class SyncClient:
     """The Client's methods, blocking. It runs a Client on a private event-loop thread and
     carries the caller's context (e.g. the current trace span) into each call."""
 
-    def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str = "obsq",
+    def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str | None = None,
                  **options: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="obsq-sync-client",
@@ -251,7 +251,8 @@ class SyncClient:
         self.close()
 
 
-async def _make_client(redis_url: str, namespace: str, options: dict[str, Any]) -> Client:
+async def _make_client(redis_url: str, namespace: str | None, options: dict[str, Any]
+                       ) -> Client:
     return Client(redis_url, namespace, **options)
 
 

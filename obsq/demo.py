@@ -70,6 +70,8 @@ async def run_demo(redis_url: str | None, duration: float, http_port: int) -> in
     finally:
         if server is not None:
             server.close()
+        else:  # your own Redis: leave nothing of the demo behind
+            await _clean_up(redis_url)
 
 
 async def _demo(redis_url: str, duration: float, port: int) -> int:
@@ -106,6 +108,17 @@ async def _demo(redis_url: str, duration: float, port: int) -> int:
     await client.close()
     print("\nNext: run your own worker with `obsq worker yourmodule:app` (see README).")
     return 0
+
+
+async def _clean_up(redis_url: str) -> None:
+    broker = Broker(redis_url, NAMESPACE)
+    try:
+        removed = await broker.delete_namespace()
+        print(f"Removed the demo's {removed} key(s) (namespace {NAMESPACE!r}) from {redis_url}.")
+    except BrokerError as exc:
+        print(f"Could not remove the demo's keys (namespace {NAMESPACE!r}): {exc}")
+    finally:
+        await broker.close()
 
 
 def _print_outcome(task: obsq.Task, outcome: str, error: BaseException | None) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from obsq.app import App, Route
-from obsq.broker import RawTask
+from obsq.broker import FetchedTask
 from obsq.errors import PayloadError, Retry, SkipRetry, TaskTimeout, UnknownTaskType
 from obsq.settings import BACKOFF_BASE, BACKOFF_CAP
 from obsq.task import DEFAULT_MAX_RETRY, DEFAULT_TIMEOUT, Task
@@ -67,11 +67,10 @@ class Executor:
         self.update_state = update_state
         self.chain = app.wrap(self._invoke)
 
-    def build_task(self, queue: str, raw: RawTask, redis_now_ms: int) -> Task:
-        task_id, fence, task_type, payload, headers, options, retried, due_ms, unique = raw
-        route = self.app.route(task_type)
+    def build_task(self, queue: str, raw: FetchedTask, redis_now_ms: int) -> Task:
+        route = self.app.route(raw.type)
         try:
-            opts = orjson.loads(options) if options else {}
+            opts = orjson.loads(raw.options) if raw.options else {}
         except orjson.JSONDecodeError:
             opts = {}  # a tampered option blob: fall back to the route's defaults
         if not isinstance(opts, dict):
@@ -79,15 +78,15 @@ class Executor:
         max_retry = opts.get("max_retry")
         timeout = opts.get("timeout")
         return Task(
-            id=task_id, type=task_type, queue=queue, raw_payload=payload, raw_headers=headers,
-            retry_count=retried, fence=fence, route=route.pattern if route else "other",
-            unique_key=unique,
+            id=raw.id, type=raw.type, queue=queue, raw_payload=raw.payload,
+            raw_headers=raw.headers, retry_count=raw.retried, fence=raw.fence,
+            route=route.pattern if route else "other", unique_key=raw.unique_key,
             max_retry=max_retry if isinstance(max_retry, int) else
             (route.max_retry if route and route.max_retry is not None else DEFAULT_MAX_RETRY),
             timeout=timeout if isinstance(timeout, (int, float)) and timeout > 0 else
             (route.timeout if route and route.timeout else DEFAULT_TIMEOUT),
             retention=float(opts.get("retention") or 0),
-            wait_seconds=max(redis_now_ms - due_ms, 0) / 1000 if due_ms else 0.0,
+            wait_seconds=max(redis_now_ms - raw.due_ms, 0) / 1000 if raw.due_ms else 0.0,
             update_state=self.update_state)
 
     async def run(self, task: Task) -> Verdict:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from obsq.broker import Broker
+from obsq.broker import Attempt, Broker
 from obsq.errors import BrokerError
 from obsq.loop import BackgroundLoop
 from obsq.settings import HEARTBEAT_INTERVAL, HEARTBEAT_TTL
@@ -47,7 +47,7 @@ class LeaseKeeper(BackgroundLoop):
     name = "lease-keeper"
 
     def __init__(self, broker: Broker, worker_id: str, lease_seconds: float,
-                 running: Callable[[], dict[str, list[tuple[str, int]]]]) -> None:
+                 running: Callable[[], dict[str, list[Attempt]]]) -> None:
         super().__init__(lease_seconds / 3)
         self.broker = broker
         self.worker_id = worker_id

@@ -142,7 +142,7 @@ class Inspector:
             return []
         stats = await self.broker.queue_stats(names)
         counts = await self.broker.outcome_counts(names, 61, COUNTED_OUTCOMES)
-        return [QueueInfo(q, stats[q]["depth"], stats[q]["latency"], stats[q]["paused"],
+        return [QueueInfo(q, stats[q].depth, stats[q].latency, stats[q].paused,
                           *_rates(*counts[q])) for q in names]
 
     async def queue(self, name: str) -> QueueInfo:
@@ -273,7 +273,7 @@ class Inspector:
     async def _in_steps(self, queue: str, state: str, step: Any) -> tuple[int, int]:
         """Run `step(queue, state, batch=n) -> (done, left, ...)` until the tasks that were
         in the state at the start are done (tasks arriving meanwhile are left alone)."""
-        todo = (await self.broker.queue_stats([queue]))[queue]["depth"][state]
+        todo = (await self.broker.queue_stats([queue]))[queue].depth[state]
         done, left = 0, todo
         while done < todo and left:
             n, now_left, *_ = await step(queue, state, batch=min(STEP, todo - done))

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -22,8 +23,10 @@ class RedisServer:
     """A redis-server process of our own; `stop()` and `start()` again on the same port
     simulate an outage or a restart that loses everything."""
 
-    def __init__(self, port: int | None = None, executable: str = "redis-server") -> None:
+    def __init__(self, port: int | None = None, executable: str = "redis-server",
+                 extra_args: Sequence[str] = ()) -> None:
         self.executable = shutil.which(executable) or executable
+        self.extra_args = list(extra_args)  # more redis-server options, e.g. --requirepass
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.kind = "redis-server"
@@ -33,7 +36,7 @@ class RedisServer:
     def start(self) -> RedisServer:
         self._process = subprocess.Popen(
             [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self._dir.name],
+             "--appendonly", "no", "--dir", self._dir.name, *self.extra_args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

@@ -4,7 +4,8 @@ reads `OBSQ_<NAME>` from the environment so the CLI, the Helm chart and code agr
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+import re
+from dataclasses import dataclass, fields
 from typing import Any
 
 from obsq.errors import ConfigurationError
@@ -36,6 +37,14 @@ THROUGHPUT_BUCKET_TTL = 3900.0
 # Default retry backoff: base * 2**retries, capped, then jittered to 50-100 %.
 BACKOFF_BASE = 2.0
 BACKOFF_CAP = 600.0
+# The HTTP port of each process kind (metrics and probes), distinct so that several can
+# share a host.
+WORKER_HTTP_PORT = 9191
+SCHEDULER_HTTP_PORT = 9192
+EXPORTER_HTTP_PORT = 9193
+# Connections per process: calls beyond the pool wait up to REDIS_POOL_TIMEOUT for one.
+REDIS_MAX_CONNECTIONS = 50
+REDIS_POOL_TIMEOUT = 20.0
 # Pause between attempts to reach a Redis that is away, doubling up to the cap.
 REDIS_RETRY_MIN = 0.05
 REDIS_RETRY_MAX = 2.0
@@ -54,6 +63,10 @@ def parse_queues(value: str | dict[str, int]) -> dict[str, int]:
         items = []
         for part in filter(None, (p.strip() for p in value.split(","))):
             name, _, weight = part.partition("=")
+            typo = _WEIGHT_TYPO.match(name)
+            if typo:
+                raise ConfigurationError(f"{part!r}: a queue's weight follows '=', as in "
+                                         f"{typo[1]}={typo[2]}")
             try:
                 items.append((name.strip(), int(weight) if weight else 1))
             except ValueError:
@@ -70,6 +83,9 @@ def parse_queues(value: str | dict[str, int]) -> dict[str, int]:
     return queues
 
 
+_WEIGHT_TYPO = re.compile(r"^(.+?)[:\s]+(\d+)$")  # 'critical:6' or 'critical 6'
+
+
 def _checked_name(kind: str, value: str) -> str:
     """A bad queue name or namespace is a configuration error (reported without a traceback
     by the CLI), not a plain ValueError."""
@@ -83,7 +99,7 @@ def _checked_name(kind: str, value: str) -> str:
 class WorkerSettings:
     redis_url: str = "redis://localhost:6379/0"
     namespace: str | None = None  # None: the App's namespace
-    queues: dict[str, int] = field(default_factory=lambda: {"default": 1})
+    queues: dict[str, int] | None = None  # None: every queue the App's routes declare
     concurrency: int = 50
     strict_priority: bool = False
     shutdown_timeout: float = 25.0
@@ -98,7 +114,8 @@ class WorkerSettings:
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
-        self.queues = parse_queues(self.queues)
+        if self.queues is not None:
+            self.queues = parse_queues(self.queues)
         if self.namespace is not None:
             _checked_name("namespace", self.namespace)
         for name in ("concurrency", "processes"):

@@ -1,10 +1,12 @@
 """Recording how each attempt ended, then telling the outcome hooks.
 
-Completions are batched without waiting on a timer: they gather here until the worker's
-fetch loop next talks to Redis, which sends them in the same round trip as its next fetch
-(`take_acks`/`resolve_acks`); a busy worker thus pays one round trip for many tasks and an
-idle one no delay. A Redis that is away is retried with backoff; an attempt whose fencing
-token went stale (its lease was taken over) ends as `lease_lost`.
+Completions are batched without a timer: they gather here until the worker next talks to
+Redis, and `riding(call)` sends them in that same round trip (a busy worker thus pays one
+round trip for many tasks, an idle one no delay). A Redis that is away is retried with
+backoff. The outcome hooks then hear what happened: the verdict when Redis recorded it,
+`lease_lost` when the attempt's fencing token had gone stale (its lease was taken over),
+`unrecorded` when the worker stopped before Redis could be reached (the task runs again
+once its worker is known lost).
 """
 
 from __future__ import annotations
@@ -12,18 +14,28 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from obsq.app import OutcomeHook
-from obsq.broker import AckBatches, Broker
+from obsq.broker import Attempt, Broker, Completion, Completions
 from obsq.errors import BrokerError
 from obsq.execution import Verdict
 from obsq.settings import redis_retry_delay
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
-AckItem = tuple[str, int, float, bytes, str]
-PendingAcks = dict[str, list[tuple[AckItem, "asyncio.Future[bool]"]]]
+T = TypeVar("T")
+# What a call carrying completions returns: the accepted flags per queue, and its own value.
+CarryingCall = Callable[[Completions, bool], Awaitable[tuple[dict[str, list[bool]], T]]]
+
+
+class _Ack:
+    __slots__ = ("completion", "future", "resent")
+
+    def __init__(self, completion: Completion, future: asyncio.Future[bool | None]) -> None:
+        self.completion = completion
+        self.future = future
+        self.resent = False  # an earlier send may have reached Redis before it failed
 
 
 class Settler:
@@ -31,35 +43,35 @@ class Settler:
         self.broker = broker
         self.worker_id = worker_id
         self.hooks = hooks
-        self._acks: PendingAcks = {}
+        self._acks: dict[str, list[_Ack]] = {}
         self.acks_waiting = asyncio.Event()
         self._gave_up = False
         self.direct = False  # draining: send each completion at once, no fetch carries it
 
     async def settle(self, task: Task, verdict: Verdict) -> str:
         """Record the verdict in Redis; returns the final outcome."""
+        attempt = Attempt(task.id, task.fence)
         if verdict.outcome == "success":
-            future = asyncio.get_running_loop().create_future()
-            self._acks.setdefault(task.queue, []).append(
-                ((task.id, task.fence, task.retention, verdict.result, task.unique_key),
-                 future))
+            future: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
+            self._acks.setdefault(task.queue, []).append(_Ack(Completion(
+                task.id, task.fence, task.retention, verdict.result, task.unique_key), future))
             self.acks_waiting.set()
             if self.direct:
                 await self._persist(self.flush)
-            accepted = await future
+            recorded = await future
         elif verdict.outcome == "retry":
-            accepted = await self._persist(lambda: self.broker.retry(
-                task.queue, task.id, task.fence, self.worker_id, verdict.delay,
-                verdict.error_text, verdict.traceback_text))
-        else:
-            accepted = await self._persist(lambda: self.broker.kill(
-                task.queue, task.id, task.fence, self.worker_id, verdict.error_text,
+            recorded = await self._persist(lambda: self.broker.retry(
+                task.queue, attempt, self.worker_id, verdict.delay, verdict.error_text,
                 verdict.traceback_text))
-        outcome = verdict.outcome if accepted else "lease_lost"
-        if not accepted:
+        else:
+            recorded = await self._persist(lambda: self.broker.fail(
+                task.queue, attempt, self.worker_id, verdict.error_text,
+                verdict.traceback_text))
+        outcome = {True: verdict.outcome, False: "lease_lost", None: "unrecorded"}[recorded]
+        if recorded is False:
             log.warning("task %s (%s) finished after its lease was taken over; its %s was "
                         "refused", task.id, task.type, verdict.outcome)
-        elif verdict.outcome != "success":
+        elif recorded and verdict.outcome != "success":
             then = (f"will retry in {verdict.delay:.1f} s" if verdict.outcome == "retry"
                     else "moved to dead")
             log.warning("task %s (%s) failed, %s: %s", task.id, task.type, then,
@@ -67,16 +79,17 @@ class Settler:
         self.report(task, outcome, verdict.error)
         return outcome
 
-    async def requeue(self, tasks: list[Task]) -> None:
-        """Hand unfinished attempts back to pending at once (graceful shutdown)."""
+    async def hand_back(self, tasks: list[Task]) -> None:
+        """Return unfinished attempts to pending at once (graceful shutdown)."""
         by_queue: dict[str, list[Task]] = {}
         for task in tasks:
             by_queue.setdefault(task.queue, []).append(task)
         for queue, group in by_queue.items():
-            accepted = await self._persist(lambda q=queue, g=group: self.broker.requeue(
-                q, [(t.id, t.fence) for t in g], self.worker_id), attempts=5)
-            for task, ok in zip(group, accepted or [False] * len(group)):
-                self.report(task, "requeued" if ok else "lease_lost", None)
+            accepted = await self._persist(lambda q=queue, g=group: self.broker.hand_back(
+                q, [Attempt(t.id, t.fence) for t in g], self.worker_id), attempts=5)
+            for task, ok in zip(group, accepted or [None] * len(group)):
+                self.report(task, {True: "requeued", False: "lease_lost",
+                                   None: "unrecorded"}[ok], None)
 
     def report(self, task: Task, outcome: str, error: BaseException | None) -> None:
         for hook in self.hooks:
@@ -85,36 +98,48 @@ class Settler:
             except Exception:
                 log.exception("outcome hook %r failed", hook)
 
-    def take_acks(self) -> tuple[AckBatches, PendingAcks]:
-        """Hand the gathered completions to the caller, who sends them to Redis and then
-        calls resolve_acks (or restore_acks if the call failed)."""
-        pending, self._acks = self._acks, {}
+    async def riding(self, call: CarryingCall[T]) -> T:
+        """Run the worker's next Redis call with the completions gathered so far riding
+        along: `call(completions, resent)` returns (accepted flags per queue, its value)."""
+        taken, self._acks = self._acks, {}
         self.acks_waiting.clear()
-        return {q: [item for item, _ in entries] for q, entries in pending.items()}, pending
-
-    def resolve_acks(self, pending: PendingAcks, results: dict[str, list[bool]]) -> None:
-        for queue, entries in pending.items():
-            for (_, future), accepted in zip(entries, results[queue]):
-                if not future.done():
-                    future.set_result(accepted)
-
-    def restore_acks(self, pending: PendingAcks) -> None:
-        for queue, entries in pending.items():
-            self._acks[queue] = entries + self._acks.get(queue, [])
-        if self._acks:
-            self.acks_waiting.set()
+        completions = {q: [a.completion for a in acks] for q, acks in taken.items()}
+        resent = any(a.resent for acks in taken.values() for a in acks)
+        try:
+            accepted, value = await call(completions, resent)
+        except BaseException:
+            for queue, acks in taken.items():  # sent again with the next call
+                for ack in acks:
+                    ack.resent = True
+                self._acks[queue] = acks + self._acks.get(queue, [])
+            if self._acks:
+                self.acks_waiting.set()
+            raise
+        for queue, acks in taken.items():
+            for ack, ok in zip(acks, accepted[queue]):
+                if not ack.future.done():
+                    ack.future.set_result(ok)
+        return value
 
     async def flush(self) -> None:
         """Send the gathered completions on their own (when no fetch is due)."""
-        batches, pending = self.take_acks()
-        if not batches:
+        if self._acks:
+            await self.riding(self._ack_only)
+
+    async def _ack_only(self, completions: Completions, resent: bool
+                        ) -> tuple[dict[str, list[bool]], None]:
+        return await self.broker.ack(completions, self.worker_id, resent), None
+
+    async def wait_carrying(self, event: asyncio.Event, linger: float) -> None:
+        """Wait for `event` (room for the worker's next fetch). Completions gathered before
+        it wait at most `linger` for that fetch, then go on their own."""
+        if not self.acks_waiting.is_set():
+            await event.wait()
             return
         try:
-            results = await self.broker.ack(batches, self.worker_id)
-        except BrokerError:
-            self.restore_acks(pending)
-            raise
-        self.resolve_acks(pending, results)
+            await asyncio.wait_for(event.wait(), linger)
+        except asyncio.TimeoutError:
+            await self.flush()
 
     async def close(self, timeout: float) -> None:
         """Flush what is left, retrying while Redis is away for up to `timeout`."""
@@ -127,21 +152,22 @@ class Settler:
             except BrokerError as exc:
                 failures += 1
                 if loop.time() >= deadline:
-                    log.error("gave up recording %d completion(s): %s; their leases will "
-                              "expire and they will run again",
+                    log.error("gave up recording %d completion(s): %s; they will run again "
+                              "once this worker is known lost",
                               sum(map(len, self._acks.values())), exc)
                     break
                 await asyncio.sleep(redis_retry_delay(failures))
         self._gave_up = True
-        for entries in self._acks.values():
-            for _, future in entries:
-                if not future.done():
-                    future.set_result(False)
+        for acks in self._acks.values():
+            for ack in acks:
+                if not ack.future.done():
+                    ack.future.set_result(None)
         self._acks = {}
 
     async def _persist(self, call: Callable[[], Awaitable[Any]],
                        attempts: int | None = None) -> Any:
-        """Retry a settling call while Redis is away (until the worker gives up)."""
+        """Retry a settling call while Redis is away; None once the worker gives up (a
+        re-sent call whose first send was applied is recognised by its fencing token)."""
         failures = 0
         while True:
             try:
@@ -149,8 +175,8 @@ class Settler:
             except BrokerError as exc:
                 failures += 1
                 if self._gave_up or (attempts is not None and failures >= attempts):
-                    log.error("gave up recording an outcome: %s; the task's lease will "
-                              "expire and it will run again", exc)
+                    log.error("gave up recording an outcome: %s; the task will run again "
+                              "once this worker is known lost", exc)
                     return None
                 if failures == 1:
                     log.warning("cannot record an outcome: %s; retrying", exc)

@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from obsq import __version__
+from obsq.app import load_app
 from obsq.settings import WorkerSettings
 
 log = logging.getLogger("obsq")
@@ -60,6 +61,7 @@ class Supervisor:
         self.app_spec = app_spec
         self.settings = settings
         self.children = [_Child(i) for i in range(settings.processes)]
+        self.queues: dict[str, int] = {}
         self._stopping = False
         self._wake = threading.Event()
         self._own_dir = False
@@ -74,10 +76,10 @@ class Supervisor:
     # -- lifecycle ------------------------------------------------------------------------
 
     def run(self) -> int:
-        from obsq.cli import load_app
-
         self._prepare_dir()
-        namespace = self.settings.namespace or load_app(self.app_spec).namespace
+        app = load_app(self.app_spec)
+        namespace = self.settings.namespace or app.namespace
+        self.queues = self.settings.queues or dict.fromkeys(app.queues, 1)
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGTERM, signal.SIGINT)}
         status = 0
@@ -133,7 +135,6 @@ class Supervisor:
         env = dict(os.environ)
         env.update({
             "OBSQ_REDIS_URL": s.redis_url,
-            "OBSQ_QUEUES": ",".join(f"{q}={w}" for q, w in s.queues.items()),
             "OBSQ_CONCURRENCY": str(s.concurrency),
             "OBSQ_STRICT_PRIORITY": "true" if s.strict_priority else "false",
             "OBSQ_SHUTDOWN_TIMEOUT": repr(float(s.shutdown_timeout)),
@@ -149,6 +150,8 @@ class Supervisor:
         })
         if s.namespace:
             env["OBSQ_NAMESPACE"] = s.namespace
+        if s.queues:  # else each child serves its App's queues, as a single worker does
+            env["OBSQ_QUEUES"] = ",".join(f"{q}={w}" for q, w in s.queues.items())
         return env
 
     def _spawn(self, child: _Child) -> None:
@@ -230,7 +233,7 @@ class Supervisor:
         self._watch = RedisWatch(broker)
 
         self._watching = asyncio.run_coroutine_threadsafe(self._run_watch(), loop)
-        registry = endpoint_registry(QueueCollector(broker, loop, list(self.settings.queues)))
+        registry = endpoint_registry(QueueCollector(broker, loop, list(self.queues)))
         self._http = HealthServer(self.settings.http_host, self.settings.http_port, registry,
                                   live=self._live, ready=self._ready, status=self._status)
 
@@ -249,7 +252,7 @@ class Supervisor:
 
     def _status(self) -> dict[str, Any]:
         return {"supervisor": os.getpid(), "version": __version__,
-                "queues": self.settings.queues, "concurrency": self.settings.concurrency,
+                "queues": self.queues, "concurrency": self.settings.concurrency,
                 "processes": [{"index": c.index, "pid": c.process.pid if c.process else None,
                                "alive": c.alive, "restarts": c.restarts}
                               for c in self.children]}

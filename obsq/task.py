@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 import re
 import time
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 STATES = ("pending", "active", "scheduled", "retry", "dead", "completed")
 MAX_NAME_LENGTH = 200
 _FORBIDDEN = re.compile(r"[{}\x00-\x1f]")
+_SPACE = re.compile(r"\s")
 
 
 def new_task_id() -> str:
@@ -45,14 +47,30 @@ def _checked_name(kind: str, value: str) -> str:
     if len(value) > MAX_NAME_LENGTH or _FORBIDDEN.search(value):
         raise ValueError(f"{kind} {value!r} must be at most {MAX_NAME_LENGTH} characters "
                          "without braces or control characters")
+    if kind in ("queue", "namespace") and _SPACE.search(value):
+        raise ValueError(f"{kind} {value!r} must not contain spaces")
     return value
 
 
 def encode_json(value: Any, what: str) -> bytes:
+    """JSON, refusing what JSON cannot say: orjson would write NaN and infinities as null."""
     try:
-        return orjson.dumps(value)
+        encoded = orjson.dumps(value)
     except TypeError as exc:
         raise TypeError(f"{what} is not JSON-serializable: {exc}") from None
+    if b"null" in encoded and _has_non_finite(value):  # the walk only when it may matter
+        raise ValueError(f"{what} holds NaN or an infinity, which JSON cannot represent")
+    return encoded
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_non_finite(v) for v in value)
+    return False
 
 
 @dataclass
@@ -84,7 +102,7 @@ class TaskMessage:
     max_retry: int | None  # None: the worker applies the route's default
     timeout: float | None
     retention: float
-    due_at: float  # unix seconds; 0 means now
+    delay: float  # seconds from when Redis receives it; 0 means now
     unique_key: str  # digest of type + payload, empty when not unique
     unique_for: float
 
@@ -116,21 +134,12 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
         raise ValueError(f"timeout must be positive, got {timeout!r}")
     if job.delay is not None and job.eta is not None:
         raise ValueError("give delay or eta, not both")
-    now = time.time() if now is None else now
-    due_at = 0.0
-    if job.delay is not None:
-        if job.delay < 0:
-            raise ValueError(f"delay must not be negative, got {job.delay!r}")
-        due_at = now + job.delay if job.delay > 0 else 0.0
-    elif job.eta is not None:
+    delay = _duration("delay", job.delay, minimum=0.0)
+    if job.eta is not None:  # the only place the producer's clock counts: eta means its "now"
         eta = job.eta if job.eta.tzinfo else job.eta.replace(tzinfo=timezone.utc)
-        due_at = max(eta.timestamp(), 0.0)
-    retention = float(job.retention or 0)
-    if retention < 0:
-        raise ValueError(f"retention must not be negative, got {retention!r}")
-    unique_for = float(job.unique_for or 0)
-    if unique_for < 0:
-        raise ValueError(f"unique_for must not be negative, got {unique_for!r}")
+        delay = max(eta.timestamp() - (time.time() if now is None else now), 0.0)
+    retention = _duration("retention", job.retention)
+    unique_for = _duration("unique_for", job.unique_for)
     if job.task_id is not None:
         validate_name("task_id", job.task_id)
     headers = dict(job.headers or {})
@@ -142,12 +151,24 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
         unique_key = hashlib.sha1(job.type.encode() + b"\0" + payload).hexdigest()
     return TaskMessage(id=job.task_id or new_task_id(), type=job.type, queue=queue,
                        payload=payload, headers=headers, max_retry=max_retry, timeout=timeout,
-                       retention=retention, due_at=due_at, unique_key=unique_key,
+                       retention=retention, delay=delay, unique_key=unique_key,
                        unique_for=unique_for)
 
 
 def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
+
+
+def _duration(name: str, value: float | None, minimum: float = 0.001) -> float:
+    """A length of time in seconds: 0 (or None) for none, else at least `minimum` (Redis
+    counts expiries in whole milliseconds and refuses 0)."""
+    if value is None or value == 0:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value >= minimum):
+        raise ValueError(f"{name} must be 0 or a number of seconds of at least {minimum:g}, "
+                         f"got {value!r}")
+    return float(value)
 
 
 class Task:

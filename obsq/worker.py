@@ -23,7 +23,7 @@ from typing import Any
 
 from obsq import __version__
 from obsq.app import App
-from obsq.broker import Broker, RawTask
+from obsq.broker import Attempt, Broker, Fetched
 from obsq.errors import BrokerError
 from obsq.execution import Executor
 from obsq.heartbeat import Heartbeat, LeaseKeeper
@@ -72,7 +72,7 @@ class Worker:
         self.settings = settings
         self.app = app
         self.namespace = settings.namespace or app.namespace
-        self.queues = settings.queues
+        self.queues = settings.queues or dict.fromkeys(app.queues, 1)
         self.concurrency = settings.concurrency
         self.handle_signals = handle_signals
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -82,7 +82,7 @@ class Worker:
         if settings.metrics or settings.tracing:
             from obsq.observability import instrument_app
             instrument_app(app, metrics=settings.metrics, tracing=settings.tracing,
-                           concurrency=self.concurrency)
+                           concurrency=self.concurrency, queues=self.queues)
         self.broker = Broker(settings.redis_url, self.namespace)
         self.broker.on_error.extend(app.redis_error_hooks)
         self._order = sorted(self.queues, key=lambda q: -self.queues[q])
@@ -118,11 +118,11 @@ class Worker:
             Janitor(self.broker, self.id),
             ThroughputCounter(self.app, self.broker),
         ]
-        for loop in self._loops:
-            loop.start()
-        if self.settings.http_port is not None:
+        if self.settings.http_port is not None:  # first: a taken port stops the start here
             from obsq.observability import serve_http
             self._http = serve_http(self, self.settings.http_host, self.settings.http_port)
+        for loop in self._loops:
+            loop.start()
         signals = self._install_signals()
         self.started_at = time.time()
         log.info("worker %s started: queues %s, concurrency %d, Redis %s%s", self.id,
@@ -212,39 +212,23 @@ class Worker:
     async def _await_room(self) -> None:
         """Wait until a slot frees. While tasks are short the worker holds up to twice its
         slots and fetches only once a whole batch fits, so each round trip carries many
-        tasks; the buffer keeps the slots fed meanwhile. Completions gathered in the
-        meantime wait at most ACK_LINGER for that fetch before they are sent alone."""
+        tasks; the buffer keeps the slots fed meanwhile."""
         self._slot_free.clear()
-        if self.settler.acks_waiting.is_set():
-            try:
-                await asyncio.wait_for(self._slot_free.wait(), ACK_LINGER)
-            except asyncio.TimeoutError:
-                await self.settler.flush()
-        else:
-            await self._slot_free.wait()
+        await self.settler.wait_carrying(self._slot_free, ACK_LINGER)
 
     async def _fetch(self, queue: str, count: int) -> int:
-        lease = self.settings.lease_seconds
-        if self.settler.acks_waiting.is_set():
-            batches, pending = self.settler.take_acks()
-            try:
-                acked, now, raws = await self.broker.ack_and_dequeue(batches, queue, count,
-                                                                     self.id, lease)
-            except BrokerError:
-                self.settler.restore_acks(pending)
-                raise
-            self.settler.resolve_acks(pending, acked)
-        else:
-            now, raws = await self.broker.dequeue(queue, count, self.id, lease)
-        self._take(queue, raws, now)
-        return len(raws)
+        """Take up to `count` tasks of `queue`; the completions gathered so far ride along."""
+        fetched = await self.settler.riding(lambda completions, resent: self.broker.dequeue(
+            queue, count, self.id, self.settings.lease_seconds, completions, resent))
+        self._take(queue, fetched)
+        return len(fetched.tasks)
 
-    def _take(self, queue: str, raws: list[RawTask], redis_now_ms: int) -> None:
+    def _take(self, queue: str, fetched: Fetched) -> None:
         """Start fetched tasks in free slots; the rest wait in the buffer (all of them once
         the worker is stopping: the drain hands the buffer back)."""
         fetched_at = time.monotonic()
-        for raw in raws:
-            task = self.executor.build_task(queue, raw, redis_now_ms)
+        for raw in fetched.tasks:
+            task = self.executor.build_task(queue, raw, fetched.now_ms)
             if self._busy < self.concurrency and not self._stopped.is_set():
                 self._start(task)
             else:
@@ -287,7 +271,7 @@ class Worker:
                         await self.settler.flush()
             if waiter.cancelled():  # abandoned on a stop (a Cluster's plain wait)
                 return
-            _, now, raws = await waiter
+            _, fetched = await waiter
         except asyncio.CancelledError:
             if not waiter.done():
                 waiter.cancel()
@@ -295,7 +279,7 @@ class Worker:
         except BrokerError:
             await self._pause(REDIS_RETRY_MAX)  # Redis away; the broker counted it
             return
-        self._take(first, raws, now)
+        self._take(first, fetched)
         await asyncio.sleep(0)  # let the handlers just started begin before the next fetch
 
     async def _interrupt(self, waiter: asyncio.Future[Any]) -> None:
@@ -343,10 +327,10 @@ class Worker:
         finally:
             del self._running[runner]  # type: ignore[index]
 
-    def _attempts_by_queue(self) -> dict[str, list[tuple[str, int]]]:
-        attempts: dict[str, list[tuple[str, int]]] = {}
+    def _attempts_by_queue(self) -> dict[str, list[Attempt]]:
+        attempts: dict[str, list[Attempt]] = {}
         for task in [*self._running.values(), *self._buffer]:
-            attempts.setdefault(task.queue, []).append((task.id, task.fence))
+            attempts.setdefault(task.queue, []).append(Attempt(task.id, task.fence))
         return attempts
 
     async def _update_state(self, task: Task, state: Any) -> None:
@@ -368,7 +352,7 @@ class Worker:
         with contextlib.suppress(BrokerError):
             await self.settler.flush()
         if self._buffer:
-            await self.settler.requeue(list(self._buffer))
+            await self.settler.hand_back(list(self._buffer))
             self._buffer.clear()
         log.info("worker %s draining: %d task(s) running, waiting up to %g s", self.id,
                  len(self._handling), self.settings.shutdown_timeout)
@@ -384,7 +368,7 @@ class Worker:
             runner.cancel()
         if unfinished:
             await asyncio.gather(*cancelled, return_exceptions=True)
-            await self.settler.requeue(unfinished)
+            await self.settler.hand_back(unfinished)
             log.info("handed %d unfinished task(s) back to pending", len(unfinished))
         await self.settler.close(timeout=5)
         settling = [r for r in self._running if not r.done()]

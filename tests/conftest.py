@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from support import missing_tool
+from support import missing_tool, wait_until
 
 import obsq
 from obsq.redis_server import RedisServer
@@ -100,18 +100,14 @@ async def start_worker(redis_url: str, app: obsq.App
         options.setdefault("concurrency", 10)
         worker = obsq.Worker(worker_app or app, handle_signals=False, **options)
         task = asyncio.create_task(worker.run())
-        for _ in range(200):
-            if worker.started_at or task.done():
-                break
-            await asyncio.sleep(0.01)
-        if task.done():
-            task.result()
         running.append((worker, task))
+        await wait_until(lambda: worker.started_at or task.done(), timeout=10)
+        if task.done():
+            task.result()  # its start-up error
         return worker
 
     yield start
     for worker, _ in running:
         worker.stop()
-    for _, task in running:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, timeout=30)
+    for _, task in running:  # a worker that failed or would not stop fails the test
+        await asyncio.wait_for(task, timeout=30)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,26 @@ def missing_tool(message: str) -> None:
     if IN_CI:
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05,
+             what: str = "condition") -> Any:
+    """The blocking twin of wait_until, for fixtures: poll until truthy, fail after
+    `timeout`. Exceptions of the condition count as not yet (a server still starting)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = condition()
+        except Exception as exc:
+            value, error = None, exc
+        else:
+            error = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met within {timeout} s"
+                                 + (f" (last error: {error!r})" if error else ""))
+        time.sleep(interval)
 
 
 async def wait_until(condition: Callable[[], Any], timeout: float = 10.0,
@@ -33,3 +54,8 @@ async def wait_until(condition: Callable[[], Any], timeout: float = 10.0,
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         await asyncio.sleep(interval)
+
+
+async def depth(broker: Any, queue: str = "default") -> dict[str, int]:
+    """Tasks of `queue` by state."""
+    return (await broker.queue_stats([queue]))[queue].depth

@@ -21,8 +21,11 @@ def test_the_demo_runs_tasks_and_shows_metrics(redis_url):
     out = result.stdout
     assert "metrics and probes on http://127.0.0.1:" in out
     for line in ("success  email:send", "retry    report:monthly", "success  report:monthly",
-                 "dead     payment:charge", "obsq_tasks_processed_total{", "obsq_workers 1.0"):
+                 "dead     payment:charge", "obsq_tasks_processed_total{", "obsq_workers 1.0",
+                 "Removed the demo's"):
         assert line in out, line
+    leftovers = list(redis.Redis.from_url(redis_url).scan_iter(match="obsq-demo:*"))
+    assert leftovers == [], "the demo left keys in the user's Redis"
 
 
 def test_a_private_redis_server_starts_when_none_is_reachable():

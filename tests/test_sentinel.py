@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
-from support import missing_tool, wait_until
+from support import missing_tool, wait_for, wait_until
 
 import obsq
 from obsq.redis_server import RedisServer, free_port
@@ -32,14 +31,8 @@ def sentinel(tmp_path: Path) -> Iterator[tuple[str, RedisServer, RedisServer]]:
                       "sentinel failover-timeout obsqmaster 5000\n")
     process = subprocess.Popen(["redis-server", str(config), "--sentinel"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            if redis.Redis(port=port).sentinel_master("obsqmaster")["num-slaves"] >= 1:
-                break
-        except (redis.RedisError, KeyError):
-            pass
-        time.sleep(0.1)
+    wait_for(lambda: redis.Redis(port=port).sentinel_master("obsqmaster")["num-slaves"] >= 1,
+             timeout=10, what="the sentinel seeing the replica")
     yield f"redis+sentinel://127.0.0.1:{port}/obsqmaster/0", master, replica
     process.kill()
     process.wait()

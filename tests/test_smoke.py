@@ -11,5 +11,7 @@ async def test_a_task_runs_and_its_result_is_returned(app, client, start_worker)
     await start_worker()
     info = await client.enqueue("hello", {"name": "ada"}, retention=60)
     assert await client.result(info, timeout=5) == {"hi": "ada"}
-    done = await wait_until(lambda: client.info(info.id))
-    assert done.state == "completed"
+    async def completed() -> bool:
+        return (await client.info(info.id)).state == "completed"
+
+    await wait_until(completed)

@@ -18,8 +18,15 @@ from obsq.broker.scripts import is_noscript, load_scripts
 from obsq.errors import BrokerError, ConfigurationError
 
 ErrorHook = Callable[[str, BaseException], None]
+ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # script name, keys, arguments
 MIN_REDIS_VERSION = (6, 2)
 SCRIPTS = load_scripts()
+# Every `operation` a failed call is reported under (the label of obsq_redis_errors_total):
+# the scripts, and the plain commands named here, so that metrics can start each at 0.
+COMMANDS = ("delete_namespace", "deregister", "find_queue", "forget_workers", "heartbeat",
+            "lost_workers", "namespaces", "queues", "read_inbox", "register_queues",
+            "scheduler", "set_progress", "task_info", "wait_for_work", "workers")
+OPERATIONS = tuple(sorted({*SCRIPTS, *COMMANDS}))
 
 
 class RedisCalls:
@@ -70,6 +77,21 @@ class RedisCalls:
         except (RedisError, OSError) as exc:
             raise self._failed(operation, exc) from exc
 
+    async def _blpop_any(self, operation: str, keys: Sequence[str], timeout: float) -> Any:
+        """BLPOP on keys that may live in different Cluster slots (one BLPOP each there, the
+        first answer wins): (key, value), or None after `timeout`."""
+        if not self.is_cluster or len(keys) == 1:
+            return await self._guard(operation, self.redis.blpop(keys, timeout=timeout))
+        waits = [asyncio.ensure_future(self._blpop_any(operation, [k], timeout)) for k in keys]
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        replies = [w.result() for w in done]  # raises the first failure
+        return next((r for r in replies if r is not None), None)
+
     async def _get_many(self, operation: str, keys: Sequence[str]) -> list[Any]:
         """GET of keys in different cluster slots, in one round trip (MGET cannot)."""
         pipe = self.redis.pipeline(transaction=False)
@@ -90,9 +112,10 @@ class RedisCalls:
         except (RedisError, OSError) as exc:
             raise self._failed(name, exc) from exc
 
-    async def _scripts(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
-                       ) -> list[Any]:
+    async def _scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Several script calls (name, keys, args) in one round trip."""
+        if not calls:
+            return []
         if len(calls) == 1:
             return [await self._script(*calls[0])]
         if self.is_cluster:  # its pipelines refuse EVALSHA: the calls

@@ -23,7 +23,7 @@ class QueueKeys:
         self.completed = self.prefix + "completed"  # zset id -> end of retention (ms)
         self.wake = self.prefix + "wake"  # list of tokens idle workers block on
         self.paused = self.prefix + "paused"  # exists while the queue is paused
-        self.watched = self.prefix + "watched"  # set of ids a client waits on in result()
+        self.watched = self.prefix + "watched"  # hash id -> ids of clients waiting in result()
         self.stats = self.prefix + "stats"  # ":<minute>": hash outcome -> count, for an hour
 
     def task(self, task_id: str) -> str:
@@ -32,8 +32,8 @@ class QueueKeys:
     def progress(self, task_id: str) -> str:
         return self.prefix + "progress:" + task_id
 
-    def done(self, task_id: str) -> str:
-        return self.prefix + "done:" + task_id
+    def inbox(self, client_id: str) -> str:
+        return self.prefix + "inbox:" + client_id  # list of watched tasks' ends for a client
 
     def by_state(self, state: str) -> str:
         return self.lease if state == "active" else getattr(self, state)
@@ -52,6 +52,9 @@ class GlobalKeys:
 
     def wake(self, worker_id: str) -> str:
         return f"{self.namespace}:worker:{worker_id}:wake"  # a worker interrupting its wait
+
+    def inbox_wake(self, client_id: str) -> str:
+        return f"{self.namespace}:client:{client_id}:wake"  # a client interrupting its reader
 
     def lock(self, name: str) -> str:
         return f"{self.namespace}:lock:{name}"

@@ -17,12 +17,14 @@ class Forwarder(Sweep):
         super().__init__(broker, owner, interval)
 
     async def sweep(self) -> float:
-        next_due = time.time() + self.interval
+        """Returns how long to sleep: until the earliest due task, on Redis's clock."""
+        started = time.monotonic()
+        soonest = self.interval
         for queue in await self.broker.queues():
             for state in ("scheduled", "retry"):
-                moved, due = SWEEP_BATCH, None
+                moved, due_in = SWEEP_BATCH, None
                 while moved == SWEEP_BATCH:
-                    moved, due = await self.broker.forward(queue, state, SWEEP_BATCH)
-                if due is not None:
-                    next_due = min(next_due, due)
-        return max(next_due - time.time(), 0.001)
+                    moved, due_in = await self.broker.forward(queue, state, SWEEP_BATCH)
+                if due_in is not None:
+                    soonest = min(soonest, due_in)
+        return max(soonest - (time.monotonic() - started), 0.001)

@@ -9,7 +9,7 @@ import logging
 from obsq.app import RecoveryHook
 from obsq.broker import Broker
 from obsq.maintenance.sweep import Sweep
-from obsq.settings import HEARTBEAT_TTL, RECOVER_INTERVAL, SWEEP_BATCH
+from obsq.settings import RECOVER_INTERVAL, SWEEP_BATCH
 
 log = logging.getLogger("obsq")
 
@@ -24,15 +24,19 @@ class Recoverer(Sweep):
         self.hooks = hooks
 
     async def sweep(self) -> None:
-        lost = await self.broker.lost_workers(HEARTBEAT_TTL)
+        lost = await self.broker.lost_workers()
         for queue in await self.broker.queues():
-            if lost:
-                self._report(queue, "worker_lost", *await self.broker.recover(
-                    queue, self.max_recoveries, SWEEP_BATCH, lost))
+            cursor = "0"
+            while lost:  # the attempts of lost workers, a bounded scan at a time
+                requeued, killed, cursor = await self.broker.recover(
+                    queue, self.max_recoveries, SWEEP_BATCH, lost, cursor)
+                self._report(queue, "worker_lost", requeued, killed)
+                if cursor == "0":
+                    break
             requeued, killed = SWEEP_BATCH, 0
             while requeued + killed >= SWEEP_BATCH:
-                requeued, killed = await self.broker.recover(queue, self.max_recoveries,
-                                                             SWEEP_BATCH)
+                requeued, killed, _ = await self.broker.recover(queue, self.max_recoveries,
+                                                                SWEEP_BATCH)
                 self._report(queue, "expired", requeued, killed)
         if lost:
             await self.broker.forget_workers(lost)

@@ -16,7 +16,10 @@ prometheus-client and the OpenTelemetry SDK are imported when first needed, not 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+
+from obsq.task import DEFAULT_QUEUE
 
 if TYPE_CHECKING:
     from obsq.app import App
@@ -29,15 +32,17 @@ _clients: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
-                   concurrency: int = 0, link: bool | None = None) -> None:
+                   concurrency: int = 0, queues: Iterable[str] = (),
+                   link: bool | None = None) -> None:
     """Add task metrics and tracing to `app`; idempotent. Both middleware go first in the
     chain (tracing outermost, then metrics), so the process span and the timings cover the
     user's middleware too, and its logs carry the trace id. `concurrency`: the task slots
-    of the calling worker, exported as obsq_worker_concurrency. `link`: start each process
-    span in a new trace linked to the producer's (default: OBSQ_TRACE_LINK)."""
+    of the calling worker, exported as obsq_worker_concurrency; `queues`: the queues it
+    serves, whose known series start at 0. `link`: start each process span in a new trace
+    linked to the producer's (default: OBSQ_TRACE_LINK)."""
     done = _apps.setdefault(app, set())
     if metrics:
-        from obsq.observability.metrics import TaskMetrics, set_concurrency
+        from obsq.observability.metrics import TaskMetrics, set_concurrency, start_at_zero
 
         if "metrics" not in done:
             m = TaskMetrics()
@@ -48,6 +53,7 @@ def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
             done.add("metrics")
         if concurrency:
             set_concurrency(concurrency)
+        start_at_zero(app, queues)
     if tracing and "tracing" not in done:
         from obsq.observability.tracing import TaskTracing
 
@@ -62,9 +68,12 @@ def instrument_client(client: Client) -> None:
     obsq_tasks_enqueued_total count to `client`; idempotent."""
     if client in _clients:
         return
-    from obsq.observability.metrics import EnqueueMetrics
+    from obsq.observability.metrics import EnqueueMetrics, start_at_zero
     from obsq.observability.tracing import SendTracing
 
+    if client.app is not None:
+        start_at_zero(client.app, {r.queue or DEFAULT_QUEUE for r in client.app.routes},
+                      worker=False)
     counting = EnqueueMetrics(client.app)
     client.use(SendTracing().hook)
     client.use(counting.hook)

@@ -113,9 +113,9 @@ def _families(stats: dict[str, dict[str, Any]], workers: int | None
     live = GaugeMetricFamily("obsq_workers", "Live workers registered in Redis")
     for queue, s in stats.items():
         for state in TASK_STATES:
-            depth.add_metric([queue, state], s["depth"][state])
-        latency.add_metric([queue], s["latency"])
-        paused.add_metric([queue], 1 if s["paused"] else 0)
+            depth.add_metric([queue, state], s.depth[state])
+        latency.add_metric([queue], s.latency)
+        paused.add_metric([queue], 1 if s.paused else 0)
     if workers is not None:
         live.add_metric([], workers)
     return [depth, latency, paused, live]

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from obsq import __version__
+from obsq.errors import ConfigurationError
 
 log = logging.getLogger("obsq")
 
@@ -51,7 +52,12 @@ class HealthServer:
         handler = type("Handler", (_Handler,), {"registry": registry, "live": staticmethod(live),
                                                 "ready": staticmethod(ready),
                                                 "status": staticmethod(status)})
-        self._server = _Server((host, port), handler)
+        try:
+            self._server = _Server((host, port), handler)
+        except OSError as exc:  # the port is taken, or the host is not this machine's
+            raise ConfigurationError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc}"
+                                     " (choose another port with --http-port or "
+                                     "OBSQ_HTTP_PORT)") from None
         self.host = host
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,),

@@ -25,8 +25,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from obsq import __version__
-from obsq.app import App
-from obsq.task import Task, TaskInfo, TaskMessage
+from obsq.app import OUTCOMES, RECOVERY_REASONS, App
+from obsq.broker.calls import OPERATIONS
+from obsq.task import DEFAULT_QUEUE, Task, TaskInfo, TaskMessage
 
 # From 5 ms to 10 minutes: handlers and queueing delays of a task queue span seconds to
 # minutes, unlike the sub-second buckets of an HTTP server.
@@ -194,6 +195,33 @@ class EnqueueMetrics:
 
     def on_redis_error(self, operation: str, exc: BaseException) -> None:
         self.m.redis_errors.labels(operation).inc()
+
+
+def start_at_zero(app: App, queues: Iterable[str], *, worker: bool = True) -> None:
+    """Create at 0 every series whose label values are known now, so that a dashboard shows
+    0 rather than "no data" and `increase()` counts the first event: the Redis operations,
+    and for the given queues the recovery reasons and (a worker) the outcomes, durations and
+    waits of each route that enqueues there by default, or (a producer) its enqueue count."""
+    m = get_metrics()
+    for operation in OPERATIONS:
+        m.redis_errors.labels(operation)
+    served = set(queues)
+    routed = [(route.queue or DEFAULT_QUEUE, route.pattern) for route in app.routes]
+    for queue, task in routed:
+        if queue not in served:
+            continue
+        if not worker:
+            m.enqueued.labels(queue, task)
+            continue
+        for outcome in OUTCOMES:
+            m.processed.labels(queue, task, outcome)
+        m.duration.labels(queue, task)
+        m.wait.labels(queue, task)
+        m.in_progress.labels(queue, task)
+    if worker:
+        for queue in served:
+            for reason in RECOVERY_REASONS:
+                m.recoveries.labels(queue, reason)
 
 
 def set_concurrency(slots: int) -> None:

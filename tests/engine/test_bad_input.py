@@ -6,18 +6,16 @@ from __future__ import annotations
 import asyncio
 import datetime
 import shutil
+import socket
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 
 import pytest
-import redis
 from support import missing_tool, wait_until
 
 import obsq
-from obsq.redis_server import free_port
+from obsq.redis_server import RedisServer, free_port
 
 from .helpers import ROOT, namespace_keys
 
@@ -230,7 +228,8 @@ def test_worker_cli_exits_with_one_line_for_a_malformed_url() -> None:
     (("--queues", "default=zero"), "tests.engine.apps:app", "not an integer"),
     (("--concurrency", "0"), "tests.engine.apps:app", "concurrency"),
     ((), "tests.engine.no_such_module:app", "cannot import"),
-    ((), "tests.engine.apps:nothing", "is not an obsq.App"),
+    ((), "tests.engine.apps:nothing", "has no attribute 'nothing'"),
+    ((), "tests.engine.apps:recorder", "is not an obsq.App (found function)"),
     ((), "tests.engine.apps", "MODULE:APP"),
 ])
 def test_worker_cli_exits_with_one_line_for_bad_options(redis_url, extra, app,
@@ -240,29 +239,13 @@ def test_worker_cli_exits_with_one_line_for_bad_options(redis_url, extra, app,
 
 @pytest.fixture
 def redis_with_password() -> Iterator[tuple[int, str]]:
-    server = shutil.which("redis-server")
-    if not server:
+    if not shutil.which("redis-server"):
         missing_tool("redis-server is not on PATH")
-    port = free_port()
-    directory = tempfile.TemporaryDirectory(prefix="obsq-auth-")
-    process = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-         "no", "--dir", directory.name, "--requirepass", "s3cret"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = RedisServer(extra_args=("--requirepass", "s3cret")).start()
     try:
-        r = redis.Redis(port=port, password="s3cret")
-        for _ in range(500):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        r.close()
-        yield port, "s3cret"
+        yield server.port, "s3cret"
     finally:
-        process.kill()
-        process.wait(timeout=10)
-        directory.cleanup()
+        server.close()
 
 
 def test_worker_cli_exits_with_one_line_for_a_wrong_password(redis_with_password) -> None:
@@ -278,3 +261,16 @@ async def _in_state(client: obsq.Client, task_id: str, state: str) -> obsq.TaskI
     info = await client.info(task_id)
     return info if info.state == state else None
 
+
+
+@pytest.mark.parametrize("command", ["worker", "scheduler"])
+def test_a_taken_http_port_is_one_line(redis_url, command) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "obsq", command, "tests.engine.apps:app", "--redis-url",
+             redis_url, "--http-port", str(port)],
+            cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    _one_clear_line(result, f"cannot serve HTTP on 0.0.0.0:{port}", "--http-port")

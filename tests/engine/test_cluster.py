@@ -119,7 +119,7 @@ async def test_enqueue_work_result_retry_and_delay_on_a_cluster(
             "queues", "workers", "worker", "lock"), name
     assert worker.heartbeat.failures == 0
     stats = await client.broker.queue_stats(list(QUEUES))
-    assert stats["delta"]["depth"]["dead"] == 1
+    assert stats["delta"].depth["dead"] == 1
 
 
 async def test_workers_and_stats_on_a_cluster(redis_cluster, cluster_ns, cluster_app,

@@ -11,10 +11,10 @@ import signal
 import time
 
 import pytest
-from support import wait_until
+from support import depth, wait_until
 
 import obsq
-from obsq.broker import Broker
+from obsq.broker import Attempt, Broker, Completion
 
 from .helpers import decoded, live_worker_pids, record_key
 
@@ -50,7 +50,7 @@ async def test_sigkill_mid_task_loses_nothing_and_the_heartbeat_brings_tasks_bac
     first.signal(signal.SIGKILL)
     first.wait()
     killed_at = time.monotonic()
-    assert (await broker.queue_stats(["default"]))["default"]["depth"]["active"] == 4
+    assert (await depth(broker))["active"] == 4
 
     second = spawn_worker("--lease-seconds", "60")
     await _wait_registered(broker, second)
@@ -63,7 +63,7 @@ async def test_sigkill_mid_task_loses_nothing_and_the_heartbeat_brings_tasks_bac
         assert _attempts(raw_redis, namespace, info.id) == 2  # killed once, then completed
     for info in later:
         assert _attempts(raw_redis, namespace, info.id) == 1
-    assert (await broker.queue_stats(["default"]))["default"]["depth"]["active"] == 0
+    assert (await depth(broker))["active"] == 0
     assert "(worker_lost)" in second.log()
     assert second.poll() is None
 
@@ -85,7 +85,7 @@ async def test_sigterm_drains_short_tasks_and_hands_long_ones_back(
         assert (stored.state, stored.retry_count) == ("pending", 0)
     finished = _list(raw_redis, namespace, "finished")
     assert sorted(finished) == sorted(i.id for i in short)
-    assert (await broker.queue_stats(["default"]))["default"]["depth"]["active"] == 0
+    assert (await depth(broker))["active"] == 0
     assert "handed 2 unfinished task(s) back to pending" in worker.log()
 
     second = spawn_worker()
@@ -106,7 +106,7 @@ async def test_sigterm_exits_as_soon_as_running_tasks_are_done(
     # far below the shutdown timeout of 120 s
     assert await asyncio.to_thread(worker.wait, 30) == 0
     assert sorted(_list(raw_redis, namespace, "finished")) == sorted(i.id for i in infos)
-    stats = (await broker.queue_stats(["default"]))["default"]["depth"]
+    stats = await depth(broker)
     assert (stats["active"], stats["pending"]) == (0, 0)
 
 
@@ -152,8 +152,8 @@ async def test_an_expired_lease_is_recovered_and_the_stale_attempt_is_fenced(
 
     info = await client.enqueue("job", retention=60)
     # a wedged worker takes the task with a short lease and never extends it
-    _, [stale] = await broker.dequeue("default", 1, "wedged-worker", lease_seconds=1)
-    stale_id, stale_fence = stale[0], stale[1]
+    _, (_, [stale]) = await broker.dequeue("default", 1, "wedged-worker", lease_seconds=1)
+    stale_id, stale_fence = stale.id, stale.fence
     assert stale_id == info.id
     assert (await client.info(info.id)).state == "active"
 
@@ -163,40 +163,40 @@ async def test_an_expired_lease_is_recovered_and_the_stale_attempt_is_fenced(
     assert ("default", "expired", 1) in recoveries
 
     # the wedged worker wakes up: none of its settling calls is accepted
-    acked = await broker.ack({"default": [(stale_id, stale_fence, 60, b'"stale"', "")]},
+    acked = await broker.ack({"default": [Completion(stale_id, stale_fence, 60, b'"stale"', "")]},
                              "wedged-worker")
     assert acked == {"default": [False]}
-    assert not await broker.retry("default", stale_id, stale_fence, "wedged-worker", 0, "x")
-    assert not await broker.kill("default", stale_id, stale_fence, "wedged-worker", "x")
-    assert await broker.requeue("default", [(stale_id, stale_fence)], "wedged-worker") == [
-        False]
+    stale_attempt = Attempt(stale_id, stale_fence)
+    assert not await broker.retry("default", stale_attempt, "wedged-worker", 0, "x")
+    assert not await broker.fail("default", stale_attempt, "wedged-worker", "x")
+    assert await broker.hand_back("default", [stale_attempt], "wedged-worker") == [False]
     stored = await client.info(info.id)
     assert (stored.state, stored.result) == ("completed", result)
 
 
 async def test_fencing_after_recovery_at_the_broker(client, broker) -> None:
     info = await client.enqueue("job")
-    _, [first] = await broker.dequeue("default", 1, "w1", lease_seconds=0.05)
-    fence = first[1]
+    _, (_, [first]) = await broker.dequeue("default", 1, "w1", lease_seconds=0.05)
+    fence = first.fence
 
     async def recovered() -> bool:
-        requeued, _ = await broker.recover("default", max_recoveries=5, batch=100)
+        requeued, _, _ = await broker.recover("default", max_recoveries=5, batch=100)
         return requeued == 1
 
     await wait_until(recovered, timeout=5)
     assert (await client.info(info.id)).state == "pending"
-    assert await broker.extend({"default": [(info.id, fence)]}, 30, "w1") == {
+    assert await broker.extend({"default": [Attempt(info.id, fence)]}, 30, "w1") == {
         "default": [info.id]}  # the lease is no longer this attempt's
-    assert await broker.ack({"default": [(info.id, fence, 0, b"1", "")]}, "w1") == {
+    assert await broker.ack({"default": [Completion(info.id, fence, 0, b"1", "")]}, "w1") == {
         "default": [False]}
 
-    _, [second] = await broker.dequeue("default", 1, "w2", lease_seconds=30)
-    assert second[0] == info.id and second[1] != fence
+    _, (_, [second]) = await broker.dequeue("default", 1, "w2", lease_seconds=30)
+    assert second.id == info.id and second.fence != fence
     # the old attempt cannot settle the new one, even from the same worker id
-    assert await broker.ack({"default": [(info.id, fence, 0, b"1", "")]}, "w2") == {
+    assert await broker.ack({"default": [Completion(info.id, fence, 0, b"1", "")]}, "w2") == {
         "default": [False]}
-    assert await broker.ack({"default": [(info.id, second[1], 60, b"2", "")]}, "w2") == {
-        "default": [True]}
+    assert await broker.ack({"default": [Completion(info.id, second.fence, 60, b"2", "")]},
+                            "w2") == {"default": [True]}
     stored = await client.info(info.id)
     assert (stored.state, stored.result) == ("completed", 2)
 
@@ -218,7 +218,7 @@ async def test_a_graceful_stop_under_load_is_prompt_and_loses_nothing(
     await wait_until(lambda: len(runs) >= 300, timeout=20)
     worker.stop()
     await asyncio.wait_for(running, timeout=20)  # far below the shutdown timeout of 120 s
-    stats = (await broker.queue_stats(["default"]))["default"]["depth"]
+    stats = await depth(broker)
     assert stats["active"] == 0
     assert stats["pending"] == total - len(runs)  # what did not run is back in pending
 
@@ -230,4 +230,4 @@ async def test_a_graceful_stop_under_load_is_prompt_and_loses_nothing(
 
 
 async def _depth(broker: Broker, state: str, expected: int) -> bool:
-    return (await broker.queue_stats(["default"]))["default"]["depth"][state] == expected
+    return (await depth(broker))[state] == expected

@@ -285,7 +285,7 @@ async def test_enqueue_many_in_large_batches(app, client, start_worker, broker) 
     assert [i.queue for i in infos] == [j.queue for j in jobs]
     assert len({i.id for i in infos}) == 2500
     stats = await broker.queue_stats(["big", "small"])
-    assert stats["big"]["depth"]["pending"] + stats["small"]["depth"]["pending"] == 2500
+    assert stats["big"].depth["pending"] + stats["small"].depth["pending"] == 2500
     await start_worker(queues="big,small", concurrency=20)
     await wait_until(lambda: len(done) == 2500, timeout=30)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from support import wait_until
+from support import depth, wait_until
 
 import obsq
 from obsq.broker import Broker
@@ -41,7 +41,7 @@ async def test_the_forwarder_moves_due_retries_and_scheduled_tasks(client, broke
         await wait_until(lambda: _state(client, info.id, "pending"), timeout=5)
     finally:
         await forwarder.stop()
-    stats = (await broker.queue_stats(["default"]))["default"]["depth"]
+    stats = await depth(broker)
     assert (stats["scheduled"], stats["pending"]) == (0, 1)
 
 
@@ -119,4 +119,4 @@ async def _state(client: obsq.Client, task_id: str, state: str) -> bool:
 
 
 async def _depth(broker: Broker, state: str, expected: int) -> bool:
-    return (await broker.queue_stats(["default"]))["default"]["depth"][state] == expected
+    return (await depth(broker))[state] == expected

@@ -70,8 +70,8 @@ async def test_a_paused_queue_is_not_served(app, client, start_worker, broker: B
     assert "emails:held" not in ran
     assert (await client.info(held.id)).state == "pending"
     stats = await broker.queue_stats(["emails"])
-    assert stats["emails"]["paused"] is True
-    assert stats["emails"]["depth"]["pending"] == 1
+    assert stats["emails"].paused is True
+    assert stats["emails"].depth["pending"] == 1
 
     await broker.set_paused("emails", False)
     await wait_until(lambda: "emails:held" in ran, timeout=10)

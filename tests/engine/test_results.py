@@ -8,8 +8,7 @@ import pytest
 from support import wait_until
 
 import obsq
-
-from .helpers import clients_running
+from obsq.broker import QueueKeys
 
 
 async def test_result_waits_for_the_task(app, client, start_worker) -> None:
@@ -55,8 +54,8 @@ async def test_result_times_out(app, client) -> None:
     assert (await client.info(info.id)).state == "pending"
 
 
-async def test_result_without_retention_when_asked_before_completion(app, client, start_worker,
-                                                                    raw_redis) -> None:
+async def test_result_without_retention_when_asked_before_completion(
+        app, client, start_worker, raw_redis, namespace) -> None:
     gate = asyncio.Event()
 
     @app.task("no-retention")
@@ -68,7 +67,7 @@ async def test_result_without_retention_when_asked_before_completion(app, client
     info = await client.enqueue("no-retention")
     waiting = asyncio.ensure_future(client.result(info, timeout=10))
     await wait_until(lambda: _state(client, info.id, "active"))
-    await wait_until(lambda: clients_running(raw_redis, "brpop") >= 1)  # the waiter is set
+    await wait_until(lambda: _watchers(raw_redis, namespace, info) == 1)  # the waiter is set
     gate.set()
     assert await waiting == [1, 2, 3]
     # the task is gone now: asking afterwards cannot work without retention
@@ -76,23 +75,25 @@ async def test_result_without_retention_when_asked_before_completion(app, client
         await client.result(info.id, timeout=1)
 
 
-async def test_two_waiters_on_one_task_both_get_the_result(app, client, start_worker,
-                                                          raw_redis) -> None:
+async def test_waiters_in_two_clients_on_one_task_all_get_the_result(
+        app, client, start_worker, raw_redis, redis_url, namespace) -> None:
     gate = asyncio.Event()
 
     @app.task("shared")
     async def shared(task: obsq.Task):
         await gate.wait()
-        return "for both"
+        return "for all"
 
     await start_worker()
     info = await client.enqueue("shared", retention=60)
-    first = asyncio.ensure_future(client.result(info, timeout=10))
-    second = asyncio.ensure_future(client.result(info, timeout=10))
-    await wait_until(lambda: _state(client, info.id, "active"))
-    await wait_until(lambda: clients_running(raw_redis, "brpop") >= 2)
-    gate.set()
-    assert await asyncio.gather(first, second) == ["for both", "for both"]
+    async with obsq.Client(redis_url, app=app, instrument=False) as other:
+        waiting = [asyncio.ensure_future(c.result(info, timeout=10))
+                   for c in (client, client, other)]
+        await wait_until(lambda: _state(client, info.id, "active"))
+        await wait_until(lambda: _watchers(raw_redis, namespace, info) == 2)  # one entry per client
+        gate.set()
+        assert await asyncio.gather(*waiting) == ["for all"] * 3
+    assert _watchers(raw_redis, namespace, info) == 0
 
 
 async def test_unknown_ids_raise_task_not_found(app, client) -> None:
@@ -179,3 +180,10 @@ async def _progress(client: obsq.Client, task_id: str, progress: object
                     ) -> obsq.TaskInfo | None:
     info = await client.info(task_id)
     return info if info.progress == progress else None
+
+
+
+def _watchers(raw_redis, namespace: str, info: obsq.TaskInfo) -> int:
+    """How many clients wait for the task (one entry each, whatever their waiters)."""
+    entry = raw_redis.hget(QueueKeys(namespace, info.queue).watched, info.id)
+    return len(entry.split()) if entry else 0

@@ -75,7 +75,7 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
 
     # A task held by a worker that stopped heartbeating, in a queue nobody serves.
     lost = await client.enqueue("easy", {}, queue=elsewhere)
-    _, taken = await admin.dequeue(elsewhere, 1, "ghost", 60)
+    _, (_, taken) = await admin.dequeue(elsewhere, 1, "ghost", 60)
     assert [t[0] for t in taken] == [lost.id]
     raw_redis.zadd(f"{namespace}:workers", {"ghost": int((time.time() - 60) * 1000)})
 
@@ -207,3 +207,23 @@ async def test_openmetrics_scrape_carries_trace_id_exemplars(app, redis_url, nam
     plain = await asyncio.to_thread(scrape, worker.http_port)  # the text format has none
     assert "trace_id" not in plain
     await client.close()
+
+
+async def test_known_series_are_exported_at_zero_from_the_start(app, redis_url, namespace,
+                                                                start_worker):
+    queue = f"q-{namespace}"
+
+    @app.task("quiet", queue=queue)
+    async def quiet(task):
+        return None
+
+    worker = await start_worker(queues={queue: 1}, metrics=True, http_port=0)
+    s = parse(await asyncio.to_thread(scrape, worker.http_port))  # before any task or error
+    for outcome in obsq.app.OUTCOMES:
+        assert value(s, "obsq_tasks_processed_total", queue=queue, task="quiet",
+                     outcome=outcome) == 0
+    for reason in ("expired", "worker_lost"):
+        assert value(s, "obsq_lease_recoveries_total", queue=queue, reason=reason) == 0
+    for operation in ("ack", "dequeue", "heartbeat", "wait_for_work"):
+        assert value(s, "obsq_redis_errors_total", operation=operation) == 0
+    assert value(s, "obsq_task_duration_seconds_count", queue=queue, task="quiet") == 0

@@ -129,10 +129,12 @@ async def test_a_single_worker_serving_a_multiprocess_directory_starts_it_afresh
         await eventually(up, timeout=30, what="the worker serving")
         for _ in range(3):
             await client.result(await client.enqueue("pid", retention=60), timeout=30)
-        s = parse(await asyncio.to_thread(scrape, port))
+        async def all_counted():  # counted once Redis recorded each, after the result
+            s = parse(await asyncio.to_thread(scrape, port))
+            return s if value(s, "obsq_tasks_processed_total", queue="default", task="pid",
+                              outcome="success") == 3 else None
+        s = await eventually(all_counted, what="3 successes counted")
         assert not [name for name, _ in s if name.startswith("obsq_stale")]
-        assert value(s, "obsq_tasks_processed_total", queue="default", task="pid",
-                     outcome="success") == 3
         assert value(s, "obsq_worker_concurrency") == 50
     finally:
         await client.close()

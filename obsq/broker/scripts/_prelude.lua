@@ -1,5 +1,6 @@
--- Prepended to every script. KEYS[1] is always a key of one queue ("<ns>:{<queue>}:<name>"),
--- so every key a script builds is derived from it and shares its hash tag (one cluster slot).
+-- Prepended to every script; each script names on its first line the helpers it uses.
+-- KEYS[1] is always a key of one queue ("<ns>:{<queue>}:<name>") or another single key, so
+-- every key a script builds is derived from it and shares its hash tag (one cluster slot).
 local prefix = string.match(KEYS[1], '^(.*:)[^:]*$')
 
 local function task_key(id)
@@ -7,7 +8,7 @@ local function task_key(id)
 end
 
 -- Milliseconds from ARGV[1] when the caller drives the clock, else the server's clock, so
--- that workers on hosts with skewed clocks agree on lease expiry.
+-- that workers and producers on hosts with skewed clocks agree on every due time and lease.
 local function now_ms()
   local given = tonumber(ARGV[1])
   if given and given > 0 then
@@ -15,6 +16,34 @@ local function now_ms()
   end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Lua's unpack() fails near 8,000 values, so lists of any length go to Redis in slices.
+-- SLICE is even: (score, member) and (field, value) pairs are never split.
+local SLICE = 1000
+
+-- redis.call(command, <head...>, <values...>), the values in slices; `head` is a table of
+-- the leading arguments (the key, and an option such as 'XX').
+local function call_sliced(command, head, values)
+  for first = 1, #values, SLICE do
+    local args = {unpack(head)}
+    for i = first, math.min(first + SLICE - 1, #values) do
+      args[#args + 1] = values[i]
+    end
+    redis.call(command, unpack(args))
+  end
+end
+
+local function hmget_sliced(key, fields)
+  local out = {}
+  for first = 1, #fields, SLICE do
+    local got = redis.call('HMGET', key, unpack(fields, first, math.min(first + SLICE - 1,
+                                                                          #fields)))
+    for i = 1, #got do
+      out[#out + 1] = got[i]
+    end
+  end
+  return out
 end
 
 -- Wake tokens let idle workers block on BLPOP instead of polling; capped so a queue
@@ -34,17 +63,51 @@ local function wake(wake_key, n)
   end
 end
 
--- A client waiting in Client.result() put the id in the queue's "watched" set; hand it the
--- outcome on a short-lived list it blocks on.
-local function notify_done(id, state, value)
-  local done = prefix .. 'done:' .. id
-  redis.call('LPUSH', done, state .. ':' .. value)
-  redis.call('EXPIRE', done, 300)
-  redis.call('SREM', prefix .. 'watched', id)
+-- Makes task `id` pending, due since `due` (ms): at the head of the queue when it was handed
+-- back unfinished (`first`), else at the tail. The caller wakes workers once for the batch.
+local function make_pending(pending_key, id, due, first)
+  redis.call('HSET', task_key(id), 'state', 'pending', 'due', due)
+  if first then
+    redis.call('RPUSH', pending_key, id)
+  else
+    redis.call('LPUSH', pending_key, id)
+  end
 end
 
--- Each attempt is recorded in the queue's "active" hash as id -> "<fence>:<worker id>".
+-- Clients waiting in Client.result() are listed in the queue's "watched" hash (task id ->
+-- space-separated client ids); each gets the outcome on its inbox list, which its single
+-- reader blocks on. `watchers` is that hash's value when the caller read it already.
+local function notify_done(id, state, value, watchers)
+  if watchers == nil then
+    watchers = redis.call('HGET', prefix .. 'watched', id)
+  end
+  if not watchers then
+    return
+  end
+  for client in string.gmatch(watchers, '%S+') do
+    local inbox = prefix .. 'inbox:' .. client
+    redis.call('LPUSH', inbox, id .. '\n' .. state .. '\n' .. value)
+    redis.call('EXPIRE', inbox, 300)
+  end
+  redis.call('HDEL', prefix .. 'watched', id)
+end
+
+-- Each running attempt is recorded in the queue's "active" hash as id -> "<fence>:<worker>".
 -- Fencing tokens come from one counter per queue, so a token names one attempt for good.
-local function holds(owner, fence, worker)
-  return owner == fence .. ':' .. worker
+-- Ends the attempt: true when it still held the task, after removing it from the active
+-- hash and the lease set. These writes free memory, so they come first: once a script has
+-- written, a Redis at maxmemory lets it finish instead of refusing halfway.
+local function release_attempt(active_key, lease_key, id, fence, worker)
+  if redis.call('HGET', active_key, id) ~= fence .. ':' .. worker then
+    return false
+  end
+  redis.call('HDEL', active_key, id)
+  redis.call('ZREM', lease_key, id)
+  return true
+end
+
+-- The task hash keeps the fence of the attempt that settled it last ('fin'): a settle
+-- re-sent because its reply was lost is then recognised as done, not as a lost lease.
+local function settled_by(id, fence)
+  return redis.call('HGET', task_key(id), 'fin') == fence
 end

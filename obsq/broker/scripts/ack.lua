@@ -1,47 +1,62 @@
+-- prelude: now_ms, task_key, call_sliced, hmget_sliced, notify_done, settled_by
 -- Mark a batch of one worker's attempts of one queue completed.
 -- KEYS: lease, completed, active, watched
--- ARGV: now, worker_id, then per task: id, fence, retention_ms, result, unique digest or ''
--- Returns per task 1, or 0 when the fencing token is stale (the lease was taken over).
+-- ARGV: now, worker_id, resent (1 when an earlier send may have been applied already),
+--       then per task: id, fence, retention_ms, result, unique digest or ''
+-- Returns per task 1, or 0 when the fencing token is stale (the lease was taken over). A
+-- re-sent ack whose attempt already completed the task returns 1: the task hash then holds
+-- its fence, or is gone (no retention), as it would be after a takeover that also finished.
 local now = now_ms()
+local worker, resent = ARGV[2], ARGV[3] == '1'
 local ids = {}
-for i = 3, #ARGV, 5 do
+for i = 4, #ARGV, 5 do
   ids[#ids + 1] = ARGV[i]
 end
-local owners = redis.call('HMGET', KEYS[3], unpack(ids))
-local watched = redis.call('SMISMEMBER', KEYS[4], unpack(ids))
-local out, done, gone = {}, {}, {}
+local owners = hmget_sliced(KEYS[3], ids)
+local out, done = {}, {}
 for n, id in ipairs(ids) do
-  local i = 3 + (n - 1) * 5
-  if not holds(owners[n], ARGV[i + 1], ARGV[2]) then
-    out[n] = 0
-  else
+  local fence = ARGV[4 + (n - 1) * 5 + 1]
+  if owners[n] == fence .. ':' .. worker then
     out[n] = 1
-    done[#done + 1] = id
-    local key = task_key(id)
-    if ARGV[i + 4] ~= '' then
-      local lock = prefix .. 'unique:' .. ARGV[i + 4]
-      if redis.call('GET', lock) == id then
-        redis.call('DEL', lock)
-      end
-    end
-    if watched[n] == 1 then
-      notify_done(id, 'completed', ARGV[i + 3])
-    end
-    local retention = tonumber(ARGV[i + 2])
-    if retention > 0 then
-      redis.call('HSET', key, 'state', 'completed', 'result', ARGV[i + 3], 'done', now)
-      redis.call('ZADD', KEYS[2], now + retention, id)
-      redis.call('PEXPIRE', key, retention + 60000)
-    else
-      gone[#gone + 1] = key
-    end
+    done[#done + 1] = n
+  elseif settled_by(id, fence) or (resent and redis.call('EXISTS', task_key(id)) == 0) then
+    out[n] = 1
+  else
+    out[n] = 0
   end
 end
-if #done > 0 then
-  redis.call('HDEL', KEYS[3], unpack(done))
-  redis.call('ZREM', KEYS[1], unpack(done))
+if #done == 0 then
+  return out
 end
-if #gone > 0 then
-  redis.call('DEL', unpack(gone))
+local finished = {}
+for _, n in ipairs(done) do
+  finished[#finished + 1] = ids[n]
 end
+call_sliced('HDEL', {KEYS[3]}, finished)
+call_sliced('ZREM', {KEYS[1]}, finished)
+local watchers = hmget_sliced(KEYS[4], finished)
+local gone = {}
+for j, n in ipairs(done) do
+  local i = 4 + (n - 1) * 5
+  local id, key = ids[n], task_key(ids[n])
+  if ARGV[i + 4] ~= '' then
+    local lock = prefix .. 'unique:' .. ARGV[i + 4]
+    if redis.call('GET', lock) == id then
+      redis.call('DEL', lock)
+    end
+  end
+  if watchers[j] then
+    notify_done(id, 'completed', ARGV[i + 3], watchers[j])
+  end
+  local retention = tonumber(ARGV[i + 2])
+  if retention > 0 then
+    redis.call('HSET', key, 'state', 'completed', 'result', ARGV[i + 3], 'done', now,
+               'fin', ARGV[i + 1])
+    redis.call('ZADD', KEYS[2], now + retention, id)
+    redis.call('PEXPIRE', key, retention + 60000)
+  else
+    gone[#gone + 1] = key
+  end
+end
+call_sliced('DEL', {}, gone)
 return out

@@ -1,3 +1,4 @@
+-- prelude: now_ms, task_key
 -- Delete completed tasks past their retention and dead tasks past their age or count limit.
 -- KEYS: completed, dead
 -- ARGV: now, dead_max_age_ms, dead_max_count, batch

@@ -1,3 +1,4 @@
+-- prelude: task_key, notify_done
 -- Delete tasks with everything kept for them (data, progress, unique lock): one task by id
 -- in any state but running (obsq delete), or a batch of one state's tasks (obsq purge,
 -- repeated by the caller until the state is empty).
@@ -17,8 +18,8 @@ local function forget(id)
       redis.call('DEL', lock)
     end
   end
-  redis.call('DEL', key, prefix .. 'progress:' .. id, prefix .. 'done:' .. id)
-  redis.call('SREM', prefix .. 'watched', id)
+  notify_done(id, 'dead', 'deleted by an operator')  -- clients waiting in result()
+  redis.call('DEL', key, prefix .. 'progress:' .. id)
 end
 
 if ARGV[2] == 'id' then

@@ -1,8 +1,9 @@
+-- prelude: now_ms, task_key, call_sliced
 -- Take up to ARGV[3] pending tasks of one queue under a lease, each with a new fencing token.
 -- KEYS: pending, lease, wake, paused, active, fence counter
 -- ARGV: now, lease_ms, count, worker_id
 -- Returns {now, dropped, then per task: id, fence, type, payload, headers, options, retried, due,
--- unique digest}.
+-- unique digest}. The pop comes first, so a Redis at maxmemory lets the script finish.
 if redis.call('EXISTS', KEYS[4]) == 1 then
   return {0, 0}
 end
@@ -34,10 +35,8 @@ for _, id in ipairs(ids) do
     out[2] = out[2] + 1  -- its hash was deleted behind obsq's back: nothing left to run
   end
 end
-if #leases > 0 then
-  redis.call('ZADD', KEYS[2], unpack(leases))
-  redis.call('HSET', KEYS[5], unpack(owners))
-end
+call_sliced('ZADD', {KEYS[2]}, leases)
+call_sliced('HSET', {KEYS[5]}, owners)
 if redis.call('LLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[3])
 end

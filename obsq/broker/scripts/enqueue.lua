@@ -1,8 +1,10 @@
+-- prelude: now_ms, task_key, call_sliced, wake
 -- Enqueue a batch of tasks into one queue.
 -- KEYS: pending, scheduled, wake
 -- ARGV: now, then one JSON array holding per task
---       [id, type, payload, headers, options, due_ms, unique_digest, unique_ms]
---       (one argument for the whole batch: cheaper to send than eight per task)
+--       [id, type, payload, headers, options, delay_ms, unique_digest, unique_ms]
+--       (one argument for the whole batch: cheaper to send than eight per task). The delay
+--       is added to the server's clock here, so a producer's clock never decides a due time.
 -- Returns per task: '' (enqueued), 'id' (the id exists) or 'unique:<id of the holder>'.
 local now = now_ms()
 local out = {}
@@ -16,17 +18,14 @@ for _, t in ipairs(cjson.decode(ARGV[2])) do
     status = 'id'
   elseif digest ~= '' then
     local lock = prefix .. 'unique:' .. digest
-    if not redis.call('SET', lock, id, 'NX', 'PX', t[8]) then
+    if not redis.call('SET', lock, id, 'NX', 'PX', math.max(t[8], 1)) then
       status = 'unique:' .. (redis.call('GET', lock) or '')
     end
   end
   if status == '' then
-    local due = t[6]
-    local state = 'pending'
-    if due > now then
-      state = 'scheduled'
-    else
-      due = now
+    local due, state = now, 'pending'
+    if t[6] > 0 then
+      due, state = now + t[6], 'scheduled'
     end
     local fields = {'type', t[2], 'payload', t[3], 'state', state, 'enq', now, 'due', due}
     if t[4] ~= '' then
@@ -50,8 +49,6 @@ for _, t in ipairs(cjson.decode(ARGV[2])) do
   end
   out[#out + 1] = status
 end
-if #pending > 0 then
-  redis.call('LPUSH', KEYS[1], unpack(pending))
-  wake(KEYS[3], #pending)
-end
+call_sliced('LPUSH', {KEYS[1]}, pending)
+wake(KEYS[3], #pending)
 return out

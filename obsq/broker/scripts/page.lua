@@ -1,3 +1,4 @@
+-- prelude: task_key
 -- One page of the tasks of a queue in one state, for the Inspector. Bounded whatever the
 -- size of the state: it reads a window by rank (LRANGE/ZRANGE) and looks at no more than
 -- ARGV[6] ids, so a page of a queue of millions costs what a page of ten does.

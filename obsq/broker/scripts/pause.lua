@@ -1,3 +1,4 @@
+-- prelude: wake
 -- Pause or unpause a queue; unpausing wakes idle workers for the tasks that waited.
 -- KEYS: paused, pending, wake
 -- ARGV: now, 1 (pause) or 0 (unpause)

@@ -1,22 +1,26 @@
+-- prelude: now_ms, task_key, make_pending, wake, notify_done
 -- Take back attempts whose lease expired or whose worker stopped heartbeating. Removing
 -- the attempt from the active hash voids its fencing token, so the old attempt can no
 -- longer settle the task; each recovery counts against max_recoveries, so a task that
 -- kills its worker every time ends in dead.
--- KEYS: lease, pending, dead, wake, active, watched
--- ARGV: now, max_recoveries, batch, then the ids of lost workers (none: expired leases only)
--- Returns {requeued, killed}.
+-- KEYS: lease, pending, dead, wake, active
+-- ARGV: now, max_recoveries, batch, cursor, then the ids of lost workers (none: expired
+--       leases only). With lost workers, one call scans `batch` entries of the active hash
+--       from `cursor`; the caller calls again with the returned cursor until it is '0'.
+-- Returns {requeued, killed, next cursor}.
 local now = now_ms()
 local max_recoveries = tonumber(ARGV[2])
-local ids = {}
-if #ARGV > 3 then
+local ids, cursor = {}, '0'
+if #ARGV > 4 then
   local lost = {}
-  for i = 4, #ARGV do
+  for i = 5, #ARGV do
     lost[ARGV[i]] = true
   end
-  local owners = redis.call('HGETALL', KEYS[5])
-  for i = 1, #owners, 2 do
-    if lost[string.match(owners[i + 1], '^[^:]*:(.*)$')] then
-      ids[#ids + 1] = owners[i]
+  local scan = redis.call('HSCAN', KEYS[5], ARGV[4], 'COUNT', ARGV[3])
+  cursor = scan[1]
+  for i = 1, #scan[2], 2 do
+    if lost[string.match(scan[2][i + 1], '^[^:]*:(.*)$')] then
+      ids[#ids + 1] = scan[2][i]
     end
   end
 else
@@ -33,18 +37,13 @@ for _, id in ipairs(ids) do
           ' times (the task may be killing its worker)'
       redis.call('HSET', key, 'state', 'dead', 'error', reason, 'done', now)
       redis.call('ZADD', KEYS[3], now, id)
-      if redis.call('SISMEMBER', KEYS[6], id) == 1 then
-        notify_done(id, 'dead', reason)
-      end
+      notify_done(id, 'dead', reason)
       killed = killed + 1
     else
-      redis.call('HSET', key, 'state', 'pending', 'due', now)
-      redis.call('RPUSH', KEYS[2], id)
+      make_pending(KEYS[2], id, now, true)
       requeued = requeued + 1
     end
   end
 end
-if requeued > 0 then
-  wake(KEYS[4], requeued)
-end
-return {requeued, killed}
+wake(KEYS[4], requeued)
+return {requeued, killed, cursor}

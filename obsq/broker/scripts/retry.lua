@@ -1,23 +1,23 @@
+-- prelude: now_ms, task_key, release_attempt, settled_by, make_pending, wake
 -- A failed attempt goes back: to pending at once, or to the retry set until it is due.
 -- KEYS: lease, retry, pending, wake, active
 -- ARGV: now, worker_id, id, fence, delay_ms, error, traceback
--- Returns 1, or 0 when the fencing token is stale.
+-- Returns 1 (also when this attempt's earlier, re-sent call was applied), or 0 when the
+-- fencing token is stale.
 local now = now_ms()
-local id = ARGV[3]
-if not holds(redis.call('HGET', KEYS[5], id), ARGV[4], ARGV[2]) then
-  return 0
+local id, fence = ARGV[3], ARGV[4]
+if not release_attempt(KEYS[5], KEYS[1], id, fence, ARGV[2]) then
+  return settled_by(id, fence) and 1 or 0
 end
-redis.call('HDEL', KEYS[5], id)
-redis.call('ZREM', KEYS[1], id)
 local key = task_key(id)
 redis.call('HINCRBY', key, 'retried', 1)
-local due = now + tonumber(ARGV[5])
-if due > now then
-  redis.call('HSET', key, 'state', 'retry', 'error', ARGV[6], 'tb', ARGV[7], 'due', due)
-  redis.call('ZADD', KEYS[2], due, id)
+redis.call('HSET', key, 'error', ARGV[6], 'tb', ARGV[7], 'fin', fence)
+local delay = tonumber(ARGV[5])
+if delay > 0 then
+  redis.call('HSET', key, 'state', 'retry', 'due', now + delay)
+  redis.call('ZADD', KEYS[2], now + delay, id)
 else
-  redis.call('HSET', key, 'state', 'pending', 'error', ARGV[6], 'tb', ARGV[7], 'due', now)
-  redis.call('LPUSH', KEYS[3], id)
+  make_pending(KEYS[3], id, now, false)
   wake(KEYS[4], 1)
 end
 return 1

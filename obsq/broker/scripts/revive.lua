@@ -1,3 +1,4 @@
+-- prelude: now_ms, task_key, wake
 -- Put tasks of the dead, retry or scheduled set back into pending now (obsq requeue), in
 -- bounded steps: the caller repeats the call until nothing is left.
 -- A revived dead task starts with a fresh retry count.

@@ -1,3 +1,4 @@
+-- prelude: now_ms, task_key
 -- Depth of every state, age of the oldest pending task and the pause flag of one queue.
 -- KEYS: pending, lease, scheduled, retry, dead, completed, paused
 -- ARGV: now

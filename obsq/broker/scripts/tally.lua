@@ -1,3 +1,4 @@
+-- prelude: now_ms
 -- Count attempt outcomes of one queue in per-minute buckets (a hash per minute, kept a
 -- little over an hour), on the server's clock so every worker fills the same bucket. The
 -- Inspector sums them into throughput and failure counts (see throughput.lua).

@@ -1,3 +1,4 @@
+-- prelude: now_ms
 -- Read the outcome counts of one queue's last minutes (written by tally.lua).
 -- KEYS: the queue's stats key
 -- ARGV: now, minutes, then the outcome names

@@ -1,15 +1,38 @@
+-- prelude: (none)
 -- Client.result(): ask to be told when the task ends, and read its state in the same step
--- so no ending can slip between the two.
+-- so no ending can slip between the two; or, with ARGV[4] = 0, stop asking.
 -- KEYS: active, watched, the task hash
--- ARGV: now, id
--- Returns {state, result, error} or nil when the task does not exist.
+-- ARGV: now, id, client id, 1 (watch) or 0 (unwatch)
+-- Returns {state, result, error}, or nil when the task does not exist.
+local id, client = ARGV[2], ARGV[3]
+local watchers = redis.call('HGET', KEYS[2], id)
+if ARGV[4] == '0' then
+  if watchers then
+    local rest = {}
+    for other in string.gmatch(watchers, '%S+') do
+      if other ~= client then
+        rest[#rest + 1] = other
+      end
+    end
+    if #rest > 0 then
+      redis.call('HSET', KEYS[2], id, table.concat(rest, ' '))
+    else
+      redis.call('HDEL', KEYS[2], id)
+    end
+  end
+  return nil
+end
 if redis.call('EXISTS', KEYS[3]) == 0 then
   return nil
 end
 local f = redis.call('HMGET', KEYS[3], 'state', 'result', 'error')
 if f[1] ~= 'completed' and f[1] ~= 'dead' then
-  redis.call('SADD', KEYS[2], ARGV[2])
-  if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then
+  if not watchers then
+    redis.call('HSET', KEYS[2], id, client)
+  elseif not string.find(' ' .. watchers .. ' ', ' ' .. client .. ' ', 1, true) then
+    redis.call('HSET', KEYS[2], id, watchers .. ' ' .. client)
+  end
+  if redis.call('HEXISTS', KEYS[1], id) == 1 then
     f[1] = 'active'
   end
 end

@@ -1,0 +1,124 @@
+"""The producer's side of Redis: enqueue, read a task back, and wait for its end.
+
+Waiting is multiplexed: a client registers in the queue's `watched` hash under its own
+client id, and the scripts that end a task push the outcome onto that client's inbox
+list (`<ns>:{<queue>}:inbox:<client id>`). One reader per client blocks on all of its
+inboxes at once, so 2,000 waiters cost one connection, not 2,000.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import orjson
+
+from obsq.broker.calls import RedisCalls
+from obsq.broker.records import Ended, Enqueued
+from obsq.task import TaskMessage
+
+
+class Producing(RedisCalls):
+    async def register_queues(self, queues: Iterable[str]) -> None:
+        await self._guard("register_queues", self.redis.sadd(self.global_keys.queues, *queues))
+
+    async def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:
+        k = self.keys(queue)
+        batch = orjson.dumps([
+            (m.id, m.type, m.payload.decode(), m.encoded_headers().decode(),
+             m.encoded_options().decode(), int(m.delay * 1000), m.unique_key,
+             int(m.unique_for * 1000))
+            for m in messages])
+        statuses = await self._script("enqueue", (k.pending, k.scheduled, k.wake), (0, batch))
+        return [_enqueued(s.decode()) for s in statuses]
+
+    async def find_queue(self, task_id: str) -> str | None:
+        """The queue holding `task_id`, looked up across every known queue."""
+        queues = await self.queues()
+        if not queues:
+            return None
+        pipe = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipe.exists(self.keys(queue).task(task_id))
+        found = await self._guard("find_queue", pipe.execute())
+        return next((q for q, f in zip(queues, found) if f), None)
+
+    async def queues(self) -> list[str]:
+        members = await self._guard("queues", self.redis.smembers(self.global_keys.queues))
+        return sorted(m.decode() for m in members)
+
+    async def task_fields(self, queue: str, task_id: str
+                          ) -> tuple[dict[bytes, bytes], bytes | None]:
+        """The task hash (its state corrected to active while an attempt runs) and its
+        progress."""
+        k = self.keys(queue)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(k.task(task_id))
+        pipe.get(k.progress(task_id))
+        pipe.hexists(k.active, task_id)
+        fields, progress, active = await self._guard("task_info", pipe.execute())
+        if fields and active:
+            fields[b"state"] = b"active"
+        return fields, progress
+
+    async def watch(self, queue: str, task_id: str, client_id: str
+                    ) -> tuple[str, bytes | None, str | None] | None:
+        """Ask to be told on `client_id`'s inbox when the task ends, and read its state in
+        the same step: (state, result, error), or None when there is no such task."""
+        k = self.keys(queue)
+        reply = await self._script("watch", (k.active, k.watched, k.task(task_id)),
+                                   (0, task_id, client_id, 1))
+        if reply is None:
+            return None
+        state, result, error = reply
+        return (state.decode() if state else "pending", result or None,
+                error.decode(errors="replace") if error else None)
+
+    async def unwatch(self, queue: str, task_id: str, client_id: str) -> None:
+        k = self.keys(queue)
+        await self._script("watch", (k.active, k.watched, k.task(task_id)),
+                           (0, task_id, client_id, 0))
+
+    async def read_inbox(self, queues: Sequence[str], client_id: str, timeout: float
+                         ) -> list[Ended]:
+        """Block until tasks watched by `client_id` end in any of `queues` (or the wait is
+        interrupted, or `timeout` passes); returns every end waiting in the inboxes. The
+        inboxes of a Cluster live in different slots: one wait per queue there."""
+        queue_of = {self.keys(q).inbox(client_id).encode(): q for q in queues}
+        inboxes = [inbox.decode() for inbox in queue_of]
+        if self.is_cluster:
+            first = await self._blpop_any("read_inbox", inboxes, timeout)
+            return [_ended(queue_of[first[0]], first[1])] if first else []
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.blpop([self.global_keys.inbox_wake(client_id), *inboxes], timeout=timeout)
+        for inbox in inboxes:  # whatever else waits, in the same round trip
+            pipe.lpop(inbox, INBOX_BATCH)
+        first, *rest = await self._guard("read_inbox", pipe.execute())
+        ends = [_ended(queue_of[first[0]], first[1])] if first and first[0] in queue_of else []
+        for queue, more in zip(queues, rest):
+            ends += (_ended(queue, m) for m in more or ())
+        return ends
+
+    async def interrupt_inbox(self, client_id: str) -> None:
+        """End the client's read_inbox wait at once (it has a new queue to listen to)."""
+        key = self.global_keys.inbox_wake(client_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.rpush(key, 1)
+        pipe.expire(key, 10)
+        await self._guard("read_inbox", pipe.execute())
+
+
+INBOX_BATCH = 1000
+
+
+def _enqueued(status: str) -> Enqueued:
+    """enqueue.lua's status: '' (created), 'id' (the id is taken) or 'unique:<holder>'."""
+    if not status:
+        return Enqueued(True)
+    if status.startswith("unique:"):
+        return Enqueued(False, status.partition(":")[2] or None)
+    return Enqueued(False)
+
+
+def _ended(queue: str, message: bytes) -> Ended:
+    task_id, state, value = message.split(b"\n", 2)
+    return Ended(queue, task_id.decode(errors="replace"), state.decode(), value)

@@ -1,0 +1,72 @@
+"""What crosses the broker's boundary, as small typed records: the order of each Lua
+script's arguments and reply is known here and in the broker method that calls it, and
+nowhere else."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class FetchedTask(NamedTuple):
+    """One attempt handed to a worker by dequeue.lua."""
+
+    id: str
+    fence: int  # the attempt's fencing token
+    type: str
+    payload: bytes
+    headers: bytes  # JSON object, or b"" for none
+    options: bytes  # JSON object of max_retry / timeout / retention, or b""
+    retried: int
+    due_ms: int  # when it became due, on Redis's clock
+    unique_key: str  # digest of the unique lock it holds, or ""
+
+
+class Fetched(NamedTuple):
+    """A dequeue's reply: Redis's clock (ms) and the tasks it took."""
+
+    now_ms: int
+    tasks: list[FetchedTask]
+
+
+class Attempt(NamedTuple):
+    """A running attempt, named by its task and fencing token."""
+
+    task_id: str
+    fence: int
+
+
+class Completion(NamedTuple):
+    """A successful attempt to record (ack.lua)."""
+
+    task_id: str
+    fence: int
+    retention: float  # seconds to keep the result; 0 deletes the task at once
+    result: bytes  # JSON
+    unique_key: str  # the unique lock to release, or ""
+
+
+# queue -> the completions of that queue
+Completions = dict[str, list[Completion]]
+
+
+class Enqueued(NamedTuple):
+    """How Redis took one message of an enqueue: `existing_id` names the task that holds
+    its id or its unique lock when it was refused as a duplicate."""
+
+    created: bool
+    existing_id: str | None = None
+
+
+class QueueStats(NamedTuple):
+    depth: dict[str, int]  # tasks by state
+    latency: float  # seconds since the oldest pending task became due
+    paused: bool
+
+
+class Ended(NamedTuple):
+    """A watched task's end, as its waiting client reads it from its inbox."""
+
+    queue: str
+    task_id: str
+    state: str  # completed | dead
+    value: bytes  # the result (JSON) or the error text

@@ -1,0 +1,22 @@
+-- prelude: (none)
+-- Take, keep or release a short lock so that one process at a time runs a sweep; only the
+-- owner can extend or release it.
+-- KEYS: the lock
+-- ARGV: now, owner, ttl_ms (0: release)
+-- Returns 1 when `owner` holds the lock after the call (0 after a release).
+local holder = redis.call('GET', KEYS[1])
+if ARGV[3] == '0' then
+  if holder == ARGV[2] then
+    redis.call('DEL', KEYS[1])
+  end
+  return 0
+end
+if holder == ARGV[2] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return 1
+end
+if holder then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1

@@ -1,0 +1,139 @@
+"""Redis calls that keep the namespace healthy and readable: worker heartbeats, the sweeps
+(recover, forward, clean up) and their locks, schedule bookkeeping, queue depths and the
+pause flag (the Inspector's other reads and repairs are in inspection.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from obsq.broker.calls import RedisCalls
+from obsq.broker.keys import TASK_STATES
+from obsq.broker.records import QueueStats
+
+
+class Upkeep(RedisCalls):
+    # -- workers --------------------------------------------------------------------------
+
+    async def heartbeat(self, worker_id: str, description: dict[str, Any], ttl: float) -> None:
+        g = self.global_keys
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(g.workers, {worker_id: int(time.time() * 1000)})  # shown, never compared
+        pipe.set(g.worker(worker_id), orjson.dumps(description), px=int(ttl * 1000))
+        if description.get("queues"):  # again each time: a Redis that restarted empty has
+            pipe.sadd(g.queues, *description["queues"])  # lost the set the sweeps go through
+        await self._guard("heartbeat", pipe.execute())
+
+    async def deregister(self, worker_id: str) -> None:
+        g = self.global_keys
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrem(g.workers, worker_id)
+        pipe.delete(g.worker(worker_id), g.wake(worker_id))
+        await self._guard("deregister", pipe.execute())
+
+    async def workers(self) -> list[dict[str, Any]]:
+        """Descriptions of the workers whose heartbeat is current."""
+        g = self.global_keys
+        ids = await self._guard("workers", self.redis.zrange(g.workers, 0, -1))
+        if not ids:
+            return []
+        values = await self._get_many("workers", [g.worker(i.decode()) for i in ids])
+        return [orjson.loads(v) for v in values if v]
+
+    async def lost_workers(self) -> list[str]:
+        """Registered workers whose heartbeat key has expired. Only Redis's key expiry
+        decides: the registry's scores come from each worker's own clock."""
+        g = self.global_keys
+        registered = await self._guard("lost_workers", self.redis.zrange(g.workers, 0, -1))
+        if not registered:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for worker in registered:
+            pipe.exists(g.worker(worker.decode()))
+        alive = await self._guard("lost_workers", pipe.execute())
+        return [w.decode() for w, a in zip(registered, alive) if not a]
+
+    async def forget_workers(self, worker_ids: Sequence[str]) -> None:
+        await self._guard("forget_workers", self.redis.zrem(self.global_keys.workers,
+                                                            *worker_ids))
+
+    # -- sweeps ---------------------------------------------------------------------------
+
+    async def recover(self, queue: str, max_recoveries: int, batch: int,
+                      lost_workers: Sequence[str] = (), cursor: str = "0"
+                      ) -> tuple[int, int, str]:
+        """Expired leases, or given lost workers their attempts (`batch` entries of the active
+        hash scanned from `cursor`) -> (requeued, moved to dead, next cursor; "0": done)."""
+        k = self.keys(queue)
+        requeued, killed, cursor = await self._script(
+            "recover", (k.lease, k.pending, k.dead, k.wake, k.active),
+            (0, max_recoveries, batch, cursor, *lost_workers))
+        return requeued, killed, cursor.decode() if isinstance(cursor, bytes) else str(cursor)
+
+    async def forward(self, queue: str, state: str, batch: int) -> tuple[int, float | None]:
+        """Due tasks of the scheduled or retry set to pending -> (moved, seconds until the
+        next one is due, on Redis's clock; None when the set is empty)."""
+        k = self.keys(queue)
+        moved, next_due = await self._script("forward", (k.by_state(state), k.pending, k.wake),
+                                             (0, batch))
+        return moved, (int(next_due) / 1000 if int(next_due) >= 0 else None)
+
+    async def cleanup(self, queue: str, dead_max_age: float, dead_max_count: int,
+                      batch: int) -> int:
+        k = self.keys(queue)
+        return await self._script("cleanup", (k.completed, k.dead),
+                                  (0, int(dead_max_age * 1000), dead_max_count, batch))
+
+    async def try_lock(self, name: str, owner: str, ttl: float) -> bool:
+        """Take or keep a short lock so one process at a time runs a sweep."""
+        return bool(await self._script("lock", (self.global_keys.lock(name),),
+                                       (0, owner, max(int(ttl * 1000), 1))))
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        await self._script("lock", (self.global_keys.lock(name),), (0, owner, 0))
+
+    async def last_runs(self, entry_ids: Sequence[str]) -> dict[str, float]:
+        if not entry_ids:
+            return {}
+        values = await self._get_many("scheduler",
+                                      [self.global_keys.schedule(e) for e in entry_ids])
+        return {e: float(v) for e, v in zip(entry_ids, values) if v is not None}
+
+    async def set_last_run(self, entry_id: str, ts: float) -> None:
+        await self._guard("scheduler", self.redis.set(self.global_keys.schedule(entry_id),
+                                                      repr(ts)))
+
+    # -- inspecting and repairing ---------------------------------------------------------
+
+    async def queue_stats(self, queues: Sequence[str]) -> dict[str, QueueStats]:
+        """Depth by state, latency (s) and pause flag of each queue, one round trip."""
+        calls = []
+        for queue in queues:
+            k = self.keys(queue)
+            calls.append(("stats", (k.pending, k.lease, k.scheduled, k.retry, k.dead,
+                                    k.completed, k.paused), (0,)))
+        stats = {}
+        for queue, r in zip(queues, await self._scripts(calls)):
+            oldest, now = r[6], r[8]
+            stats[queue] = QueueStats(dict(zip(TASK_STATES, r[:6])),
+                                      max(now - oldest, 0) / 1000 if oldest >= 0 else 0.0,
+                                      bool(r[7]))
+        return stats
+
+    async def delete_namespace(self) -> int:
+        """Delete every key of this namespace; returns how many there were."""
+        keys = [key async for key in self.redis.scan_iter(match=f"{self.namespace}:*",
+                                                          count=1000)]
+        for start in range(0, len(keys), 500):  # one key per command: a Cluster's slots differ
+            pipe = self.redis.pipeline(transaction=False)
+            for key in keys[start:start + 500]:
+                pipe.unlink(key)
+            await self._guard("delete_namespace", pipe.execute())
+        return len(keys)
+
+    async def set_paused(self, queue: str, paused: bool) -> None:
+        k = self.keys(queue)
+        await self._script("pause", (k.paused, k.pending, k.wake), (0, 1 if paused else 0))

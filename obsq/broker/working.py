@@ -1,0 +1,170 @@
+"""The worker's side of Redis: take tasks under lease, keep the leases, and record how each
+attempt ended. Every call after dequeue names its attempt by fencing token, so a worker
+whose lease was taken over cannot settle the task a second time."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
+from obsq.broker.records import Attempt, Completions, Fetched, FetchedTask
+from obsq.broker.scripts import is_noscript
+
+# Attempts per script call of extend and hand_back, completions per call of ack: bounds how
+# long one call holds Redis, whatever the concurrency.
+ATTEMPTS_PER_CALL = 1000
+log = logging.getLogger("obsq")
+
+
+class Working(RedisCalls):
+    async def dequeue(self, queue: str, count: int, worker_id: str, lease_seconds: float,
+                      completions: Completions | None = None, resent: bool = False
+                      ) -> tuple[dict[str, list[bool]], Fetched]:
+        """Up to `count` tasks under lease, in the same round trip as the ack of
+        `completions` (see ack)."""
+        calls = self._ack_calls(completions or {}, worker_id, resent)
+        calls.append(self._dequeue_call(queue, count, worker_id, lease_seconds))
+        *acked, fetched = await self._scripts(calls)
+        return (self._ack_results(completions or {}, acked),
+                self._parse_dequeue(queue, fetched))
+
+    async def ack(self, completions: Completions, worker_id: str, resent: bool = False
+                  ) -> dict[str, list[bool]]:
+        """Record successful attempts -> per queue, accepted flags (False: the fencing token
+        is stale). `resent`: an earlier send of these may have been applied before its reply
+        was lost; an attempt that already completed its task then counts as accepted."""
+        return self._ack_results(completions, await self._scripts(
+            self._ack_calls(completions, worker_id, resent)))
+
+    def _ack_calls(self, completions: Completions, worker_id: str, resent: bool
+                   ) -> list[ScriptCall]:
+        calls: list[ScriptCall] = []
+        for queue, items in completions.items():
+            k = self.keys(queue)
+            for start in range(0, len(items), ATTEMPTS_PER_CALL):
+                args: list[Any] = [0, worker_id, 1 if resent else 0]
+                for c in items[start:start + ATTEMPTS_PER_CALL]:
+                    args += (c.task_id, c.fence, int(c.retention * 1000), c.result,
+                             c.unique_key)
+                calls.append(("ack", (k.lease, k.completed, k.active, k.watched), args))
+        return calls
+
+    @staticmethod
+    def _ack_results(completions: Completions, replies: Sequence[Any]
+                     ) -> dict[str, list[bool]]:
+        flags = iter(bool(x) for reply in replies for x in reply)
+        return {queue: [next(flags) for _ in items] for queue, items in completions.items()}
+
+    def _dequeue_call(self, queue: str, count: int, worker_id: str, lease_seconds: float
+                      ) -> ScriptCall:
+        k = self.keys(queue)
+        return ("dequeue", (k.pending, k.lease, k.wake, k.paused, k.active, k.fence),
+                (0, int(lease_seconds * 1000), count, worker_id))
+
+    def _parse_dequeue(self, queue: str, reply: list[Any]) -> Fetched:
+        if reply[1]:
+            log.warning("%d id(s) in queue %s had no task data (deleted outside obsq); "
+                        "skipped", reply[1], queue)
+        tasks = [
+            FetchedTask(reply[i].decode(errors="replace"), reply[i + 1],
+                        reply[i + 2].decode(errors="replace"), reply[i + 3], reply[i + 4],
+                        reply[i + 5], _count(reply[i + 6]), _count(reply[i + 7]),
+                        reply[i + 8].decode(errors="replace"))
+            for i in range(2, len(reply), 9)
+        ]
+        return Fetched(reply[0], tasks)
+
+    async def wait_and_dequeue(self, queues: Sequence[str], timeout: float, queue: str,
+                               count: int, worker_id: str, lease_seconds: float
+                               ) -> tuple[bool, Fetched]:
+        """Block on the wake lists (and the worker's own, see `interrupt_wait`) with the
+        dequeue of `queue` queued right behind on the same connection: Redis runs it the
+        moment the BLPOP returns, so an idle worker gets its task in the round trip that
+        wakes it. Returns (woken, fetched). On a Cluster, whose keys live in different
+        slots, it only waits; the caller fetches."""
+        if self.is_cluster:
+            woken = await self._blpop_any("wait_for_work", [self.keys(q).wake for q in queues],
+                                          timeout)
+            return woken is not None, Fetched(0, [])
+        wake = [self.keys(q).wake for q in queues] + [self.global_keys.wake(worker_id)]
+        name, keys, args = self._dequeue_call(queue, count, worker_id, lease_seconds)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.blpop(wake, timeout=timeout)
+        pipe.evalsha(SCRIPTS[name].sha, len(keys), *keys, *args)
+        woken, fetched = await self._guard("wait_for_work", pipe.execute(raise_on_error=False))
+        if isinstance(woken, Exception):
+            raise self._failed("wait_for_work", woken)
+        if is_noscript(fetched):  # Redis restarted empty: load it and fetch again
+            fetched = await self._script(name, keys, args)
+        elif isinstance(fetched, Exception):
+            raise self._failed(name, fetched)
+        return woken is not None, self._parse_dequeue(queue, fetched)
+
+    async def interrupt_wait(self, worker_id: str) -> None:
+        """End the worker's wait_and_dequeue at once (the tasks it takes are returned)."""
+        key = self.global_keys.wake(worker_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.rpush(key, 1)
+        pipe.expire(key, 10)
+        await self._guard("wait_for_work", pipe.execute())
+
+    async def retry(self, queue: str, attempt: Attempt, worker_id: str, delay: float,
+                    error: str, traceback: str = "") -> bool:
+        k = self.keys(queue)
+        return bool(await self._script(
+            "retry", (k.lease, k.retry, k.pending, k.wake, k.active),
+            (0, worker_id, attempt.task_id, attempt.fence, int(delay * 1000), error,
+             traceback)))
+
+    async def fail(self, queue: str, attempt: Attempt, worker_id: str, error: str,
+                   traceback: str = "") -> bool:
+        """The attempt failed for good: the task goes to the dead set."""
+        k = self.keys(queue)
+        return bool(await self._script("fail", (k.lease, k.dead, k.active),
+                                       (0, worker_id, attempt.task_id, attempt.fence, error,
+                                        traceback)))
+
+    async def hand_back(self, queue: str, attempts: Sequence[Attempt], worker_id: str
+                        ) -> list[bool]:
+        """Return unfinished attempts to the head of pending (a worker's graceful drain)."""
+        k = self.keys(queue)
+        calls = []
+        for start in range(0, len(attempts), ATTEMPTS_PER_CALL):
+            args: list[Any] = [0, worker_id]
+            for attempt in attempts[start:start + ATTEMPTS_PER_CALL]:
+                args += attempt
+            calls.append(("hand_back", (k.lease, k.pending, k.wake, k.active), args))
+        return [bool(x) for reply in await self._scripts(calls) for x in reply]
+
+    async def extend(self, attempts: dict[str, list[Attempt]], lease_seconds: float,
+                     worker_id: str) -> dict[str, list[str]]:
+        """Extend leases: {queue: attempts} -> {queue: ids whose lease was lost}."""
+        calls, queues = [], []
+        for queue, items in attempts.items():
+            k = self.keys(queue)
+            for start in range(0, len(items), ATTEMPTS_PER_CALL):
+                args: list[Any] = [0, int(lease_seconds * 1000), worker_id]
+                for attempt in items[start:start + ATTEMPTS_PER_CALL]:
+                    args += attempt
+                calls.append(("extend", (k.lease, k.active), args))
+                queues.append(queue)
+        lost: dict[str, list[str]] = {queue: [] for queue in attempts}
+        for queue, reply in zip(queues, await self._scripts(calls)):
+            lost[queue] += (i.decode() for i in reply)
+        return lost
+
+    async def set_progress(self, queue: str, task_id: str, state: Any, ttl: float) -> None:
+        await self._guard("set_progress", self.redis.set(
+            self.keys(queue).progress(task_id), orjson.dumps(state), px=int(ttl * 1000)))
+
+
+def _count(raw: bytes) -> int:
+    """A numeric field of a task hash; junk written by hand reads as 0, not a crash."""
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return 0

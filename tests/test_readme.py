@@ -1,0 +1,205 @@
+"""Every code block of the README runs here, as a user would run it, so that the README
+cannot rot: the Python blocks as the files of a small project against a real Redis (the
+only change is the Redis address), and each shell command by what it is. A block the suite
+does not know how to run fails `test_every_shell_command_is_run_by_this_suite`."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from support import missing_tool, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+README_URL = "redis://localhost:6379/0"
+BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
+
+
+def blocks(language: str) -> list[str]:
+    return [text for lang, text in BLOCK.findall((ROOT / "README.md").read_text())
+            if lang == language]
+
+
+def shell_commands() -> list[str]:
+    """Each command of the shell blocks; a block's `export` lines count as one command."""
+    commands = []
+    for text in blocks("sh"):
+        lines = [line.strip() for line in text.splitlines()
+                 if line.strip() and not line.startswith("#")]
+        exports = [line.removeprefix("export ") for line in lines if line.startswith("export ")]
+        if exports:
+            commands.append("export " + " ".join(exports))
+        commands += [line for line in lines if not line.startswith("export ")]
+    return commands
+
+
+def python_block(marker: str) -> str:
+    (found,) = [text for text in blocks("python") if marker in text]
+    return found
+
+
+def run(args: list[str], **options) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                            stdin=subprocess.DEVNULL, **options)
+    assert result.returncode == 0, f"{shlex.join(args)}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def obsq_env(redis_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OBSQ_", "OTEL_"))}
+    return {**env, "OBSQ_REDIS_URL": redis_url, **extra}
+
+
+# -- the project of the Use section ---------------------------------------------------------
+
+
+@pytest.fixture
+def project(tmp_path: Path, redis_url: str) -> Path:
+    package = tmp_path / "myproject"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tasks.py").write_text(python_block("app = obsq.App("))
+    (tmp_path / "produce.py").write_text(
+        python_block("asyncio.run(main())").replace(README_URL, redis_url))
+    return tmp_path
+
+
+@pytest.fixture
+def readme_worker(project: Path, redis_url: str) -> Iterator[subprocess.Popen[str]]:
+    (command,) = [c for c in shell_commands() if c.startswith("obsq worker ")]
+    log = (project / "worker.log").open("w")
+    worker = subprocess.Popen(shlex.split(command), cwd=project, stdout=log,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=obsq_env(redis_url, OBSQ_HTTP_PORT="0"))
+    try:
+        wait_for(lambda: "started: queues critical=6,default=3" in
+                 (project / "worker.log").read_text(), timeout=30, what="the worker starting")
+        yield worker
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        log.close()
+
+
+def test_the_use_section_runs_as_written(project, readme_worker, redis_url) -> None:
+    produced = run([sys.executable, "produce.py"], cwd=project, env=obsq_env(redis_url))
+    assert produced.stdout.splitlines() == [
+        "{'sent_to': 'a@b.c'}", "completed", "scheduled", "2", "default"]
+
+
+def test_the_console_section_runs_as_written(project, readme_worker, redis_url) -> None:
+    produce = ("import asyncio, obsq\n"
+               "from myproject.tasks import app\n"
+               "async def main():\n"
+               f"    async with obsq.Client({redis_url!r}, app=app) as client:\n"
+               "        info = await client.enqueue('email:send', {'to': 'a@b.c'}, retention=60)\n"
+               "        await client.result(info, timeout=10)\n"
+               "asyncio.run(main())\n")
+    run([sys.executable, "-c", produce], cwd=project, env=obsq_env(redis_url))
+    (project / "look.py").write_text(
+        python_block("obsq.Inspector(").replace(README_URL, redis_url))
+    out = run([sys.executable, "look.py"], cwd=project, env=obsq_env(redis_url)).stdout
+    assert out.splitlines()[0].startswith("critical {'pending': 0")
+    assert "email:send {'sent_to': 'a@b.c'}" in out and out.endswith("requeued 0\n")
+
+
+# -- the shell commands, each by what it is --------------------------------------------------
+
+
+def install_and_demo(command: str, redis_url: str) -> None:
+    install, _, demo = command.partition(" && ")
+    extras = re.search(r"\.\[(\w+)\]", install)
+    assert extras and f"{extras[1]} = " in (ROOT / "pyproject.toml").read_text()
+    assert demo == "obsq demo"  # run as written, shortened, on the test's Redis:
+    out = run(["obsq", "demo", "--duration", "2", "--http-port", "0"], cwd=ROOT,
+              env=obsq_env(redis_url)).stdout
+    assert "dead     payment:charge" in out
+
+
+def ci_run(command: str, redis_url: str) -> None:
+    assert command == "bash .ci/run"  # this suite is that command's last step:
+    steps = (ROOT / ".ci" / "run").read_text().strip().splitlines()
+    assert steps[-1] == "python3 -m pytest -q"
+    assert "`python3 -m pytest -q`" in (ROOT / "README.md").read_text()
+
+
+def worker(command: str, redis_url: str) -> None:
+    """Run with the Use section's project: test_the_use_section_runs_as_written."""
+    assert command.startswith("obsq worker myproject.tasks:app")
+
+
+def console(command: str, redis_url: str) -> None:
+    """`obsq ui` as written, on a free port of the test's Redis, until it serves a page."""
+    import httpx
+
+    from obsq.redis_server import free_port
+
+    args = shlex.split(command)
+    port = free_port()
+    args[args.index("--port") + 1] = str(port)
+    process = subprocess.Popen(args, cwd=ROOT, env=obsq_env(redis_url),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/", timeout=1).status_code == 200,
+                 timeout=30, what="obsq ui serving its overview")
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def export_otel(command: str, redis_url: str) -> None:
+    env = obsq_env(redis_url, OTEL_EXPORTER_OTLP_TIMEOUT="1")
+    env.update(assignment.split("=", 1) for assignment in shlex.split(command)[1:])
+    out = run([sys.executable, "-c", "from obsq.observability import setup_tracing; "
+               "print(setup_tracing())"], env=env).stdout
+    assert out.strip() == "True"
+
+
+def kubectl(command: str, redis_url: str) -> None:
+    if not shutil.which("kubectl"):
+        missing_tool("kubectl is not on PATH (.ci/install-tools.sh installs it)")
+    run([*shlex.split(command), "--dry-run=client", "-o", "yaml"], cwd=ROOT)
+
+
+def helm_upgrade(command: str, redis_url: str) -> None:
+    helm = shutil.which("helm") or str(ROOT / ".cache" / "bin" / "helm")
+    if not Path(helm).exists():
+        missing_tool("helm is not installed (.ci/install-tools.sh installs it)")
+    args = shlex.split(command)
+    assert args[:3] == ["helm", "upgrade", "--install"]
+    run([helm, "template", *args[3:], "--api-versions", "monitoring.coreos.com/v1"],
+        cwd=ROOT)
+
+
+HANDLERS: dict[str, Callable[[str, str], None]] = {
+    "python3 -m pip install": install_and_demo,
+    "bash .ci/run": ci_run,
+    "obsq worker ": worker,
+    "obsq ui ": console,
+    "export OTEL_": export_otel,
+    "kubectl ": kubectl,
+    "helm upgrade ": helm_upgrade,
+}
+
+
+def _handler(command: str) -> Callable[[str, str], None] | None:
+    return next((h for prefix, h in HANDLERS.items() if command.startswith(prefix)), None)
+
+
+def test_every_shell_command_is_run_by_this_suite() -> None:
+    unknown = [c for c in shell_commands() if _handler(c) is None]
+    assert not unknown, f"README commands this suite does not run: {unknown}"
+
+
+@pytest.mark.parametrize("command", shell_commands())
+def test_the_shell_command_runs(command: str, redis_url: str) -> None:
+    handler = _handler(command)
+    assert handler is not None
+    handler(command, redis_url)
