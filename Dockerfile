@@ -3,49 +3,64 @@
 # The obsq worker image. Build your application image on it:
 #
 #   FROM obsq:0.1.0
-#   COPY --chown=10001:10001 myproject/ /app/myproject/
+#   COPY myproject/ /app/myproject/
 #   CMD ["worker", "myproject.tasks:app"]
 #
 # The entry point is the `obsq` command, so `docker run IMAGE worker myproject.tasks:app`
 # or the Helm chart's `obsq worker <app>` start a worker; /app (the working directory)
-# is on the import path.
+# is on the import path. Code copied as above belongs to root: the worker (UID 10001)
+# reads it and cannot change it.
+#
+# Build arguments: PYTHON_VERSION (3.11) picks the python:<version>-slim base, or
+# BASE_IMAGE names another base with python, pip and bash; VERSION is the version label.
 
 ARG PYTHON_VERSION=3.11
+ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim
 
 # --- build: the obsq wheel and the wheels of its dependencies ---------------------------
-FROM python:${PYTHON_VERSION}-slim AS build
+FROM ${BASE_IMAGE} AS build
 
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# Each list names wheels with their hashes: the runtime stage installs exactly these, and
+# copying a list there ties that stage's layer cache to the wheels' contents.
 WORKDIR /src
 COPY pyproject.toml README.md ./
+# The dependencies, built from pyproject.toml and an empty package: only a change of
+# pyproject.toml rebuilds this layer and the one that installs them.
+RUN mkdir obsq && touch obsq/__init__.py \
+    && pip wheel --wheel-dir /wheels/dependencies . \
+    && rm -rf obsq build obsq.egg-info /wheels/dependencies/obsq-*.whl \
+    && sha256sum /wheels/dependencies/*.whl \
+        | awk '{ print $2 " --hash=sha256:" $1 }' > /wheels/dependencies.txt
 COPY obsq ./obsq
-RUN pip wheel --wheel-dir /wheels .
+RUN pip wheel --no-deps --wheel-dir /wheels/obsq . \
+    && sha256sum /wheels/obsq/*.whl | awk '{ print $2 " --hash=sha256:" $1 }' > /wheels/obsq.txt
 
 # --- runtime: only the installed wheels, no build tools, not root -----------------------
-FROM python:${PYTHON_VERSION}-slim
-
-ARG VERSION=0.1.0
-LABEL org.opencontainers.image.title="obsq" \
-      org.opencontainers.image.description="Redis task queue and worker for Python, built for Kubernetes" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.licenses="Apache-2.0"
+FROM ${BASE_IMAGE}
 
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# The wheels are mounted from the build stage for this one step, so they do not end
-# up in a layer of the image.
+# The wheels are mounted from the build stage for the steps that install them, so they
+# do not end up in a layer of the image; the lists stay, as a record of what is in it.
+COPY --from=build /wheels/dependencies.txt /usr/local/share/obsq/
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels obsq \
-    && groupadd --system --gid 10001 obsq \
-    && useradd --system --uid 10001 --gid 10001 --home-dir /app --no-create-home \
+    pip install --no-index --require-hashes --requirement /usr/local/share/obsq/dependencies.txt \
+    && groupadd --gid 10001 obsq \
+    && useradd --uid 10001 --gid 10001 --home-dir /app --no-create-home --no-log-init \
         --shell /usr/sbin/nologin obsq \
     && mkdir -p /app \
     && chown 10001:10001 /app
+COPY --from=build /wheels/obsq.txt /usr/local/share/obsq/
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-index --no-deps --require-hashes --requirement /usr/local/share/obsq/obsq.txt \
+    && pip check
 
 WORKDIR /app
 # Numeric, so that Kubernetes' runAsNonRoot can check it without /etc/passwd.
@@ -59,3 +74,9 @@ STOPSIGNAL SIGTERM
 
 ENTRYPOINT ["obsq"]
 CMD ["worker", "--help"]
+
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="obsq" \
+      org.opencontainers.image.description="Redis task queue and worker for Python, built for Kubernetes" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from support import missing_tool, wait_for
 
+import obsq
+
 ROOT = Path(__file__).resolve().parents[1]
 README_URL = "redis://localhost:6379/0"
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
@@ -178,6 +180,18 @@ def helm_upgrade(command: str, redis_url: str) -> None:
         cwd=ROOT)
 
 
+def image_build(command: str, redis_url: str) -> None:
+    """The image is built, linted and smoke-tested by .ci/image.sh, a step of `bash
+    .ci/run`; here: the command builds the repository's Dockerfile as the chart's default
+    image, obsq:<version>, and podman in the docker format (OCI images have no SHELL)."""
+    args = shlex.split(command, comments=True)
+    assert args[1] == "build" and args[-1] == "."
+    assert args[args.index("-t") + 1] == f"obsq:{obsq.__version__}"
+    if args[0] == "podman":
+        assert args[args.index("--format") + 1] == "docker"
+    assert "\nbash .ci/image.sh\n" in (ROOT / ".ci" / "run").read_text()
+
+
 HANDLERS: dict[str, Callable[[str, str], None]] = {
     "python3 -m pip install": install_and_demo,
     "bash .ci/run": ci_run,
@@ -186,6 +200,8 @@ HANDLERS: dict[str, Callable[[str, str], None]] = {
     "export OTEL_": export_otel,
     "kubectl ": kubectl,
     "helm upgrade ": helm_upgrade,
+    "docker build ": image_build,
+    "podman build ": image_build,
 }
 
 
