@@ -11,19 +11,23 @@ from obsq.errors import (
     DuplicateTask,
     ObsqError,
     PayloadError,
+    QueueNotFound,
     Retry,
     SkipRetry,
     TaskFailed,
     TaskNotFound,
+    TaskRunning,
     TaskTimeout,
     UnknownTaskType,
 )
+from obsq.inspector import Inspector
 from obsq.task import Job, Task, TaskInfo, TaskMessage
 from obsq.worker import Worker
 
 __all__ = [
-    "App", "BrokerError", "Client", "ConfigurationError", "DuplicateTask", "Job", "ObsqError",
-    "PayloadError", "Retry", "Route", "SkipRetry", "SyncClient", "Task", "TaskFailed",
-    "TaskInfo", "TaskMessage", "TaskNotFound", "TaskTimeout", "UnknownTaskType", "Worker",
+    "App", "BrokerError", "Client", "ConfigurationError", "DuplicateTask", "Inspector", "Job",
+    "ObsqError", "PayloadError", "QueueNotFound", "Retry", "Route", "SkipRetry", "SyncClient",
+    "Task", "TaskFailed", "TaskInfo", "TaskMessage", "TaskNotFound", "TaskRunning",
+    "TaskTimeout", "UnknownTaskType", "Worker",
     "__version__",
 ]

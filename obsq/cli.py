@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from obsq._version import __version__
+from obsq.admin import add_commands as add_admin_commands
 from obsq.app import load_app
 from obsq.errors import ConfigurationError
 from obsq.settings import (
@@ -181,20 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--http-port", type=int, default=WORKER_HTTP_PORT,
                       help=f"{WORKER_HTTP_PORT} (another free one when taken; 0: any free port)")
 
-    command("stats", "queues, their depth by state, and live workers", cmd_admin)
-    tasks = command("tasks", "list the tasks of a queue in one state", cmd_admin)
-    tasks.add_argument("queue")
-    tasks.add_argument("state", choices=("pending", "active", "scheduled", "retry", "dead",
-                                         "completed"))
-    tasks.add_argument("--limit", type=int, default=20)
-    requeue = command("requeue", "put dead (or retry/scheduled) tasks back to pending now",
-                      cmd_admin)
-    requeue.add_argument("queue")
-    requeue.add_argument("ids", nargs="*", help="task ids (default: all in the state)")
-    requeue.add_argument("--state", default="dead", choices=("dead", "retry", "scheduled"))
-    for name, help in (("pause", "stop workers taking tasks from a queue"),
-                       ("unpause", "let workers take tasks from a queue again")):
-        command(name, help, cmd_admin).add_argument("queue")
+    add_admin_commands(command, cmd_admin)
     return parser
 
 

@@ -54,6 +54,14 @@ class TaskNotFound(ObsqError, LookupError):
     """No such task (never enqueued, or finished without retention and already removed)."""
 
 
+class QueueNotFound(ObsqError, LookupError):
+    """No queue of that name in the namespace (no task was ever enqueued to it)."""
+
+
+class TaskRunning(ObsqError):
+    """The Inspector refuses to delete a task while an attempt of it runs."""
+
+
 class BrokerError(ObsqError):
     """A Redis call failed (Redis away, restarting, failing over, or refusing the command).
 

@@ -9,6 +9,7 @@ import contextvars
 import logging
 import random
 import sys
+import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from obsq.task import Task
 
 log = logging.getLogger("obsq")
 MAX_ERROR_LENGTH = 4000
+MAX_TRACEBACK_LENGTH = 16000
 NO_RESULT = b"null"
 
 
@@ -42,6 +44,14 @@ class Verdict:
             return ""
         text = f"{type(self.error).__name__}: {self.error}"
         return text if len(text) <= MAX_ERROR_LENGTH else text[:MAX_ERROR_LENGTH] + "..."
+
+    @property
+    def traceback_text(self) -> str:
+        """Kept with the task for the Inspector; the end of a long one is what matters."""
+        if self.error is None:
+            return ""
+        text = "".join(traceback.format_exception(self.error))
+        return text if len(text) <= MAX_TRACEBACK_LENGTH else "..." + text[-MAX_TRACEBACK_LENGTH:]
 
 
 def default_backoff(retry_count: int) -> float:

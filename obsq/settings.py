@@ -19,6 +19,10 @@ DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRY = 25
 DEFAULT_TIMEOUT = 1800.0
 ENQUEUE_BATCH = 500  # tasks per enqueue script call: bounds how long one call holds Redis
+# Outcome counts for the Inspector: flushed by each worker this often, kept per minute for
+# an hour and some slack for the minute being read.
+THROUGHPUT_FLUSH_INTERVAL = 5.0
+THROUGHPUT_BUCKET_TTL = 3900.0
 # Default retry backoff: base * 2**retries, capped, then jittered to 50-100 %.
 BACKOFF_BASE = 2.0
 BACKOFF_CAP = 600.0

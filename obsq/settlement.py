@@ -61,10 +61,12 @@ class Settler:
             recorded = await future
         elif verdict.outcome == "retry":
             recorded = await self._persist(lambda: self.broker.retry(
-                task.queue, attempt, self.worker_id, verdict.delay, verdict.error_text))
+                task.queue, attempt, self.worker_id, verdict.delay, verdict.error_text,
+                verdict.traceback_text))
         else:
             recorded = await self._persist(lambda: self.broker.fail(
-                task.queue, attempt, self.worker_id, verdict.error_text))
+                task.queue, attempt, self.worker_id, verdict.error_text,
+                verdict.traceback_text))
         outcome = {True: verdict.outcome, False: "lease_lost", None: "unrecorded"}[recorded]
         if recorded is False:
             log.warning("task %s (%s) finished after its lease was taken over; its %s was "

@@ -35,6 +35,7 @@ from obsq.maintenance import Forwarder, Janitor, Recoverer
 from obsq.settings import FETCH_STOP_TIMEOUT, PREFETCH_BELOW_SECONDS, WorkerSettings
 from obsq.settlement import Settler
 from obsq.task import Task
+from obsq.throughput import ThroughputCounter
 
 log = logging.getLogger("obsq")
 
@@ -115,6 +116,7 @@ class Worker:
                       max_recoveries=s.max_recoveries, hooks=self.app.recovery_hooks),
             Janitor(self.broker, self.id, s.janitor_interval, s.lock_ttl,
                     dead_max_age=s.dead_max_age, dead_max_count=s.dead_max_count),
+            ThroughputCounter(self.app, self.broker),
         ]
         for loop in self._loops:
             loop.start()

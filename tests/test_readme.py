@@ -96,6 +96,22 @@ def test_the_use_section_runs_as_written(project, readme_worker, redis_url) -> N
         "{'sent_to': 'a@b.c'}", "completed", "scheduled", "2", "default"]
 
 
+def test_the_console_section_runs_as_written(project, readme_worker, redis_url) -> None:
+    produce = ("import asyncio, obsq\n"
+               "from myproject.tasks import app\n"
+               "async def main():\n"
+               f"    async with obsq.Client({redis_url!r}, app=app) as client:\n"
+               "        info = await client.enqueue('email:send', {'to': 'a@b.c'}, retention=60)\n"
+               "        await client.result(info, timeout=10)\n"
+               "asyncio.run(main())\n")
+    run([sys.executable, "-c", produce], cwd=project, env=obsq_env(redis_url))
+    (project / "look.py").write_text(
+        python_block("obsq.Inspector(").replace(README_URL, redis_url))
+    out = run([sys.executable, "look.py"], cwd=project, env=obsq_env(redis_url)).stdout
+    assert out.splitlines()[0].startswith("critical {'pending': 0")
+    assert "email:send {'sent_to': 'a@b.c'}" in out and out.endswith("requeued 0\n")
+
+
 # -- the shell commands, each by what it is --------------------------------------------------
 
 
@@ -119,6 +135,25 @@ def ci_run(command: str, redis_url: str) -> None:
 def worker(command: str, redis_url: str) -> None:
     """Run with the Use section's project: test_the_use_section_runs_as_written."""
     assert command.startswith("obsq worker myproject.tasks:app")
+
+
+def console(command: str, redis_url: str) -> None:
+    """`obsq ui` as written, on a free port of the test's Redis, until it serves a page."""
+    import httpx
+
+    from obsq.redis_server import free_port
+
+    args = shlex.split(command)
+    port = free_port()
+    args[args.index("--port") + 1] = str(port)
+    process = subprocess.Popen(args, cwd=ROOT, env=obsq_env(redis_url),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/", timeout=1).status_code == 200,
+                 timeout=30, what="obsq ui serving its overview")
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 def export_otel(command: str, redis_url: str) -> None:
@@ -161,6 +196,7 @@ HANDLERS: dict[str, Callable[[str, str], None]] = {
     "python3 -m pip install": install_and_demo,
     "bash .ci/run": ci_run,
     "obsq worker ": worker,
+    "obsq ui ": console,
     "export OTEL_": export_otel,
     "kubectl ": kubectl,
     "helm upgrade ": helm_upgrade,

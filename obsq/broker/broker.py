@@ -3,10 +3,11 @@ grouped by who calls them. This package is the only code in obsq that speaks Red
 
 from __future__ import annotations
 
+from obsq.broker.inspection import Inspection
 from obsq.broker.producing import Producing
 from obsq.broker.upkeep import Upkeep
 from obsq.broker.working import Working
 
 
-class Broker(Producing, Working, Upkeep):
+class Broker(Producing, Working, Upkeep, Inspection):
     """Every Redis call of obsq, on one connection pool."""

@@ -8,7 +8,7 @@ TASK_STATES = ("pending", "active", "scheduled", "retry", "dead", "completed")
 
 class QueueKeys:
     __slots__ = ("active", "completed", "dead", "fence", "lease", "paused", "pending", "prefix",
-                 "queue", "retry", "scheduled", "wake", "watched")
+                 "queue", "retry", "scheduled", "stats", "wake", "watched")
 
     def __init__(self, namespace: str, queue: str) -> None:
         self.queue = queue
@@ -24,6 +24,7 @@ class QueueKeys:
         self.wake = self.prefix + "wake"  # list of tokens idle workers block on
         self.paused = self.prefix + "paused"  # exists while the queue is paused
         self.watched = self.prefix + "watched"  # hash id -> ids of clients waiting in result()
+        self.stats = self.prefix + "stats"  # ":<minute>": hash outcome -> count, for an hour
 
     def task(self, task_id: str) -> str:
         return self.prefix + "t:" + task_id

@@ -1,6 +1,6 @@
 """Redis calls that keep the namespace healthy and readable: worker heartbeats, the sweeps
-(recover, forward, clean up) and their locks, schedule bookkeeping, and the reads and
-repairs of `obsq stats|tasks|requeue|pause`."""
+(recover, forward, clean up) and their locks, schedule bookkeeping, queue depths and the
+pause flag (the Inspector's other reads and repairs are in inspection.py)."""
 
 from __future__ import annotations
 
@@ -122,21 +122,6 @@ class Upkeep(RedisCalls):
                                       max(now - oldest, 0) / 1000 if oldest >= 0 else 0.0,
                                       bool(r[7]))
         return stats
-
-    async def list_tasks(self, queue: str, state: str, limit: int) -> list[str]:
-        k = self.keys(queue)
-        if state == "pending":
-            ids = await self._guard("list_tasks", self.redis.lrange(k.pending, -limit, -1))
-            ids.reverse()
-        else:
-            ids = await self._guard("list_tasks", self.redis.zrange(k.by_state(state), 0,
-                                                                    limit - 1))
-        return [i.decode() for i in ids]
-
-    async def revive(self, queue: str, state: str, task_ids: Sequence[str] = ()) -> int:
-        k = self.keys(queue)
-        return await self._script("revive", (k.by_state(state), k.pending, k.wake),
-                                  (0, 1 if state == "dead" else 0, *task_ids))
 
     async def delete_namespace(self) -> int:
         """Delete every key of this namespace; returns how many there were."""

@@ -111,17 +111,20 @@ class Working(RedisCalls):
         await self._guard("wait_for_work", pipe.execute())
 
     async def retry(self, queue: str, attempt: Attempt, worker_id: str, delay: float,
-                    error: str) -> bool:
+                    error: str, traceback: str = "") -> bool:
         k = self.keys(queue)
         return bool(await self._script(
             "retry", (k.lease, k.retry, k.pending, k.wake, k.active),
-            (0, worker_id, attempt.task_id, attempt.fence, int(delay * 1000), error)))
+            (0, worker_id, attempt.task_id, attempt.fence, int(delay * 1000), error,
+             traceback)))
 
-    async def fail(self, queue: str, attempt: Attempt, worker_id: str, error: str) -> bool:
+    async def fail(self, queue: str, attempt: Attempt, worker_id: str, error: str,
+                   traceback: str = "") -> bool:
         """The attempt failed for good: the task goes to the dead set."""
         k = self.keys(queue)
         return bool(await self._script("fail", (k.lease, k.dead, k.active),
-                                       (0, worker_id, attempt.task_id, attempt.fence, error)))
+                                       (0, worker_id, attempt.task_id, attempt.fence, error,
+                                        traceback)))
 
     async def hand_back(self, queue: str, attempts: Sequence[Attempt], worker_id: str
                         ) -> list[bool]:

@@ -58,10 +58,12 @@ EXPECTED_KINDS = {
         "Deployment",
         "Deployment",
         "Deployment",
+        "Deployment",
         "NetworkPolicy",
         "PodDisruptionBudget",
         "PrometheusRule",
         "ScaledObject",
+        "Service",
         "Service",
         "Service",
         "ServiceAccount",
@@ -72,10 +74,12 @@ EXPECTED_KINDS = {
         "Deployment",
         "Deployment",
         "Deployment",
+        "Deployment",
         "HorizontalPodAutoscaler",
         "NetworkPolicy",
         "PodDisruptionBudget",
         "PrometheusRule",
+        "Service",
         "Service",
         "Service",
         "ServiceAccount",
@@ -86,9 +90,11 @@ EXPECTED_KINDS = {
         "Deployment",
         "Deployment",
         "Deployment",
+        "Deployment",
         "PodDisruptionBudget",
         "PrometheusRule",
         "ScaledObject",
+        "Service",
         "Service",
         "Service",
         "ServiceAccount",
@@ -147,6 +153,10 @@ def test_crd_objects_need_the_monitoring_api(helm: str) -> None:
         (["--set", "exporter.enabled=yes"], "enabled"),
         (["--set", "exporter.readinessProbe.periodSeconds=0"], "periodSeconds"),
         (["--set", "scheduler.livenessProbe.bogus=1"], "bogus"),
+        (["--set", "ui.bogus=1"], "bogus"),
+        (["--set-string", "ui.port=web"], "port"),
+        (["--set", "ui.traceUrl=https://grafana.example.com/explore"], "traceUrl"),
+        (["--set", "ui.readOnly=yes"], "readOnly"),
     ],
     ids=[
         "unknown-top-level-key",
@@ -164,6 +174,10 @@ def test_crd_objects_need_the_monitoring_api(helm: str) -> None:
         "exporter-string-for-boolean",
         "exporter-probe-minimum",
         "unknown-scheduler-probe-key",
+        "unknown-ui-key",
+        "ui-string-for-port",
+        "ui-trace-url-without-trace-id",
+        "ui-string-for-boolean",
     ],
 )
 def test_schema_rejects_bad_values(helm: str, args: list[str], message: str) -> None:
@@ -427,7 +441,8 @@ def test_exporter_is_scraped_by_the_service_monitor(render_all: Render) -> None:
         )
 
     services = {d["metadata"]["name"]: d for d in render_all.all("Service")}
-    assert set(services) == {"jobs-obsq-metrics", "jobs-obsq-exporter"}
+    assert set(services) == {"jobs-obsq-metrics", "jobs-obsq-exporter", "jobs-obsq-ui"}
+    assert not selects(services.pop("jobs-obsq-ui")["metadata"]["labels"])  # the console
     for service in services.values():
         assert selects(service["metadata"]["labels"]), service["metadata"]["name"]
         assert service["spec"]["ports"][0]["name"] == "http-metrics"
@@ -447,6 +462,54 @@ def test_exporter_is_scraped_by_the_service_monitor(render_all: Render) -> None:
 def test_production_example_runs_the_exporter(helm: str) -> None:
     render = helm_template(helm, *SCENARIOS["production-example"])
     assert container(render.one("Deployment", "-exporter"))["args"] == ["exporter"]
+
+
+# --- the console (obsq ui) -------------------------------------------------------------
+
+
+def test_console_is_off_by_default_and_read_only_without_a_secret(helm: str) -> None:
+    assert "jobs-obsq-ui" not in [d["metadata"]["name"] for d in helm_template(helm).docs]
+    c = container(helm_template(helm, "--set", "ui.enabled=true").one("Deployment", "-ui"))
+    env = env_of(c)
+    assert "OBSQ_UI_TOKEN" not in env and "OBSQ_UI_TRACE_URL" not in env
+    assert env["OBSQ_UI_READ_ONLY"] == "false" and env["OBSQ_UI_PORT"] == "8181"
+
+
+def test_console_deployment_and_service(render_all: Render) -> None:
+    ui = render_all.one("Deployment", "-ui")
+    worker = render_all.one("Deployment", "-worker")
+    pod = ui["spec"]["template"]["spec"]
+    c = container(ui)
+    assert c["command"] == ["obsq"] and c["args"] == ["ui"]
+    assert c["image"] == container(worker)["image"]
+    assert c["ports"] == [{"name": "http", "containerPort": 8181, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    # The same non-root, read-only settings as the workers.
+    assert pod["securityContext"] == worker["spec"]["template"]["spec"]["securityContext"]
+    assert c["securityContext"] == container(worker)["securityContext"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+    env, worker_env = env_of(c), env_of(container(worker))
+    for name in ("OBSQ_REDIS_URL", "OBSQ_NAMESPACE"):
+        assert env[name] == worker_env[name], name
+    assert env["OBSQ_UI_HOST"] == "0.0.0.0"
+    assert env["OBSQ_UI_TOKEN"] == {"secretKeyRef": {"name": "obsq-ui", "key": "ui-token"}}
+    assert "{trace_id}" in env["OBSQ_UI_TRACE_URL"] and env["SHOP_ROLE"] == "console"
+    service = render_all.one("Service", "-ui")
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8181, "targetPort": "http",
+                                         "protocol": "TCP"}]
+    labels = ui["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert labels["app.kubernetes.io/component"] == "ui" and labels["tier"] == "console"
+    assert not worker["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    # The NetworkPolicy lets the console's port through, from the peers given.
+    policy = render_all.one("NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    (rule,) = [r for r in policy["ingress"] if r["ports"][0]["port"] == "http"]
+    assert rule["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "ingress"}
 
 
 # --- autoscaling ------------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""The `obsq` admin commands (stats, tasks, requeue, pause, unpause) against a live worker,
-run through obsq.cli.main as a terminal would (in a thread: it runs its own event loop)."""
+"""The `obsq` admin commands (stats, queues, tasks, task, workers, requeue, delete, purge,
+pause, unpause) against a live worker, run through obsq.cli.main as a terminal would (in a
+thread: it runs its own event loop)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 
 import pytest
 from support import wait_until
@@ -24,7 +27,7 @@ def obsq_cli(redis_url, namespace, capsys):
     return run
 
 
-async def test_stats_tasks_requeue_pause_and_unpause(app, client, start_worker,
+async def test_stats_tasks_requeue_pause_and_unpause(app, client, start_worker, namespace,
                                                      obsq_cli) -> None:
     attempts: list[int] = []
 
@@ -36,7 +39,8 @@ async def test_stats_tasks_requeue_pause_and_unpause(app, client, start_worker,
         return "charged"
 
     code, out = await obsq_cli("stats")
-    assert (code, out.strip()) == (0, "no queues yet\n\n0 live worker(s)")
+    assert code == 0 and out.startswith(f"no queues in namespace '{namespace}'")
+    assert out.rstrip().endswith("0 live worker(s)")
 
     worker = await start_worker(queues="billing")
     info = await client.enqueue("charge", {"amount": 5}, queue="billing", retention=60)
@@ -86,7 +90,7 @@ async def test_requeue_by_id_and_from_the_retry_set(app, client, obsq_cli) -> No
     assert (await client.info(second.id)).state == "pending"
     assert (await client.info(first.id)).state == "scheduled"
     code, out = await obsq_cli("requeue", "default", "no-such-id")
-    assert out.strip() == "moved 0 task(s) from dead to pending in default"
+    assert (code, out.strip()) == (1, "obsq requeue: not in dead of default: no-such-id")
 
 
 async def test_admin_commands_report_bad_input_in_one_line(obsq_cli, caplog) -> None:
@@ -101,3 +105,87 @@ async def test_admin_commands_report_bad_input_in_one_line(obsq_cli, caplog) -> 
 
 async def _state(client: obsq.Client, task_id: str, state: str) -> bool:
     return (await client.info(task_id)).state == state
+
+
+async def test_unknown_queues_and_tasks_fail_in_one_line(client, obsq_cli) -> None:
+    await client.enqueue("t", queue="mail")
+    for argv, message in [
+        (("pause", "nosuchqueue"), "obsq pause: no queue 'nosuchqueue' in namespace"),
+        (("tasks", "nosuchqueue", "dead"), "obsq tasks: no queue 'nosuchqueue'"),
+        (("purge", "nosuchqueue", "dead"), "obsq purge: no queue 'nosuchqueue'"),
+        (("task", "no-such-id"), "obsq task: no task 'no-such-id'"),
+        (("delete", "no-such-id"), "obsq delete: no task 'no-such-id'"),
+    ]:
+        code, out = await obsq_cli(*argv)
+        assert code == 1, argv
+        assert out.startswith(message) and len(out.strip().splitlines()) == 1, out
+    code, out = await obsq_cli("pause", "nosuchqueue")
+    assert "(its queues: mail)" in out
+
+
+async def test_an_empty_namespace_names_the_ones_that_exist(client, redis_url, namespace,
+                                                           capsys, monkeypatch) -> None:
+    await client.enqueue("t")
+    monkeypatch.delenv("OBSQ_NAMESPACE", raising=False)
+    capsys.readouterr()
+    code = await asyncio.to_thread(cli.main, ["queues", "--redis-url", redis_url])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("no queues in namespace 'obsq'")
+    assert namespace in out and "(--namespace NS)" in out
+
+
+async def test_inspection_commands_print_tables_and_json(app, client, start_worker,
+                                                         obsq_cli, monkeypatch) -> None:
+    @app.task("charge", max_retry=0)
+    async def charge(task: obsq.Task):
+        raise ValueError(f"card {task.payload['card']} declined")
+
+    worker = await start_worker(queues="billing")
+    info = await client.enqueue("charge", {"card": "<4242>"}, queue="billing",
+                                headers={"tenant": "t1"})
+    await wait_until(lambda: _state(client, info.id, "dead"))
+
+    code, out = await obsq_cli("task", info.id)
+    assert code == 0
+    assert "state       dead" in out and "ValueError: card <4242> declined" in out
+    assert '"card": "<4242>"' in out and "Traceback (most recent call last)" in out
+    assert '"tenant": "t1"' in out and "\x1b[" not in out  # no colour off a terminal
+    code, out = await obsq_cli("task", info.id, "--json")
+    detail = json.loads(out)
+    assert detail["payload"] == {"card": "<4242>"} and detail["state"] == "dead"
+    assert "charge" in detail["traceback"]
+
+    code, out = await obsq_cli("tasks", "billing", "dead", "--json")
+    assert [t["id"] for t in json.loads(out)["tasks"]] == [info.id]
+    code, out = await obsq_cli("queues")
+    header, row = out.splitlines()[:2]
+    assert header.split()[-4:] == ["done/min", "failed/min", "done/h", "failed/h"]
+    assert row.split()[:7] == ["billing", "0", "0", "0", "0", "1", "0"]
+    code, out = await obsq_cli("queues", "--json")
+    assert json.loads(out)[0]["depth"]["dead"] == 1
+    code, out = await obsq_cli("workers", "--json")
+    assert [w["id"] for w in json.loads(out)] == [worker.id]
+    code, out = await obsq_cli("workers")
+    assert worker.id in out and "heartbeat" in out.splitlines()[0]
+    code, out = await obsq_cli("stats", "--json")
+    assert set(json.loads(out)) == {"queues", "workers"}
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    code, out = await obsq_cli("tasks", "billing", "dead")
+    assert "\x1b[31m" in out  # the error in red on a terminal
+    monkeypatch.setenv("NO_COLOR", "1")
+    code, out = await obsq_cli("tasks", "billing", "dead")
+    assert "\x1b[" not in out
+
+    code, out = await obsq_cli("delete", info.id)
+    assert (code, out.strip()) == (0, f"deleted task {info.id} (it was dead)")
+
+
+async def test_purge_deletes_every_task_of_a_state(client, obsq_cli) -> None:
+    await client.enqueue_many([obsq.Job("t", i, delay=600) for i in range(1500)])
+    code, out = await obsq_cli("purge", "default", "scheduled")
+    assert (code, out.strip()) == (0, "deleted 1500 scheduled task(s) of default")
+    code, out = await obsq_cli("tasks", "default", "scheduled")
+    assert out.strip() == "no scheduled tasks in default"

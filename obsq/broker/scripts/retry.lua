@@ -1,7 +1,7 @@
 -- prelude: now_ms, task_key, release_attempt, settled_by, make_pending, wake
 -- A failed attempt goes back: to pending at once, or to the retry set until it is due.
 -- KEYS: lease, retry, pending, wake, active
--- ARGV: now, worker_id, id, fence, delay_ms, error
+-- ARGV: now, worker_id, id, fence, delay_ms, error, traceback
 -- Returns 1 (also when this attempt's earlier, re-sent call was applied), or 0 when the
 -- fencing token is stale.
 local now = now_ms()
@@ -11,7 +11,7 @@ if not release_attempt(KEYS[5], KEYS[1], id, fence, ARGV[2]) then
 end
 local key = task_key(id)
 redis.call('HINCRBY', key, 'retried', 1)
-redis.call('HSET', key, 'error', ARGV[6], 'fin', fence)
+redis.call('HSET', key, 'error', ARGV[6], 'tb', ARGV[7], 'fin', fence)
 local delay = tonumber(ARGV[5])
 if delay > 0 then
   redis.call('HSET', key, 'state', 'retry', 'due', now + delay)

@@ -1,19 +1,21 @@
 -- prelude: now_ms, task_key, wake
--- Put tasks of the dead, retry or scheduled set back into pending now (obsq requeue).
+-- Put tasks of the dead, retry or scheduled set back into pending now (obsq requeue), in
+-- bounded steps: the caller repeats the call until nothing is left.
 -- A revived dead task starts with a fresh retry count.
 -- KEYS: source set, pending, wake
--- ARGV: now, reset_retries (1/0), then ids (none: every task in the set, up to 10,000)
--- Returns the number of tasks moved.
+-- ARGV: now, reset_retries (1/0), batch, then ids (none: the first `batch` tasks of the set)
+-- Returns {moved, tasks left in the set, then the given ids that were not in the set}.
 local now = now_ms()
 local ids = {}
-if #ARGV > 2 then
-  for i = 3, #ARGV do
+if #ARGV > 3 then
+  for i = 4, #ARGV do
     ids[#ids + 1] = ARGV[i]
   end
 else
-  ids = redis.call('ZRANGE', KEYS[1], 0, 9999)
+  ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[3]) - 1)
 end
 local moved = 0
+local missing = {}
 for _, id in ipairs(ids) do
   local key = task_key(id)
   if redis.call('ZREM', KEYS[1], id) == 1 and redis.call('EXISTS', key) == 1 then
@@ -25,9 +27,17 @@ for _, id in ipairs(ids) do
     redis.call('PERSIST', key)
     redis.call('LPUSH', KEYS[2], id)
     moved = moved + 1
+  else
+    missing[#missing + 1] = id
   end
 end
 if moved > 0 then
   wake(KEYS[3], moved)
 end
-return moved
+local out = {moved, redis.call('ZCARD', KEYS[1])}
+if #ARGV > 3 then
+  for _, id in ipairs(missing) do
+    out[#out + 1] = id
+  end
+end
+return out

@@ -1,0 +1,148 @@
+"""What the Inspector (obsq/inspector.py) asks of Redis: bounded pages of one state of a
+queue, one task with everything kept for it, workers with their last heartbeat, the
+repairs (requeue, delete, purge) one bounded step per call, and the per-minute outcome
+counters the workers keep. A base of Broker, so it shares its connection and its way of
+calling scripts; broker.py keeps the hot path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from obsq.broker.calls import RedisCalls
+
+# How each state's page is ordered: what runs next first (pending: oldest first, from the
+# right end of the list; scheduled/retry: soonest due; active: soonest lease expiry), what
+# ended last first (dead, completed).
+PAGE_ORDER = {"pending": "list", "active": "asc", "scheduled": "asc", "retry": "asc",
+              "dead": "desc", "completed": "desc"}
+REVIVABLE = ("dead", "retry", "scheduled")
+PURGEABLE = ("pending", "scheduled", "retry", "dead", "completed")
+NAMESPACE_SCAN_SECONDS = 2.0
+
+# One row of a page: id, score (ms, None for pending), type, retried, enqueued (ms), due
+# (ms), done (ms), error head, payload head, owner ("<fence>:<worker id>" while running).
+PageRow = tuple[str, "int | None", str, int, "int | None", "int | None", "int | None", str,
+                bytes, str]
+
+
+class Inspection(RedisCalls):
+    async def queue_exists(self, queue: str) -> bool:
+        return bool(await self._guard("queues", self.redis.sismember(self.global_keys.queues,
+                                                                     queue)))
+
+    async def task_page(self, queue: str, state: str, offset: int, limit: int,
+                        task_type: str, scan_cap: int) -> tuple[int, int | None, list[PageRow]]:
+        """(tasks in the state, offset of the next page or None, rows); with a type filter
+        at most `scan_cap` ids are looked at."""
+        k = self.keys(queue)
+        reply = await self._script("page", (k.by_state(state),),
+                                   (0, PAGE_ORDER[state], offset, limit, task_type, scan_cap))
+        total, next_offset = reply[0], reply[1]
+        rows: list[PageRow] = []
+        for i in range(2, len(reply), 10):
+            r = reply[i:i + 10]
+            rows.append((_text(r[0]), _number(r[1]), _text(r[2]), _number(r[3]) or 0,
+                         _number(r[4]), _number(r[5]), _number(r[6]), _text(r[7]), r[8],
+                         _text(r[9])))
+        return total, (next_offset if next_offset >= 0 else None), rows
+
+    async def task_record(self, queue: str, task_id: str
+                          ) -> tuple[dict[bytes, bytes], bytes | None, str, int | None]:
+        """The task hash, its progress, the owner of a running attempt ('' when none) and
+        its lease expiry (ms)."""
+        k = self.keys(queue)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(k.task(task_id))
+        pipe.get(k.progress(task_id))
+        pipe.hget(k.active, task_id)
+        pipe.zscore(k.lease, task_id)
+        fields, progress, owner, lease = await self._guard("task_info", pipe.execute())
+        return fields, progress, _text(owner or b""), int(lease) if lease else None
+
+    async def worker_records(self) -> list[tuple[dict[str, Any], int]]:
+        """(description, last heartbeat in ms) of each worker whose heartbeat is current."""
+        g = self.global_keys
+        beats = await self._guard("workers", self.redis.zrange(g.workers, 0, -1,
+                                                                withscores=True))
+        if not beats:
+            return []
+        values = await self._get_many("workers", [g.worker(i.decode()) for i, _ in beats])
+        return [(orjson.loads(v), int(score)) for (_, score), v in zip(beats, values) if v]
+
+    async def revive(self, queue: str, state: str, task_ids: Sequence[str] = (),
+                     batch: int = 1000) -> tuple[int, int, list[str]]:
+        """One step of a requeue: the given ids, or the first `batch` of the state, back to
+        pending. Returns (moved, left in the state, given ids that were not in it)."""
+        k = self.keys(queue)
+        reply = await self._script("revive", (k.by_state(state), k.pending, k.wake),
+                                   (0, 1 if state == "dead" else 0, batch, *task_ids))
+        return reply[0], reply[1], [_text(i) for i in reply[2:]]
+
+    async def delete_task(self, queue: str, task_id: str) -> str:
+        """The state the deleted task was in; 'running' (refused) or '' (no such task)."""
+        k = self.keys(queue)
+        return _text(await self._script("delete", _delete_keys(k), (0, "id", task_id)))
+
+    async def purge_step(self, queue: str, state: str, batch: int) -> tuple[int, int]:
+        """Delete up to `batch` tasks of a state: (deleted, left)."""
+        k = self.keys(queue)
+        deleted, left = await self._script("delete", _delete_keys(k), (0, state, batch))
+        return deleted, left
+
+    async def tally(self, counts: Mapping[str, Mapping[str, int]], ttl: float) -> None:
+        """Add {queue: {outcome: count}} to the current minute's buckets."""
+        calls = []
+        for queue, by_outcome in counts.items():
+            args: list[Any] = [0, int(ttl * 1000)]
+            for outcome, n in by_outcome.items():
+                args += (outcome, n)
+            calls.append(("tally", (self.keys(queue).stats,), args))
+        if calls:
+            await self._scripts(calls)
+
+    async def outcome_counts(self, queues: Sequence[str], minutes: int,
+                             outcomes: Sequence[str]
+                             ) -> dict[str, tuple[int, list[list[int]]]]:
+        """{queue: (Redis clock in ms, per minute, the current one first: the count of each
+        outcome)}."""
+        calls = [("throughput", (self.keys(q).stats,), (0, minutes, *outcomes)) for q in queues]
+        replies = await self._scripts(calls) if calls else []
+        n = len(outcomes)
+        return {q: (r[0], [r[i:i + n] for i in range(1, len(r), n)])
+                for q, r in zip(queues, replies)}
+
+    async def namespaces(self, seconds: float = NAMESPACE_SCAN_SECONDS) -> list[str]:
+        """Namespaces with a queue registry (`<ns>:queues`), from a SCAN given at most
+        `seconds` (a Redis with millions of keys answers with what was seen by then)."""
+        found: set[str] = set()
+
+        async def scan() -> None:
+            async for key in self.redis.scan_iter(match="*:queues", count=1000, _type="set"):
+                found.add(_text(key)[:-len(":queues")])
+
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._guard("namespaces", scan()), seconds)
+        return sorted(found)
+
+
+def _delete_keys(k: Any) -> tuple[str, ...]:
+    return (k.pending, k.scheduled, k.retry, k.dead, k.completed, k.active)
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _number(raw: bytes | int | None) -> int | None:
+    """A stored number, or None when absent or not a number (junk written by hand)."""
+    if raw in (None, b"", ""):
+        return None
+    try:
+        return int(float(raw))  # scores come back as '1.7e12'-style text
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,65 @@
+-- prelude: task_key, notify_done
+-- Delete tasks with everything kept for them (data, progress, unique lock): one task by id
+-- in any state but running (obsq delete), or a batch of one state's tasks (obsq purge,
+-- repeated by the caller until the state is empty).
+-- KEYS: pending, scheduled, retry, dead, completed, active
+-- ARGV: now, 'id' or the state to purge, the id or the batch size
+-- Returns for an id: the state it was in, 'running' (refused) or '' (no such task);
+-- for a state: {deleted, left}.
+local sets = {pending = KEYS[1], scheduled = KEYS[2], retry = KEYS[3], dead = KEYS[4],
+              completed = KEYS[5]}
+
+local function forget(id)
+  local key = task_key(id)
+  local digest = redis.call('HGET', key, 'uniq')
+  if digest then
+    local lock = prefix .. 'unique:' .. digest
+    if redis.call('GET', lock) == id then
+      redis.call('DEL', lock)
+    end
+  end
+  notify_done(id, 'dead', 'deleted by an operator')  -- clients waiting in result()
+  redis.call('DEL', key, prefix .. 'progress:' .. id)
+end
+
+if ARGV[2] == 'id' then
+  local id = ARGV[3]
+  if redis.call('HEXISTS', KEYS[6], id) == 1 then
+    return 'running'
+  end
+  local state = redis.call('HGET', task_key(id), 'state')
+  if not state then
+    return ''
+  end
+  if state == 'pending' then
+    redis.call('LREM', KEYS[1], -1, id)
+  end
+  for i = 2, 5 do
+    redis.call('ZREM', KEYS[i], id)
+  end
+  forget(id)
+  return state
+end
+
+local key = sets[ARGV[2]]
+local batch = tonumber(ARGV[3])
+local ids
+if key == KEYS[1] then
+  ids = redis.call('RPOP', key, batch) or {}
+else
+  ids = {}
+  local popped = redis.call('ZPOPMIN', key, batch)
+  for i = 1, #popped, 2 do
+    ids[#ids + 1] = popped[i]
+  end
+end
+for _, id in ipairs(ids) do
+  forget(id)
+end
+local left
+if key == KEYS[1] then
+  left = redis.call('LLEN', key)
+else
+  left = redis.call('ZCARD', key)
+end
+return {#ids, left}

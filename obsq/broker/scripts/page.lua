@@ -1,0 +1,83 @@
+-- prelude: task_key
+-- One page of the tasks of a queue in one state, for the Inspector. Bounded whatever the
+-- size of the state: it reads a window by rank (LRANGE/ZRANGE) and looks at no more than
+-- ARGV[6] ids, so a page of a queue of millions costs what a page of ten does.
+-- KEYS: the state's list (pending) or sorted set
+-- ARGV: now, order ('list': oldest first from the right end of pending; 'asc'; 'desc'),
+--       offset, limit, type ('' any; ending in ':' or '.' a prefix), scan cap
+-- Returns {total, next offset or -1, then per task: id, score, type, retried, enq, due,
+-- done, error head, payload head, owner ("<fence>:<worker>" while it runs, else '')}.
+local order, offset, limit, want, cap = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]),
+    ARGV[5], tonumber(ARGV[6])
+local total
+if order == 'list' then
+  total = redis.call('LLEN', KEYS[1])
+else
+  total = redis.call('ZCARD', KEYS[1])
+end
+local last = string.sub(want, -1)
+local is_prefix = last == ':' or last == '.'
+local function matches(task_type)
+  if want == '' then
+    return true
+  end
+  if not task_type then
+    return false
+  end
+  if is_prefix then
+    return string.sub(task_type, 1, #want) == want
+  end
+  return task_type == want
+end
+
+local function window(start, n)
+  local ids, scores = {}, {}
+  if order == 'list' then
+    local raw = redis.call('LRANGE', KEYS[1], -(start + n), -(start + 1))
+    for i = #raw, 1, -1 do
+      ids[#ids + 1] = raw[i]
+      scores[#scores + 1] = ''
+    end
+    return ids, scores
+  end
+  local command = order == 'asc' and 'ZRANGE' or 'ZREVRANGE'
+  local raw = redis.call(command, KEYS[1], start, start + n - 1, 'WITHSCORES')
+  for i = 1, #raw, 2 do
+    ids[#ids + 1] = raw[i]
+    scores[#scores + 1] = raw[i + 1]
+  end
+  return ids, scores
+end
+
+local out = {total, -1}
+local active = prefix .. 'active'
+local pos, found, scanned = offset, 0, 0
+local chunk = want == '' and limit or 200
+while found < limit and pos < total and scanned < cap do
+  local ids, scores = window(pos, math.min(chunk, cap - scanned))
+  if #ids == 0 then
+    break
+  end
+  for i, id in ipairs(ids) do
+    pos = pos + 1
+    scanned = scanned + 1
+    local f = redis.call('HMGET', task_key(id), 'type', 'retried', 'enq', 'due', 'done', 'error',
+                         'payload')
+    if matches(f[1]) then
+      found = found + 1
+      local owner = redis.call('HGET', active, id) or ''
+      local row = {id, scores[i], f[1] or '', f[2] or '', f[3] or '', f[4] or '', f[5] or '',
+                   string.sub(f[6] or '', 1, 300), string.sub(f[7] or '', 1, 300), owner}
+      for _, v in ipairs(row) do
+        out[#out + 1] = v
+      end
+      if found == limit then
+        break
+      end
+    end
+  end
+end
+if pos < total then
+  out[2] = pos
+end
+return out

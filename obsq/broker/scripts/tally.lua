@@ -1,0 +1,12 @@
+-- prelude: now_ms
+-- Count attempt outcomes of one queue in per-minute buckets (a hash per minute, kept a
+-- little over an hour), on the server's clock so every worker fills the same bucket. The
+-- Inspector sums them into throughput and failure counts (see throughput.lua).
+-- KEYS: the queue's stats key; the buckets are "<stats key>:<minute number>"
+-- ARGV: now, ttl_ms, then per outcome: name, count
+local key = KEYS[1] .. ':' .. math.floor(now_ms() / 60000)
+for i = 3, #ARGV, 2 do
+  redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1])
+end
+redis.call('PEXPIRE', key, ARGV[2])
+return 1

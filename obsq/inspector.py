@@ -1,0 +1,333 @@
+"""The operator's view of a namespace: what the queues hold, what each task was given and
+why it failed, which workers run, and the repairs. The CLI (`obsq stats|queues|tasks|...`)
+and the web console (`obsq ui`) are both built on it.
+
+Every read is bounded, whatever the size of a queue: a page of tasks is a window by rank,
+a type filter looks at a bounded number of tasks, and repairs of a whole state (requeue,
+purge) run in steps of STEP tasks, each one short script.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from obsq.broker import TASK_STATES, Broker
+from obsq.broker.inspection import PURGEABLE, REVIVABLE
+from obsq.client import DEFAULT_REDIS_URL, _info_from_fields
+from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound, TaskRunning
+from obsq.task import TaskInfo, decode_stored_json, timestamp_to_datetime, validate_name
+
+STEP = 1000  # tasks per script call of a requeue or purge: bounds how long one holds Redis
+MAX_PAGE = 500
+TYPE_SCAN_CAP = 10_000  # tasks a type filter looks at for one page
+COUNTED_OUTCOMES = ("success", "retry", "dead")  # handler runs; retry and dead are failures
+
+
+@dataclass
+class Rate:
+    """Handler runs that finished in a window, and how many of them failed."""
+
+    processed: int = 0
+    failed: int = 0
+
+
+@dataclass
+class QueueInfo:
+    name: str
+    depth: dict[str, int]
+    latency: float  # seconds the oldest pending task has waited
+    paused: bool
+    last_minute: Rate
+    last_hour: Rate
+    per_minute: list[Rate] = field(default_factory=list)  # the last hour, oldest first
+
+    @property
+    def size(self) -> int:
+        return sum(self.depth.values())
+
+
+@dataclass
+class TaskSummary:
+    """A row of a page: enough to pick a task out of a list."""
+
+    id: str
+    queue: str
+    state: str
+    type: str
+    retry_count: int
+    enqueued_at: datetime | None
+    due_at: datetime | None
+    finished_at: datetime | None
+    error: str  # its first few hundred characters
+    payload: str  # the first few hundred bytes of its JSON
+    worker: str | None  # the worker running it, while active
+
+
+@dataclass
+class TaskPage:
+    queue: str
+    state: str
+    tasks: list[TaskSummary]
+    total: int  # tasks in the state, whatever the type filter
+    offset: int
+    limit: int
+    next_offset: int | None  # None on the last page
+    type: str | None = None
+
+
+@dataclass
+class TaskDetail(TaskInfo):
+    """Everything kept for a task: its TaskInfo and what only an operator needs."""
+
+    options: dict[str, Any] = field(default_factory=dict)
+    traceback: str | None = None
+    due_at: datetime | None = None
+    recoveries: int = 0  # times it was taken back from a lost worker
+    unique_key: str | None = None
+    worker: str | None = None  # the worker running it now
+    fence: int | None = None  # the fencing token of the running attempt
+    lease_expires_at: datetime | None = None
+
+
+@dataclass
+class WorkerInfo:
+    id: str
+    host: str
+    pid: int
+    queues: dict[str, int]
+    concurrency: int
+    busy: int
+    processed: int
+    started_at: datetime | None
+    last_heartbeat: datetime | None
+    version: str
+    draining: bool
+
+
+@dataclass
+class Requeued:
+    queue: str
+    state: str
+    moved: int
+    left: int  # still in the state afterwards (arrived while it ran, or not asked for)
+    missing: list[str] = field(default_factory=list)  # ids asked for that were not there
+
+
+class Inspector:
+    """Read and repair the queues of one namespace. All methods are coroutines."""
+
+    def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str = "obsq", *,
+                 broker: Broker | None = None) -> None:
+        self.namespace = validate_name("namespace", namespace)
+        self.broker = broker or Broker(redis_url, namespace)
+
+    async def check(self) -> str:
+        """Fail with one ConfigurationError for a wrong URL, password or Redis version."""
+        return await self.broker.check()
+
+    # -- reading --------------------------------------------------------------------------
+
+    async def queue_names(self) -> list[str]:
+        return await self.broker.queues()
+
+    async def queues(self, names: Sequence[str] | None = None) -> list[QueueInfo]:
+        """Depth per state, latency, pause flag, throughput and failures of each queue (of
+        every queue of the namespace when `names` is None)."""
+        names = list(await self.broker.queues() if names is None else names)
+        if not names:
+            return []
+        stats = await self.broker.queue_stats(names)
+        counts = await self.broker.outcome_counts(names, 61, COUNTED_OUTCOMES)
+        return [QueueInfo(q, stats[q].depth, stats[q].latency, stats[q].paused,
+                          *_rates(*counts[q])) for q in names]
+
+    async def queue(self, name: str) -> QueueInfo:
+        await self._known(name)
+        return (await self.queues([name]))[0]
+
+    async def tasks(self, queue: str, state: str, limit: int = 20, offset: int = 0,
+                    type: str | None = None) -> TaskPage:
+        """One page of a state, in the order things happen: pending oldest first, scheduled
+        and retry soonest due first, active by lease, dead and completed newest first.
+        With `type` (exact, or a prefix ending in ':' or '.'), a page looks at no more
+        than TYPE_SCAN_CAP tasks; `next_offset` goes on from there."""
+        if state not in TASK_STATES:
+            raise ValueError(f"state must be one of {', '.join(TASK_STATES)}, got {state!r}")
+        if not 1 <= limit <= MAX_PAGE or offset < 0:
+            raise ValueError(f"limit must be 1 to {MAX_PAGE} and offset not negative")
+        await self._known(queue)
+        total, next_offset, rows = await self.broker.task_page(
+            queue, state, offset, limit, type or "", TYPE_SCAN_CAP)
+        tasks = []
+        for (task_id, score, task_type, retried, enq, due, done, error, payload,
+             owner) in rows:
+            tasks.append(TaskSummary(
+                id=task_id, queue=queue, state=state, type=task_type, retry_count=retried,
+                enqueued_at=timestamp_to_datetime(enq),
+                due_at=timestamp_to_datetime(score if state in ("scheduled", "retry")
+                                             else due),
+                finished_at=timestamp_to_datetime(done), error=error,
+                payload=payload.decode(errors="replace"),
+                worker=owner.partition(":")[2] or None))
+        return TaskPage(queue, state, tasks, total, offset, limit, next_offset, type or None)
+
+    async def task(self, task_id: str, queue: str | None = None) -> TaskDetail:
+        """Everything about one task; raises TaskNotFound."""
+        queue = queue or await self.broker.find_queue(task_id)
+        if queue is not None:
+            fields, progress, owner, lease = await self.broker.task_record(queue, task_id)
+            if fields:
+                return _detail(task_id, queue, fields, progress, owner, lease)
+        raise TaskNotFound(f"no task {task_id!r} in namespace {self.namespace!r} (tasks "
+                           "without retention are removed when they complete)")
+
+    async def workers(self) -> list[WorkerInfo]:
+        """The live workers, as their heartbeats describe them."""
+        workers = []
+        for d, beat in await self.broker.worker_records():
+            started = d.get("started") or 0
+            workers.append(WorkerInfo(
+                id=d.get("id", "?"), host=d.get("host", "?"), pid=int(d.get("pid", 0)),
+                queues=dict(d.get("queues") or {}), concurrency=int(d.get("concurrency", 0)),
+                busy=int(d.get("busy", 0)), processed=int(d.get("processed") or 0),
+                started_at=datetime.fromtimestamp(started, tz=timezone.utc) if started
+                else None, last_heartbeat=timestamp_to_datetime(beat),
+                version=str(d.get("version", "")), draining=bool(d.get("draining"))))
+        return sorted(workers, key=lambda w: w.id)
+
+    async def namespaces(self) -> list[str]:
+        """The namespaces that hold queues on this Redis (a SCAN bounded in time)."""
+        return await self.broker.namespaces()
+
+    # -- repairing ------------------------------------------------------------------------
+
+    async def requeue(self, queue: str, state: str = "dead",
+                      ids: Sequence[str] | None = None) -> Requeued:
+        """Move tasks of the dead, retry or scheduled state to pending now: the given ids,
+        or every task that was in the state when the call began (in steps of STEP)."""
+        if state not in REVIVABLE:
+            raise ValueError(f"only {', '.join(REVIVABLE)} tasks can be requeued, not {state}")
+        await self._known(queue)
+        if ids:
+            moved, left, missing = 0, 0, []
+            for start in range(0, len(ids), STEP):
+                m, left, gone = await self.broker.revive(queue, state, ids[start:start + STEP])
+                moved += m
+                missing += gone
+            return Requeued(queue, state, moved, left, missing)
+        moved, left = await self._in_steps(queue, state, self.broker.revive)
+        return Requeued(queue, state, moved, left)
+
+    async def delete(self, task_id: str, queue: str | None = None) -> str:
+        """Delete a task in any state but running, with its data; returns the state it was
+        in. Raises TaskNotFound or TaskRunning."""
+        queue = queue or await self.broker.find_queue(task_id)
+        state = await self.broker.delete_task(queue, task_id) if queue else ""
+        if state == "running":
+            raise TaskRunning(f"task {task_id} is running; it can be deleted once it ends")
+        if not state:
+            raise TaskNotFound(f"no task {task_id!r} in namespace {self.namespace!r}")
+        return state
+
+    async def purge(self, queue: str, state: str) -> int:
+        """Delete every task that was in a state (not active) when the call began, in steps
+        of STEP; returns how many were deleted."""
+        if state not in PURGEABLE:
+            raise ValueError(f"only {', '.join(PURGEABLE)} tasks can be purged, not {state}")
+        await self._known(queue)
+        deleted, _ = await self._in_steps(queue, state, self.broker.purge_step)
+        return deleted
+
+    async def pause(self, queue: str) -> None:
+        """Workers stop taking tasks from the queue (running ones finish)."""
+        await self._known(queue)
+        await self.broker.set_paused(queue, True)
+
+    async def unpause(self, queue: str) -> None:
+        await self._known(queue)
+        await self.broker.set_paused(queue, False)
+
+    async def close(self) -> None:
+        await self.broker.close()
+
+    async def __aenter__(self) -> Inspector:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- helpers --------------------------------------------------------------------------
+
+    async def _known(self, queue: str) -> None:
+        try:
+            validate_name("queue", queue)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
+        if not await self.broker.queue_exists(queue):
+            raise QueueNotFound(f"no queue {queue!r} in namespace {self.namespace!r}")
+
+    async def _in_steps(self, queue: str, state: str, step: Any) -> tuple[int, int]:
+        """Run `step(queue, state, batch=n) -> (done, left, ...)` until the tasks that were
+        in the state at the start are done (tasks arriving meanwhile are left alone)."""
+        todo = (await self.broker.queue_stats([queue]))[queue].depth[state]
+        done, left = 0, todo
+        while done < todo and left:
+            n, now_left, *_ = await step(queue, state, batch=min(STEP, todo - done))
+            if not n and now_left >= left:
+                break  # nothing moved: the rest went elsewhere meanwhile
+            done, left = done + n, now_left
+        return done, left
+
+
+def _rates(now_ms: int, minutes: list[list[int]]) -> tuple[Rate, Rate, list[Rate]]:
+    """Sliding windows over per-minute buckets (the current minute first): the current
+    minute plus the part of the oldest one the window still covers."""
+    rates = [Rate(sum(m), m[1] + m[2]) for m in minutes]
+    covered = 1 - (now_ms % 60_000) / 60_000
+
+    def window(n: int) -> Rate:
+        whole, edge = rates[:n], rates[n] if n < len(rates) else Rate()
+        return Rate(round(sum(r.processed for r in whole) + edge.processed * covered),
+                    round(sum(r.failed for r in whole) + edge.failed * covered))
+
+    return window(1), window(60), list(reversed(rates[:60]))
+
+
+def _detail(task_id: str, queue: str, f: dict[bytes, bytes], progress: bytes | None,
+            owner: str, lease_ms: int | None) -> TaskDetail:
+    info = _info_from_fields(task_id, queue, f, progress)
+    fence, _, worker = owner.partition(":")
+    options = decode_stored_json(f.get(b"opts"))
+    traceback = f.get(b"tb")
+    detail = TaskDetail(
+        **{name.name: getattr(info, name.name) for name in dataclasses.fields(TaskInfo)},
+        options=options if isinstance(options, dict) else {},
+        traceback=traceback.decode(errors="replace") if traceback else None,
+        due_at=timestamp_to_datetime(f.get(b"due")), recoveries=int(f.get(b"recov") or 0),
+        unique_key=f[b"uniq"].decode() if f.get(b"uniq") else None)
+    if worker:  # an attempt runs: the hash still says where the task came from
+        detail.state, detail.next_run_at = "active", None
+        detail.worker, detail.fence = worker, int(fence)
+        detail.lease_expires_at = timestamp_to_datetime(lease_ms)
+    return detail
+
+
+def as_data(value: Any) -> Any:
+    """Inspector results as plain JSON-ready data (datetimes in ISO 8601, UTC)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: as_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: as_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_data(v) for v in value]
+    return value
+
+
+__all__ = ["Inspector", "QueueInfo", "Rate", "Requeued", "TaskDetail", "TaskPage",
+           "TaskSummary", "WorkerInfo", "as_data"]
