@@ -65,6 +65,12 @@ async def wait_until(condition: Callable[[], Any], timeout: float = 10.0,
         await asyncio.sleep(interval)
 
 
+def redis_now_ms(raw_redis: Any) -> int:
+    """Redis's clock, which decides every due time and lease (a sync redis-py client)."""
+    seconds, micros = raw_redis.time()
+    return seconds * 1000 + micros // 1000
+
+
 async def depth(broker: Any, queue: str = "default") -> dict[str, int]:
     """Tasks of `queue` by state."""
     return (await broker.queue_stats([queue]))[queue].depth
