@@ -70,12 +70,13 @@ class Scheduler:
 
     async def run(self) -> None:
         """Enqueue due entries until stop() or SIGTERM/SIGINT."""
-        await self.client.broker.check()
-        remove_signals = on_stop_signals(lambda sig: self.stop())
-        log.info("scheduler started with %d periodic task(s)", len(self.app.periodic_tasks))
-        self.started_at = time.time()
-        self.loop.start()
+        remove_signals = on_stop_signals(lambda sig: self.stop())  # first: none is missed
         try:
+            await self.client.broker.check()
+            log.info("scheduler started with %d periodic task(s)",
+                     len(self.app.periodic_tasks))
+            self.started_at = time.time()
+            self.loop.start()
             await self._stopped.wait()
         finally:
             remove_signals()
@@ -86,12 +87,16 @@ class Scheduler:
     def stop(self) -> None:
         self._stopped.set()
 
-    def redis_ok(self) -> bool:
-        """Whether its last look at Redis succeeded (readiness)."""
-        return self.loop.failures == 0
+    def ready(self) -> str | None:
+        """None when it serves (started, and its last look at Redis succeeded), else why
+        not: what readiness reports."""
+        if not self.started_at:
+            return "the scheduler is starting"
+        return None if self.loop.failures == 0 else "Redis is unreachable"
 
     def describe(self) -> dict[str, Any]:
         return {"scheduler": self.loop.owner, "version": __version__,
                 "namespace": self.client.namespace,
-                "periodic_tasks": len(self.app.periodic_tasks), "redis_ok": self.redis_ok(),
+                "periodic_tasks": len(self.app.periodic_tasks),
+                "redis_ok": self.loop.failures == 0,
                 "uptime": round(time.time() - self.started_at, 3) if self.started_at else 0.0}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import time
 from collections.abc import Callable
@@ -49,19 +50,26 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
-async def wait_until(condition: Callable[[], Any], timeout: float = 10.0,
-                     interval: float = 0.02) -> Any:
-    """Poll `condition` (sync or async) until it is truthy; fail after `timeout`."""
+async def wait_until(condition: Callable[[], Any], timeout: float = 15.0,
+                     interval: float = 0.02, what: str = "condition") -> Any:
+    """Poll `condition` (sync, or returning an awaitable) until it gives something truthy,
+    and return that; an AssertionError it raises counts as not yet. Fail after `timeout`,
+    saying what was awaited and the last value seen."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    last: Any = None
     while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
+        try:
+            last = condition()
+            if inspect.isawaitable(last):
+                last = await last
+        except AssertionError as exc:
+            last = exc
+        else:
+            if last:
+                return last
         if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
+            raise AssertionError(f"{what} not met within {timeout} s (last: {last!r})")
         await asyncio.sleep(interval)
 
 

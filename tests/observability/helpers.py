@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from support import missing_tool  # noqa: F401 - re-exported for these tests
+from support import missing_tool, wait_until  # noqa: F401 - missing_tool re-exported
 
 from obsq.redis_server import free_port
 
@@ -54,15 +54,16 @@ def probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
     return status, json.loads(body)
 
 
-async def wait_ready(port: int, timeout: float = 20) -> tuple[int, dict[str, Any]]:
-    """The first answer of /readyz from a process that is starting (polled until it
-    listens)."""
-    async def ready() -> tuple[int, dict[str, Any]] | None:
+async def wait_ready(port: int, timeout: float = 20) -> dict[str, Any]:
+    """The body of /readyz once a starting process answers it with 200 (while it starts
+    it may not listen yet, or answer 503 "starting")."""
+    async def ready() -> dict[str, Any] | None:
         try:
-            return await asyncio.to_thread(probe, port, "/readyz")
+            status, body = await asyncio.to_thread(probe, port, "/readyz")
         except OSError:  # not listening yet
             return None
-    return await eventually(ready, timeout=timeout, what=f"readyz on port {port}")
+        return body if status == 200 else None
+    return await wait_until(ready, timeout=timeout, what=f"readyz on port {port}")
 
 
 def scrape(port: int, *, openmetrics: bool = False) -> str:
@@ -91,26 +92,6 @@ def pick(samples: Samples, name: str, **labels: str) -> dict[tuple[tuple[str, st
 def value(samples: Samples, name: str, **labels: str) -> float:
     """The one sample of `name` with exactly these labels; 0 when absent."""
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-async def eventually(condition: Callable[[], Any], timeout: float = 15.0,
-                     interval: float = 0.05, what: str = "condition") -> Any:
-    """Poll `condition` (sync, run in a thread, or async) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = condition()
-            if asyncio.iscoroutine(last):
-                last = await last
-        except AssertionError as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout} s (last: {last!r})")
-        await asyncio.sleep(interval)
 
 
 # -- subprocesses -----------------------------------------------------------------------------
@@ -231,7 +212,7 @@ class PrometheusServer:
             result = self.query(expr)
             return check(result)
 
-        await eventually(lambda: asyncio.to_thread(ready), timeout=timeout, interval=0.5,
+        await wait_until(lambda: asyncio.to_thread(ready), timeout=timeout, interval=0.5,
                          what=f"Prometheus query {expr}")
         return result
 

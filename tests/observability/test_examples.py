@@ -12,8 +12,9 @@ import sys
 import httpx
 import pytest
 from opentelemetry.trace import SpanKind
+from support import wait_until
 
-from .helpers import ROOT, eventually, obsq_env, start_obsq, stop_process
+from .helpers import ROOT, obsq_env, start_obsq, stop_process
 
 
 async def test_worker_and_producer(redis_url, namespace, tmp_path):
@@ -64,7 +65,7 @@ async def test_web_request_enqueue_and_task_make_one_trace(examples, spans, star
         async def done():
             state = (await http.get(f"/tasks/{task_id}")).json()
             return state["state"] == "completed" and state
-        state = await eventually(done, timeout=20, what="the report task completed")
+        state = await wait_until(done, timeout=20, what="the report task completed")
         assert state["result"] == {"report": "monthly", "month": "2026-11", "rows": 42}
         assert (await http.get("/tasks/nope")).status_code == 404
     await webapp.client.close()

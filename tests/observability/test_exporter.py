@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+from support import wait_until
+
 import obsq
 from obsq.redis_server import free_port
 
 from .helpers import (
-    eventually,
     obsq_env,
     parse,
     pick,
@@ -31,7 +32,7 @@ async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
                           obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace),
                           tmp_path, tmp_path / "exporter.log")
     try:
-        assert await wait_ready(port) == (200, {"status": "ok"})
+        assert await wait_ready(port) == {"status": "ok"}
         assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
         s = parse(await asyncio.to_thread(scrape, port))
         assert value(s, "obsq_queue_depth", queue="alpha", state="pending") == 1
@@ -45,7 +46,7 @@ async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
                                            "obsq_queue_paused", "obsq_workers"}
 
         await client.enqueue("c", {}, queue="gamma")  # a new queue shows up
-        await eventually(lambda: asyncio.to_thread(lambda: value(
+        await wait_until(lambda: asyncio.to_thread(lambda: value(
             parse(scrape(port)), "obsq_queue_depth", queue="gamma", state="pending") == 1))
     finally:
         await client.close()
@@ -66,7 +67,7 @@ async def test_exporter_takes_its_settings_from_the_chart_environment(redis_url,
                                    OBSQ_LOG_LEVEL="INFO"),
                           tmp_path, tmp_path / "exporter.log")
     try:
-        assert await wait_ready(port) == (200, {"status": "ok"})
+        assert await wait_ready(port) == {"status": "ok"}
         assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
         s = parse(await asyncio.to_thread(scrape, port))
         assert value(s, "obsq_queue_depth", queue="alpha", state="pending") == 1

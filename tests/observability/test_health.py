@@ -7,11 +7,13 @@ import asyncio
 import threading
 import time
 
+from support import wait_until
+
 import obsq
 from obsq.broker import Broker
 from obsq.observability.collector import QueueCollector
 
-from .helpers import eventually, http_get, parse, probe, scrape, value
+from .helpers import http_get, parse, probe, scrape, value
 
 
 async def test_readiness_follows_redis_down_and_back(app, private_redis, namespace,
@@ -22,7 +24,7 @@ async def test_readiness_follows_redis_down_and_back(app, private_redis, namespa
     assert (await asyncio.to_thread(probe, port, "/healthz"))[0] == 200
 
     private_redis.stop()
-    _, body = await eventually(
+    _, body = await wait_until(
         lambda: asyncio.to_thread(lambda: (r := probe(port, "/readyz"))[0] == 503 and r),
         timeout=10, what="readyz 503")
     assert body == {"status": "unavailable", "reason": "Redis is unreachable"}
@@ -32,7 +34,7 @@ async def test_readiness_follows_redis_down_and_back(app, private_redis, namespa
     assert value(errors, "obsq_redis_errors_total", operation="heartbeat") >= 1
 
     private_redis.start()
-    await eventually(lambda: asyncio.to_thread(lambda: probe(port, "/readyz")[0] == 200),
+    await wait_until(lambda: asyncio.to_thread(lambda: probe(port, "/readyz")[0] == 200),
                      timeout=15, what="readyz 200 again")
     assert (await asyncio.to_thread(probe, port, "/healthz"))[0] == 200
 
@@ -60,7 +62,7 @@ async def test_liveness_fails_while_a_handler_blocks_the_event_loop(app, redis_u
     try:
         await client.enqueue("careless")
         await asyncio.sleep(0.5)  # the handler has run and blocked the loop for 3 s by now
-        await eventually(lambda: any(s == 503 for _, s, _ in seen) and seen[-1][1] == 200,
+        await wait_until(lambda: any(s == 503 for _, s, _ in seen) and seen[-1][1] == 200,
                          timeout=15, what="503 then 200")
     finally:
         stop.set()

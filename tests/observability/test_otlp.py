@@ -11,8 +11,9 @@ import sys
 import textwrap
 
 import pytest
+from support import wait_until
 
-from .helpers import ROOT, eventually, obsq_env, otel_env, start_obsq, stop_process
+from .helpers import ROOT, obsq_env, otel_env, start_obsq, stop_process
 
 APP = """
 import os
@@ -74,7 +75,7 @@ async def test_one_trace_across_processes(protocol, otlp_receiver, redis_url, na
             env=obsq_env(**base, **otel_env(receiver, "test-producer")), capture_output=True)
         assert produced.returncode == 0, produced.stderr.decode()
         ids = json.loads(produced.stdout)
-        await eventually(lambda: len(receiver.named("process ")) == 3, timeout=30,
+        await wait_until(lambda: len(receiver.named("process ")) == 3, timeout=30,
                          what="3 process spans")
     finally:
         code = await asyncio.to_thread(stop_process, worker)

@@ -7,10 +7,11 @@ import textwrap
 from pathlib import Path
 
 import redis
+from support import wait_until
 
 from obsq.redis_server import free_port
 
-from .helpers import eventually, obsq_env, probe, start_obsq, stop_process, wait_ready
+from .helpers import obsq_env, probe, start_obsq, stop_process, wait_ready
 
 
 def write_app(folder: Path, namespace: str) -> None:
@@ -29,7 +30,7 @@ async def test_scheduler_probes_follow_redis(private_redis, namespace, tmp_path)
     scheduler = start_obsq(["scheduler", "schedapp:app", "--http-port", str(port)],
                            obsq_env(OBSQ_REDIS_URL=private_redis.url), tmp_path, log)
     try:
-        assert await wait_ready(port) == (200, {"status": "ok"})
+        assert await wait_ready(port) == {"status": "ok"}
         assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
         status, body = await asyncio.to_thread(probe, port, "/")
         assert status == 200 and body["namespace"] == namespace
@@ -37,14 +38,14 @@ async def test_scheduler_probes_follow_redis(private_redis, namespace, tmp_path)
         # it schedules as before
         r = redis.Redis.from_url(private_redis.url)
         try:
-            await eventually(lambda: asyncio.to_thread(
+            await wait_until(lambda: asyncio.to_thread(
                 lambda: any(r.scan_iter(match=f"{namespace}:*periodic-*"))), timeout=10,
                 what="a periodic task enqueued")
         finally:
             r.close()
 
         private_redis.stop()
-        _, body = await eventually(
+        _, body = await wait_until(
             lambda: asyncio.to_thread(lambda: (p := probe(port, "/readyz"))[0] == 503 and p),
             timeout=15, what="readyz 503")
         assert body == {"status": "unavailable", "reason": "Redis is unreachable"}
@@ -52,7 +53,7 @@ async def test_scheduler_probes_follow_redis(private_redis, namespace, tmp_path)
         assert (await asyncio.to_thread(probe, port, "/healthz"))[0] == 200
 
         private_redis.start()
-        await eventually(lambda: asyncio.to_thread(lambda: probe(port, "/readyz")[0] == 200),
+        await wait_until(lambda: asyncio.to_thread(lambda: probe(port, "/readyz")[0] == 200),
                          timeout=15, what="readyz 200 again")
     finally:
         code = await asyncio.to_thread(stop_process, scheduler)
@@ -67,7 +68,7 @@ async def test_scheduler_port_from_the_environment_and_off(redis_url, namespace,
                            obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_HTTP_PORT=str(port)),
                            tmp_path, log)
     try:
-        assert await wait_ready(port) == (200, {"status": "ok"})
+        assert await wait_ready(port) == {"status": "ok"}
     finally:
         assert await asyncio.to_thread(stop_process, scheduler) == 0, log.read_text()
 
@@ -75,9 +76,9 @@ async def test_scheduler_port_from_the_environment_and_off(redis_url, namespace,
                      obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_HTTP_PORT=str(port)),
                      tmp_path, log)
     try:
-        await eventually(lambda: "scheduler started" in log.read_text().split(
+        await wait_until(lambda: "scheduler started" in log.read_text().split(
             "scheduler stopped")[-1], timeout=20, what="second scheduler started")
-        assert ", http on" not in log.read_text().split("scheduler stopped")[-1]
+        assert "metrics and probes on" not in log.read_text().split("scheduler stopped")[-1]
     finally:
         assert await asyncio.to_thread(stop_process, off) == 0, log.read_text()
 
@@ -97,7 +98,7 @@ async def test_scheduler_takes_its_namespace_from_the_environment(redis_url, nam
                                     OBSQ_HTTP_PORT="-1"), tmp_path, log)
     r = redis.Redis.from_url(redis_url)
     try:
-        await eventually(lambda: asyncio.to_thread(
+        await wait_until(lambda: asyncio.to_thread(
             lambda: any(r.scan_iter(match=f"{namespace}:*periodic-*"))), timeout=15,
             what="a periodic task enqueued in the namespace of OBSQ_NAMESPACE")
     finally:
