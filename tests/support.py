@@ -1,16 +1,21 @@
-"""Helpers for test modules (fixtures are in conftest.py)."""
+"""Helpers for test modules (fixtures are in conftest.py): waiting, the short intervals of
+test workers, `obsq` subprocesses, and a few reads of Redis."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 IN_CI = bool(os.environ.get("CI"))
 # What the workers of the tests run with: a worker is known lost within seconds, and every
 # sweep comes round several times a second (the defaults are for production).
@@ -82,3 +87,66 @@ def redis_now_ms(raw_redis: Any) -> int:
 async def depth(broker: Any, queue: str = "default") -> dict[str, int]:
     """Tasks of `queue` by state."""
     return (await broker.queue_stats([queue]))[queue].depth
+
+
+def obsq_env(**extra: str) -> dict[str, str]:
+    """The environment of an `obsq` subprocess that imports this checkout: the caller's,
+    without its OBSQ_, OTEL_ and multiprocess-metrics variables, and with `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OBSQ_", "OTEL_", "PROMETHEUS_MULTIPROC"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def stop_process(process: subprocess.Popen[Any], timeout: float = 30) -> int:
+    """SIGTERM, then the exit status (killed after `timeout`)."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
+class ObsqProcess:
+    """One `python -m obsq ARGS` subprocess, its output in a log file (print `log()` when a
+    test fails). `stop()` is a graceful SIGTERM; `close()` kills what is left."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | str,
+                 log_path: Path) -> None:
+        self.log_path = Path(log_path)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in close()
+        self.process = subprocess.Popen([sys.executable, "-m", "obsq", *args], cwd=cwd,
+                                        env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+                                        stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def signal(self, sig: int) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+
+    def wait(self, timeout: float = 30) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> int:
+        return stop_process(self.process, timeout)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self._log.close()

@@ -9,7 +9,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -18,12 +17,10 @@ from pathlib import Path
 import pytest
 import redis
 from redis.cluster import RedisCluster
-from support import short_interval_env
+from support import ROOT, ObsqProcess, short_interval_env
 
 from obsq.broker import Broker
 from obsq.redis_server import free_port
-
-from .helpers import WorkerProcess
 
 
 @pytest.fixture
@@ -35,21 +32,21 @@ async def broker(redis_url: str, namespace: str) -> AsyncIterator[Broker]:
 
 @pytest.fixture
 def spawn_worker(redis_url: str, namespace: str, tmp_path: Path
-                 ) -> Iterator[Callable[..., WorkerProcess]]:
+                 ) -> Iterator[Callable[..., ObsqProcess]]:
     """`spawn_worker("--lease-seconds", "60")`: a worker subprocess serving
     tests.engine.apps:app on the test's namespace, killed at the end of the test."""
-    started: list[WorkerProcess] = []
+    started: list[ObsqProcess] = []
 
-    def spawn(*extra: str, concurrency: int = 4) -> WorkerProcess:
+    def spawn(*extra: str, concurrency: int = 4) -> ObsqProcess:
         env = {**os.environ, "OBSQ_ENGINE_RECORD_URL": redis_url,
                "OBSQ_ENGINE_RECORD_PREFIX": namespace, "PYTHONUNBUFFERED": "1"}
         env = {k: v for k, v in env.items() if not k.startswith("OBSQ_") or
                k.startswith("OBSQ_ENGINE_")} | short_interval_env()
-        args = [sys.executable, "-m", "obsq", "worker", "tests.engine.apps:app",
+        args = ["worker", "tests.engine.apps:app",
                 "--redis-url", redis_url, "--namespace", namespace,
                 "--concurrency", str(concurrency), "--http-port", "0", "--no-metrics",
                 "--no-tracing", *extra]
-        worker = WorkerProcess(args, env, tmp_path / f"worker-{len(started)}.log")
+        worker = ObsqProcess(args, env, ROOT, tmp_path / f"worker-{len(started)}.log")
         started.append(worker)
         return worker
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -24,11 +22,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from support import missing_tool, wait_until  # noqa: F401 - missing_tool re-exported
+from support import ROOT, missing_tool, stop_process, wait_until  # noqa: F401 - re-exported
 
 from obsq.redis_server import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -92,35 +89,6 @@ def pick(samples: Samples, name: str, **labels: str) -> dict[tuple[tuple[str, st
 def value(samples: Samples, name: str, **labels: str) -> float:
     """The one sample of `name` with exactly these labels; 0 when absent."""
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-# -- subprocesses -----------------------------------------------------------------------------
-
-def obsq_env(**extra: str) -> dict[str, str]:
-    """The environment of an `obsq` subprocess that imports this checkout."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OBSQ_", "OTEL_", "PROMETHEUS_MULTIPROC"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
-
-
-def start_obsq(args: list[str], env: dict[str, str], cwd: Path | str,
-               log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "obsq", *args], env=env, cwd=cwd,
-                                stdout=out, stderr=subprocess.STDOUT)
-
-
-def stop_process(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return process.returncode
 
 
 # -- a real Prometheus ------------------------------------------------------------------------

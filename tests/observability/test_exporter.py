@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from support import wait_until
+from support import ObsqProcess, obsq_env, wait_until
 
 import obsq
 from obsq.redis_server import free_port
 
-from .helpers import (
-    obsq_env,
-    parse,
-    pick,
-    probe,
-    scrape,
-    start_obsq,
-    stop_process,
-    value,
-    wait_ready,
-)
+from .helpers import parse, pick, probe, scrape, value, wait_ready
 
 
 async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
@@ -28,7 +18,7 @@ async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
     await client.enqueue("b", {}, queue="beta")
     await client.enqueue("b", {}, queue="beta", delay=600)
     port = free_port()
-    exporter = start_obsq(["exporter", "--http-port", str(port)],
+    exporter = ObsqProcess(["exporter", "--http-port", str(port)],
                           obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace),
                           tmp_path, tmp_path / "exporter.log")
     try:
@@ -50,7 +40,7 @@ async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
             parse(scrape(port)), "obsq_queue_depth", queue="gamma", state="pending") == 1))
     finally:
         await client.close()
-        code = await asyncio.to_thread(stop_process, exporter)
+        code = await asyncio.to_thread(exporter.stop)
     assert code == 0, (tmp_path / "exporter.log").read_text()
 
 
@@ -61,7 +51,7 @@ async def test_exporter_takes_its_settings_from_the_chart_environment(redis_url,
     client = obsq.Client(redis_url, namespace=namespace)
     await client.enqueue("a", {}, queue="alpha")
     port = free_port()
-    exporter = start_obsq(["exporter"],
+    exporter = ObsqProcess(["exporter"],
                           obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace,
                                    OBSQ_HTTP_PORT=str(port), OBSQ_LOG_FORMAT="json",
                                    OBSQ_LOG_LEVEL="INFO"),
@@ -73,6 +63,6 @@ async def test_exporter_takes_its_settings_from_the_chart_environment(redis_url,
         assert value(s, "obsq_queue_depth", queue="alpha", state="pending") == 1
     finally:
         await client.close()
-        code = await asyncio.to_thread(stop_process, exporter)
+        code = await asyncio.to_thread(exporter.stop)
     assert code == 0, (tmp_path / "exporter.log").read_text()
     assert '"message":"exporter serving' in (tmp_path / "exporter.log").read_text()

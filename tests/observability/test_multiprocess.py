@@ -9,12 +9,12 @@ import signal
 import subprocess
 import sys
 
-from support import wait_until
+from support import ObsqProcess, obsq_env, wait_until
 
 import obsq
 from obsq.redis_server import free_port
 
-from .helpers import obsq_env, parse, probe, scrape, start_obsq, stop_process, value
+from .helpers import parse, probe, scrape, value
 
 APP = """
 import asyncio, os
@@ -33,7 +33,7 @@ async def pid(task):
 async def test_two_processes_one_endpoint(redis_url, namespace, tmp_path):
     (tmp_path / "mp_app.py").write_text(APP)
     port = free_port()
-    supervisor = start_obsq(
+    supervisor = ObsqProcess(
         ["worker", "mp_app:app", "--processes", "2", "--concurrency", "2", "--http-port",
          str(port), "--shutdown-timeout", "5"],
         obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace), tmp_path,
@@ -91,7 +91,7 @@ async def test_two_processes_one_endpoint(redis_url, namespace, tmp_path):
         assert value(await metrics(), "obsq_worker_concurrency") == 4
     finally:
         await client.close()
-        code = await asyncio.to_thread(stop_process, supervisor, 40)
+        code = await asyncio.to_thread(supervisor.stop, 40)
     log = (tmp_path / "supervisor.log").read_text()
     assert code == 0, log
     assert "exited with signal SIGKILL; restarting it" in log
@@ -119,7 +119,7 @@ async def test_a_single_worker_serving_a_multiprocess_directory_starts_it_afresh
     assert stale.returncode == 0, stale.stderr
     assert list(directory.glob("counter_*.db"))
     port = free_port()
-    worker = start_obsq(["worker", "mp_app:app", "--http-port", str(port)], env, tmp_path,
+    worker = ObsqProcess(["worker", "mp_app:app", "--http-port", str(port)], env, tmp_path,
                         tmp_path / "worker.log")
     client = obsq.Client(redis_url, namespace=namespace)
     try:
@@ -140,5 +140,5 @@ async def test_a_single_worker_serving_a_multiprocess_directory_starts_it_afresh
         assert value(s, "obsq_worker_concurrency") == 50
     finally:
         await client.close()
-        code = await asyncio.to_thread(stop_process, worker)
+        code = await asyncio.to_thread(worker.stop)
     assert code == 0, (tmp_path / "worker.log").read_text()

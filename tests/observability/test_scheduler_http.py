@@ -7,11 +7,11 @@ import textwrap
 from pathlib import Path
 
 import redis
-from support import wait_until
+from support import ObsqProcess, obsq_env, wait_until
 
 from obsq.redis_server import free_port
 
-from .helpers import obsq_env, probe, start_obsq, stop_process, wait_ready
+from .helpers import probe, wait_ready
 
 
 def write_app(folder: Path, namespace: str) -> None:
@@ -27,7 +27,7 @@ async def test_scheduler_probes_follow_redis(private_redis, namespace, tmp_path)
     write_app(tmp_path, namespace)
     port = free_port()
     log = tmp_path / "scheduler.log"
-    scheduler = start_obsq(["scheduler", "schedapp:app", "--http-port", str(port)],
+    scheduler = ObsqProcess(["scheduler", "schedapp:app", "--http-port", str(port)],
                            obsq_env(OBSQ_REDIS_URL=private_redis.url), tmp_path, log)
     try:
         assert await wait_ready(port) == {"status": "ok"}
@@ -56,7 +56,7 @@ async def test_scheduler_probes_follow_redis(private_redis, namespace, tmp_path)
         await wait_until(lambda: asyncio.to_thread(lambda: probe(port, "/readyz")[0] == 200),
                          timeout=15, what="readyz 200 again")
     finally:
-        code = await asyncio.to_thread(stop_process, scheduler)
+        code = await asyncio.to_thread(scheduler.stop)
     assert code == 0, log.read_text()
 
 
@@ -64,15 +64,15 @@ async def test_scheduler_port_from_the_environment_and_off(redis_url, namespace,
     write_app(tmp_path, namespace)
     port = free_port()
     log = tmp_path / "scheduler.log"
-    scheduler = start_obsq(["scheduler", "schedapp:app"],
+    scheduler = ObsqProcess(["scheduler", "schedapp:app"],
                            obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_HTTP_PORT=str(port)),
                            tmp_path, log)
     try:
         assert await wait_ready(port) == {"status": "ok"}
     finally:
-        assert await asyncio.to_thread(stop_process, scheduler) == 0, log.read_text()
+        assert await asyncio.to_thread(scheduler.stop) == 0, log.read_text()
 
-    off = start_obsq(["scheduler", "schedapp:app", "--http-port", "-1"],
+    off = ObsqProcess(["scheduler", "schedapp:app", "--http-port", "-1"],
                      obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_HTTP_PORT=str(port)),
                      tmp_path, log)
     try:
@@ -80,7 +80,7 @@ async def test_scheduler_port_from_the_environment_and_off(redis_url, namespace,
             "scheduler stopped")[-1], timeout=20, what="second scheduler started")
         assert "metrics and probes on" not in log.read_text().split("scheduler stopped")[-1]
     finally:
-        assert await asyncio.to_thread(stop_process, off) == 0, log.read_text()
+        assert await asyncio.to_thread(off.stop) == 0, log.read_text()
 
 
 async def test_scheduler_takes_its_namespace_from_the_environment(redis_url, namespace,
@@ -93,7 +93,7 @@ async def test_scheduler_takes_its_namespace_from_the_environment(redis_url, nam
         app.periodic("@every 1s", "tick")
     """))
     log = tmp_path / "scheduler.log"
-    scheduler = start_obsq(["scheduler", "plainapp:app"],
+    scheduler = ObsqProcess(["scheduler", "plainapp:app"],
                            obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace,
                                     OBSQ_HTTP_PORT="-1"), tmp_path, log)
     r = redis.Redis.from_url(redis_url)
@@ -103,5 +103,5 @@ async def test_scheduler_takes_its_namespace_from_the_environment(redis_url, nam
             what="a periodic task enqueued in the namespace of OBSQ_NAMESPACE")
     finally:
         r.close()
-        code = await asyncio.to_thread(stop_process, scheduler)
+        code = await asyncio.to_thread(scheduler.stop)
     assert code == 0, log.read_text()
