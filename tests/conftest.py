@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from support import SHORT_INTERVALS, missing_tool, wait_until
+from support import SHORT_INTERVALS, missing_tool, sync_redis, wait_until
 
 import obsq
 from obsq.observability import run_worker
@@ -60,11 +60,14 @@ def private_redis() -> Iterator[RedisServer]:
 def namespace(redis_url: str) -> Iterator[str]:
     ns = f"t{uuid.uuid4().hex[:10]}"
     yield ns
-    r = redis.Redis.from_url(redis_url)
+    r = sync_redis(redis_url)
     with contextlib.suppress(redis.RedisError):
         keys = list(r.scan_iter(match=f"{ns}:*", count=1000))
-        for start in range(0, len(keys), 500):
-            r.delete(*keys[start:start + 500])
+        for start in range(0, len(keys), 1000):  # one command a key: a cluster's keys
+            pipe = r.pipeline(transaction=False)  # live in different slots
+            for key in keys[start:start + 1000]:
+                pipe.unlink(key)
+            pipe.execute()
     r.close()
 
 
@@ -82,7 +85,7 @@ async def client(redis_url: str, namespace: str, app: obsq.App) -> AsyncIterator
 
 @pytest.fixture
 def raw_redis(redis_url: str) -> Iterator[redis.Redis]:
-    r = redis.Redis.from_url(redis_url)
+    r = sync_redis(redis_url)
     yield r
     r.close()
 

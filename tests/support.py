@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+from redis.cluster import RedisCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 IN_CI = bool(os.environ.get("CI"))
@@ -76,6 +78,14 @@ async def wait_until(condition: Callable[[], Any], timeout: float = 15.0,
         if loop.time() > deadline:
             raise AssertionError(f"{what} not met within {timeout} s (last: {last!r})")
         await asyncio.sleep(interval)
+
+
+def sync_redis(url: str) -> Any:
+    """A blocking redis-py client for a test's own reads: a RedisCluster for a
+    redis+cluster:// URL (the cluster tests' Redis), else a plain one."""
+    if url.startswith("redis+cluster://"):
+        return RedisCluster.from_url(url.replace("redis+cluster://", "redis://", 1))
+    return redis.Redis.from_url(url)
 
 
 def redis_now_ms(raw_redis: Any) -> int:

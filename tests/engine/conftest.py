@@ -4,23 +4,20 @@ three-node Redis Cluster for the whole session."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
 import subprocess
-import tempfile
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
-from support import ROOT, ObsqProcess, short_interval_env
+from support import ROOT, ObsqProcess, missing_tool, short_interval_env, wait_for
 
 from obsq.broker import Broker
-from obsq.redis_server import free_port
+from obsq.redis_server import RedisServer, free_port
 
 
 @pytest.fixture
@@ -60,35 +57,23 @@ def spawn_worker(redis_url: str, namespace: str, tmp_path: Path
 # -- Redis Cluster ------------------------------------------------------------------------
 
 
-def _redis_binary(name: str) -> str | None:
-    return shutil.which(name)
-
-
 @pytest.fixture(scope="session")
 def redis_cluster() -> Iterator[str]:
     """Three masters, no replicas, on free ports; yields a redis+cluster:// URL."""
-    from support import missing_tool
-
-    server, cli = _redis_binary("redis-server"), _redis_binary("redis-cli")
-    if not server or not cli:
+    cli = shutil.which("redis-cli")
+    if not shutil.which("redis-server") or not cli:
         missing_tool("redis-server and redis-cli are needed for the Redis Cluster tests")
-    directory = tempfile.TemporaryDirectory(prefix="obsq-cluster-")
     ports: list[int] = []
     while len(ports) < 3:
         port = _cluster_port()
         if not {port, port + 10000} & {q for p in ports for q in (p, p + 10000)}:
             ports.append(port)
-    processes = []
+    nodes: list[RedisServer] = []
     try:
         for port in ports:
-            processes.append(subprocess.Popen(
-                [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", directory.name, "--cluster-enabled", "yes",
-                 "--cluster-config-file", f"nodes-{port}.conf",
-                 "--cluster-node-timeout", "5000"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        for port in ports:
-            _wait_listening(port)
+            nodes.append(RedisServer(port, extra_args=(
+                "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+                "--cluster-node-timeout", "5000")).start())
         created = subprocess.run(
             [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
              "--cluster-replicas", "0", "--cluster-yes"],
@@ -96,18 +81,11 @@ def redis_cluster() -> Iterator[str]:
         if created.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed: {created.stdout}"
                                f"{created.stderr}")
-        deadline = time.monotonic() + 30
-        while not _cluster_ok(ports):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
-            time.sleep(0.05)
+        wait_for(lambda: _cluster_ok(ports), timeout=30, what="cluster_state:ok")
         yield f"redis+cluster://127.0.0.1:{ports[0]}"
     finally:
-        for process in processes:
-            process.kill()
-        for process in processes:
-            process.wait(timeout=10)
-        directory.cleanup()
+        for node in nodes:
+            node.close()
 
 
 def _cluster_port() -> int:
@@ -122,16 +100,6 @@ def _cluster_port() -> int:
             except OSError:
                 continue
         return port
-
-
-def _wait_listening(port: int) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port),
-                                                                    timeout=0.2):
-            return
-        time.sleep(0.02)
-    raise RuntimeError(f"redis-server did not listen on port {port}")
 
 
 def _cluster_ok(ports: list[int]) -> bool:
