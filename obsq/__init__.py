@@ -14,6 +14,7 @@ from obsq.errors import (
     QueueNotFound,
     Retry,
     SkipRetry,
+    TaskCancelled,
     TaskFailed,
     TaskNotFound,
     TaskRunning,
@@ -27,7 +28,7 @@ from obsq.worker import Worker
 __all__ = [
     "App", "BrokerError", "Client", "ConfigurationError", "DuplicateTask", "Inspector", "Job",
     "ObsqError", "PayloadError", "QueueNotFound", "Retry", "Route", "SkipRetry", "SyncClient",
-    "Task", "TaskFailed", "TaskInfo", "TaskMessage", "TaskNotFound", "TaskRunning",
+    "Task", "TaskCancelled", "TaskFailed", "TaskInfo", "TaskMessage", "TaskNotFound", "TaskRunning",
     "TaskTimeout", "UnknownTaskType", "Worker",
     "__version__",
 ]

@@ -49,6 +49,9 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
     requeue.add_argument("queue")
     requeue.add_argument("ids", nargs="*", help="task ids (default: all in the state)")
     requeue.add_argument("--state", default="dead", choices=REVIVABLE)
+    cancel = command("cancel", "cancel a task: it never runs, or its worker stops it", handler)
+    cancel.add_argument("id")
+    cancel.add_argument("--queue", help="its queue (default: looked up)")
     delete = command("delete", "delete a task that is not running", handler)
     delete.add_argument("id")
     delete.add_argument("--queue", help="its queue (default: looked up)")
@@ -200,6 +203,13 @@ async def requeue(inspector: Inspector, args: argparse.Namespace, out: Output) -
     print(line)
 
 
+async def cancel(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
+    state = await inspector.cancel(args.id, args.queue)
+    print({"cancelled": f"cancelled task {args.id}",
+           "running": f"task {args.id} is running: its worker is stopping it"}.get(
+               state, f"task {args.id} had ended already ({state})"))
+
+
 async def delete(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
     state = await inspector.delete(args.id, args.queue)
     print(f"deleted task {args.id} (it was {state})")
@@ -222,7 +232,8 @@ async def pause(inspector: Inspector, args: argparse.Namespace, out: Output) -> 
 
 
 HANDLERS = {"stats": stats, "queues": queues, "tasks": tasks, "task": task,
-            "workers": workers, "requeue": requeue, "delete": delete, "purge": purge,
+            "workers": workers, "requeue": requeue, "cancel": cancel, "delete": delete,
+            "purge": purge,
             "pause": pause, "unpause": pause}
 
 

@@ -36,7 +36,7 @@ RedisErrorHook = Callable[[str, BaseException], None]
 
 ThrottleHook = Callable[[str, str, str], None]
 
-OUTCOMES = ("success", "retry", "dead", "requeued", "lease_lost", "unrecorded")
+OUTCOMES = ("success", "retry", "dead", "cancelled", "requeued", "lease_lost", "unrecorded")
 RECOVERY_REASONS = ("expired", "worker_lost")
 THROTTLE_REASONS = ("concurrency", "rate", "ordering")
 CATCH_ALL = "*"

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from obsq.app import App, CallNextProducer, ProducerHook
 from obsq.broker import Broker, Enqueued
-from obsq.errors import BrokerError, DuplicateTask, TaskNotFound
+from obsq.errors import BrokerError, DuplicateTask, TaskNotFound, TaskRunning
 from obsq.results import ResultWaiter
 from obsq.settings import DEFAULT_NAMESPACE, DEFAULT_REDIS_URL, ENQUEUE_BATCH
 from obsq.task import (
@@ -28,8 +28,6 @@ from obsq.task import (
     TaskInfo,
     TaskMessage,
     build_message,
-    decode_stored_json,
-    timestamp_to_datetime,
     validate_name,
 )
 
@@ -140,7 +138,7 @@ class Client:
         if queue is not None:
             fields, progress = await self.broker.task_fields(queue, task_id)
             if fields:
-                return _info_from_fields(task_id, queue, fields, progress)
+                return TaskInfo.from_fields(task_id, queue, fields, progress)
         raise TaskNotFound(f"no task {task_id!r} (tasks without retention are removed "
                            "when they complete)")
 
@@ -154,6 +152,29 @@ class Client:
         if queue is None:
             raise TaskNotFound(f"no task {task_id!r}")
         return await self.results.wait(queue, task_id, timeout)
+
+    async def cancel(self, task_id: str, queue: str | None = None) -> str:
+        """Cancel a task. One waiting (pending, scheduled, retrying, held) never runs and
+        ends in state `cancelled`: returns "cancelled". One running is stopped by its worker
+        within moments (async handlers get asyncio.CancelledError, plain functions see
+        `task.cancelled`) and then ends cancelled: returns "running". One that ended already
+        stays as it is: returns its state. Raises TaskNotFound."""
+        queue = queue or await self.broker.find_queue(task_id)
+        state = await self.broker.cancel(queue, task_id) if queue else ""
+        if not state:
+            raise TaskNotFound(f"no task {task_id!r}")
+        return state
+
+    async def delete(self, task_id: str, queue: str | None = None) -> str:
+        """Delete a task that is not running, with all that is kept for it; returns the
+        state it was in. Raises TaskRunning (cancel it first) or TaskNotFound."""
+        queue = queue or await self.broker.find_queue(task_id)
+        state = await self.broker.delete_task(queue, task_id) if queue else ""
+        if state == "running":
+            raise TaskRunning(f"task {task_id} is running: cancel it first")
+        if not state:
+            raise TaskNotFound(f"no task {task_id!r}")
+        return state
 
     async def close(self) -> None:
         for check in list(self._checks):
@@ -178,28 +199,6 @@ def _info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
     return TaskInfo(id=status.existing_id or m.id, type=m.type, queue=m.queue,
                     state="scheduled" if m.delay > 0 else "pending", max_retry=m.max_retry,
                     headers=m.headers, duplicate=not status.created)
-
-
-def _info_from_fields(task_id: str, queue: str, f: dict[bytes, bytes],
-                      progress: bytes | None) -> TaskInfo:
-    def text(name: bytes) -> str | None:
-        value = f.get(name)
-        return value.decode(errors="replace") if value is not None else None
-
-    options = decode_stored_json(f.get(b"opts")) or {}
-    state = text(b"state") or "pending"
-    headers = decode_stored_json(f.get(b"headers"))
-    return TaskInfo(
-        id=task_id, type=text(b"type") or "", queue=queue, state=state,
-        retry_count=int(f.get(b"retried") or 0),
-        max_retry=options.get("max_retry") if isinstance(options, dict) else None,
-        error=text(b"error") or None, result=decode_stored_json(f.get(b"result")),
-        progress=decode_stored_json(progress), payload=decode_stored_json(f.get(b"payload")),
-        headers=headers if isinstance(headers, dict) else {},
-        enqueued_at=timestamp_to_datetime(f.get(b"enq")),
-        next_run_at=timestamp_to_datetime(f.get(b"due")) if state in ("scheduled",
-                                                                        "retry") else None,
-        completed_at=timestamp_to_datetime(f.get(b"done")))
 
 
 class SyncClient:
@@ -234,6 +233,12 @@ class SyncClient:
     def result(self, task_id: str | TaskInfo, timeout: float | None = None,
                queue: str | None = None) -> Any:
         return self._run(self._client.result(task_id, timeout, queue))
+
+    def cancel(self, task_id: str, queue: str | None = None) -> str:
+        return self._run(self._client.cancel(task_id, queue))
+
+    def delete(self, task_id: str, queue: str | None = None) -> str:
+        return self._run(self._client.delete(task_id, queue))
 
     def close(self) -> None:
         if self._loop.is_running():

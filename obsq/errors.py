@@ -50,6 +50,14 @@ class TaskFailed(ObsqError):
         self.error = error
 
 
+class TaskCancelled(TaskFailed):
+    """`Client.result`: the task was cancelled."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(task_id, "cancelled")
+        self.args = (f"task {task_id} was cancelled",)
+
+
 class TaskNotFound(ObsqError, LookupError):
     """No such task (never enqueued, or finished without retention and already removed)."""
 

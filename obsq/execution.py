@@ -33,7 +33,7 @@ NO_RESULT = b"null"
 class Verdict:
     """How an attempt ended, before Redis has recorded it."""
 
-    outcome: str  # success | retry | dead
+    outcome: str  # success | retry | dead | cancelled
     result: bytes = NO_RESULT
     error: BaseException | None = None
     delay: float = 0.0

@@ -17,8 +17,9 @@ from typing import Any
 
 from obsq.broker import TASK_STATES, Broker
 from obsq.broker.inspection import PURGEABLE, REVIVABLE
-from obsq.client import DEFAULT_REDIS_URL, _info_from_fields
-from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound, TaskRunning
+from obsq.client import Client
+from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound
+from obsq.settings import DEFAULT_REDIS_URL
 from obsq.task import TaskInfo, decode_stored_json, timestamp_to_datetime, validate_name
 
 STEP = 1000  # tasks per script call of a requeue or purge: bounds how long one holds Redis
@@ -124,6 +125,7 @@ class Inspector:
                  broker: Broker | None = None) -> None:
         self.namespace = validate_name("namespace", namespace)
         self.broker = broker or Broker(redis_url, namespace)
+        self._client = Client(redis_url, namespace, broker=self.broker)
 
     async def check(self) -> str:
         """Fail with one ConfigurationError for a wrong URL, password or Redis version."""
@@ -224,14 +226,13 @@ class Inspector:
 
     async def delete(self, task_id: str, queue: str | None = None) -> str:
         """Delete a task in any state but running, with its data; returns the state it was
-        in. Raises TaskNotFound or TaskRunning."""
-        queue = queue or await self.broker.find_queue(task_id)
-        state = await self.broker.delete_task(queue, task_id) if queue else ""
-        if state == "running":
-            raise TaskRunning(f"task {task_id} is running; it can be deleted once it ends")
-        if not state:
-            raise TaskNotFound(f"no task {task_id!r} in namespace {self.namespace!r}")
-        return state
+        in. Raises TaskNotFound or TaskRunning (Client.delete)."""
+        return await self._client.delete(task_id, queue)
+
+    async def cancel(self, task_id: str, queue: str | None = None) -> str:
+        """Cancel a task (Client.cancel): "cancelled", "running" (its worker stops it), or
+        the state it had ended in. Raises TaskNotFound."""
+        return await self._client.cancel(task_id, queue)
 
     async def purge(self, queue: str, state: str) -> int:
         """Delete every task that was in a state (not active) when the call began, in steps
@@ -299,7 +300,7 @@ def _rates(now_ms: int, minutes: list[list[int]]) -> tuple[Rate, Rate, list[Rate
 
 def _detail(task_id: str, queue: str, f: dict[bytes, bytes], progress: bytes | None,
             owner: str, lease_ms: int | None) -> TaskDetail:
-    info = _info_from_fields(task_id, queue, f, progress)
+    info = TaskInfo.from_fields(task_id, queue, f, progress)
     fence, _, worker = owner.partition(":")
     options = decode_stored_json(f.get(b"opts"))
     traceback = f.get(b"tb")

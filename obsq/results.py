@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from obsq.broker import Broker, Ended
-from obsq.errors import BrokerError, TaskFailed, TaskNotFound
+from obsq.errors import BrokerError, TaskCancelled, TaskFailed, TaskNotFound
 from obsq.loop import RedisRetry
 from obsq.settings import RESULT_READ_TIMEOUT, RESULT_RECHECK
 from obsq.task import decode_stored_json
@@ -37,7 +37,8 @@ class ResultWaiter:
         self._listening: dict[str, tuple[str, ...]] = {}
 
     async def wait(self, queue: str, task_id: str, timeout: float | None) -> Any:
-        """The task's result once it completes; TaskFailed if it ends dead, TimeoutError
+        """The task's result once it completes; TaskFailed if it ends dead (TaskCancelled
+        when cancelled), TimeoutError
         after `timeout`, TaskNotFound if it does not exist (or ended without retention
         while a notice was lost)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -51,7 +52,7 @@ class ResultWaiter:
                     raise TaskNotFound(f"no task {task_id!r} (a result is kept only with "
                                        "retention)")
                 state, result, error = watched
-                if state in ("completed", "dead"):
+                if state in ("completed", "dead", "cancelled"):
                     return _outcome(task_id, state, result if state == "completed" else error)
                 await self._listen(queue)
                 ended = await _until(future, deadline, task_id, timeout)
@@ -141,6 +142,8 @@ async def _until(future: asyncio.Future[Ended | None], deadline: float | None, t
 
 
 def _outcome(task_id: str, state: str, value: Any) -> Any:
+    if state == "cancelled":
+        raise TaskCancelled(task_id)
     if state == "dead":
         raise TaskFailed(task_id, value)
     return decode_stored_json(value)

@@ -64,6 +64,9 @@ class Settler:
             if self.direct:
                 await self._persist(self.flush)
             recorded = await future
+        elif verdict.outcome == "cancelled":
+            recorded = await self._persist(lambda: self.broker.cancel_attempt(
+                task.queue, attempt, self.worker_id))
         elif verdict.outcome == "retry":
             recorded = await self._persist(lambda: self.broker.retry(
                 task.queue, attempt, self.worker_id, verdict.delay, verdict.error_text,
@@ -76,6 +79,8 @@ class Settler:
         if recorded is False:
             log.warning("task %s (%s) finished after its lease was taken over; its %s was "
                         "refused", task.id, task.type, verdict.outcome)
+        elif recorded and verdict.outcome == "cancelled":
+            log.info("task %s (%s) cancelled while it ran", task.id, task.type)
         elif recorded and verdict.outcome != "success":
             then = (f"will retry in {verdict.delay:.1f} s" if verdict.outcome == "retry"
                     else "moved to dead")

@@ -158,6 +158,7 @@ class Task:
         "_raw_headers",
         "_raw_payload",
         "_update_state",
+        "cancelled",
         "context",
         "fence",
         "id",
@@ -193,6 +194,9 @@ class Task:
         self.unique_key = unique_key  # digest of the unique lock this task holds, if any
         self.ordering_key = ordering_key  # it runs alone among the tasks sharing this key
         self.slot = slot  # the route whose concurrency limit this attempt counts under
+        # Set when the task was cancelled while this attempt ran: an async handler gets
+        # asyncio.CancelledError, a plain function should look here and return early.
+        self.cancelled = False
         self.context: dict[str, Any] = {}  # per-attempt scratch space for middleware and hooks
         self._raw_payload = raw_payload
         self._raw_headers = raw_headers
@@ -258,6 +262,31 @@ class TaskInfo:
     completed_at: datetime | None = None
     duplicate: bool = False  # enqueue_many: a unique or id conflict; id is the existing task
 
+    @classmethod
+    def from_fields(cls, task_id: str, queue: str, f: dict[bytes, bytes],
+                    progress: bytes | None) -> TaskInfo:
+        """The task as its hash in Redis (and its progress key) describe it; junk written
+        there by hand reads as text, not a crash."""
+        def text(name: bytes) -> str | None:
+            value = f.get(name)
+            return value.decode(errors="replace") if value is not None else None
+
+        options = decode_stored_json(f.get(b"opts")) or {}
+        state = text(b"state") or "pending"
+        headers = decode_stored_json(f.get(b"headers"))
+        return cls(
+            id=task_id, type=text(b"type") or "", queue=queue, state=state,
+            retry_count=_number(f.get(b"retried")),
+            max_retry=options.get("max_retry") if isinstance(options, dict) else None,
+            error=text(b"error") or None, result=decode_stored_json(f.get(b"result")),
+            progress=decode_stored_json(progress),
+            payload=decode_stored_json(f.get(b"payload")),
+            headers=headers if isinstance(headers, dict) else {},
+            enqueued_at=timestamp_to_datetime(f.get(b"enq")),
+            next_run_at=timestamp_to_datetime(f.get(b"due")) if state in ("scheduled",
+                                                                            "retry") else None,
+            completed_at=timestamp_to_datetime(f.get(b"done")))
+
 
 def decode_stored_json(raw: bytes | None) -> Any:
     """Stored results and progress are shown even when a tool wrote junk into them."""
@@ -272,4 +301,14 @@ def decode_stored_json(raw: bytes | None) -> Any:
 def timestamp_to_datetime(ms: bytes | str | int | None) -> datetime | None:
     if ms in (None, b"", ""):
         return None
-    return datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc)
+    try:
+        return datetime.fromtimestamp(int(float(ms)) / 1000, tz=timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        return None  # a tampered field
+
+
+def _number(raw: bytes | None) -> int:
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return 0

@@ -26,8 +26,9 @@ from typing import Any
 from obsq._version import __version__
 from obsq.app import App
 from obsq.broker import Attempt, Broker, Fetched
+from obsq.cancelling import CancelWatcher
 from obsq.errors import BrokerError
-from obsq.execution import Executor
+from obsq.execution import Executor, Verdict
 from obsq.fetching import Fetcher
 from obsq.heartbeat import Heartbeat, LeaseKeeper
 from obsq.limits import RouteLimits
@@ -133,6 +134,8 @@ class Worker:
             Janitor(self.broker, self.id, s.janitor_interval, s.lock_ttl,
                     dead_max_age=s.dead_max_age, dead_max_count=s.dead_max_count),
             ThroughputCounter(self.app, self.broker),
+            CancelWatcher(self.broker, self.id, list(self.queues), s.wait_timeout,
+                          self._cancel),
         ]
         for loop in self._loops:
             loop.start()
@@ -215,14 +218,35 @@ class Worker:
         self._running[runner] = task
         self._handling.add(runner)
 
+    def _cancel(self, queue: str, task_id: str) -> None:
+        """The task was cancelled: an async handler is cancelled, a plain function sees
+        `task.cancelled`; either way the attempt ends as cancelled. The handler of one still
+        waiting in the buffer never runs."""
+        for task in self._buffer:
+            if (task.id, task.queue) == (task_id, queue):
+                self._buffer.remove(task)
+                task.cancelled = True
+                self._start(task)  # to settle it at once, as cancelled
+                return
+        for runner, task in self._running.items():
+            if (task.id, task.queue) == (task_id, queue) and not task.cancelled:
+                task.cancelled = True
+                route = self.app.route(task.type)
+                if route is None or route.is_async:
+                    runner.cancel()
+                return
+
     async def _process(self, task: Task) -> None:
         runner = asyncio.current_task()
         started = time.monotonic()
         try:
-            verdict = await self.executor.run(task)
+            verdict = Verdict("cancelled") if task.cancelled else await self.executor.run(task)
         except asyncio.CancelledError:
-            del self._running[runner]  # type: ignore[index]
-            return  # the drain hands it back
+            if not task.cancelled:
+                del self._running[runner]  # type: ignore[index]
+                return  # the drain hands it back
+            runner.uncancel()  # type: ignore[union-attr]
+            verdict = Verdict("cancelled")
         finally:
             self._busy -= 1
             self._handling.discard(runner)  # type: ignore[arg-type]
@@ -230,6 +254,8 @@ class Worker:
                 self._start(self._buffer.popleft())
             self._slot_free.set()
         self._recent_duration += (time.monotonic() - started - self._recent_duration) * 0.1
+        if task.cancelled:  # its result, if any, no longer matters
+            verdict = Verdict("cancelled")
         try:
             await self.settler.settle(task, verdict)
             self.processed += 1

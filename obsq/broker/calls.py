@@ -24,7 +24,8 @@ SCRIPTS = load_scripts()
 # Every `operation` a failed call is reported under (the label of obsq_redis_errors_total):
 # the scripts, and the plain commands named here, so that metrics can start each at 0.
 COMMANDS = ("delete_namespace", "deregister", "find_queue", "forget_workers", "heartbeat",
-            "lost_workers", "namespaces", "queues", "read_inbox", "register_queues",
+            "lost_workers", "namespaces", "queues", "read_cancels", "read_inbox",
+            "register_queues",
             "scheduler", "set_progress", "task_info", "wait_for_work", "workers")
 OPERATIONS = tuple(sorted({*SCRIPTS, *COMMANDS}))
 

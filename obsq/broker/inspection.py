@@ -17,11 +17,11 @@ from obsq.broker.calls import RedisCalls
 
 # How each state's page is ordered: what runs next first (pending: oldest first, from the
 # right end of the list; scheduled/retry: soonest due; active: soonest lease expiry), what
-# ended last first (dead, completed).
+# ended last first (dead, completed, cancelled).
 PAGE_ORDER = {"pending": "list", "active": "asc", "scheduled": "asc", "retry": "asc",
-              "dead": "desc", "completed": "desc"}
-REVIVABLE = ("dead", "retry", "scheduled")
-PURGEABLE = ("pending", "scheduled", "retry", "dead", "completed")
+              "dead": "desc", "completed": "desc", "cancelled": "desc"}
+REVIVABLE = ("dead", "cancelled", "retry", "scheduled")
+PURGEABLE = ("pending", "scheduled", "retry", "dead", "completed", "cancelled")
 NAMESPACE_SCAN_SECONDS = 2.0
 
 # One row of a page: id, score (ms, None for pending), type, retried, enqueued (ms), due
@@ -80,7 +80,8 @@ class Inspection(RedisCalls):
         pending. Returns (moved, left in the state, given ids that were not in it)."""
         k = self.keys(queue)
         reply = await self._script("revive", (k.by_state(state), k.pending, k.wake),
-                                   (0, 1 if state == "dead" else 0, batch, *task_ids))
+                                   (0, 1 if state in ("dead", "cancelled") else 0, batch,
+                                    *task_ids))
         return reply[0], reply[1], [_text(i) for i in reply[2:]]
 
     async def delete_task(self, queue: str, task_id: str) -> str:
@@ -131,7 +132,7 @@ class Inspection(RedisCalls):
 
 
 def _delete_keys(k: Any) -> tuple[str, ...]:
-    return (k.pending, k.scheduled, k.retry, k.dead, k.completed, k.active)
+    return (k.pending, k.scheduled, k.retry, k.dead, k.completed, k.cancelled, k.active)
 
 
 def _text(raw: bytes | str) -> str:

@@ -3,12 +3,12 @@ Cluster hash tag, so each Lua script touches a single slot."""
 
 from __future__ import annotations
 
-TASK_STATES = ("pending", "active", "scheduled", "retry", "dead", "completed")
+TASK_STATES = ("pending", "active", "scheduled", "retry", "dead", "completed", "cancelled")
 
 
 class QueueKeys:
-    __slots__ = ("active", "completed", "dead", "fence", "lease", "paused", "pending", "prefix",
-                 "queue", "retry", "scheduled", "stats", "wake", "watched")
+    __slots__ = ("active", "cancelled", "completed", "dead", "fence", "lease", "paused",
+                 "pending", "prefix", "queue", "retry", "scheduled", "stats", "wake", "watched")
 
     def __init__(self, namespace: str, queue: str) -> None:
         self.queue = queue
@@ -21,6 +21,7 @@ class QueueKeys:
         self.retry = self.prefix + "retry"  # zset id -> due time (ms)
         self.dead = self.prefix + "dead"  # zset id -> time of death (ms)
         self.completed = self.prefix + "completed"  # zset id -> end of retention (ms)
+        self.cancelled = self.prefix + "cancelled"  # zset id -> time of cancellation (ms)
         self.wake = self.prefix + "wake"  # list of tokens idle workers block on
         self.paused = self.prefix + "paused"  # exists while the queue is paused
         self.watched = self.prefix + "watched"  # hash id -> ids of clients waiting in result()
@@ -31,6 +32,9 @@ class QueueKeys:
 
     def progress(self, task_id: str) -> str:
         return self.prefix + "progress:" + task_id
+
+    def cancels(self, worker_id: str) -> str:
+        return self.prefix + "cancel:" + worker_id  # list of a worker's tasks to cancel
 
     def inbox(self, client_id: str) -> str:
         return self.prefix + "inbox:" + client_id  # list of watched tasks' ends for a client

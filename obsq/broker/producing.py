@@ -61,6 +61,14 @@ class Producing(RedisCalls):
             fields[b"state"] = b"active"
         return fields, progress
 
+    async def cancel(self, queue: str, task_id: str) -> str:
+        """Cancel a task: the state it ended or stays in ('cancelled', 'completed', 'dead'),
+        'running' (its worker was told to stop it), or '' (no such task)."""
+        k = self.keys(queue)
+        state = await self._script("cancel", (k.pending, k.scheduled, k.retry, k.active,
+                                              k.lease), (0, "task", task_id))
+        return state.decode() if isinstance(state, bytes) else str(state)
+
     async def watch(self, queue: str, task_id: str, client_id: str
                     ) -> tuple[str, bytes | None, str | None] | None:
         """Ask to be told on `client_id`'s inbox when the task ends, and read its state in

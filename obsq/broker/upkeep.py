@@ -90,7 +90,7 @@ class Upkeep(RedisCalls):
     async def cleanup(self, queue: str, dead_max_age: float, dead_max_count: int,
                       batch: int) -> int:
         k = self.keys(queue)
-        return await self._script("cleanup", (k.completed, k.dead),
+        return await self._script("cleanup", (k.completed, k.dead, k.cancelled),
                                   (0, int(dead_max_age * 1000), dead_max_count, batch))
 
     async def try_lock(self, name: str, owner: str, ttl: float) -> bool:
@@ -120,13 +120,13 @@ class Upkeep(RedisCalls):
         for queue in queues:
             k = self.keys(queue)
             calls.append(("stats", (k.pending, k.lease, k.scheduled, k.retry, k.dead,
-                                    k.completed, k.paused), (0,)))
+                                    k.completed, k.cancelled, k.paused), (0,)))
         stats = {}
         for queue, r in zip(queues, await self._scripts(calls)):
-            oldest, now = r[6], r[8]
-            stats[queue] = QueueStats(dict(zip(TASK_STATES, r[:6])),
+            oldest, paused, now = r[7:10]
+            stats[queue] = QueueStats(dict(zip(TASK_STATES, r[:7])),
                                       max(now - oldest, 0) / 1000 if oldest >= 0 else 0.0,
-                                      bool(r[7]))
+                                      bool(paused))
         return stats
 
     async def delete_namespace(self) -> int:

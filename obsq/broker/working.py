@@ -129,6 +129,31 @@ class Working(RedisCalls):
             0, worker_id, attempt.task_id, attempt.fence, error, traceback, attempt.type,
             attempt.slot, attempt.ordering_key)))
 
+    async def cancel_attempt(self, queue: str, attempt: Attempt, worker_id: str) -> bool:
+        """A running attempt its worker stopped because the task was cancelled."""
+        k = self.keys(queue)
+        return bool(await self._script(
+            "cancel", (k.pending, k.scheduled, k.retry, k.active, k.lease),
+            (0, "attempt", attempt.task_id, attempt.fence, worker_id, attempt.type,
+             attempt.slot)))
+
+    async def read_cancels(self, queues: Sequence[str], worker_id: str, timeout: float
+                           ) -> list[tuple[str, str]]:
+        """Block until one of the worker's running tasks is cancelled (or `timeout`):
+        [(queue, task id)], every cancel waiting for it."""
+        queue_of = {self.keys(q).cancels(worker_id).encode(): q for q in queues}
+        first = await self._blpop_any("read_cancels", [k.decode() for k in queue_of], timeout)
+        if first is None:
+            return []
+        cancels = [(queue_of[first[0]], _text(first[1]))]
+        pipe = self.redis.pipeline(transaction=False)
+        for key in queue_of:
+            pipe.lpop(key, ATTEMPTS_PER_CALL)
+        for queue, more in zip(queue_of.values(),
+                               await self._guard("read_cancels", pipe.execute())):
+            cancels += ((queue, _text(m)) for m in more or ())
+        return cancels
+
     async def hand_back(self, queue: str, attempts: Sequence[Attempt], worker_id: str
                         ) -> list[bool]:
         """Return unfinished attempts to the head of pending (a worker's graceful drain)."""

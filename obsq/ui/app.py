@@ -205,6 +205,11 @@ class Console:
             if action == "delete":
                 await i.delete(task_id, detail.queue)
                 return f"Task {task_id} deleted (it was {detail.state})."
+            if action == "cancel":
+                state = await i.cancel(task_id, detail.queue)
+                return {"cancelled": f"Task {task_id} cancelled.",
+                        "running": f"Task {task_id} is being stopped by its worker."}.get(
+                            state, f"Task {task_id} had ended already ({state}).")
             raise ValueError(f"no action {action!r} on a task")
 
         return await self.act(request, run, back)

@@ -37,7 +37,10 @@ async def test_a_task_shows_everything_kept_for_it(app, client, start_worker,
     info = await client.enqueue("report:build", {"month": "2026-11"}, queue="reports",
                                 retention=600, headers={"tenant": "t1"}, timeout=90)
     await wait_until(lambda: _state(inspector, info.id, "retry", "pending", "active"))
-    detail = await wait_until(lambda: _detail_when(inspector, info.id, "active"))
+    async def second_attempt_running():  # and its progress written
+        detail = await _detail_when(inspector, info.id, "active")
+        return detail if detail and detail.progress == {"step": 1} else None
+    detail = await wait_until(second_attempt_running, what="the second attempt's progress")
     assert detail.queue == "reports" and detail.type == "report:build"
     assert detail.payload == {"month": "2026-11"} and detail.headers == {"tenant": "t1"}
     assert detail.options == {"max_retry": 3, "timeout": 90, "retention": 600}
@@ -46,7 +49,6 @@ async def test_a_task_shows_everything_kept_for_it(app, client, start_worker,
     assert "raise_deep_error" in detail.traceback and "ValueError" in detail.traceback
     assert detail.worker == worker.id and detail.fence is not None
     assert detail.lease_expires_at > detail.enqueued_at
-    assert detail.progress == {"step": 1}
     release.set()
     done = await wait_until(lambda: _detail_when(inspector, info.id, "completed"))
     assert done.result == {"pages": 3} and done.worker is None and done.completed_at
@@ -97,7 +99,7 @@ async def test_requeue_moves_every_task_in_bounded_steps(client, inspector: Insp
     late = await client.enqueue("t", "x", delay=3600)
     result = await inspector.requeue("default", "scheduled", [late.id, "nope", infos[0].id])
     assert (result.moved, result.missing) == (1, ["nope", infos[0].id])
-    with pytest.raises(ValueError, match="only dead, retry, scheduled"):
+    with pytest.raises(ValueError, match="only dead, cancelled, retry, scheduled"):
         await inspector.requeue("default", "pending")
     with pytest.raises(obsq.QueueNotFound):
         await inspector.requeue("nosuchqueue")

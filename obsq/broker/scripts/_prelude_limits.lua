@@ -90,3 +90,25 @@ local function release_successor(id, key, now)
     wake(prefix .. 'wake', 1)
   end
 end
+
+-- Cancellation: a task asked to stop ends in the queue's `cancelled` set. One running is
+-- marked (`cancel` = 1) and its worker told on `cancel:<worker>`, which it blocks on; the
+-- scripts that would give a marked attempt another run end it as cancelled instead.
+local function cancel_requested(id)
+  return redis.call('HGET', task_key(id), 'cancel') == '1'
+end
+
+-- Task `id`, no longer running or waiting anywhere, ends cancelled: clients waiting for it
+-- are told, its unique lock goes, and the next task of its ordering key may run.
+local function end_cancelled(id, now)
+  local key = task_key(id)
+  local f = redis.call('HMGET', key, 'uniq', 'ordk')
+  redis.call('HSET', key, 'state', 'cancelled', 'done', now)
+  redis.call('HDEL', key, 'cancel')
+  redis.call('ZADD', prefix .. 'cancelled', now, id)
+  if f[1] and redis.call('GET', prefix .. 'unique:' .. f[1]) == id then
+    redis.call('DEL', prefix .. 'unique:' .. f[1])
+  end
+  release_successor(id, f[2] or '', now)
+  notify_done(id, 'cancelled', 'cancelled')
+end

@@ -1,17 +1,27 @@
--- prelude: task_key, notify_done
+-- prelude: now_ms, task_key, notify_done, release_successor
 -- Delete tasks with everything kept for them (data, progress, unique lock): one task by id
 -- in any state but running (obsq delete), or a batch of one state's tasks (obsq purge,
 -- repeated by the caller until the state is empty).
--- KEYS: pending, scheduled, retry, dead, completed, active
+-- A task held back by a route limit leaves its held list, and one with an ordering key lets
+-- the next of its key run.
+-- KEYS: pending, scheduled, retry, dead, completed, cancelled, active
 -- ARGV: now, 'id' or the state to purge, the id or the batch size
 -- Returns for an id: the state it was in, 'running' (refused) or '' (no such task);
 -- for a state: {deleted, left}.
+local now = now_ms()
 local sets = {pending = KEYS[1], scheduled = KEYS[2], retry = KEYS[3], dead = KEYS[4],
-              completed = KEYS[5]}
+              completed = KEYS[5], cancelled = KEYS[6]}
 
 local function forget(id)
   local key = task_key(id)
-  local digest = redis.call('HGET', key, 'uniq')
+  local f = redis.call('HMGET', key, 'uniq', 'held', 'ordk')
+  local digest = f[1]
+  if f[2] then
+    if redis.call('LREM', prefix .. 'held:' .. f[2], 1, id) > 0 then
+      redis.call('DECR', prefix .. 'waiting')
+    end
+  end
+  release_successor(id, f[3] or '', now)
   if digest then
     local lock = prefix .. 'unique:' .. digest
     if redis.call('GET', lock) == id then
@@ -24,7 +34,7 @@ end
 
 if ARGV[2] == 'id' then
   local id = ARGV[3]
-  if redis.call('HEXISTS', KEYS[6], id) == 1 then
+  if redis.call('HEXISTS', KEYS[7], id) == 1 then
     return 'running'
   end
   local state = redis.call('HGET', task_key(id), 'state')
@@ -34,7 +44,7 @@ if ARGV[2] == 'id' then
   if state == 'pending' then
     redis.call('LREM', KEYS[1], -1, id)
   end
-  for i = 2, 5 do
+  for i = 2, 6 do
     redis.call('ZREM', KEYS[i], id)
   end
   forget(id)

@@ -1,5 +1,7 @@
--- prelude: now_ms, release_attempt, make_pending, wake, release_limits
--- Hand a worker's unfinished attempts back to the head of pending (graceful shutdown).
+-- prelude: now_ms, release_attempt, make_pending, wake, release_limits, cancel_requested,
+--   end_cancelled
+-- Hand a worker's unfinished attempts back to the head of pending (graceful shutdown); one
+-- cancelled meanwhile ends cancelled.
 -- KEYS: lease, pending, wake, active
 -- ARGV: now, worker_id, then per task: id, fence, type, route slot or ''
 -- Returns per task 1, or 0 when the fencing token is stale.
@@ -10,8 +12,12 @@ for i = 3, #ARGV, 4 do
   local id = ARGV[i]
   if release_attempt(KEYS[4], KEYS[1], id, ARGV[i + 1], ARGV[2]) then
     release_limits(id, ARGV[i + 2], ARGV[i + 3])
-    make_pending(KEYS[2], id, now, true)
-    pushed = pushed + 1
+    if cancel_requested(id) then
+      end_cancelled(id, now)
+    else
+      make_pending(KEYS[2], id, now, true)
+      pushed = pushed + 1
+    end
     out[#out + 1] = 1
   else
     out[#out + 1] = 0

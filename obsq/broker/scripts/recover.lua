@@ -1,9 +1,9 @@
 -- prelude: now_ms, task_key, make_pending, wake, notify_done, release_limits,
---   release_successor
+--   release_successor, cancel_requested, end_cancelled
 -- Take back attempts whose lease expired or whose worker stopped heartbeating. Removing
 -- the attempt from the active hash voids its fencing token, so the old attempt can no
 -- longer settle the task; each recovery counts against max_recoveries, so a task that
--- kills its worker every time ends in dead.
+-- kills its worker every time ends in dead; one cancelled meanwhile ends cancelled.
 -- KEYS: lease, pending, dead, wake, active
 -- ARGV: now, max_recoveries, batch, cursor, then the ids of lost workers (none: expired
 --       leases only). With lost workers, one call scans `batch` entries of the active hash
@@ -35,7 +35,9 @@ for _, id in ipairs(ids) do
   local f = redis.call('HMGET', key, 'type', 'slot', 'ordk')
   if f[1] then
     release_limits(id, f[1], f[2] or '')
-    if redis.call('HINCRBY', key, 'recov', 1) > max_recoveries then
+    if cancel_requested(id) then
+      end_cancelled(id, now)
+    elseif redis.call('HINCRBY', key, 'recov', 1) > max_recoveries then
       local reason = 'lost its worker more than ' .. max_recoveries ..
           ' times (the task may be killing its worker)'
       redis.call('HSET', key, 'state', 'dead', 'error', reason, 'done', now)

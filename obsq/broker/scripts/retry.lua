@@ -1,6 +1,8 @@
--- prelude: now_ms, task_key, release_attempt, settled_by, make_pending, wake, release_limits
+-- prelude: now_ms, task_key, release_attempt, settled_by, make_pending, wake, release_limits,
+--   cancel_requested, end_cancelled
 -- A failed attempt goes back: to pending at once, or to the retry set until it is due (it
--- stays first of its ordering key, so the next of that key waits for it).
+-- stays first of its ordering key, so the next of that key waits for it); one cancelled
+-- meanwhile ends cancelled.
 -- KEYS: lease, retry, pending, wake, active
 -- ARGV: now, worker_id, id, fence, delay_ms, error, traceback, type, route slot or ''
 -- Returns 1 (also when this attempt's earlier, re-sent call was applied), or 0 when the
@@ -12,6 +14,11 @@ if not release_attempt(KEYS[5], KEYS[1], id, fence, ARGV[2]) then
 end
 local key = task_key(id)
 release_limits(id, ARGV[8], ARGV[9])
+if cancel_requested(id) then
+  redis.call('HSET', key, 'error', ARGV[6], 'tb', ARGV[7], 'fin', fence)
+  end_cancelled(id, now)
+  return 1
+end
 redis.call('HINCRBY', key, 'retried', 1)
 redis.call('HSET', key, 'error', ARGV[6], 'tb', ARGV[7], 'fin', fence)
 local delay = tonumber(ARGV[5])

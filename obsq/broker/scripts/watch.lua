@@ -26,7 +26,7 @@ if redis.call('EXISTS', KEYS[3]) == 0 then
   return nil
 end
 local f = redis.call('HMGET', KEYS[3], 'state', 'result', 'error')
-if f[1] ~= 'completed' and f[1] ~= 'dead' then
+if f[1] ~= 'completed' and f[1] ~= 'dead' and f[1] ~= 'cancelled' then
   if not watchers then
     redis.call('HSET', KEYS[2], id, client)
   elseif not string.find(' ' .. watchers .. ' ', ' ' .. client .. ' ', 1, true) then

@@ -1,0 +1,50 @@
+-- prelude: now_ms, task_key, release_attempt, settled_by, release_limits, end_cancelled
+-- Cancel a task (ARGV[2] = 'task'): one waiting in any state ends cancelled at once; one
+-- running is marked, and its worker told. Or end a running attempt its worker stopped
+-- because it was cancelled (ARGV[2] = 'attempt', with its fence, worker, type and slot).
+-- KEYS: pending, scheduled, retry, active, lease
+-- ARGV: now, 'task', id  |  now, 'attempt', id, fence, worker_id, type, route slot or ''
+-- Returns for a task: the state it ended in or stays in ('cancelled', 'completed', 'dead'),
+-- 'running' (the worker was told), or '' (no such task); for an attempt: 1, or 0 when the
+-- fencing token is stale.
+local now = now_ms()
+local id = ARGV[3]
+if ARGV[2] == 'attempt' then
+  if not release_attempt(KEYS[4], KEYS[5], id, ARGV[4], ARGV[5]) then
+    return settled_by(id, ARGV[4]) and 1 or 0
+  end
+  release_limits(id, ARGV[6], ARGV[7])
+  redis.call('HSET', task_key(id), 'fin', ARGV[4])
+  end_cancelled(id, now)
+  return 1
+end
+local key = task_key(id)
+local f = redis.call('HMGET', key, 'state', 'held', 'ordk', 'ow')
+local state = f[1]
+if not state then
+  return ''
+end
+if state == 'completed' or state == 'dead' or state == 'cancelled' then
+  return state
+end
+local owner = redis.call('HGET', KEYS[4], id)
+if owner then
+  redis.call('HSET', key, 'cancel', '1')
+  local worker = string.match(owner, '^[^:]*:(.*)$')
+  local inbox = prefix .. 'cancel:' .. worker
+  redis.call('RPUSH', inbox, id)
+  redis.call('EXPIRE', inbox, 60)
+  return 'running'
+end
+if f[2] then  -- held back by a route limit
+  redis.call('LREM', prefix .. 'held:' .. f[2], 1, id)
+  redis.call('DECR', prefix .. 'waiting')
+elseif f[3] and redis.call('LINDEX', prefix .. 'ord:' .. f[3], 0) ~= id then
+  -- waiting behind its ordering key: end_cancelled takes it out of the key's list
+else
+  redis.call('LREM', KEYS[1], 1, id)
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('ZREM', KEYS[3], id)
+end
+end_cancelled(id, now)
+return 'cancelled'
