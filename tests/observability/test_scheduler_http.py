@@ -33,12 +33,12 @@ async def test_scheduler_probes_follow_redis(private_redis, namespace, tmp_path)
         assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
         status, body = await asyncio.to_thread(probe, port, "/")
         assert status == 200 and body["namespace"] == namespace
-        assert body["periodic_tasks"] == 1
+        assert body["app_schedules"] == 1
         # it schedules as before
         r = redis.Redis.from_url(private_redis.url)
         try:
             await eventually(lambda: asyncio.to_thread(
-                lambda: any(r.scan_iter(match=f"{namespace}:*periodic-*"))), timeout=10,
+                lambda: any(r.scan_iter(match=f"{namespace}:*:t:tick@*"))), timeout=10,
                 what="a periodic task enqueued")
         finally:
             r.close()
@@ -98,7 +98,7 @@ async def test_scheduler_takes_its_namespace_from_the_environment(redis_url, nam
     r = redis.Redis.from_url(redis_url)
     try:
         await eventually(lambda: asyncio.to_thread(
-            lambda: any(r.scan_iter(match=f"{namespace}:*periodic-*"))), timeout=15,
+            lambda: any(r.scan_iter(match=f"{namespace}:*:t:tick@*"))), timeout=15,
             what="a periodic task enqueued in the namespace of OBSQ_NAMESPACE")
     finally:
         r.close()
