@@ -240,9 +240,10 @@ class SchedulerLoop(LockedLoop):
 
 class Scheduler:
     def __init__(self, app: App, redis_url: str = DEFAULT_REDIS_URL,
-                 namespace: str | None = None, *,
-                 settings: SchedulerSettings | None = None) -> None:
+                 namespace: str | None = None, *, settings: SchedulerSettings | None = None,
+                 handle_signals: bool = True) -> None:
         self.app = app
+        self.handle_signals = handle_signals
         self.settings = settings or SchedulerSettings()
         self.client = Client(redis_url, namespace or app.namespace, app=app)
         self.loop = SchedulerLoop(self.client, app.schedules,
@@ -265,7 +266,8 @@ class Scheduler:
     async def run(self) -> None:
         """Fire due entries until stop() or SIGTERM/SIGINT."""
         await self.client.broker.check()
-        remove_signals = on_stop_signals(lambda sig: self.stop())
+        remove_signals = on_stop_signals(lambda sig: self.stop()) if self.handle_signals \
+            else None
         log.info("scheduler started with %d schedule(s) of the App; entries added at run "
                  "time are read from Redis", len(self.app.schedules))
         self.started_at = time.time()
@@ -274,7 +276,8 @@ class Scheduler:
         try:
             await self._stopped.wait()
         finally:
-            remove_signals()
+            if remove_signals is not None:
+                remove_signals()
             await self.loop.stop()
             await self.client.close()
             log.info("scheduler stopped")
