@@ -200,7 +200,7 @@ async def schedules(inspector: Inspector, args: argparse.Namespace, out: Output)
     print(_schedules_table(out, found))
     for s in found:
         if s.error:
-            out.fail(f"obsq schedules: {s.error}; the scheduler skips it")
+            print(out.paint(f"{s.error}; the scheduler skips it", "error"), file=sys.stderr)
 
 
 async def requeue(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:

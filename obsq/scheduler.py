@@ -258,9 +258,10 @@ class Scheduler:
         return hook
 
     def on_entries(self, hook: EntriesHook) -> EntriesHook:
-        """Call `hook(names)` with the names of the entries known, at start and whenever
-        they change."""
+        """Call `hook(names)` with the names of the entries known: at once (the App's) and
+        whenever they change."""
         self.loop.entries_hooks.append(hook)
+        hook(sorted({*self.app.schedules, *self.loop.entries}))
         return hook
 
     async def run(self) -> None:
@@ -271,7 +272,6 @@ class Scheduler:
         log.info("scheduler started with %d schedule(s) of the App; entries added at run "
                  "time are read from Redis", len(self.app.schedules))
         self.started_at = time.time()
-        self.loop.report_entries()
         self.loop.start()
         try:
             await self._stopped.wait()

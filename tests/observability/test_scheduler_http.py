@@ -1,4 +1,5 @@
-"""`obsq scheduler` serves /healthz and /readyz (the exporter's endpoint) for its probes."""
+"""`obsq scheduler` serves /healthz and /readyz for its probes, and /metrics with its
+fires and missed fires per schedule entry."""
 
 from __future__ import annotations
 
@@ -8,9 +9,21 @@ from pathlib import Path
 
 import redis
 
+import obsq
 from obsq.redis_server import free_port
 
-from .helpers import eventually, obsq_env, probe, start_obsq, stop_process, wait_ready
+from .helpers import (
+    eventually,
+    obsq_env,
+    parse,
+    pick,
+    probe,
+    scrape,
+    start_obsq,
+    stop_process,
+    value,
+    wait_ready,
+)
 
 
 def write_app(folder: Path, namespace: str) -> None:
@@ -102,5 +115,49 @@ async def test_scheduler_takes_its_namespace_from_the_environment(redis_url, nam
             what="a periodic task enqueued in the namespace of OBSQ_NAMESPACE")
     finally:
         r.close()
+        code = await asyncio.to_thread(stop_process, scheduler)
+    assert code == 0, log.read_text()
+
+
+async def test_scheduler_metrics_count_fires_per_entry(redis_url, namespace, tmp_path):
+    """The App's entry is exported at 0 from the first scrape, an entry added at run time
+    as soon as the scheduler reads it, and a removed entry's series go with it."""
+    (tmp_path / "slowapp.py").write_text(textwrap.dedent(f"""
+        import obsq
+
+        app = obsq.App(namespace={namespace!r})
+        app.periodic("0 3 * * *", "report:nightly", timezone="Europe/Paris")
+    """))
+    port = free_port()
+    log = tmp_path / "scheduler.log"
+    scheduler = start_obsq(["scheduler", "slowapp:app", "--http-port", str(port)],
+                           obsq_env(OBSQ_REDIS_URL=redis_url), tmp_path, log)
+    fires = "obsq_scheduler_fires_total"
+    try:
+        await wait_ready(port)
+        samples = parse(await asyncio.to_thread(scrape, port))
+        assert pick(samples, fires) == {(("entry", "report:nightly"),): 0.0}
+        assert pick(samples, "obsq_scheduler_missed_total") == {
+            (("entry", "report:nightly"),): 0.0}
+
+        async with obsq.Client(redis_url, namespace) as client:
+            await client.schedule("blink", "@every 0.5s", "blink")
+
+            async def blinked() -> bool:
+                samples = parse(await asyncio.to_thread(scrape, port))
+                return value(samples, fires, entry="blink") >= 2
+            await eventually(blinked, what="blink counted")
+            samples = parse(await asyncio.to_thread(scrape, port))
+            assert value(samples, "obsq_tasks_enqueued_total", queue="default",
+                         task="other") >= 2  # through the Client, with its metrics
+            assert value(samples, "obsq_scheduler_missed_total", entry="blink") == 0
+
+            await client.unschedule("blink")
+
+            async def dropped() -> bool:
+                samples = parse(await asyncio.to_thread(scrape, port))
+                return not pick(samples, fires, entry="blink")
+            await eventually(dropped, what="the series of a removed entry dropped")
+    finally:
         code = await asyncio.to_thread(stop_process, scheduler)
     assert code == 0, log.read_text()
