@@ -135,10 +135,10 @@ async def start_scheduler(redis_url: str, app: obsq.App
     (obsq.observability.run_scheduler), without its HTTP endpoint."""
     running: list[tuple[Scheduler, asyncio.Task[None]]] = []
 
-    async def start(scheduler_app: obsq.App | None = None, *, metrics: bool = False,
-                    **settings: Any) -> Scheduler:
+    async def start(scheduler_app: obsq.App | None = None, *, url: str | None = None,
+                    metrics: bool = False, **settings: Any) -> Scheduler:
         settings.setdefault("lock_ttl", 1.0)
-        scheduler = Scheduler(scheduler_app or app, redis_url, handle_signals=False,
+        scheduler = Scheduler(scheduler_app or app, url or redis_url, handle_signals=False,
                               settings=SchedulerSettings(**settings))
         task = asyncio.create_task(run_scheduler(scheduler) if metrics else scheduler.run())
         running.append((scheduler, task))
