@@ -3,7 +3,8 @@
 Each waiter registers the task in Redis under this client's id (`Broker.watch`); the
 scripts that end a task push its outcome onto the client's inbox for that queue. One
 reader task per client blocks on all of its inboxes at once and hands each outcome to the
-waiters of that task, so 2,000 waiters hold one connection between them.
+waiters of that task, so 2,000 waiters hold one connection between them. (On a Redis
+Cluster, whose inboxes live in different slots, there is one reader per queue.)
 
 A notice can be lost (a connection that broke after Redis handed it over): the waiters
 then look at the task again, at once when the reader saw a failure, and every
@@ -30,8 +31,10 @@ class ResultWaiter:
         self.broker = broker
         self.client_id = os.urandom(8).hex()
         self._waiters: dict[tuple[str, str], list[asyncio.Future[Ended | None]]] = {}
-        self._listening: tuple[str, ...] = ()  # the queues of the reader's current wait
-        self._reader: asyncio.Task[None] | None = None
+        # by group (a queue on a Cluster, else "" for all): its reader, and the queues of
+        # the reader's current wait
+        self._readers: dict[str, asyncio.Task[None]] = {}
+        self._listening: dict[str, tuple[str, ...]] = {}
 
     async def wait(self, queue: str, task_id: str, timeout: float | None) -> Any:
         """The task's result once it completes; TaskFailed if it ends dead, TimeoutError
@@ -50,7 +53,7 @@ class ResultWaiter:
                 state, result, error = watched
                 if state in ("completed", "dead"):
                     return _outcome(task_id, state, result if state == "completed" else error)
-                await self._listen()
+                await self._listen(queue)
                 ended = await _until(future, deadline, task_id, timeout)
                 if ended is not None:
                     return _outcome(task_id, ended.state, ended.value if ended.state ==
@@ -71,23 +74,32 @@ class ResultWaiter:
         if not futures:
             self._waiters.pop(key, None)
 
-    async def _listen(self) -> None:
-        """Make sure the reader waits on every queue that has waiters."""
-        queues = tuple(sorted({q for q, _ in self._waiters}))
-        if self._reader is None or self._reader.done():
-            self._listening = queues
-            self._reader = asyncio.create_task(self._read(), name="obsq-result-reader")
-        elif not set(queues) <= set(self._listening):
-            self._listening = queues
-            await self.broker.interrupt_inbox(self.client_id)
+    def _group(self, queue: str) -> str:
+        return queue if self.broker.is_cluster else ""
 
-    async def _read(self) -> None:
-        """Hand each end read from the inboxes to its waiters, until none is left."""
+    def _queues_of(self, group: str) -> tuple[str, ...]:
+        return tuple(sorted({q for q, _ in self._waiters if self._group(q) == group}))
+
+    async def _listen(self, queue: str) -> None:
+        """Make sure a reader waits on `queue`'s inbox."""
+        group = self._group(queue)
+        reader = self._readers.get(group)
+        if reader is None or reader.done():
+            self._listening[group] = self._queues_of(group)
+            self._readers[group] = asyncio.create_task(self._read(group),
+                                                       name="obsq-result-reader")
+        elif queue not in self._listening[group]:
+            listened = self._listening[group]
+            self._listening[group] = self._queues_of(group)
+            await self.broker.interrupt_inbox(listened[0], self.client_id)
+
+    async def _read(self, group: str) -> None:
+        """Hand each end read from the group's inboxes to its waiters, until none is left."""
         retry = RedisRetry("waiting for results")
-        while self._waiters:
-            self._listening = tuple(sorted({q for q, _ in self._waiters}))
+        while self._queues_of(group):
+            self._listening[group] = queues = self._queues_of(group)
             try:
-                ends = await self.broker.read_inbox(self._listening, self.client_id,
+                ends = await self.broker.read_inbox(queues, self.client_id,
                                                     RESULT_READ_TIMEOUT)
                 retry.succeeded()
             except BrokerError as exc:
@@ -107,10 +119,10 @@ class ResultWaiter:
                     future.set_result(None)
 
     async def close(self) -> None:
-        if self._reader is not None and not self._reader.done():
-            self._reader.cancel()
+        for reader in self._readers.values():
+            reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, BrokerError):
-                await self._reader
+                await reader
 
 
 async def _until(future: asyncio.Future[Ended | None], deadline: float | None, task_id: str,

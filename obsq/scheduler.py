@@ -14,7 +14,7 @@ The lock holder blocks on Redis until its next fire or until an entry changes: e
 added or removed at run time are picked up at once, with no polling.
 
 Like the Worker it knows nothing of metrics or HTTP: obsq.observability.run_scheduler
-serves its probes and metrics, through `on_fire`, `on_entries`, `redis_ok()` and
+serves its probes and metrics, through `on_fire`, `on_entries`, `ready()` and
 `describe()`."""
 
 from __future__ import annotations
@@ -266,14 +266,14 @@ class Scheduler:
 
     async def run(self) -> None:
         """Fire due entries until stop() or SIGTERM/SIGINT."""
-        await self.client.broker.check()
         remove_signals = on_stop_signals(lambda sig: self.stop()) if self.handle_signals \
-            else None
-        log.info("scheduler started with %d schedule(s) of the App; entries added at run "
-                 "time are read from Redis", len(self.app.schedules))
-        self.started_at = time.time()
-        self.loop.start()
+            else None  # first: none is missed
         try:
+            await self.client.broker.check()
+            log.info("scheduler started with %d schedule(s) of the App; entries added at run "
+                     "time are read from Redis", len(self.app.schedules))
+            self.started_at = time.time()
+            self.loop.start()
             await self._stopped.wait()
         finally:
             if remove_signals is not None:
@@ -285,13 +285,16 @@ class Scheduler:
     def stop(self) -> None:
         self._stopped.set()
 
-    def redis_ok(self) -> bool:
-        """Whether its last look at Redis succeeded (readiness)."""
-        return self.loop.failures == 0
+    def ready(self) -> str | None:
+        """None when it serves (started, and its last look at Redis succeeded), else why
+        not: what readiness reports."""
+        if not self.started_at:
+            return "the scheduler is starting"
+        return None if self.loop.failures == 0 else "Redis is unreachable"
 
     def describe(self) -> dict[str, Any]:
         return {"scheduler": self.loop.owner, "version": __version__,
                 "namespace": self.client.namespace, "app_schedules": len(self.app.schedules),
                 "schedules": len({*self.app.schedules, *self.loop.entries}),
-                "firing": self.loop.holding, "redis_ok": self.redis_ok(),
+                "firing": self.loop.holding, "redis_ok": self.loop.failures == 0,
                 "uptime": round(time.time() - self.started_at, 3) if self.started_at else 0.0}

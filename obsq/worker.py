@@ -99,7 +99,21 @@ class Worker:
 
     async def run(self) -> None:
         """Serve until stop() or SIGTERM/SIGINT, then drain. Raises ConfigurationError at
-        once for a wrong URL, credentials or Redis version."""
+        once for a wrong URL, credentials or Redis version. A stop signal during start-up
+        (the handlers come first) drains as soon as the worker has started."""
+        remove_signals = on_stop_signals(self._on_signal) if self.handle_signals else None
+        try:
+            fetching = await self._start_serving()
+            try:
+                await self._stopped.wait()
+            finally:
+                await self._drain(fetching)
+        finally:
+            if remove_signals is not None:
+                remove_signals()
+
+    async def _start_serving(self) -> asyncio.Task[None]:
+        """Check Redis, register, start the background loops and the fetch loop."""
         s = self.settings
         await self.broker.check()
         await self.broker.register_queues(self.queues)
@@ -120,7 +134,6 @@ class Worker:
         ]
         for loop in self._loops:
             loop.start()
-        remove_signals = on_stop_signals(self._on_signal) if self.handle_signals else None
         self.started_at = time.time()
         self.started.set()
         log.info("worker %s started: queues %s, concurrency %d, Redis %s", self.id,
@@ -130,13 +143,7 @@ class Worker:
                           strict_priority=s.strict_priority, lease_seconds=s.lease_seconds,
                           wait_timeout=s.wait_timeout, room=self._room, take=self._take,
                           slot_free=self._slot_free, stopped=self._stopped)
-        fetching = asyncio.create_task(fetcher.run(), name="obsq-fetch")
-        try:
-            await self._stopped.wait()
-        finally:
-            await self._drain(fetching)
-            if remove_signals is not None:
-                remove_signals()
+        return asyncio.create_task(fetcher.run(), name="obsq-fetch")
 
     def stop(self) -> None:
         """Begin a graceful drain; a second call stops waiting for running handlers."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import redis
-from support import SHORT_INTERVALS, missing_tool, wait_until
+from support import SHORT_INTERVALS, missing_tool, sync_redis, wait_until
 
 import obsq
 from obsq.observability import run_scheduler, run_worker
@@ -62,11 +62,14 @@ def private_redis() -> Iterator[RedisServer]:
 def namespace(redis_url: str) -> Iterator[str]:
     ns = f"t{uuid.uuid4().hex[:10]}"
     yield ns
-    r = redis.Redis.from_url(redis_url)
+    r = sync_redis(redis_url)
     with contextlib.suppress(redis.RedisError):
         keys = list(r.scan_iter(match=f"{ns}:*", count=1000))
-        for start in range(0, len(keys), 500):
-            r.delete(*keys[start:start + 500])
+        for start in range(0, len(keys), 1000):  # one command a key: a cluster's keys
+            pipe = r.pipeline(transaction=False)  # live in different slots
+            for key in keys[start:start + 1000]:
+                pipe.unlink(key)
+            pipe.execute()
     r.close()
 
 
@@ -84,7 +87,7 @@ async def client(redis_url: str, namespace: str, app: obsq.App) -> AsyncIterator
 
 @pytest.fixture
 def raw_redis(redis_url: str) -> Iterator[redis.Redis]:
-    r = redis.Redis.from_url(redis_url)
+    r = sync_redis(redis_url)
     yield r
     r.close()
 
@@ -135,10 +138,10 @@ async def start_scheduler(redis_url: str, app: obsq.App
     (obsq.observability.run_scheduler), without its HTTP endpoint."""
     running: list[tuple[Scheduler, asyncio.Task[None]]] = []
 
-    async def start(scheduler_app: obsq.App | None = None, *, url: str | None = None,
-                    metrics: bool = False, **settings: Any) -> Scheduler:
+    async def start(scheduler_app: obsq.App | None = None, *, metrics: bool = False,
+                    **settings: Any) -> Scheduler:
         settings.setdefault("lock_ttl", 1.0)
-        scheduler = Scheduler(scheduler_app or app, url or redis_url, handle_signals=False,
+        scheduler = Scheduler(scheduler_app or app, redis_url, handle_signals=False,
                               settings=SchedulerSettings(**settings))
         task = asyncio.create_task(run_scheduler(scheduler) if metrics else scheduler.run())
         running.append((scheduler, task))

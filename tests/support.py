@@ -1,15 +1,23 @@
-"""Helpers for test modules (fixtures are in conftest.py)."""
+"""Helpers for test modules (fixtures are in conftest.py): waiting, the short intervals of
+test workers, `obsq` subprocesses, and a few reads of Redis."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+from redis.cluster import RedisCluster
 
+ROOT = Path(__file__).resolve().parents[1]
 IN_CI = bool(os.environ.get("CI"))
 # What the workers of the tests run with: a worker is known lost within seconds, and every
 # sweep comes round several times a second (the defaults are for production).
@@ -49,22 +57,106 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
-async def wait_until(condition: Callable[[], Any], timeout: float = 10.0,
-                     interval: float = 0.02) -> Any:
-    """Poll `condition` (sync or async) until it is truthy; fail after `timeout`."""
+async def wait_until(condition: Callable[[], Any], timeout: float = 15.0,
+                     interval: float = 0.02, what: str = "condition") -> Any:
+    """Poll `condition` (sync, or returning an awaitable) until it gives something truthy,
+    and return that; an AssertionError it raises counts as not yet. Fail after `timeout`,
+    saying what was awaited and the last value seen."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    last: Any = None
     while True:
-        value = condition()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
+        try:
+            last = condition()
+            if inspect.isawaitable(last):
+                last = await last
+        except AssertionError as exc:
+            last = exc
+        else:
+            if last:
+                return last
         if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
+            raise AssertionError(f"{what} not met within {timeout} s (last: {last!r})")
         await asyncio.sleep(interval)
+
+
+def sync_redis(url: str) -> Any:
+    """A blocking redis-py client for a test's own reads: a RedisCluster for a
+    redis+cluster:// URL (the cluster tests' Redis), else a plain one."""
+    if url.startswith("redis+cluster://"):
+        return RedisCluster.from_url(url.replace("redis+cluster://", "redis://", 1))
+    return redis.Redis.from_url(url)
+
+
+def redis_now_ms(raw_redis: Any) -> int:
+    """Redis's clock, which decides every due time and lease (a sync redis-py client)."""
+    seconds, micros = raw_redis.time()
+    return seconds * 1000 + micros // 1000
 
 
 async def depth(broker: Any, queue: str = "default") -> dict[str, int]:
     """Tasks of `queue` by state."""
     return (await broker.queue_stats([queue]))[queue].depth
+
+
+def obsq_env(**extra: str) -> dict[str, str]:
+    """The environment of an `obsq` subprocess that imports this checkout: the caller's,
+    without its OBSQ_, OTEL_ and multiprocess-metrics variables, and with `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OBSQ_", "OTEL_", "PROMETHEUS_MULTIPROC"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def stop_process(process: subprocess.Popen[Any], timeout: float = 30) -> int:
+    """SIGTERM, then the exit status (killed after `timeout`)."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
+class ObsqProcess:
+    """One `python -m obsq ARGS` subprocess, its output in a log file (print `log()` when a
+    test fails). `stop()` is a graceful SIGTERM; `close()` kills what is left."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | str,
+                 log_path: Path) -> None:
+        self.log_path = Path(log_path)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in close()
+        self.process = subprocess.Popen([sys.executable, "-m", "obsq", *args], cwd=cwd,
+                                        env=env, stdin=subprocess.DEVNULL, stdout=self._log,
+                                        stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def signal(self, sig: int) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+
+    def wait(self, timeout: float = 30) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> int:
+        return stop_process(self.process, timeout)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self._log.close()

@@ -5,7 +5,6 @@ does not know how to run fails `test_every_shell_command_is_run_by_this_suite`."
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -15,11 +14,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import missing_tool, wait_for
+from support import ROOT, missing_tool, obsq_env, wait_for
 
 import obsq
 
-ROOT = Path(__file__).resolve().parents[1]
 README_URL = "redis://localhost:6379/0"
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
 
@@ -54,11 +52,6 @@ def run(args: list[str], **options) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def obsq_env(redis_url: str, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OBSQ_", "OTEL_"))}
-    return {**env, "OBSQ_REDIS_URL": redis_url, **extra}
-
-
 # -- the project of the Use section ---------------------------------------------------------
 
 
@@ -79,7 +72,7 @@ def readme_worker(project: Path, redis_url: str) -> Iterator[subprocess.Popen[st
     log = (project / "worker.log").open("w")
     worker = subprocess.Popen(shlex.split(command), cwd=project, stdout=log,
                               stderr=subprocess.STDOUT, text=True,
-                              env=obsq_env(redis_url, OBSQ_HTTP_PORT="0"))
+                              env=obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_HTTP_PORT="0"))
     try:
         wait_for(lambda: "started: queues critical=6,default=3" in
                  (project / "worker.log").read_text(), timeout=30, what="the worker starting")
@@ -91,7 +84,8 @@ def readme_worker(project: Path, redis_url: str) -> Iterator[subprocess.Popen[st
 
 
 def test_the_use_section_runs_as_written(project, readme_worker, redis_url) -> None:
-    produced = run([sys.executable, "produce.py"], cwd=project, env=obsq_env(redis_url))
+    produced = run([sys.executable, "produce.py"], cwd=project,
+                   env=obsq_env(OBSQ_REDIS_URL=redis_url))
     assert produced.stdout.splitlines() == [
         "{'sent_to': 'a@b.c'}", "completed", "scheduled", "2", "default"]
 
@@ -104,10 +98,11 @@ def test_the_console_section_runs_as_written(project, readme_worker, redis_url) 
                "        info = await client.enqueue('email:send', {'to': 'a@b.c'}, retention=60)\n"
                "        await client.result(info, timeout=10)\n"
                "asyncio.run(main())\n")
-    run([sys.executable, "-c", produce], cwd=project, env=obsq_env(redis_url))
+    run([sys.executable, "-c", produce], cwd=project, env=obsq_env(OBSQ_REDIS_URL=redis_url))
     (project / "look.py").write_text(
         python_block("obsq.Inspector(").replace(README_URL, redis_url))
-    out = run([sys.executable, "look.py"], cwd=project, env=obsq_env(redis_url)).stdout
+    out = run([sys.executable, "look.py"], cwd=project,
+              env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout
     assert out.splitlines()[0].startswith("critical {'pending': 0")
     assert "email:send {'sent_to': 'a@b.c'}" in out and out.endswith("requeued 0\n")
 
@@ -115,23 +110,23 @@ def test_the_console_section_runs_as_written(project, readme_worker, redis_url) 
 def test_the_schedules_section_runs_as_written(project, redis_url) -> None:
     (command,) = [c for c in shell_commands() if c.startswith("obsq scheduler ")]
     (listing,) = [c for c in shell_commands() if c.startswith("obsq schedules ")]
+    env = obsq_env(OBSQ_REDIS_URL=redis_url)
     log_path = project / "scheduler.log"
     with log_path.open("w") as log:
         scheduler = subprocess.Popen(shlex.split(command), cwd=project, stdout=log,
-                                     stderr=subprocess.STDOUT,
-                                     env=obsq_env(redis_url, OBSQ_HTTP_PORT="0"))
+                                     stderr=subprocess.STDOUT, env={**env, "OBSQ_HTTP_PORT": "0"})
     try:
         wait_for(lambda: "schedule report:nightly (0 3 * * *, report:nightly) written"
                  in log_path.read_text(), timeout=30, what="the App's entry written")
         (project / "plan.py").write_text(
             python_block("client.schedule(").replace(README_URL, redis_url))
         *listed, removed = run([sys.executable, "plan.py"], cwd=project,
-                               env=obsq_env(redis_url)).stdout.splitlines()
+                               env=env).stdout.splitlines()
         assert sorted(listed) == ["nightly-report 0 3 * * * Europe/Paris skip client",
                                   "report:nightly 0 3 * * * Europe/Paris once app",
                                   "tenant-42-sync @every 30s UTC once client"]
         assert removed == "True"
-        out = run(shlex.split(listing), cwd=project, env=obsq_env(redis_url)).stdout
+        out = run(shlex.split(listing), cwd=project, env=env).stdout
         assert "nightly-report" in out and "report:nightly" in out
         assert "tenant-42-sync" not in out
     finally:
@@ -148,7 +143,7 @@ def install_and_demo(command: str, redis_url: str) -> None:
     assert extras and f"{extras[1]} = " in (ROOT / "pyproject.toml").read_text()
     assert demo == "obsq demo"  # run as written, shortened, on the test's Redis:
     out = run(["obsq", "demo", "--duration", "2", "--http-port", "0"], cwd=ROOT,
-              env=obsq_env(redis_url)).stdout
+              env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout
     assert "dead     payment:charge" in out
 
 
@@ -171,7 +166,7 @@ def scheduler(command: str, redis_url: str) -> None:
 
 def schedules(command: str, redis_url: str) -> None:
     """`obsq schedules` as written, on the test's Redis (whatever it holds)."""
-    out = run(shlex.split(command), cwd=ROOT, env=obsq_env(redis_url)).stdout
+    out = run(shlex.split(command), cwd=ROOT, env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout
     assert out.startswith(("schedule ", "no schedules in namespace 'myproject'"))
 
 
@@ -184,7 +179,7 @@ def console(command: str, redis_url: str) -> None:
     args = shlex.split(command)
     port = free_port()
     args[args.index("--port") + 1] = str(port)
-    process = subprocess.Popen(args, cwd=ROOT, env=obsq_env(redis_url),
+    process = subprocess.Popen(args, cwd=ROOT, env=obsq_env(OBSQ_REDIS_URL=redis_url),
                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/", timeout=1).status_code == 200,
@@ -195,7 +190,7 @@ def console(command: str, redis_url: str) -> None:
 
 
 def export_otel(command: str, redis_url: str) -> None:
-    env = obsq_env(redis_url, OTEL_EXPORTER_OTLP_TIMEOUT="1")
+    env = obsq_env(OBSQ_REDIS_URL=redis_url, OTEL_EXPORTER_OTLP_TIMEOUT="1")
     env.update(assignment.split("=", 1) for assignment in shlex.split(command)[1:])
     out = run([sys.executable, "-c", "from obsq.observability import setup_tracing; "
                "print(setup_tracing())"], env=env).stdout

@@ -1,6 +1,6 @@
 """Schedule entries without Redis: fire times of cron specs in a timezone across DST
-changes, intervals, what a scheduler does with fires it reaches late, and the checks that
-refuse a bad entry before anything is written."""
+changes, intervals, what a scheduler does with fires it reaches late, the checks that
+refuse a bad entry before anything is written, and the scheduler's settings."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from datetime import datetime
 import pytest
 
 import obsq
+from obsq.errors import ConfigurationError
 from obsq.schedule import FIRE_HEADER, SCHEDULE_HEADER, Plan, Schedule, fire_text
+from obsq.settings import SchedulerSettings
 
 
 def ms(text: str) -> int:
@@ -76,8 +78,9 @@ def test_intervals_count_from_the_last_fire() -> None:
     entry = Schedule("e", "@every 1.5s", "t")
     assert entry.every_ms == 1500
     assert entry.next_after(1000) == 2500
-    for spec, every_ms in [("@every 250ms", 250), ("@every 2m", 120_000), ("@every 1h", 3_600_000),
-                           ("@every 1d", 86_400_000), ("@every 30", 30_000)]:
+    for spec, every_ms in [("@every 250ms", 250), ("@every 1.5m", 90_000),
+                           ("@every 2h", 7_200_000), ("@every 1d", 86_400_000),
+                           ("@every 30", 30_000)]:
         assert Schedule("e", spec, "t").every_ms == every_ms
 
 
@@ -162,6 +165,8 @@ def test_a_tampered_entry_does_not_decode(raw: bytes, why: str) -> None:
     ({"spec": "0 0 30 2 *"}, ValueError, "never fires"),
     ({"spec": "@every soon"}, ValueError, "not an interval"),
     ({"spec": "@every 10ms"}, ValueError, "at least 0.1 s"),
+    ({"spec": "@every 0s"}, ValueError, "at least 0.1 s"),
+    ({"spec": "@every -1s"}, ValueError, "at least 0.1 s"),
     ({"missed": "twice"}, ValueError, "missed must be one of skip, once"),
     ({"task_type": "a{b}"}, ValueError, "task type"),
     ({"payload": float("nan")}, ValueError, "NaN"),
@@ -194,3 +199,14 @@ def test_app_periodic_names_its_entries() -> None:
 def test_fire_times_are_iso_8601_in_utc() -> None:
     assert fire_text(0) == "1970-01-01T00:00:00Z"
     assert fire_text(ms("2026-03-01T02:00Z") + 5) == "2026-03-01T02:00:00.005Z"
+
+
+def test_scheduler_settings_come_from_the_environment_and_are_checked() -> None:
+    settings = SchedulerSettings.from_env({"OBSQ_LOCK_TTL": "1", "OBSQ_MISSED_AFTER": "2.5",
+                                           "OBSQ_CONCURRENCY": "7"})
+    assert (settings.lock_ttl, settings.missed_after) == (1.0, 2.5)
+    assert SchedulerSettings() == SchedulerSettings(lock_ttl=5.0, missed_after=15.0)
+    with pytest.raises(ConfigurationError, match=r"at least 1\.5 times lock_ttl"):
+        SchedulerSettings(lock_ttl=11.0)  # a failover's fires would count as missed
+    with pytest.raises(ConfigurationError, match="OBSQ_MISSED_AFTER"):
+        SchedulerSettings.from_env({"OBSQ_MISSED_AFTER": "soon"})

@@ -53,9 +53,6 @@ class GlobalKeys:
     def wake(self, worker_id: str) -> str:
         return f"{self.namespace}:worker:{worker_id}:wake"  # a worker interrupting its wait
 
-    def inbox_wake(self, client_id: str) -> str:
-        return f"{self.namespace}:client:{client_id}:wake"  # a client interrupting its reader
-
     def lock(self, name: str) -> str:
         return f"{self.namespace}:lock:{name}"
 

@@ -14,7 +14,7 @@ import orjson
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.records import Ended, Enqueued
-from obsq.settings import INBOX_BATCH
+from obsq.settings import INBOX_BATCH, INBOX_TTL
 from obsq.task import TaskMessage
 
 
@@ -83,28 +83,28 @@ class Producing(RedisCalls):
                          ) -> list[Ended]:
         """Block until tasks watched by `client_id` end in any of `queues` (or the wait is
         interrupted, or `timeout` passes); returns every end waiting in the inboxes. The
-        inboxes of a Cluster live in different slots: one wait per queue there."""
+        inboxes of a Cluster live in different slots: one queue per call there."""
+        if self.is_cluster and len(queues) > 1:
+            raise ValueError("on a Redis Cluster, read one queue's inbox at a time")
         queue_of = {self.keys(q).inbox(client_id).encode(): q for q in queues}
         inboxes = [inbox.decode() for inbox in queue_of]
-        if self.is_cluster:
-            first = await self._blpop_any("read_inbox", inboxes, timeout)
-            return [_ended(queue_of[first[0]], first[1])] if first else []
         pipe = self.redis.pipeline(transaction=False)
-        pipe.blpop([self.global_keys.inbox_wake(client_id), *inboxes], timeout=timeout)
+        pipe.blpop(inboxes, timeout=timeout)
         for inbox in inboxes:  # whatever else waits, in the same round trip
             pipe.lpop(inbox, INBOX_BATCH)
         first, *rest = await self._guard("read_inbox", pipe.execute())
-        ends = [_ended(queue_of[first[0]], first[1])] if first and first[0] in queue_of else []
+        messages = [(queue_of[first[0]], first[1])] if first else []
         for queue, more in zip(queues, rest):
-            ends += (_ended(queue, m) for m in more or ())
-        return ends
+            messages += ((queue, m) for m in more or ())
+        return _ends(messages)
 
-    async def interrupt_inbox(self, client_id: str) -> None:
-        """End the client's read_inbox wait at once (it has a new queue to listen to)."""
-        key = self.global_keys.inbox_wake(client_id)
+    async def interrupt_inbox(self, queue: str, client_id: str) -> None:
+        """End the client's read_inbox wait on `queue`'s inbox at once (it has another queue
+        to listen to): an empty message, which read_inbox skips."""
+        inbox = self.keys(queue).inbox(client_id)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.rpush(key, 1)
-        pipe.expire(key, 10)
+        pipe.rpush(inbox, b"")
+        pipe.expire(inbox, INBOX_TTL)
         await self._guard("read_inbox", pipe.execute())
 
 
@@ -119,6 +119,11 @@ def _enqueued(status: str) -> Enqueued:
     return Enqueued(False)
 
 
-def _ended(queue: str, message: bytes) -> Ended:
-    task_id, state, value = message.split(b"\n", 2)
-    return Ended(queue, task_id.decode(errors="replace"), state.decode(), value)
+def _ends(messages: list[tuple[str, bytes]]) -> list[Ended]:
+    """The ends in inbox messages `<id>\\n<state>\\n<value>`; empty ones only interrupted."""
+    ends = []
+    for queue, message in messages:
+        if message:
+            task_id, state, value = message.split(b"\n", 2)
+            ends.append(Ended(queue, task_id.decode(errors="replace"), state.decode(), value))
+    return ends

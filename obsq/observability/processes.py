@@ -113,7 +113,7 @@ async def run_scheduler(scheduler: Scheduler, *, http_port: int | None = None,
         server = HealthServer(
             http_host, http_port, endpoint_registry(),
             live=loop_liveness(asyncio.get_running_loop()),
-            ready=lambda: None if scheduler.redis_ok() else "Redis is unreachable",
+            ready=scheduler.ready,
             status=scheduler.describe)
         log.info("scheduler: metrics and probes on :%d", server.port)
         if serving is not None:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import socket
+from collections.abc import Iterator
 
 import uvicorn
 
 from obsq.errors import ConfigurationError
 from obsq.inspector import Inspector
+from obsq.loop import on_stop_signals
 from obsq.ui.app import create_app
 
 log = logging.getLogger("obsq")
@@ -37,12 +40,26 @@ async def serve_from_args(inspector: Inspector, args: argparse.Namespace) -> Non
                                  f"got {trace_url!r}")
     sock = _bind(host, port)
     app = create_app(inspector, token=token, read_only=read_only, trace_url=trace_url)
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False,
-                                           lifespan="off", server_header=False))
+    server = _Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
+                                    server_header=False))
     mode = "read-only" if token is None or read_only else "actions with the token"
     log.info("console of namespace %s on http://%s:%d (%s)", inspector.namespace,
              *sock.getsockname()[:2], mode)
-    await server.serve(sockets=[sock])
+    remove_signals = on_stop_signals(lambda sig: setattr(server, "should_exit", True))
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        remove_signals()
+
+
+class _Server(uvicorn.Server):
+    """Stops on the stop signals as every obsq process does (obsq.loop): uvicorn's own
+    handling raises the signal again once it has shut down, which ended `obsq ui` with
+    status -15 instead of 0 on a SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
+from support import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "obsq"
 HERE = Path(__file__).resolve().parent
 CRD_APIS = ["monitoring.coreos.com/v1", "keda.sh/v1alpha1"]

@@ -12,13 +12,13 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from support import missing_tool, wait_until
+from support import ROOT, missing_tool, wait_until
 
 import obsq
 from obsq.broker import QueueKeys
 from obsq.redis_server import RedisServer, free_port
 
-from .helpers import ROOT, namespace_keys
+from .helpers import namespace_keys
 
 
 @pytest.mark.parametrize("call, error", [

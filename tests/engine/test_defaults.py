@@ -10,11 +10,9 @@ import subprocess
 import sys
 
 import pytest
-from support import wait_until
+from support import ROOT, wait_until
 
 import obsq
-
-from .helpers import ROOT
 
 
 def _routed_app(namespace: str) -> obsq.App:

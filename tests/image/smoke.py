@@ -250,6 +250,8 @@ CHECKS: list[tuple[str, Callable[[], None]]] = [
      lambda: serves(["obsq", "scheduler", APP, "--http-port", "{port}"], "/healthz", "/readyz")),
     ("obsq exporter answers /healthz and /metrics",
      lambda: serves(["obsq", "exporter", "--http-port", "{port}"], "/healthz", "/metrics")),
+    ("obsq ui answers /, /healthz and /metrics",
+     lambda: serves(["obsq", "ui", "--port", "{port}"], "/", "/healthz", "/metrics")),
 ]
 
 

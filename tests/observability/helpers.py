@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -24,11 +22,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from support import missing_tool  # noqa: F401 - re-exported for these tests
+from support import ROOT, missing_tool, stop_process, wait_until  # noqa: F401 - re-exported
 
 from obsq.redis_server import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -54,15 +51,16 @@ def probe(port: int, path: str) -> tuple[int, dict[str, Any]]:
     return status, json.loads(body)
 
 
-async def wait_ready(port: int, timeout: float = 20) -> tuple[int, dict[str, Any]]:
-    """The first answer of /readyz from a process that is starting (polled until it
-    listens)."""
-    async def ready() -> tuple[int, dict[str, Any]] | None:
+async def wait_ready(port: int, timeout: float = 20) -> dict[str, Any]:
+    """The body of /readyz once a starting process answers it with 200 (while it starts
+    it may not listen yet, or answer 503 "starting")."""
+    async def ready() -> dict[str, Any] | None:
         try:
-            return await asyncio.to_thread(probe, port, "/readyz")
+            status, body = await asyncio.to_thread(probe, port, "/readyz")
         except OSError:  # not listening yet
             return None
-    return await eventually(ready, timeout=timeout, what=f"readyz on port {port}")
+        return body if status == 200 else None
+    return await wait_until(ready, timeout=timeout, what=f"readyz on port {port}")
 
 
 def scrape(port: int, *, openmetrics: bool = False) -> str:
@@ -91,55 +89,6 @@ def pick(samples: Samples, name: str, **labels: str) -> dict[tuple[tuple[str, st
 def value(samples: Samples, name: str, **labels: str) -> float:
     """The one sample of `name` with exactly these labels; 0 when absent."""
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
-async def eventually(condition: Callable[[], Any], timeout: float = 15.0,
-                     interval: float = 0.05, what: str = "condition") -> Any:
-    """Poll `condition` (sync, run in a thread, or async) until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = condition()
-            if asyncio.iscoroutine(last):
-                last = await last
-        except AssertionError as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout} s (last: {last!r})")
-        await asyncio.sleep(interval)
-
-
-# -- subprocesses -----------------------------------------------------------------------------
-
-def obsq_env(**extra: str) -> dict[str, str]:
-    """The environment of an `obsq` subprocess that imports this checkout."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OBSQ_", "OTEL_", "PROMETHEUS_MULTIPROC"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.update(extra)
-    return env
-
-
-def start_obsq(args: list[str], env: dict[str, str], cwd: Path | str,
-               log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "obsq", *args], env=env, cwd=cwd,
-                                stdout=out, stderr=subprocess.STDOUT)
-
-
-def stop_process(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return process.returncode
 
 
 # -- a real Prometheus ------------------------------------------------------------------------
@@ -231,7 +180,7 @@ class PrometheusServer:
             result = self.query(expr)
             return check(result)
 
-        await eventually(lambda: asyncio.to_thread(ready), timeout=timeout, interval=0.5,
+        await wait_until(lambda: asyncio.to_thread(ready), timeout=timeout, interval=0.5,
                          what=f"Prometheus query {expr}")
         return result
 

@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from deploy.promql import alert_queries, dashboard_queries
+from support import wait_until
 
 import obsq
 from obsq.broker import Broker, GlobalKeys, QueueKeys, ScheduleKeys
@@ -35,7 +36,6 @@ from obsq.observability import instrument_client
 from .helpers import (
     ROOT,
     PrometheusServer,
-    eventually,
     missing_tool,
     parse,
     prometheus_binary,
@@ -206,15 +206,15 @@ async def test_every_dashboard_query_and_alert_returns_data(
     async def until_counted(expected: float, name: str, **labels: str) -> None:
         async def counted() -> bool:
             return await scraped(name, **labels) == expected
-        await eventually(counted, timeout=15, what=f"{name}{labels} == {expected}")
+        await wait_until(counted, timeout=15, what=f"{name}{labels} == {expected}")
 
     async def expire_a_lease() -> None:
         """A slow task whose lease runs out: recovered (expired), run again (success),
         and its first attempt's late result refused (lease_lost)."""
         info = await client.enqueue("slow")
-        await eventually(lambda: attempts[info.id] == 1, what="the slow task started")
+        await wait_until(lambda: attempts[info.id] == 1, what="the slow task started")
         raw_redis.zadd(QueueKeys(namespace, main).lease, {info.id: 1})
-        await eventually(lambda: attempts[info.id] == 2, what="the slow task ran again")
+        await wait_until(lambda: attempts[info.id] == 2, what="the slow task ran again")
         releases[info.id].set()
 
     async def lose_a_worker(ghost: str) -> None:
@@ -233,7 +233,7 @@ async def test_every_dashboard_query_and_alert_returns_data(
         try:
             async def failed() -> bool:
                 return await scraped("obsq_redis_errors_total", operation="stats") > before
-            await eventually(failed, timeout=10, what="a Redis error counted")
+            await wait_until(failed, timeout=10, what="a Redis error counted")
         finally:
             raw_redis.delete(broken)
 
@@ -246,7 +246,7 @@ async def test_every_dashboard_query_and_alert_returns_data(
 
         async def missed() -> bool:
             return await scraped("obsq_scheduler_missed_total", entry="e2e-tick") > before
-        await eventually(missed, timeout=10, what="missed fires counted")
+        await wait_until(missed, timeout=10, what="missed fires counted")
 
     async def wave(n: int) -> None:
         """The same work each time: every outcome, both recovery reasons, a Redis error,
@@ -298,7 +298,7 @@ async def test_every_dashboard_query_and_alert_returns_data(
         fresh = all(_rfc3339(r["lastEvaluation"]) > in_prometheus + 1 for r in rules.values())
         return rules if fresh and rules["ObsqDeadTasksGrowing"]["state"] == "firing" else {}
 
-    rules = await eventually(lambda: asyncio.to_thread(rules_evaluated), timeout=10,
+    rules = await wait_until(lambda: asyncio.to_thread(rules_evaluated), timeout=10,
                              interval=0.5, what="two evaluations of the rules")
     assert set(rules) == {name for name, _ in alert_queries(RULES)}
     for rule in rules.values():

@@ -12,20 +12,21 @@ import sys
 import httpx
 import pytest
 from opentelemetry.trace import SpanKind
+from support import ObsqProcess, obsq_env, wait_until
 
-from .helpers import ROOT, eventually, obsq_env, start_obsq, stop_process
+from .helpers import ROOT
 
 
 async def test_worker_and_producer(redis_url, namespace, tmp_path):
     env = obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace)
-    worker = start_obsq(["worker", "examples.tasks:app", "--queues", "default=3,reports=1",
+    worker = ObsqProcess(["worker", "examples.tasks:app", "--queues", "default=3,reports=1",
                          "--http-port", "-1"], env, ROOT, tmp_path / "worker.log")
     try:
         produced = await asyncio.to_thread(
             subprocess.run, [sys.executable, "-m", "examples.producer"], cwd=ROOT, env=env,
             capture_output=True, text=True, timeout=60)
     finally:
-        code = await asyncio.to_thread(stop_process, worker)
+        code = await asyncio.to_thread(worker.stop)
     assert produced.returncode == 0, produced.stderr
     assert "enqueued 3 emails" in produced.stdout
     assert "report ready: {'report': 'monthly', 'month': '2026-11', 'rows': 42}" in \
@@ -64,7 +65,7 @@ async def test_web_request_enqueue_and_task_make_one_trace(examples, spans, star
         async def done():
             state = (await http.get(f"/tasks/{task_id}")).json()
             return state["state"] == "completed" and state
-        state = await eventually(done, timeout=20, what="the report task completed")
+        state = await wait_until(done, timeout=20, what="the report task completed")
         assert state["result"] == {"report": "monthly", "month": "2026-11", "rows": 42}
         assert (await http.get("/tasks/nope")).status_code == 404
     await webapp.client.close()

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+from support import ObsqProcess, obsq_env, wait_until
+
 import obsq
 from obsq.redis_server import free_port
 
-from .helpers import (
-    eventually,
-    obsq_env,
-    parse,
-    pick,
-    probe,
-    scrape,
-    start_obsq,
-    stop_process,
-    value,
-    wait_ready,
-)
+from .helpers import parse, pick, probe, scrape, value, wait_ready
 
 
 async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
@@ -27,11 +18,11 @@ async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
     await client.enqueue("b", {}, queue="beta")
     await client.enqueue("b", {}, queue="beta", delay=600)
     port = free_port()
-    exporter = start_obsq(["exporter", "--http-port", str(port)],
+    exporter = ObsqProcess(["exporter", "--http-port", str(port)],
                           obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace),
                           tmp_path, tmp_path / "exporter.log")
     try:
-        assert await wait_ready(port) == (200, {"status": "ok"})
+        assert await wait_ready(port) == {"status": "ok"}
         assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
         s = parse(await asyncio.to_thread(scrape, port))
         assert value(s, "obsq_queue_depth", queue="alpha", state="pending") == 1
@@ -45,11 +36,11 @@ async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
                                            "obsq_queue_paused", "obsq_workers"}
 
         await client.enqueue("c", {}, queue="gamma")  # a new queue shows up
-        await eventually(lambda: asyncio.to_thread(lambda: value(
+        await wait_until(lambda: asyncio.to_thread(lambda: value(
             parse(scrape(port)), "obsq_queue_depth", queue="gamma", state="pending") == 1))
     finally:
         await client.close()
-        code = await asyncio.to_thread(stop_process, exporter)
+        code = await asyncio.to_thread(exporter.stop)
     assert code == 0, (tmp_path / "exporter.log").read_text()
 
 
@@ -60,18 +51,18 @@ async def test_exporter_takes_its_settings_from_the_chart_environment(redis_url,
     client = obsq.Client(redis_url, namespace=namespace)
     await client.enqueue("a", {}, queue="alpha")
     port = free_port()
-    exporter = start_obsq(["exporter"],
+    exporter = ObsqProcess(["exporter"],
                           obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace,
                                    OBSQ_HTTP_PORT=str(port), OBSQ_LOG_FORMAT="json",
                                    OBSQ_LOG_LEVEL="INFO"),
                           tmp_path, tmp_path / "exporter.log")
     try:
-        assert await wait_ready(port) == (200, {"status": "ok"})
+        assert await wait_ready(port) == {"status": "ok"}
         assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
         s = parse(await asyncio.to_thread(scrape, port))
         assert value(s, "obsq_queue_depth", queue="alpha", state="pending") == 1
     finally:
         await client.close()
-        code = await asyncio.to_thread(stop_process, exporter)
+        code = await asyncio.to_thread(exporter.stop)
     assert code == 0, (tmp_path / "exporter.log").read_text()
     assert '"message":"exporter serving' in (tmp_path / "exporter.log").read_text()

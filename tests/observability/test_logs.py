@@ -7,11 +7,10 @@ import json
 import logging
 
 import pytest
+from support import wait_until
 
 import obsq
 from obsq.observability import configure_logging
-
-from .helpers import eventually
 
 
 @pytest.fixture
@@ -51,7 +50,7 @@ async def test_json_lines_carry_the_task_trace(app, redis_url, namespace, spans,
     client = obsq.Client(redis_url, namespace=namespace, app=app)
     await client.enqueue("async", {"who": "ada"})
     await client.enqueue("sync", {})
-    await eventually(lambda: len(process_spans(spans, queue)) == 2, what="both tasks")
+    await wait_until(lambda: len(process_spans(spans, queue)) == 2, what="both tasks")
     ids = {s.attributes["obsq.task.type"]: (f"{s.context.trace_id:032x}",
                                             f"{s.context.span_id:016x}")
            for s in process_spans(spans, queue)}
@@ -83,7 +82,7 @@ async def test_text_lines_end_with_the_ids(app, redis_url, namespace, spans, log
     await start_worker(queues={queue: 1}, tracing=True)
     client = obsq.Client(redis_url, namespace=namespace, app=app)
     await client.enqueue("t")
-    (span,) = await eventually(lambda: process_spans(spans, queue))
+    (span,) = await wait_until(lambda: process_spans(spans, queue))
     lines = [line for line in log_stream.getvalue().splitlines() if "hello from" in line]
     assert lines == [lines[0]]
     assert lines[0].endswith(f"WARNING shop: hello from the handler "

@@ -8,12 +8,14 @@ import shutil
 import subprocess
 import time
 
+from support import wait_until
+
 import obsq
 from obsq import __version__
 from obsq.broker import Broker, GlobalKeys, QueueKeys
 from obsq.observability import instrument_client
 
-from .helpers import OPENMETRICS, eventually, http_get, missing_tool, parse, pick, scrape, value
+from .helpers import OPENMETRICS, http_get, missing_tool, parse, pick, scrape, value
 
 
 async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis, start_worker):
@@ -69,9 +71,9 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
     first = await client.enqueue("slow:job", {})
 
     # The first slow attempt runs; expire its lease so the recoverer takes it back.
-    await eventually(lambda: len(slow_attempts) == 1, what="the slow task started")
+    await wait_until(lambda: len(slow_attempts) == 1, what="the slow task started")
     raw_redis.zadd(QueueKeys(namespace, main).lease, {first.id: 1})
-    await eventually(lambda: len(slow_attempts) == 2, what="the task ran again")
+    await wait_until(lambda: len(slow_attempts) == 2, what="the task ran again")
 
     # A task held by a worker that stopped heartbeating, in a queue nobody serves.
     lost = await client.enqueue("easy", {}, queue=elsewhere)
@@ -93,10 +95,10 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
         return all(value(s, "obsq_tasks_processed_total", queue=main, task=t, outcome=o) == n
                    for (t, o), n in outcomes.items()) and value(
             s, "obsq_lease_recoveries_total", queue=elsewhere, reason="worker_lost") == 1
-    await eventually(lambda: asyncio.to_thread(settled), timeout=20, what="all outcomes")
+    await wait_until(lambda: asyncio.to_thread(settled), timeout=20, what="all outcomes")
     release.set()  # the first slow attempt ends: its result is refused
     outcomes[("slow:", "lease_lost")] = 1
-    await eventually(lambda: asyncio.to_thread(
+    await wait_until(lambda: asyncio.to_thread(
         lambda: value(parse(scrape(port)), "obsq_tasks_processed_total", queue=main,
                       task="slow:", outcome="lease_lost") == 1), what="lease_lost counted")
     await asyncio.sleep(1.1)  # past the queue gauges' cache
@@ -173,7 +175,7 @@ async def test_second_worker_on_the_same_app_does_not_double_count(app, redis_ur
         s = parse(scrape(start_worker.port(first)))
         return value(s, "obsq_tasks_processed_total", queue=queue, task="one",
                      outcome="success") == 20 and s
-    s = await eventually(lambda: asyncio.to_thread(counted), what="20 successes")
+    s = await wait_until(lambda: asyncio.to_thread(counted), what="20 successes")
     assert value(s, "obsq_tasks_enqueued_total", queue=queue, task="one") == 20
     assert value(s, "obsq_task_duration_seconds_count", queue=queue, task="one") == 20
     await client.close()
@@ -190,7 +192,7 @@ async def test_openmetrics_scrape_carries_trace_id_exemplars(app, redis_url, nam
     worker = await start_worker(queues={queue: 1}, metrics=True, tracing=True, http_port=0)
     client = obsq.Client(redis_url, namespace=namespace, app=app)
     await client.enqueue("traced")
-    await eventually(lambda: [s for s in spans.get_finished_spans()
+    await wait_until(lambda: [s for s in spans.get_finished_spans()
                               if s.name == f"process {queue}"], what="the process span")
     process = next(s for s in spans.get_finished_spans() if s.name == f"process {queue}")
     trace_id = format(process.context.trace_id, "032x")

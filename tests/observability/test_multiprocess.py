@@ -9,10 +9,12 @@ import signal
 import subprocess
 import sys
 
+from support import ObsqProcess, obsq_env, wait_until
+
 import obsq
 from obsq.redis_server import free_port
 
-from .helpers import eventually, obsq_env, parse, probe, scrape, start_obsq, stop_process, value
+from .helpers import parse, probe, scrape, value
 
 APP = """
 import asyncio, os
@@ -31,7 +33,7 @@ async def pid(task):
 async def test_two_processes_one_endpoint(redis_url, namespace, tmp_path):
     (tmp_path / "mp_app.py").write_text(APP)
     port = free_port()
-    supervisor = start_obsq(
+    supervisor = ObsqProcess(
         ["worker", "mp_app:app", "--processes", "2", "--concurrency", "2", "--http-port",
          str(port), "--shutdown-timeout", "5"],
         obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace), tmp_path,
@@ -46,7 +48,7 @@ async def test_two_processes_one_endpoint(redis_url, namespace, tmp_path):
                 return value(await metrics(), "obsq_workers") == 2
             except OSError:
                 return False
-        await eventually(up, timeout=30, what="two children heartbeating")
+        await wait_until(up, timeout=30, what="two children heartbeating")
         status, page = await asyncio.to_thread(probe, port, "/")
         pids = [p["pid"] for p in page["processes"]]
         assert status == 200 and len(set(pids)) == 2 and all(p["alive"] for p in
@@ -71,10 +73,10 @@ async def test_two_processes_one_endpoint(redis_url, namespace, tmp_path):
             _, page = await asyncio.to_thread(probe, port, "/")
             now = [p["pid"] for p in page["processes"]]
             return pids[0] not in now and all(p["alive"] for p in page["processes"]) and now
-        new_pids = await eventually(replaced, timeout=30, what="the child restarted")
+        new_pids = await wait_until(replaced, timeout=30, what="the child restarted")
         assert pids[1] in new_pids
         assert (await asyncio.to_thread(probe, port, "/"))[1]["processes"][0]["restarts"] == 1
-        await eventually(lambda: asyncio.to_thread(lambda: probe(port, "/healthz")[0] == 200))
+        await wait_until(lambda: asyncio.to_thread(lambda: probe(port, "/healthz")[0] == 200))
         s = await metrics()  # the dead child's counts stay; its live gauges went with it
         assert value(s, "obsq_tasks_processed_total", queue="default", task="pid",
                      outcome="success") == 20
@@ -84,12 +86,12 @@ async def test_two_processes_one_endpoint(redis_url, namespace, tmp_path):
             return {await client.result(i, timeout=30) for i in more}
         ran_again = await all_done()
         assert ran_again <= set(new_pids)
-        await eventually(lambda: asyncio.to_thread(lambda: metrics_value(port) == 30),
+        await wait_until(lambda: asyncio.to_thread(lambda: metrics_value(port) == 30),
                          timeout=10, what="30 counted")
         assert value(await metrics(), "obsq_worker_concurrency") == 4
     finally:
         await client.close()
-        code = await asyncio.to_thread(stop_process, supervisor, 40)
+        code = await asyncio.to_thread(supervisor.stop, 40)
     log = (tmp_path / "supervisor.log").read_text()
     assert code == 0, log
     assert "exited with signal SIGKILL; restarting it" in log
@@ -117,7 +119,7 @@ async def test_a_single_worker_serving_a_multiprocess_directory_starts_it_afresh
     assert stale.returncode == 0, stale.stderr
     assert list(directory.glob("counter_*.db"))
     port = free_port()
-    worker = start_obsq(["worker", "mp_app:app", "--http-port", str(port)], env, tmp_path,
+    worker = ObsqProcess(["worker", "mp_app:app", "--http-port", str(port)], env, tmp_path,
                         tmp_path / "worker.log")
     client = obsq.Client(redis_url, namespace=namespace)
     try:
@@ -126,17 +128,17 @@ async def test_a_single_worker_serving_a_multiprocess_directory_starts_it_afresh
                 return value(parse(await asyncio.to_thread(scrape, port)), "obsq_workers") == 1
             except OSError:
                 return False
-        await eventually(up, timeout=30, what="the worker serving")
+        await wait_until(up, timeout=30, what="the worker serving")
         for _ in range(3):
             await client.result(await client.enqueue("pid", retention=60), timeout=30)
         async def all_counted():  # counted once Redis recorded each, after the result
             s = parse(await asyncio.to_thread(scrape, port))
             return s if value(s, "obsq_tasks_processed_total", queue="default", task="pid",
                               outcome="success") == 3 else None
-        s = await eventually(all_counted, what="3 successes counted")
+        s = await wait_until(all_counted, what="3 successes counted")
         assert not [name for name, _ in s if name.startswith("obsq_stale")]
         assert value(s, "obsq_worker_concurrency") == 50
     finally:
         await client.close()
-        code = await asyncio.to_thread(stop_process, worker)
+        code = await asyncio.to_thread(worker.stop)
     assert code == 0, (tmp_path / "worker.log").read_text()

@@ -11,8 +11,9 @@ import sys
 import textwrap
 
 import pytest
+from support import ObsqProcess, obsq_env, wait_until
 
-from .helpers import ROOT, eventually, obsq_env, otel_env, start_obsq, stop_process
+from .helpers import ROOT, otel_env
 
 APP = """
 import os
@@ -65,7 +66,7 @@ async def test_one_trace_across_processes(protocol, otlp_receiver, redis_url, na
     (tmp_path / "otlp_app.py").write_text(APP)
     (tmp_path / "producer.py").write_text(PRODUCER)
     base = {"OBSQ_REDIS_URL": redis_url, "OBSQ_NAMESPACE": namespace}
-    worker = start_obsq(["worker", "otlp_app:app", "--concurrency", "4", "--http-port", "-1"],
+    worker = ObsqProcess(["worker", "otlp_app:app", "--concurrency", "4", "--http-port", "-1"],
                         obsq_env(**base, **otel_env(receiver, "test-worker")), tmp_path,
                         tmp_path / "worker.log")
     try:
@@ -74,10 +75,10 @@ async def test_one_trace_across_processes(protocol, otlp_receiver, redis_url, na
             env=obsq_env(**base, **otel_env(receiver, "test-producer")), capture_output=True)
         assert produced.returncode == 0, produced.stderr.decode()
         ids = json.loads(produced.stdout)
-        await eventually(lambda: len(receiver.named("process ")) == 3, timeout=30,
+        await wait_until(lambda: len(receiver.named("process ")) == 3, timeout=30,
                          what="3 process spans")
     finally:
-        code = await asyncio.to_thread(stop_process, worker)
+        code = await asyncio.to_thread(worker.stop)
     log = (tmp_path / "worker.log").read_text()
     assert code == 0, log
     assert "Traceback" not in log, log

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-import obsq
+from support import wait_until
 
-from .helpers import eventually
+import obsq
 
 
 async def test_prometheus_scrapes_a_worker(app, redis_url, namespace, spans, prometheus,
@@ -27,7 +27,7 @@ async def test_prometheus_scrapes_a_worker(app, redis_url, namespace, spans, pro
     for _ in range(5):
         await client.enqueue("ok")
     await client.enqueue("fail")
-    await eventually(lambda: len([s for s in spans.get_finished_spans()
+    await wait_until(lambda: len([s for s in spans.get_finished_spans()
                                   if s.name == f"process {queue}"]) == 7, what="7 runs")
     prom = prometheus([f"127.0.0.1:{start_worker.port(worker)}"])
 

@@ -8,22 +8,12 @@ import textwrap
 from pathlib import Path
 
 import redis
+from support import ObsqProcess, obsq_env, wait_until
 
 import obsq
 from obsq.redis_server import free_port
 
-from .helpers import (
-    eventually,
-    obsq_env,
-    parse,
-    pick,
-    probe,
-    scrape,
-    start_obsq,
-    stop_process,
-    value,
-    wait_ready,
-)
+from .helpers import parse, pick, probe, scrape, value, wait_ready
 
 
 def write_app(folder: Path, namespace: str) -> None:
@@ -39,10 +29,10 @@ async def test_scheduler_probes_follow_redis(private_redis, namespace, tmp_path)
     write_app(tmp_path, namespace)
     port = free_port()
     log = tmp_path / "scheduler.log"
-    scheduler = start_obsq(["scheduler", "schedapp:app", "--http-port", str(port)],
+    scheduler = ObsqProcess(["scheduler", "schedapp:app", "--http-port", str(port)],
                            obsq_env(OBSQ_REDIS_URL=private_redis.url), tmp_path, log)
     try:
-        assert await wait_ready(port) == (200, {"status": "ok"})
+        assert await wait_ready(port) == {"status": "ok"}
         assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
         status, body = await asyncio.to_thread(probe, port, "/")
         assert status == 200 and body["namespace"] == namespace
@@ -50,14 +40,14 @@ async def test_scheduler_probes_follow_redis(private_redis, namespace, tmp_path)
         # it schedules as before
         r = redis.Redis.from_url(private_redis.url)
         try:
-            await eventually(lambda: asyncio.to_thread(
+            await wait_until(lambda: asyncio.to_thread(
                 lambda: any(r.scan_iter(match=f"{namespace}:*:t:tick@*"))), timeout=10,
                 what="a periodic task enqueued")
         finally:
             r.close()
 
         private_redis.stop()
-        _, body = await eventually(
+        _, body = await wait_until(
             lambda: asyncio.to_thread(lambda: (p := probe(port, "/readyz"))[0] == 503 and p),
             timeout=15, what="readyz 503")
         assert body == {"status": "unavailable", "reason": "Redis is unreachable"}
@@ -65,10 +55,10 @@ async def test_scheduler_probes_follow_redis(private_redis, namespace, tmp_path)
         assert (await asyncio.to_thread(probe, port, "/healthz"))[0] == 200
 
         private_redis.start()
-        await eventually(lambda: asyncio.to_thread(lambda: probe(port, "/readyz")[0] == 200),
+        await wait_until(lambda: asyncio.to_thread(lambda: probe(port, "/readyz")[0] == 200),
                          timeout=15, what="readyz 200 again")
     finally:
-        code = await asyncio.to_thread(stop_process, scheduler)
+        code = await asyncio.to_thread(scheduler.stop)
     assert code == 0, log.read_text()
 
 
@@ -76,23 +66,23 @@ async def test_scheduler_port_from_the_environment_and_off(redis_url, namespace,
     write_app(tmp_path, namespace)
     port = free_port()
     log = tmp_path / "scheduler.log"
-    scheduler = start_obsq(["scheduler", "schedapp:app"],
+    scheduler = ObsqProcess(["scheduler", "schedapp:app"],
                            obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_HTTP_PORT=str(port)),
                            tmp_path, log)
     try:
-        assert await wait_ready(port) == (200, {"status": "ok"})
+        assert await wait_ready(port) == {"status": "ok"}
     finally:
-        assert await asyncio.to_thread(stop_process, scheduler) == 0, log.read_text()
+        assert await asyncio.to_thread(scheduler.stop) == 0, log.read_text()
 
-    off = start_obsq(["scheduler", "schedapp:app", "--http-port", "-1"],
+    off = ObsqProcess(["scheduler", "schedapp:app", "--http-port", "-1"],
                      obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_HTTP_PORT=str(port)),
                      tmp_path, log)
     try:
-        await eventually(lambda: "scheduler started" in log.read_text().split(
+        await wait_until(lambda: "scheduler started" in log.read_text().split(
             "scheduler stopped")[-1], timeout=20, what="second scheduler started")
-        assert ", http on" not in log.read_text().split("scheduler stopped")[-1]
+        assert "metrics and probes on" not in log.read_text().split("scheduler stopped")[-1]
     finally:
-        assert await asyncio.to_thread(stop_process, off) == 0, log.read_text()
+        assert await asyncio.to_thread(off.stop) == 0, log.read_text()
 
 
 async def test_scheduler_takes_its_namespace_from_the_environment(redis_url, namespace,
@@ -105,17 +95,17 @@ async def test_scheduler_takes_its_namespace_from_the_environment(redis_url, nam
         app.periodic("@every 1s", "tick")
     """))
     log = tmp_path / "scheduler.log"
-    scheduler = start_obsq(["scheduler", "plainapp:app"],
+    scheduler = ObsqProcess(["scheduler", "plainapp:app"],
                            obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace,
                                     OBSQ_HTTP_PORT="-1"), tmp_path, log)
     r = redis.Redis.from_url(redis_url)
     try:
-        await eventually(lambda: asyncio.to_thread(
+        await wait_until(lambda: asyncio.to_thread(
             lambda: any(r.scan_iter(match=f"{namespace}:*:t:tick@*"))), timeout=15,
             what="a periodic task enqueued in the namespace of OBSQ_NAMESPACE")
     finally:
         r.close()
-        code = await asyncio.to_thread(stop_process, scheduler)
+        code = await asyncio.to_thread(scheduler.stop)
     assert code == 0, log.read_text()
 
 
@@ -130,34 +120,35 @@ async def test_scheduler_metrics_count_fires_per_entry(redis_url, namespace, tmp
     """))
     port = free_port()
     log = tmp_path / "scheduler.log"
-    scheduler = start_obsq(["scheduler", "slowapp:app", "--http-port", str(port)],
-                           obsq_env(OBSQ_REDIS_URL=redis_url), tmp_path, log)
+    scheduler = ObsqProcess(["scheduler", "slowapp:app", "--http-port", str(port)],
+                            obsq_env(OBSQ_REDIS_URL=redis_url), tmp_path, log)
     fires = "obsq_scheduler_fires_total"
+
+    async def samples() -> dict:
+        return parse(await asyncio.to_thread(scrape, port))
+
     try:
         await wait_ready(port)
-        samples = parse(await asyncio.to_thread(scrape, port))
-        assert pick(samples, fires) == {(("entry", "report:nightly"),): 0.0}
-        assert pick(samples, "obsq_scheduler_missed_total") == {
+        assert pick(await samples(), fires) == {(("entry", "report:nightly"),): 0.0}
+        assert pick(await samples(), "obsq_scheduler_missed_total") == {
             (("entry", "report:nightly"),): 0.0}
 
         async with obsq.Client(redis_url, namespace) as client:
             await client.schedule("blink", "@every 0.5s", "blink")
 
             async def blinked() -> bool:
-                samples = parse(await asyncio.to_thread(scrape, port))
-                return value(samples, fires, entry="blink") >= 2
-            await eventually(blinked, what="blink counted")
-            samples = parse(await asyncio.to_thread(scrape, port))
-            assert value(samples, "obsq_tasks_enqueued_total", queue="default",
+                return value(await samples(), fires, entry="blink") >= 2
+            await wait_until(blinked, what="blink counted")
+            now = await samples()
+            assert value(now, "obsq_tasks_enqueued_total", queue="default",
                          task="other") >= 2  # through the Client, with its metrics
-            assert value(samples, "obsq_scheduler_missed_total", entry="blink") == 0
+            assert value(now, "obsq_scheduler_missed_total", entry="blink") == 0
 
             await client.unschedule("blink")
 
             async def dropped() -> bool:
-                samples = parse(await asyncio.to_thread(scrape, port))
-                return not pick(samples, fires, entry="blink")
-            await eventually(dropped, what="the series of a removed entry dropped")
+                return not pick(await samples(), fires, entry="blink")
+            await wait_until(dropped, what="the series of a removed entry dropped")
     finally:
-        code = await asyncio.to_thread(stop_process, scheduler)
+        code = await asyncio.to_thread(scheduler.stop)
     assert code == 0, log.read_text()

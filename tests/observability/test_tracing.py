@@ -10,12 +10,13 @@ import threading
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import REGISTRY
+from support import wait_until
 
 import obsq
 from obsq.broker import QueueKeys
 from obsq.observability import instrument_app
 
-from .helpers import eventually, parse, scrape, value
+from .helpers import parse, scrape, value
 
 tracer = trace.get_tracer("tests")
 
@@ -38,7 +39,7 @@ async def test_one_trace_from_the_caller_to_the_handler(app, redis_url, namespac
     client = obsq.Client(redis_url, namespace=namespace, app=app)
     with tracer.start_as_current_span("checkout") as caller:
         infos = await client.enqueue_many([obsq.Job("greet", {"n": i}) for i in range(3)])
-    await eventually(lambda: len(named(spans, f"process {queue}")) == 3, what="3 spans")
+    await wait_until(lambda: len(named(spans, f"process {queue}")) == 3, what="3 spans")
 
     root = caller.get_span_context()
     sends = {s.attributes["messaging.message.id"]: s for s in named(spans, f"send {queue}")}
@@ -80,7 +81,7 @@ async def test_failures_record_the_exception_and_each_retry(app, redis_url, name
     await start_worker(queues={queue: 1}, tracing=True)
     client = obsq.Client(redis_url, namespace=namespace, app=app)
     info = await client.enqueue("boom")
-    await eventually(lambda: len(named(spans, f"process {queue}")) == 2, what="2 attempts")
+    await wait_until(lambda: len(named(spans, f"process {queue}")) == 2, what="2 attempts")
     first, second = sorted(named(spans, f"process {queue}"),
                            key=lambda s: s.attributes["obsq.task.retry_count"])
     (send,) = named(spans, f"send {queue}")
@@ -109,7 +110,7 @@ async def test_a_link_instead_of_a_parent_when_asked(app, redis_url, namespace, 
     await start_worker(queues={queue: 1}, tracing=True)
     client = obsq.Client(redis_url, namespace=namespace, app=app)
     await client.enqueue("linked")
-    (process,) = await eventually(lambda: named(spans, f"process {queue}"))
+    (process,) = await wait_until(lambda: named(spans, f"process {queue}"))
     (send,) = named(spans, f"send {queue}")
     assert process.parent is None
     assert process.context.trace_id != send.context.trace_id
@@ -137,7 +138,7 @@ async def test_span_and_count_end_once_for_a_task_handed_back_at_shutdown(
     before = parse(await asyncio.to_thread(scrape, port))
     assert value(before, "obsq_tasks_in_progress", queue=queue, task="forever") == 1
     worker.stop()
-    (process,) = await eventually(lambda: named(spans, f"process {queue}"))
+    (process,) = await wait_until(lambda: named(spans, f"process {queue}"))
     assert process.attributes["obsq.task.outcome"] == "requeued"
     assert process.status.status_code == StatusCode.UNSET  # cancelled, not failed
     assert [e.name for e in process.events] == ["requeued"]
@@ -166,11 +167,11 @@ async def test_span_ends_when_the_lease_was_lost(app, redis_url, namespace, span
     await start_worker(queues={queue: 1}, tracing=True, lease_seconds=60)
     client = obsq.Client(redis_url, namespace=namespace, app=app)
     info = await client.enqueue("held")
-    await eventually(lambda: attempts)
+    await wait_until(lambda: attempts)
     raw_redis.zadd(QueueKeys(namespace, queue).lease, {info.id: 1})  # expired: taken back
-    await eventually(lambda: len(attempts) == 2, what="the second attempt")
+    await wait_until(lambda: len(attempts) == 2, what="the second attempt")
     release.set()
-    await eventually(lambda: len(named(spans, f"process {queue}")) == 2, what="both spans")
+    await wait_until(lambda: len(named(spans, f"process {queue}")) == 2, what="both spans")
     outcomes = sorted(s.attributes["obsq.task.outcome"]
                       for s in named(spans, f"process {queue}"))
     assert outcomes == ["lease_lost", "success"]

@@ -14,11 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
-from support import missing_tool
+from support import ROOT, missing_tool
 
 from obsq.redis_server import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 

@@ -4,11 +4,14 @@ the security headers, who may act and how, probes, and the pages' content."""
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from support import wait_until
+from support import wait_for, wait_until
 
 import obsq
 from obsq.inspector import Inspector
@@ -249,3 +252,20 @@ async def test_obsq_ui_reports_a_taken_port_and_a_bad_trace_url_in_one_line(
     code = await asyncio.to_thread(cli.main, ["ui", "--redis-url", redis_url, "--port", "0",
                                               "--trace-url", "javascript:alert(1)//{trace_id}"])
     assert code == 2 and "--trace-url must be an http(s) URL" in caplog.text
+
+
+def test_obsq_ui_stops_with_status_0_on_sigterm(redis_url, namespace, tmp_path) -> None:
+    """As every obsq process under Kubernetes: a SIGTERM is a clean stop, not a kill."""
+    port = free_port()
+    log = (tmp_path / "ui.log").open("w")
+    ui = subprocess.Popen([sys.executable, "-m", "obsq", "ui", "--redis-url", redis_url,
+                           "--namespace", namespace, "--port", str(port)],
+                          stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200,
+                 timeout=20, what="obsq ui answering /healthz")
+    finally:
+        ui.send_signal(signal.SIGTERM)
+        code = ui.wait(timeout=20)
+        log.close()
+    assert code == 0, (tmp_path / "ui.log").read_text()

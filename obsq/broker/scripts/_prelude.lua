@@ -107,6 +107,21 @@ local function release_attempt(active_key, lease_key, id, fence, worker)
   return true
 end
 
+-- The attempts a batch call names in ARGV from index `first` on, `stride` values each (the
+-- id, then its fence): their ids and fences, and whether each still holds its task.
+local function named_attempts(active_key, worker, first, stride)
+  local ids, fences, held = {}, {}, {}
+  for i = first, #ARGV, stride do
+    ids[#ids + 1] = ARGV[i]
+    fences[#fences + 1] = ARGV[i + 1]
+  end
+  local owners = hmget_sliced(active_key, ids)
+  for n = 1, #ids do
+    held[n] = owners[n] == fences[n] .. ':' .. worker
+  end
+  return ids, fences, held
+end
+
 -- The task hash keeps the fence of the attempt that settled it last ('fin'): a settle
 -- re-sent because its reply was lost is then recognised as done, not as a lost lease.
 local function settled_by(id, fence)

@@ -1,4 +1,4 @@
--- prelude: now_ms, task_key, call_sliced, hmget_sliced, notify_done, settled_by
+-- prelude: now_ms, task_key, call_sliced, hmget_sliced, notify_done, named_attempts, settled_by
 -- Mark a batch of one worker's attempts of one queue completed.
 -- KEYS: lease, completed, active, watched
 -- ARGV: now, worker_id, resent (1 when an earlier send may have been applied already),
@@ -8,15 +8,11 @@
 -- its fence, or is gone (no retention), as it would be after a takeover that also finished.
 local now = now_ms()
 local worker, resent = ARGV[2], ARGV[3] == '1'
-local ids = {}
-for i = 4, #ARGV, 5 do
-  ids[#ids + 1] = ARGV[i]
-end
-local owners = hmget_sliced(KEYS[3], ids)
+local ids, fences, held = named_attempts(KEYS[3], worker, 4, 5)
 local out, done = {}, {}
 for n, id in ipairs(ids) do
-  local fence = ARGV[4 + (n - 1) * 5 + 1]
-  if owners[n] == fence .. ':' .. worker then
+  local fence = fences[n]
+  if held[n] then
     out[n] = 1
     done[#done + 1] = n
   elseif settled_by(id, fence) or (resent and redis.call('EXISTS', task_key(id)) == 0) then

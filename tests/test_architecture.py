@@ -1,0 +1,100 @@
+"""The package's shape, checked on its source (no Redis): imports run one way with no
+cycle, the engine and the client know nothing of observability, no module grows past 400
+lines, and every Lua script names the prelude helpers it relies on. `python3 -m pytest -q
+tests/test_architecture.py` is the command to check it."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+from support import ROOT
+
+PACKAGE = ROOT / "obsq"
+# The processes' assembly: what may wire observability onto the engine.
+ASSEMBLY = ("obsq.cli", "obsq.supervisor", "obsq.demo", "obsq.ui")
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports_of(module: str) -> set[str]:
+    """The obsq modules `module` imports, anywhere in it (lazy imports too), except under
+    `if TYPE_CHECKING:`; `from obsq import x` counts as importing obsq.x when x is a
+    module, else as importing the package root."""
+    found: set[str] = set()
+
+    class Visitor(ast.NodeVisitor):
+        def visit_If(self, node: ast.If) -> None:
+            if "TYPE_CHECKING" in ast.unparse(node.test):
+                for child in node.orelse:
+                    self.visit(child)
+            else:
+                self.generic_visit(node)
+
+        def visit_Import(self, node: ast.Import) -> None:
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "obsq")
+
+        def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+            if node.level or not node.module or node.module.split(".")[0] != "obsq":
+                return
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in MODULES else node.module)
+
+    Visitor().visit(ast.parse(MODULES[module].read_text()))
+    return {m for m in found if m in MODULES and m != module}
+
+
+GRAPH = {module: imports_of(module) for module in MODULES}
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for dependency in sorted(GRAPH[module]):
+            if state.get(dependency) == "open":
+                cycle = [*path[path.index(dependency):], dependency]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if dependency not in state:
+                visit(dependency, [*path, dependency])
+        state[module] = "done"
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_only_the_assembly_imports_observability_or_the_package_root() -> None:
+    offenders = {
+        module: sorted(d for d in deps if d == "obsq" or d.startswith("obsq.observability"))
+        for module, deps in GRAPH.items()
+        if not module.startswith(("obsq.observability", *ASSEMBLY)) and module != "obsq"}
+    assert {m: d for m, d in offenders.items() if d} == {}
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.name)
+def test_no_module_grows_past_400_lines(path: Path) -> None:
+    assert len(path.read_text().splitlines()) <= MAX_LINES
+
+
+def test_every_script_names_the_prelude_helpers_it_uses() -> None:
+    scripts = PACKAGE / "broker" / "scripts"
+    prelude = (scripts / "_prelude.lua").read_text()
+    helpers = set(re.findall(r"^local function (\w+)", prelude, re.M))
+    for path in sorted(scripts.glob("[!_]*.lua")):
+        first, _, body = path.read_text().partition("\n")
+        assert first.startswith("-- prelude:"), f"{path.name} does not name its helpers"
+        named = set(re.findall(r"\w+", first.removeprefix("-- prelude:"))) - {"none"}
+        used = {h for h in helpers if re.search(rf"\b{h}\(", body)}
+        assert named == used, f"{path.name}: names {sorted(named)}, uses {sorted(used)}"

@@ -1,0 +1,93 @@
+"""The parts that need no Redis, tested fast: building a message from a job, reading
+`--queues`, settings and names (schedule entries: test_schedule.py)."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import obsq
+from obsq.errors import ConfigurationError
+from obsq.names import validate_name
+from obsq.settings import DEFAULT_QUEUE, WorkerSettings, parse_queues
+from obsq.task import build_message
+
+
+def test_a_job_becomes_a_checked_message() -> None:
+    m = build_message(obsq.Job("email:send", {"to": "a"}, unique_for=60, retention=1.5,
+                               headers={"h": "v"}), queue="critical", max_retry=3)
+    assert (m.type, m.queue, m.max_retry, m.retention, m.delay) == (
+        "email:send", "critical", 3, 1.5, 0.0)
+    assert m.payload == b'{"to":"a"}' and len(m.id) == 32
+    assert m.unique_key and m.unique_for == 60
+    same = build_message(obsq.Job("email:send", {"to": "a"}, unique_for=5))
+    assert same.unique_key == m.unique_key  # type and payload decide, not the options
+    assert build_message(obsq.Job("t")).queue == DEFAULT_QUEUE
+    # the job's own option wins over the route's
+    assert build_message(obsq.Job("t", queue="mine"), queue="route's").queue == "mine"
+
+
+def test_an_eta_becomes_a_delay_on_the_producers_clock() -> None:
+    now = 1_000_000.0
+    eta = datetime.fromtimestamp(now + 30, tz=timezone.utc)
+    assert build_message(obsq.Job("t", eta=eta), now=now).delay == pytest.approx(30)
+    assert build_message(obsq.Job("t", eta=eta - timedelta(hours=1)), now=now).delay == 0
+    assert build_message(obsq.Job("t", delay=2.5)).delay == 2.5
+
+
+@pytest.mark.parametrize("job, error", [
+    (obsq.Job("t", delay=-1), "delay"),
+    (obsq.Job("t", delay=1, eta=datetime.now(timezone.utc)), "delay or eta"),
+    (obsq.Job("t", unique_for=0.0001), "unique_for"),
+    (obsq.Job("t", retention=math.inf), "retention"),
+    (obsq.Job("t", max_retry=-1), "max_retry"),
+    (obsq.Job("t", timeout=0), "timeout"),
+    (obsq.Job("t", {"x": math.nan}), "NaN"),
+    (obsq.Job("t", task_id="a{b}"), "braces"),
+    (obsq.Job("t", queue="has space"), "spaces"),
+])
+def test_bad_options_are_refused(job: obsq.Job, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        build_message(job)
+
+
+def test_a_payload_that_is_not_json_is_refused() -> None:
+    with pytest.raises(TypeError, match="not JSON-serializable"):
+        build_message(obsq.Job("t", {1, 2}))
+
+
+@pytest.mark.parametrize("text, queues", [
+    ("default", {"default": 1}),
+    ("critical=6, default=3", {"critical": 6, "default": 3}),
+    ("file:à:traiter=2", {"file:à:traiter": 2}),
+])
+def test_queues_are_read_from_text(text: str, queues: dict[str, int]) -> None:
+    assert parse_queues(text) == queues
+
+
+@pytest.mark.parametrize("text, error", [
+    ("critical:6", "critical=6"), ("a=zero", "not an integer"), ("a=0", "positive"),
+    ("", "at least one"), ("{x}=1", "braces"),
+])
+def test_bad_queues_are_one_configuration_error(text: str, error: str) -> None:
+    with pytest.raises(ConfigurationError, match=error):
+        parse_queues(text)
+
+
+def test_settings_come_from_the_environment_and_are_checked() -> None:
+    s = WorkerSettings.from_env({"OBSQ_CONCURRENCY": "7", "OBSQ_HEARTBEAT_TTL": "4.5"},
+                                lease_seconds=12)
+    assert (s.concurrency, s.heartbeat_ttl, s.lease_seconds, s.queues) == (7, 4.5, 12, None)
+    with pytest.raises(ConfigurationError, match="OBSQ_CONCURRENCY"):
+        WorkerSettings.from_env({"OBSQ_CONCURRENCY": "many"})
+    with pytest.raises(ConfigurationError, match="heartbeat_ttl"):
+        WorkerSettings(heartbeat_interval=5, heartbeat_ttl=5)
+
+
+def test_names() -> None:
+    assert validate_name("task type", "report:") == "report:"
+    for bad in ("", "x" * 201, "a\nb", "{a}"):
+        with pytest.raises(ValueError):
+            validate_name("queue", bad)
