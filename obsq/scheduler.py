@@ -106,8 +106,8 @@ class SchedulerLoop(LockedLoop):
             await asyncio.wait([waiter], timeout=STOP_WAIT)
         if not waiter.done():
             waiter.cancel()
-        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())  # the next round
-        # reports a Redis that is away
+        # a failed wait needs no report: the next round's calls fail and are retried
+        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     # -- the entries ------------------------------------------------------------------------
 
@@ -296,5 +296,5 @@ class Scheduler:
         return {"scheduler": self.loop.owner, "version": __version__,
                 "namespace": self.client.namespace, "app_schedules": len(self.app.schedules),
                 "schedules": len({*self.app.schedules, *self.loop.entries}),
-                "firing": self.loop.holding, "redis_ok": self.loop.failures == 0,
+                "holds_lock": self.loop.holding, "redis_ok": self.loop.failures == 0,
                 "uptime": round(time.time() - self.started_at, 3) if self.started_at else 0.0}
