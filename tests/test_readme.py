@@ -123,12 +123,12 @@ def test_the_schedules_section_runs_as_written(project, redis_url) -> None:
         *listed, removed = run([sys.executable, "plan.py"], cwd=project,
                                env=env).stdout.splitlines()
         assert sorted(listed) == ["nightly-report 0 3 * * * Europe/Paris skip client",
-                                  "report:nightly 0 3 * * * Europe/Paris once app",
-                                  "tenant-42-sync @every 30s UTC once client"]
+                                  "ops-digest @every 30s UTC once client",
+                                  "report:nightly 0 3 * * * Europe/Paris once app"]
         assert removed == "True"
         out = run(shlex.split(listing), cwd=project, env=env).stdout
         assert "nightly-report" in out and "report:nightly" in out
-        assert "tenant-42-sync" not in out
+        assert "ops-digest" not in out
     finally:
         scheduler.terminate()
         assert scheduler.wait(timeout=30) == 0, log_path.read_text()

@@ -77,6 +77,15 @@ async def test_entries_are_added_listed_replaced_and_removed(client, raw_redis,
     assert [s.name for s in await client.schedules()] == ["ticker"]
 
 
+def test_the_sync_client_schedules_too(redis_url, namespace) -> None:
+    with obsq.SyncClient(redis_url, namespace) as client:
+        entry = client.schedule("hourly", "0 * * * *", "report:hourly", timezone="Asia/Tokyo",
+                                missed="skip")
+        assert (entry.timezone, entry.missed) == ("Asia/Tokyo", "skip")
+        assert [s.name for s in client.schedules()] == ["hourly"]
+        assert client.unschedule("hourly") is True and client.schedules() == []
+
+
 async def test_bad_input_is_refused_before_anything_is_written(client, raw_redis,
                                                                namespace) -> None:
     for call, error, message in [
