@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from obsq.errors import ConfigurationError
 from obsq.names import validate_name
@@ -33,10 +34,66 @@ OutcomeHook = Callable[[Task, str, BaseException | None], None]
 RecoveryHook = Callable[[str, str, int], None]
 RedisErrorHook = Callable[[str, BaseException], None]
 
+ThrottleHook = Callable[[str, str, str], None]
+
 OUTCOMES = ("success", "retry", "dead", "requeued", "lease_lost", "unrecorded")
 RECOVERY_REASONS = ("expired", "worker_lost")
+THROTTLE_REASONS = ("concurrency", "rate", "ordering")
 CATCH_ALL = "*"
 PREFIX_ENDINGS = (":", ".")
+RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+T = TypeVar("T")
+
+
+def is_prefix(pattern: str) -> bool:
+    return pattern == CATCH_ALL or pattern.endswith(PREFIX_ENDINGS)
+
+
+class PatternTable(Generic[T]):
+    """Values by route pattern, found for a task type as routes are: the exact type, else
+    the longest prefix (ending in ':' or '.') it starts with, else '*'."""
+
+    def __init__(self) -> None:
+        self._exact: dict[str, T] = {}
+        self._prefixes: list[tuple[str, T]] = []  # longest first, '*' last
+        self._cache: dict[str, T | None] = {}
+
+    def __contains__(self, pattern: str) -> bool:
+        return pattern in self._exact or any(p == pattern for p, _ in self._prefixes)
+
+    def add(self, pattern: str, value: T) -> None:
+        if is_prefix(pattern):
+            self._prefixes.append((pattern, value))
+            self._prefixes.sort(key=lambda item: (item[0] == CATCH_ALL, -len(item[0])))
+        else:
+            self._exact[pattern] = value
+        self._cache.clear()
+
+    def match(self, task_type: str) -> T | None:
+        found = self._cache.get(task_type, _MISSING)
+        if found is _MISSING:
+            found = self._exact.get(task_type)
+            if found is None:
+                found = next((v for p, v in self._prefixes
+                              if p == CATCH_ALL or task_type.startswith(p)), None)
+            if len(self._cache) < 10_000:  # types behind "*" are unbounded
+                self._cache[task_type] = found
+        return found
+
+    def values(self) -> list[T]:
+        return [*self._exact.values(), *(v for _, v in self._prefixes)]
+
+
+def parse_rate(rate: str) -> float:
+    """'100/s' (or '/m', '/h') -> starts per second."""
+    count, _, unit = str(rate).partition("/")
+    try:
+        per_second = float(count) / RATE_UNITS[unit.strip()]
+    except (ValueError, KeyError):
+        raise ValueError(f"rate_limit {rate!r} is not like '100/s', '30/m' or '5/h'") from None
+    if not (per_second > 0 and math.isfinite(per_second)):
+        raise ValueError(f"rate_limit {rate!r} must be a positive rate")
+    return per_second
 
 
 @dataclass(frozen=True)
@@ -48,10 +105,8 @@ class Route:
     max_retry: int | None = None
     timeout: float | None = None
     retry_delay: RetryDelay = None
-
-    @property
-    def is_prefix(self) -> bool:
-        return self.pattern == CATCH_ALL or self.pattern.endswith(PREFIX_ENDINGS)
+    concurrency: int | None = None  # attempts running at once across all workers
+    rate: float | None = None  # starts per second across all workers
 
 
 class App:
@@ -59,21 +114,27 @@ class App:
 
     def __init__(self, namespace: str = "obsq") -> None:
         self.namespace = validate_name("namespace", namespace)
-        self._exact: dict[str, Route] = {}
-        self._prefixes: list[Route] = []  # longest first
-        self._cache: dict[str, Route | None] = {}
+        self._routes: PatternTable[Route] = PatternTable()
         self.middleware: list[Middleware] = []
         self.outcome_hooks: list[OutcomeHook] = []
         self.recovery_hooks: list[RecoveryHook] = []
         self.redis_error_hooks: list[RedisErrorHook] = []
+        self.throttle_hooks: list[ThrottleHook] = []
         self.producer_hooks: list[ProducerHook] = []  # around every Client built with it
         self.schedules: dict[str, Schedule] = {}  # the entries of app.periodic, by name
 
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
-             timeout: float | None = None,
-             retry_delay: RetryDelay = None) -> Callable[[Handler], Handler]:
-        """Register a handler for a task type, a prefix ending in ':' or '.', or '*'."""
+             timeout: float | None = None, retry_delay: RetryDelay = None,
+             concurrency: int | None = None,
+             rate_limit: str | None = None) -> Callable[[Handler], Handler]:
+        """Register a handler for a task type, a prefix ending in ':' or '.', or '*'.
+        `concurrency`: at most this many of its attempts run at once, across all workers;
+        `rate_limit` ('100/s', '30/m', '5/h'): its starts across all workers stay within it.
+        Both are kept per queue, in the queue's Redis keys."""
         validate_name("task type", pattern)
+        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
+            raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
+        rate = parse_rate(rate_limit) if rate_limit is not None else None
         if queue is not None:
             validate_name("queue", queue)
         if max_retry is not None and (not isinstance(max_retry, int) or max_retry < 0):
@@ -84,33 +145,21 @@ class App:
             raise ValueError(f"retry_delay must not be negative, got {retry_delay!r}")
 
         def register(handler: Handler) -> Handler:
-            if pattern in self._exact or any(r.pattern == pattern for r in self._prefixes):
+            if pattern in self._routes:
                 raise ValueError(f"a handler for {pattern!r} is already registered")
-            route = Route(pattern, handler, inspect.iscoroutinefunction(handler), queue,
-                          max_retry, timeout, retry_delay)
-            if route.is_prefix:
-                self._prefixes.append(route)
-                self._prefixes.sort(key=lambda r: (r.pattern == CATCH_ALL, -len(r.pattern)))
-            else:
-                self._exact[pattern] = route
-            self._cache.clear()
+            self._routes.add(pattern, Route(
+                pattern, handler, inspect.iscoroutinefunction(handler), queue, max_retry,
+                timeout, retry_delay, concurrency, rate))
             return handler
 
         return register
 
     def route(self, task_type: str) -> Route | None:
-        route = self._cache.get(task_type, _MISSING)
-        if route is _MISSING:
-            route = self._exact.get(task_type) or next(
-                (r for r in self._prefixes
-                 if r.pattern == CATCH_ALL or task_type.startswith(r.pattern)), None)
-            if len(self._cache) < 10_000:  # types behind "*" are unbounded
-                self._cache[task_type] = route
-        return route
+        return self._routes.match(task_type)
 
     @property
     def routes(self) -> list[Route]:
-        return [*self._exact.values(), *self._prefixes]
+        return self._routes.values()
 
     @property
     def queues(self) -> list[str]:
@@ -156,6 +205,13 @@ class App:
         """Call `hook(queue, reason, count)` when tasks are taken back from workers;
         reason is `expired` (lease ran out) or `worker_lost` (heartbeat stopped)."""
         self.recovery_hooks.append(hook)
+        return hook
+
+    def on_throttle(self, hook: ThrottleHook) -> ThrottleHook:
+        """Call `hook(queue, task, reason)` for each start a route limit or an ordering key
+        held back; `task` is the route pattern (a bounded label), reason one of
+        THROTTLE_REASONS."""
+        self.throttle_hooks.append(hook)
         return hook
 
     def on_redis_error(self, hook: RedisErrorHook) -> RedisErrorHook:

@@ -74,13 +74,15 @@ class Client:
                       max_retry: int | None = None, timeout: float | None = None,
                       delay: float | None = None, eta: datetime | None = None,
                       unique_for: float | None = None, task_id: str | None = None,
-                      retention: float | None = None,
-                      headers: dict[str, str] | None = None) -> TaskInfo:
+                      retention: float | None = None, headers: dict[str, str] | None = None,
+                      ordering_key: str | None = None) -> TaskInfo:
         """Enqueue one task. Raises DuplicateTask when its id, or its type and payload
-        within `unique_for` seconds, is taken; ValueError/TypeError for bad options."""
+        within `unique_for` seconds, is taken; ValueError/TypeError for bad options.
+        Tasks sharing an `ordering_key` run one at a time, in the order they were
+        enqueued, across all workers (each queue keeps its own order)."""
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                   delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
-                  retention=retention, headers=dict(headers or {}))
+                  retention=retention, headers=dict(headers or {}), ordering_key=ordering_key)
         info = (await self.enqueue_many([job]))[0]
         if info.duplicate:
             raise DuplicateTask(f"task {task_type!r} is a duplicate of {info.id}", info.id)

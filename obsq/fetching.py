@@ -32,10 +32,11 @@ class Fetcher:
     def __init__(self, broker: Broker, settler: Settler, worker_id: str, *,
                  queues: dict[str, int], strict_priority: bool, lease_seconds: float,
                  wait_timeout: float, room: Callable[[], tuple[int, int]],
-                 take: Callable[[str, Fetched], None], slot_free: asyncio.Event,
-                 stopped: asyncio.Event) -> None:
+                 take: Callable[[str, Fetched], None], limits: Callable[[], bytes],
+                 slot_free: asyncio.Event, stopped: asyncio.Event) -> None:
         """`room()` says how many tasks to fetch now (0: wait for a slot) and how many an
-        idle wait may take; `take(queue, fetched)` starts or buffers what came."""
+        idle wait may take; `take(queue, fetched)` starts or buffers what came; `limits()`
+        the route limits each fetch applies (obsq.limits)."""
         self.broker = broker
         self.settler = settler
         self.worker_id = worker_id
@@ -45,6 +46,7 @@ class Fetcher:
         self.wait_timeout = wait_timeout
         self.room = room
         self.take = take
+        self.limits = limits
         self.slot_free = slot_free
         self.stopped = stopped
         self._order = sorted(queues, key=lambda q: -queues[q])
@@ -90,7 +92,8 @@ class Fetcher:
     async def _fetch(self, queue: str, count: int) -> int:
         """Take up to `count` tasks of `queue`; the completions gathered so far ride along."""
         fetched = await self.settler.riding(lambda completions, resent: self.broker.dequeue(
-            queue, count, self.worker_id, self.lease_seconds, completions, resent))
+            queue, count, self.worker_id, self.lease_seconds, completions, resent,
+            self.limits()))
         self.take(queue, fetched)
         return len(fetched.tasks)
 
@@ -104,7 +107,7 @@ class Fetcher:
         first = self.queue_order()[0]
         waiter = asyncio.ensure_future(self.broker.wait_and_dequeue(
             list(self.queues), self.wait_timeout, first, min(self.room()[1], MAX_FETCH),
-            self.worker_id, self.lease_seconds))
+            self.worker_id, self.lease_seconds, self.limits()))
         interrupted = False
         try:
             while not waiter.done():

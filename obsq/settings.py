@@ -93,30 +93,47 @@ def redis_retry_delay(failures: int) -> float:
 
 def parse_queues(value: str | dict[str, int]) -> dict[str, int]:
     """'critical=6,default=3' (or 'default') -> {'critical': 6, 'default': 3}."""
+    if isinstance(value, str):
+        for part in value.split(","):
+            typo = _WEIGHT_TYPO.match(part.partition("=")[0].strip())
+            if typo:
+                raise ConfigurationError(f"{part.strip()!r}: a queue's weight follows '=', "
+                                         f"as in {typo[1]}={typo[2]}")
+    queues = _counts(value, "queue", "weight", default=1)
+    if not queues:
+        raise ConfigurationError("at least one queue is needed")
+    return queues
+
+
+def parse_route_limits(value: str | dict[str, int]) -> dict[str, int]:
+    """'pdf:render=2,pdf:=5,*=20' -> {'pdf:render': 2, 'pdf:': 5, '*': 20}."""
+    return _counts(value, "task type", "limit", default=None)
+
+
+def _counts(value: str | dict[str, int], kind: str, what: str, default: int | None
+            ) -> dict[str, int]:
+    """'name=3,other' -> {name: 3, other: default}: names checked, counts positive."""
     if isinstance(value, dict):
         items = list(value.items())
     else:
         items = []
         for part in filter(None, (p.strip() for p in value.split(","))):
-            name, _, weight = part.partition("=")
-            typo = _WEIGHT_TYPO.match(name)
-            if typo:
-                raise ConfigurationError(f"{part!r}: a queue's weight follows '=', as in "
-                                         f"{typo[1]}={typo[2]}")
+            name, equals, count = part.rpartition("=") if "=" in part else (part, "", "")
+            if not count and default is None:
+                raise ConfigurationError(f"{part!r} needs a {what}, as in {part}=2")
             try:
-                items.append((name.strip(), int(weight) if weight else 1))
+                items.append((name.strip(), int(count) if equals else default))
             except ValueError:
-                raise ConfigurationError(f"queue weight in {part!r} is not an integer") from None
-    if not items:
-        raise ConfigurationError("at least one queue is needed")
-    queues = {}
-    for name, weight in items:
-        _checked_name("queue", name)
-        if not isinstance(weight, int) or weight < 1:
-            raise ConfigurationError(f"queue {name!r} needs a positive integer weight, "
-                                     f"got {weight!r}")
-        queues[name] = weight
-    return queues
+                raise ConfigurationError(f"{kind} {what} in {part!r} is not an integer"
+                                         ) from None
+    counts = {}
+    for name, count in items:
+        _checked_name(kind, name)
+        if not isinstance(count, int) or count < 1:
+            raise ConfigurationError(f"{kind} {name!r} needs a positive integer {what}, "
+                                     f"got {count!r}")
+        counts[name] = count
+    return counts
 
 
 _WEIGHT_TYPO = re.compile(r"^(.+?)[:\s]+(\d+)$")  # 'critical:6' or 'critical 6'
@@ -155,6 +172,7 @@ class WorkerSettings(EnvSettings):
     redis_url: str = DEFAULT_REDIS_URL
     namespace: str | None = None  # None: the App's namespace
     queues: dict[str, int] | None = None  # None: every queue the App's routes declare
+    route_concurrency: dict[str, int] | None = None  # this worker's limit per route pattern
     concurrency: int = 50
     strict_priority: bool = False
     shutdown_timeout: float = 25.0
@@ -186,6 +204,8 @@ class WorkerSettings(EnvSettings):
     def __post_init__(self) -> None:
         if self.queues is not None:
             self.queues = parse_queues(self.queues)
+        if self.route_concurrency is not None:
+            self.route_concurrency = parse_route_limits(self.route_concurrency)
         if self.namespace is not None:
             _checked_name("namespace", self.namespace)
         for name in ("concurrency", "processes"):

@@ -29,6 +29,11 @@ T = TypeVar("T")
 CarryingCall = Callable[[Completions, bool], Awaitable[tuple[dict[str, list[bool]], T]]]
 
 
+def attempt_of(task: Task) -> Attempt:
+    """The attempt as the scripts that end it name it."""
+    return Attempt(task.id, task.fence, task.type, task.slot, task.ordering_key)
+
+
 class _Ack:
     __slots__ = ("completion", "future", "resent")
 
@@ -50,11 +55,11 @@ class Settler:
 
     async def settle(self, task: Task, verdict: Verdict) -> str:
         """Record the verdict in Redis; returns the final outcome."""
-        attempt = Attempt(task.id, task.fence)
+        attempt = attempt_of(task)
         if verdict.outcome == "success":
             future: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
             self._acks.setdefault(task.queue, []).append(_Ack(Completion(
-                task.id, task.fence, task.retention, verdict.result, task.unique_key), future))
+                attempt, task.retention, verdict.result, task.unique_key), future))
             self.acks_waiting.set()
             if self.direct:
                 await self._persist(self.flush)
@@ -86,7 +91,7 @@ class Settler:
             by_queue.setdefault(task.queue, []).append(task)
         for queue, group in by_queue.items():
             accepted = await self._persist(lambda q=queue, g=group: self.broker.hand_back(
-                q, [Attempt(t.id, t.fence) for t in g], self.worker_id), attempts=5)
+                q, [attempt_of(t) for t in g], self.worker_id), attempts=5)
             for task, ok in zip(group, accepted or [None] * len(group)):
                 self.report(task, {True: "requeued", False: "lease_lost",
                                    None: "unrecorded"}[ok], None)

@@ -65,6 +65,7 @@ class Job:
     task_id: str | None = None
     retention: float | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    ordering_key: str | None = None  # tasks sharing it run one at a time, in enqueue order
 
 
 @dataclass
@@ -82,6 +83,7 @@ class TaskMessage:
     delay: float  # seconds from when Redis receives it; 0 means now
     unique_key: str  # digest of type + payload, empty when not unique
     unique_for: float
+    ordering_key: str = ""
 
     def encoded_headers(self) -> bytes:
         return orjson.dumps(self.headers) if self.headers else b""
@@ -118,13 +120,16 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
         raise TypeError("headers must map strings to strings")
     payload = encode_json(job.payload, "payload")
+    ordering_key = ""
+    if job.ordering_key is not None:
+        ordering_key = validate_name("ordering_key", job.ordering_key)
     unique_key = ""
     if unique_for:
         unique_key = hashlib.sha1(job.type.encode() + b"\0" + payload).hexdigest()
     return TaskMessage(id=job.task_id or new_task_id(), type=job.type, queue=queue,
                        payload=payload, headers=headers, max_retry=max_retry, timeout=timeout,
                        retention=retention, delay=delay, unique_key=unique_key,
-                       unique_for=unique_for)
+                       unique_for=unique_for, ordering_key=ordering_key)
 
 
 def _first(*values: Any) -> Any:
@@ -157,10 +162,12 @@ class Task:
         "fence",
         "id",
         "max_retry",
+        "ordering_key",
         "queue",
         "retention",
         "retry_count",
         "route",
+        "slot",
         "timeout",
         "type",
         "unique_key",
@@ -170,7 +177,8 @@ class Task:
     def __init__(self, *, id: str, type: str, queue: str, raw_payload: bytes,
                  raw_headers: bytes, retry_count: int, max_retry: int, timeout: float,
                  retention: float, fence: int = 0, wait_seconds: float = 0.0,
-                 route: str = "other", unique_key: str = "",
+                 route: str = "other", unique_key: str = "", ordering_key: str = "",
+                 slot: str = "",
                  update_state: Callable[[Task, Any], Awaitable[None]] | None = None) -> None:
         self.id = id
         self.type = type
@@ -183,6 +191,8 @@ class Task:
         self.wait_seconds = wait_seconds
         self.route = route  # the matched route pattern: a bounded label for metrics
         self.unique_key = unique_key  # digest of the unique lock this task holds, if any
+        self.ordering_key = ordering_key  # it runs alone among the tasks sharing this key
+        self.slot = slot  # the route whose concurrency limit this attempt counts under
         self.context: dict[str, Any] = {}  # per-attempt scratch space for middleware and hooks
         self._raw_payload = raw_payload
         self._raw_headers = raw_headers

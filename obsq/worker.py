@@ -30,6 +30,7 @@ from obsq.errors import BrokerError
 from obsq.execution import Executor
 from obsq.fetching import Fetcher
 from obsq.heartbeat import Heartbeat, LeaseKeeper
+from obsq.limits import RouteLimits
 from obsq.loop import BackgroundLoop, on_stop_signals
 from obsq.maintenance import Forwarder, Janitor, Recoverer
 from obsq.settings import FETCH_STOP_TIMEOUT, PREFETCH_BELOW_SECONDS, WorkerSettings
@@ -84,6 +85,7 @@ class Worker:
         self.processed = 0
         self.broker = Broker(settings.redis_url, self.namespace)
         self.broker.on_error = app.redis_error_hooks  # the App's list: hooks added later count
+        self.limits = RouteLimits(app, settings.route_concurrency)
         self._busy = 0
         self._buffer: collections.deque[Task] = collections.deque()  # fetched, awaiting a slot
         self._recent_duration = PREFETCH_BELOW_SECONDS  # moving average of handler run time
@@ -142,7 +144,8 @@ class Worker:
         fetcher = Fetcher(self.broker, self.settler, self.id, queues=self.queues,
                           strict_priority=s.strict_priority, lease_seconds=s.lease_seconds,
                           wait_timeout=s.wait_timeout, room=self._room, take=self._take,
-                          slot_free=self._slot_free, stopped=self._stopped)
+                          limits=self.limits.encoded, slot_free=self._slot_free,
+                          stopped=self._stopped)
         return asyncio.create_task(fetcher.run(), name="obsq-fetch")
 
     def stop(self) -> None:
@@ -190,8 +193,13 @@ class Worker:
         """Start fetched tasks in free slots; the rest wait in the buffer (all of them once
         the worker is stopping: the drain hands the buffer back)."""
         fetched_at = time.monotonic()
+        for task_type, reason in fetched.held:
+            self._throttled(queue, task_type, reason)
         for raw in fetched.tasks:
             task = self.executor.build_task(queue, raw, fetched.now_ms)
+            self.limits.took(task)
+            if raw.waited:
+                self._throttled(queue, raw.type, "ordering")
             if self._busy < self.concurrency and not self._stopped.is_set():
                 self._start(task)
             else:
@@ -226,7 +234,16 @@ class Worker:
             await self.settler.settle(task, verdict)
             self.processed += 1
         finally:
+            self.limits.released(task)
             del self._running[runner]  # type: ignore[index]
+
+    def _throttled(self, queue: str, task_type: str, reason: str) -> None:
+        route = self.app.route(task_type)
+        for hook in self.app.throttle_hooks:
+            try:
+                hook(queue, route.pattern if route else "other", reason)
+            except Exception:
+                log.exception("throttle hook %r failed", hook)
 
     def _attempts_by_queue(self) -> dict[str, list[Attempt]]:
         attempts: dict[str, list[Attempt]] = {}

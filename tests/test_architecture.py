@@ -90,11 +90,13 @@ def test_no_module_grows_past_400_lines(path: Path) -> None:
 
 def test_every_script_names_the_prelude_helpers_it_uses() -> None:
     scripts = PACKAGE / "broker" / "scripts"
-    prelude = (scripts / "_prelude.lua").read_text()
+    prelude = "".join(p.read_text() for p in scripts.glob("_*.lua"))
     helpers = set(re.findall(r"^local function (\w+)", prelude, re.M))
     for path in sorted(scripts.glob("[!_]*.lua")):
-        first, _, body = path.read_text().partition("\n")
-        assert first.startswith("-- prelude:"), f"{path.name} does not name its helpers"
-        named = set(re.findall(r"\w+", first.removeprefix("-- prelude:"))) - {"none"}
+        text = path.read_text()
+        header = re.match(r"-- prelude:(.*\n(?:--   .*\n)*)", text)
+        assert header, f"{path.name} does not name its helpers on its first line(s)"
+        body = text[header.end():]
+        named = set(re.findall(r"\w+", header[1])) - {"none"}
         used = {h for h in helpers if re.search(rf"\b{h}\(", body)}
         assert named == used, f"{path.name}: names {sorted(named)}, uses {sorted(used)}"

@@ -27,7 +27,7 @@ class Producing(RedisCalls):
         batch = orjson.dumps([
             (m.id, m.type, m.payload.decode(), m.encoded_headers().decode(),
              m.encoded_options().decode(), int(m.delay * 1000), m.unique_key,
-             int(m.unique_for * 1000))
+             int(m.unique_for * 1000), m.ordering_key)
             for m in messages])
         statuses = await self._script("enqueue", (k.pending, k.scheduled, k.wake), (0, batch))
         return [_enqueued(s.decode()) for s in statuses]

@@ -19,27 +19,35 @@ class FetchedTask(NamedTuple):
     retried: int
     due_ms: int  # when it became due, on Redis's clock
     unique_key: str  # digest of the unique lock it holds, or ""
+    ordering_key: str  # "" when none
+    waited: bool  # it waited for the tasks ahead of it on its ordering key
+    slot: str  # the route whose concurrency limit it counts under, or ""
 
 
 class Fetched(NamedTuple):
-    """A dequeue's reply: Redis's clock (ms) and the tasks it took."""
+    """A dequeue's reply: Redis's clock (ms), the tasks it took, and the type and reason
+    ('concurrency' or 'rate') of each task a route limit held back instead."""
 
     now_ms: int
     tasks: list[FetchedTask]
+    held: tuple[tuple[str, str], ...] = ()
 
 
 class Attempt(NamedTuple):
-    """A running attempt, named by its task and fencing token."""
+    """A running attempt, named by its task and fencing token, with what ending it gives
+    back: its route slot, and (when it ends for good) its ordering key's turn."""
 
     task_id: str
     fence: int
+    type: str = ""
+    slot: str = ""
+    ordering_key: str = ""
 
 
 class Completion(NamedTuple):
     """A successful attempt to record (ack.lua)."""
 
-    task_id: str
-    fence: int
+    attempt: Attempt
     retention: float  # seconds to keep the result; 0 deletes the task at once
     result: bytes  # JSON
     unique_key: str  # the unique lock to release, or ""

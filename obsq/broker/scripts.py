@@ -29,7 +29,9 @@ class _Constants(Template):
 
 
 def load_scripts() -> dict[str, Script]:
-    prelude = _Constants((SCRIPT_DIR / "_prelude.lua").read_text()).substitute(
+    preludes = sorted((p for p in SCRIPT_DIR.iterdir() if p.name.startswith("_")),
+                      key=lambda p: p.name)  # _prelude.lua, then the ones built on it
+    prelude = _Constants("\n".join(p.read_text() for p in preludes)).substitute(
         LUA_SLICE=LUA_SLICE, WAKE_CAP=WAKE_CAP, INBOX_TTL=INBOX_TTL)
     scripts = {}
     for path in SCRIPT_DIR.iterdir():

@@ -75,10 +75,11 @@ class Upkeep(RedisCalls):
 
     async def forward(self, queue: str, state: str, batch: int) -> tuple[int, float | None]:
         """Due tasks of the scheduled or retry set to pending -> (moved, seconds until the
-        next one is due, on Redis's clock; None when the set is empty)."""
+        next one is due, on Redis's clock; None when the set is empty). With the scheduled
+        set, the longest-held task of each route limit is let out too (forward.lua)."""
         k = self.keys(queue)
         moved, next_due = await self._script("forward", (k.by_state(state), k.pending, k.wake),
-                                             (0, batch))
+                                             (0, batch, 1 if state == "scheduled" else 0))
         return moved, (int(next_due) / 1000 if int(next_due) >= 0 else None)
 
     async def cleanup(self, queue: str, dead_max_age: float, dead_max_count: int,

@@ -20,12 +20,12 @@ log = logging.getLogger("obsq")
 
 class Working(RedisCalls):
     async def dequeue(self, queue: str, count: int, worker_id: str, lease_seconds: float,
-                      completions: Completions | None = None, resent: bool = False
-                      ) -> tuple[dict[str, list[bool]], Fetched]:
+                      completions: Completions | None = None, resent: bool = False,
+                      limits: bytes = b"") -> tuple[dict[str, list[bool]], Fetched]:
         """Up to `count` tasks under lease, in the same round trip as the ack of
-        `completions` (see ack)."""
+        `completions` (see ack). `limits`: the route limits to apply (dequeue.lua)."""
         calls = self._ack_calls(completions or {}, worker_id, resent)
-        calls.append(self._dequeue_call(queue, count, worker_id, lease_seconds))
+        calls.append(self._dequeue_call(queue, count, worker_id, lease_seconds, limits))
         *acked, fetched = await self._scripts(calls)
         return (self._ack_results(completions or {}, acked),
                 self._parse_dequeue(queue, fetched))
@@ -46,8 +46,9 @@ class Working(RedisCalls):
             for start in range(0, len(items), ATTEMPTS_PER_CALL):
                 args: list[Any] = [0, worker_id, 1 if resent else 0]
                 for c in items[start:start + ATTEMPTS_PER_CALL]:
-                    args += (c.task_id, c.fence, int(c.retention * 1000), c.result,
-                             c.unique_key)
+                    a = c.attempt
+                    args += (a.task_id, a.fence, int(c.retention * 1000), c.result,
+                             c.unique_key, a.type, a.slot, a.ordering_key)
                 calls.append(("ack", (k.lease, k.completed, k.active, k.watched), args))
         return calls
 
@@ -57,28 +58,30 @@ class Working(RedisCalls):
         flags = iter(bool(x) for reply in replies for x in reply)
         return {queue: [next(flags) for _ in items] for queue, items in completions.items()}
 
-    def _dequeue_call(self, queue: str, count: int, worker_id: str, lease_seconds: float
-                      ) -> ScriptCall:
+    def _dequeue_call(self, queue: str, count: int, worker_id: str, lease_seconds: float,
+                      limits: bytes) -> ScriptCall:
         k = self.keys(queue)
         return ("dequeue", (k.pending, k.lease, k.wake, k.paused, k.active, k.fence),
-                (0, int(lease_seconds * 1000), count, worker_id))
+                (0, int(lease_seconds * 1000), count, worker_id, limits))
 
     def _parse_dequeue(self, queue: str, reply: list[Any]) -> Fetched:
         if reply[1]:
             log.warning("%d id(s) in queue %s had no task data (deleted outside obsq); "
                         "skipped", reply[1], queue)
+        end = 3 + reply[2] * 12
         tasks = [
-            FetchedTask(reply[i].decode(errors="replace"), reply[i + 1],
-                        reply[i + 2].decode(errors="replace"), reply[i + 3], reply[i + 4],
-                        reply[i + 5], _count(reply[i + 6]), _count(reply[i + 7]),
-                        reply[i + 8].decode(errors="replace"))
-            for i in range(2, len(reply), 9)
+            FetchedTask(_text(reply[i]), reply[i + 1], _text(reply[i + 2]), reply[i + 3],
+                        reply[i + 4], reply[i + 5], _count(reply[i + 6]),
+                        _count(reply[i + 7]), _text(reply[i + 8]), _text(reply[i + 9]),
+                        reply[i + 10] == b"1", _text(reply[i + 11]))
+            for i in range(3, end, 12)
         ]
-        return Fetched(reply[0], tasks)
+        held = tuple((_text(reply[i]), _text(reply[i + 1])) for i in range(end, len(reply), 2))
+        return Fetched(reply[0], tasks, held)
 
     async def wait_and_dequeue(self, queues: Sequence[str], timeout: float, queue: str,
-                               count: int, worker_id: str, lease_seconds: float
-                               ) -> tuple[bool, Fetched]:
+                               count: int, worker_id: str, lease_seconds: float,
+                               limits: bytes = b"") -> tuple[bool, Fetched]:
         """Block on the wake lists (and the worker's own, see `interrupt_wait`) with the
         dequeue of `queue` queued right behind on the same connection: Redis runs it the
         moment the BLPOP returns, so an idle worker gets its task in the round trip that
@@ -89,7 +92,7 @@ class Working(RedisCalls):
                                           timeout)
             return woken is not None, Fetched(0, [])
         wake = [self.keys(q).wake for q in queues] + [self.global_keys.wake(worker_id)]
-        name, keys, args = self._dequeue_call(queue, count, worker_id, lease_seconds)
+        name, keys, args = self._dequeue_call(queue, count, worker_id, lease_seconds, limits)
         pipe = self.redis.pipeline(transaction=False)
         pipe.blpop(wake, timeout=timeout)
         pipe.evalsha(SCRIPTS[name].sha, len(keys), *keys, *args)
@@ -116,15 +119,15 @@ class Working(RedisCalls):
         return bool(await self._script(
             "retry", (k.lease, k.retry, k.pending, k.wake, k.active),
             (0, worker_id, attempt.task_id, attempt.fence, int(delay * 1000), error,
-             traceback)))
+             traceback, attempt.type, attempt.slot)))
 
     async def fail(self, queue: str, attempt: Attempt, worker_id: str, error: str,
                    traceback: str = "") -> bool:
         """The attempt failed for good: the task goes to the dead set."""
         k = self.keys(queue)
-        return bool(await self._script("fail", (k.lease, k.dead, k.active),
-                                       (0, worker_id, attempt.task_id, attempt.fence, error,
-                                        traceback)))
+        return bool(await self._script("fail", (k.lease, k.dead, k.active), (
+            0, worker_id, attempt.task_id, attempt.fence, error, traceback, attempt.type,
+            attempt.slot, attempt.ordering_key)))
 
     async def hand_back(self, queue: str, attempts: Sequence[Attempt], worker_id: str
                         ) -> list[bool]:
@@ -133,8 +136,8 @@ class Working(RedisCalls):
         calls = []
         for start in range(0, len(attempts), ATTEMPTS_PER_CALL):
             args: list[Any] = [0, worker_id]
-            for attempt in attempts[start:start + ATTEMPTS_PER_CALL]:
-                args += attempt
+            for a in attempts[start:start + ATTEMPTS_PER_CALL]:
+                args += (a.task_id, a.fence, a.type, a.slot)
             calls.append(("hand_back", (k.lease, k.pending, k.wake, k.active), args))
         return [bool(x) for reply in await self._scripts(calls) for x in reply]
 
@@ -146,8 +149,8 @@ class Working(RedisCalls):
             k = self.keys(queue)
             for start in range(0, len(items), ATTEMPTS_PER_CALL):
                 args: list[Any] = [0, int(lease_seconds * 1000), worker_id]
-                for attempt in items[start:start + ATTEMPTS_PER_CALL]:
-                    args += attempt
+                for a in items[start:start + ATTEMPTS_PER_CALL]:
+                    args += (a.task_id, a.fence)
                 calls.append(("extend", (k.lease, k.active), args))
                 queues.append(queue)
         lost: dict[str, list[str]] = {queue: [] for queue in attempts}
@@ -158,6 +161,10 @@ class Working(RedisCalls):
     async def set_progress(self, queue: str, task_id: str, state: Any, ttl: float) -> None:
         await self._guard("set_progress", self.redis.set(
             self.keys(queue).progress(task_id), orjson.dumps(state), px=int(ttl * 1000)))
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode(errors="replace")
 
 
 def _count(raw: bytes) -> int:

@@ -150,7 +150,8 @@ async def test_an_expired_lease_is_recovered_and_the_stale_attempt_is_fenced(
 
     info = await client.enqueue("job", retention=60)
     # a wedged worker takes the task with a short lease and never extends it
-    _, (_, [stale]) = await broker.dequeue("default", 1, "wedged-worker", lease_seconds=1)
+    _, fetched_stale = await broker.dequeue("default", 1, "wedged-worker", lease_seconds=1)
+    (stale,) = fetched_stale.tasks
     stale_id, stale_fence = stale.id, stale.fence
     assert stale_id == info.id
     assert (await client.info(info.id)).state == "active"
@@ -161,10 +162,10 @@ async def test_an_expired_lease_is_recovered_and_the_stale_attempt_is_fenced(
     assert ("default", "expired", 1) in recoveries
 
     # the wedged worker wakes up: none of its settling calls is accepted
-    acked = await broker.ack({"default": [Completion(stale_id, stale_fence, 60, b'"stale"', "")]},
+    stale_attempt = Attempt(stale_id, stale_fence)
+    acked = await broker.ack({"default": [Completion(stale_attempt, 60, b'"stale"', "")]},
                              "wedged-worker")
     assert acked == {"default": [False]}
-    stale_attempt = Attempt(stale_id, stale_fence)
     assert not await broker.retry("default", stale_attempt, "wedged-worker", 0, "x")
     assert not await broker.fail("default", stale_attempt, "wedged-worker", "x")
     assert await broker.hand_back("default", [stale_attempt], "wedged-worker") == [False]
@@ -174,7 +175,8 @@ async def test_an_expired_lease_is_recovered_and_the_stale_attempt_is_fenced(
 
 async def test_fencing_after_recovery_at_the_broker(client, broker) -> None:
     info = await client.enqueue("job")
-    _, (_, [first]) = await broker.dequeue("default", 1, "w1", lease_seconds=0.05)
+    _, fetched_first = await broker.dequeue("default", 1, "w1", lease_seconds=0.05)
+    (first,) = fetched_first.tasks
     fence = first.fence
 
     async def recovered() -> bool:
@@ -185,16 +187,16 @@ async def test_fencing_after_recovery_at_the_broker(client, broker) -> None:
     assert (await client.info(info.id)).state == "pending"
     assert await broker.extend({"default": [Attempt(info.id, fence)]}, 30, "w1") == {
         "default": [info.id]}  # the lease is no longer this attempt's
-    assert await broker.ack({"default": [Completion(info.id, fence, 0, b"1", "")]}, "w1") == {
-        "default": [False]}
+    old = Completion(Attempt(info.id, fence), 0, b"1", "")
+    assert await broker.ack({"default": [old]}, "w1") == {"default": [False]}
 
-    _, (_, [second]) = await broker.dequeue("default", 1, "w2", lease_seconds=30)
+    _, fetched_second = await broker.dequeue("default", 1, "w2", lease_seconds=30)
+    (second,) = fetched_second.tasks
     assert second.id == info.id and second.fence != fence
     # the old attempt cannot settle the new one, even from the same worker id
-    assert await broker.ack({"default": [Completion(info.id, fence, 0, b"1", "")]}, "w2") == {
-        "default": [False]}
-    assert await broker.ack({"default": [Completion(info.id, second.fence, 60, b"2", "")]},
-                            "w2") == {"default": [True]}
+    assert await broker.ack({"default": [old]}, "w2") == {"default": [False]}
+    new = Completion(Attempt(info.id, second.fence), 60, b"2", "")
+    assert await broker.ack({"default": [new]}, "w2") == {"default": [True]}
     stored = await client.info(info.id)
     assert (stored.state, stored.result) == ("completed", 2)
 

@@ -220,7 +220,8 @@ async def test_every_dashboard_query_and_alert_returns_data(
     async def lose_a_worker(ghost: str) -> None:
         """A task held by a worker that stopped heartbeating, in a queue nobody serves."""
         await client.enqueue("easy", {}, queue=away)
-        _, (_, taken) = await admin.dequeue(away, 1, ghost, 60)
+        _, fetched = await admin.dequeue(away, 1, ghost, 60)
+        taken = fetched.tasks
         assert len(taken) == 1
         raw_redis.zadd(GlobalKeys(namespace).workers, {ghost: int((time.time() - 60) * 1000)})
 

@@ -77,7 +77,8 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
 
     # A task held by a worker that stopped heartbeating, in a queue nobody serves.
     lost = await client.enqueue("easy", {}, queue=elsewhere)
-    _, (_, taken) = await admin.dequeue(elsewhere, 1, "ghost", 60)
+    _, fetched = await admin.dequeue(elsewhere, 1, "ghost", 60)
+    taken = fetched.tasks
     assert [t[0] for t in taken] == [lost.id]
     raw_redis.zadd(GlobalKeys(namespace).workers, {"ghost": int((time.time() - 60) * 1000)})
 

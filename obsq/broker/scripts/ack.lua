@@ -1,14 +1,16 @@
--- prelude: now_ms, task_key, call_sliced, hmget_sliced, notify_done, named_attempts, settled_by
+-- prelude: now_ms, task_key, call_sliced, hmget_sliced, notify_done, named_attempts,
+--   settled_by, release_limits, release_successor
 -- Mark a batch of one worker's attempts of one queue completed.
 -- KEYS: lease, completed, active, watched
 -- ARGV: now, worker_id, resent (1 when an earlier send may have been applied already),
---       then per task: id, fence, retention_ms, result, unique digest or ''
+--       then per task: id, fence, retention_ms, result, unique digest or '', type, route
+--       slot or '', ordering key or ''
 -- Returns per task 1, or 0 when the fencing token is stale (the lease was taken over). A
 -- re-sent ack whose attempt already completed the task returns 1: the task hash then holds
 -- its fence, or is gone (no retention), as it would be after a takeover that also finished.
 local now = now_ms()
 local worker, resent = ARGV[2], ARGV[3] == '1'
-local ids, fences, held = named_attempts(KEYS[3], worker, 4, 5)
+local ids, fences, held = named_attempts(KEYS[3], worker, 4, 8)
 local out, done = {}, {}
 for n, id in ipairs(ids) do
   local fence = fences[n]
@@ -33,8 +35,10 @@ call_sliced('ZREM', {KEYS[1]}, finished)
 local watchers = hmget_sliced(KEYS[4], finished)
 local gone = {}
 for j, n in ipairs(done) do
-  local i = 4 + (n - 1) * 5
+  local i = 4 + (n - 1) * 8
   local id, key = ids[n], task_key(ids[n])
+  release_limits(id, ARGV[i + 5], ARGV[i + 6])
+  release_successor(id, ARGV[i + 7], now)
   if ARGV[i + 4] ~= '' then
     local lock = prefix .. 'unique:' .. ARGV[i + 4]
     if redis.call('GET', lock) == id then

@@ -1,43 +1,123 @@
--- prelude: now_ms, task_key, call_sliced
--- Take up to ARGV[3] pending tasks of one queue under a lease, each with a new fencing token.
+-- prelude: now_ms, task_key, call_sliced, covers, hold
+-- Take up to ARGV[3] pending tasks of one queue under a lease, each with a new fencing token;
+-- a task a route limit holds back is set aside (held, or scheduled for its rate) instead.
 -- KEYS: pending, lease, wake, paused, active, fence counter
--- ARGV: now, lease_ms, count, worker_id
--- Returns {now, dropped, then per task: id, fence, type, payload, headers, options, retried, due,
--- unique digest}. The pop comes first, so a Redis at maxmemory lets the script finish.
+-- ARGV: now, lease_ms, count, worker_id, limits: '' or JSON {"g": [[route, concurrency,
+--       interval_ms, tolerance_ms], ...], "l": [[pattern, room], ...]}, the App's routes
+--       with a limit across workers (0: none) and this worker's own route limits with the
+--       room left under each
+-- Returns {now, dropped, tasks, then per task: id, fence, type, payload, headers, options,
+-- retried, due, unique digest, ordering key, waited for its key ('1' or ''), route slot
+-- ('' for none); then per task held back: its type and why ('concurrency' or 'rate')}.
+-- The pop comes first, so a Redis at maxmemory lets the script finish.
 if redis.call('EXISTS', KEYS[4]) == 1 then
-  return {0, 0}
+  return {0, 0, 0}
 end
 local now = now_ms()
-local out = {now, 0}
 local ids = redis.call('RPOP', KEYS[1], ARGV[3])
 if not ids then
   redis.call('DEL', KEYS[3])
-  return out
+  return {now, 0, 0}
 end
+local limits = ARGV[5] ~= '' and cjson.decode(ARGV[5]) or nil
+
+-- The entry of `entries` for a type: exact, else the longest prefix, else '*'.
+local function best(entries, task_type)
+  local found, rank = nil, -1
+  for _, entry in ipairs(entries) do
+    local pattern = entry[1]
+    if covers(pattern, task_type) then
+      local r = pattern == task_type and 1e9 or (pattern == '*' and 0 or #pattern)
+      if r > rank then
+        found, rank = entry, r
+      end
+    end
+  end
+  return found
+end
+
+-- Why `id` may not start now ('concurrency' or 'rate'), after setting it aside; else nil,
+-- and the route slot it takes ('' for none).
+local function limited(id, task_type, reserved)
+  local mine, route = best(limits.l, task_type), best(limits.g, task_type)
+  if mine and mine[2] <= 0 then
+    hold(id, mine[1])
+    return 'concurrency'
+  end
+  if route and route[2] > 0 and
+      redis.call('SCARD', prefix .. 'running:' .. route[1]) >= route[2] then
+    hold(id, route[1])
+    return 'concurrency'
+  end
+  if route and route[3] > 0 and not (reserved and reserved <= now) then
+    -- the route's rate as a cell rate: each start takes `interval` from a clock that may
+    -- run ahead of now by `tolerance`; a start beyond that is reserved for later
+    local rate_key = prefix .. 'rate:' .. route[1]
+    local free = math.max(tonumber(redis.call('GET', rate_key)) or now, now)
+    redis.call('SET', rate_key, free + route[3], 'PX',
+               math.ceil(free + route[3] - now) + 60000)
+    if free - now > route[4] then
+      redis.call('HSET', task_key(id), 'state', 'scheduled', 'rsv', free)
+      redis.call('ZADD', prefix .. 'scheduled', free, id)
+      return 'rate'
+    end
+  end
+  if mine then
+    mine[2] = mine[2] - 1
+  end
+  if route and route[2] > 0 then
+    redis.call('SADD', prefix .. 'running:' .. route[1], id)
+    redis.call('HSET', task_key(id), 'slot', route[1])
+    return nil, route[1]
+  end
+  return nil, ''
+end
+
 local fence = redis.call('INCRBY', KEYS[6], #ids) - #ids
 local expires = now + tonumber(ARGV[2])
-local leases, owners = {}, {}
+local leases, owners, tasks, held = {}, {}, {}, {}
+local dropped = 0
 for _, id in ipairs(ids) do
   local f = redis.call('HMGET', task_key(id), 'type', 'payload', 'headers', 'opts', 'retried',
-                       'due', 'uniq')
-  if f[1] then
+                       'due', 'uniq', 'ordk', 'ow', 'rsv')
+  local why, slot = nil, ''
+  if not f[1] then
+    dropped = dropped + 1  -- its hash was deleted behind obsq's back: nothing left to run
+    why = 'gone'
+  elseif limits then
+    why, slot = limited(id, f[1], tonumber(f[10]))
+    if why then
+      held[#held + 1] = f[1]
+      held[#held + 1] = why
+    end
+  end
+  if not why then
     fence = fence + 1
     leases[#leases + 1] = expires
     leases[#leases + 1] = id
     owners[#owners + 1] = id
     owners[#owners + 1] = fence .. ':' .. ARGV[4]
-    out[#out + 1] = id
-    out[#out + 1] = fence
-    for j = 1, 7 do
-      out[#out + 1] = f[j] or ''
+    tasks[#tasks + 1] = id
+    tasks[#tasks + 1] = fence
+    for j = 1, 9 do
+      tasks[#tasks + 1] = f[j] or ''
     end
-  else
-    out[2] = out[2] + 1  -- its hash was deleted behind obsq's back: nothing left to run
+    tasks[#tasks + 1] = slot
+    if f[9] or f[10] then
+      redis.call('HDEL', task_key(id), 'ow', 'rsv')  -- counted and used once
+    end
   end
 end
 call_sliced('ZADD', {KEYS[2]}, leases)
 call_sliced('HSET', {KEYS[5]}, owners)
 if redis.call('LLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[3])
+end
+local out = {now, dropped, #tasks / 12}
+for _, v in ipairs(tasks) do
+  out[#out + 1] = v
+end
+for _, v in ipairs(held) do
+  out[#out + 1] = v
 end
 return out

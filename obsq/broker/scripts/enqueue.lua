@@ -2,7 +2,8 @@
 -- Enqueue a batch of tasks into one queue.
 -- KEYS: pending, scheduled, wake
 -- ARGV: now, then one JSON array holding per task
---       [id, type, payload, headers, options, delay_ms, unique_digest, unique_ms]
+--       [id, type, payload, headers, options, delay_ms, unique_digest, unique_ms,
+--        ordering key or ''] (a task whose key has tasks already waits behind them)
 --       (one argument for the whole batch: cheaper to send than eight per task). The delay
 --       is added to the server's clock here, so a producer's clock never decides a due time.
 -- Returns per task: '' (enqueued), 'id' (the id exists) or 'unique:<id of the holder>'.
@@ -40,8 +41,21 @@ for _, t in ipairs(cjson.decode(ARGV[2])) do
       fields[#fields + 1] = 'uniq'
       fields[#fields + 1] = digest
     end
+    local behind = false
+    if t[9] ~= '' then
+      fields[#fields + 1] = 'ordk'
+      fields[#fields + 1] = t[9]
+      behind = redis.call('RPUSH', prefix .. 'ord:' .. t[9], id) > 1
+      if behind then
+        fields[#fields + 1] = 'ow'
+        fields[#fields + 1] = '1'
+        redis.call('INCR', prefix .. 'waiting')
+      end
+    end
     redis.call('HSET', key, unpack(fields))
-    if state == 'scheduled' then
+    if behind then
+      -- it waits for the tasks ahead of it on its key (release_successor)
+    elseif state == 'scheduled' then
       redis.call('ZADD', KEYS[2], due, id)
     else
       pending[#pending + 1] = id

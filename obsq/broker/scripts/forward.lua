@@ -1,7 +1,9 @@
--- prelude: now_ms, task_key, make_pending, wake
--- Move due tasks from the scheduled or retry set to pending.
+-- prelude: now_ms, task_key, make_pending, wake, unhold
+-- Move due tasks from the scheduled or retry set to pending; with ARGV[3] = 1, also let the
+-- longest-held task of each route out (its limit is checked again when it is taken), so
+-- that no held task waits for good on a completion that never comes (its worker died).
 -- KEYS: source set (scheduled or retry), pending, wake
--- ARGV: now, batch
+-- ARGV: now, batch, 1 or 0
 -- Returns {moved, milliseconds until the next task of the set is due, or -1 when it is empty}.
 local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[2])
@@ -15,6 +17,11 @@ for i = 1, #due, 2 do
   end
 end
 wake(KEYS[3], moved)
+if ARGV[3] == '1' then
+  for _, pattern in ipairs(redis.call('SMEMBERS', prefix .. 'holding')) do
+    unhold(pattern)
+  end
+end
 local next_due = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if next_due[2] then
   return {moved, math.max(tonumber(next_due[2]) - now, 0)}

@@ -1,4 +1,5 @@
--- prelude: now_ms, task_key, make_pending, wake, notify_done
+-- prelude: now_ms, task_key, make_pending, wake, notify_done, release_limits,
+--   release_successor
 -- Take back attempts whose lease expired or whose worker stopped heartbeating. Removing
 -- the attempt from the active hash voids its fencing token, so the old attempt can no
 -- longer settle the task; each recovery counts against max_recoveries, so a task that
@@ -31,12 +32,15 @@ for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
   redis.call('HDEL', KEYS[5], id)
   local key = task_key(id)
-  if redis.call('EXISTS', key) == 1 then
+  local f = redis.call('HMGET', key, 'type', 'slot', 'ordk')
+  if f[1] then
+    release_limits(id, f[1], f[2] or '')
     if redis.call('HINCRBY', key, 'recov', 1) > max_recoveries then
       local reason = 'lost its worker more than ' .. max_recoveries ..
           ' times (the task may be killing its worker)'
       redis.call('HSET', key, 'state', 'dead', 'error', reason, 'done', now)
       redis.call('ZADD', KEYS[3], now, id)
+      release_successor(id, f[3] or '', now)
       notify_done(id, 'dead', reason)
       killed = killed + 1
     else

@@ -1,7 +1,8 @@
--- prelude: now_ms, task_key, release_attempt, settled_by, make_pending, wake
--- A failed attempt goes back: to pending at once, or to the retry set until it is due.
+-- prelude: now_ms, task_key, release_attempt, settled_by, make_pending, wake, release_limits
+-- A failed attempt goes back: to pending at once, or to the retry set until it is due (it
+-- stays first of its ordering key, so the next of that key waits for it).
 -- KEYS: lease, retry, pending, wake, active
--- ARGV: now, worker_id, id, fence, delay_ms, error, traceback
+-- ARGV: now, worker_id, id, fence, delay_ms, error, traceback, type, route slot or ''
 -- Returns 1 (also when this attempt's earlier, re-sent call was applied), or 0 when the
 -- fencing token is stale.
 local now = now_ms()
@@ -10,6 +11,7 @@ if not release_attempt(KEYS[5], KEYS[1], id, fence, ARGV[2]) then
   return settled_by(id, fence) and 1 or 0
 end
 local key = task_key(id)
+release_limits(id, ARGV[8], ARGV[9])
 redis.call('HINCRBY', key, 'retried', 1)
 redis.call('HSET', key, 'error', ARGV[6], 'tb', ARGV[7], 'fin', fence)
 local delay = tonumber(ARGV[5])

@@ -1,0 +1,92 @@
+-- Prepended after _prelude.lua: what route limits and ordering keys keep in a queue's slot.
+--   running:<pattern>  set of the ids running under a route's concurrency limit
+--   held:<pattern>     list of ids held back by a limit of that route (pushed left, popped
+--                      right), and `holding`, the set of patterns with such a list
+--   rate:<pattern>     the route's next free start time (ms), for its rate limit
+--   ord:<key>          list of the ids sharing an ordering key, in enqueue order: only the
+--                      first is ever pending, scheduled, running or retrying
+--   waiting            how many tasks of the queue are held or wait for their key (they
+--                      count as pending)
+-- The task hash keeps `held` (the pattern it is held for), `slot` (the pattern whose
+-- running set holds it), `ordk` (its ordering key) and `ow` (it waited for that key).
+
+-- Whether route `pattern` (a type, a prefix ending in ':' or '.', or '*') covers a type.
+local function covers(pattern, task_type)
+  if pattern == '*' or pattern == task_type then
+    return true
+  end
+  local last = string.sub(pattern, -1)
+  return (last == ':' or last == '.') and string.sub(task_type, 1, #pattern) == pattern
+end
+
+-- Park task `id` until a task of `pattern` stops running (or the forwarder lets one out).
+local function hold(id, pattern)
+  redis.call('LPUSH', prefix .. 'held:' .. pattern, id)
+  redis.call('SADD', prefix .. 'holding', pattern)
+  redis.call('HSET', task_key(id), 'held', pattern)
+  redis.call('INCR', prefix .. 'waiting')
+end
+
+-- The task held longest for `pattern` goes back to the head of pending.
+local function unhold(pattern)
+  local held = prefix .. 'held:' .. pattern
+  local id = redis.call('RPOP', held)
+  if not id then
+    redis.call('SREM', prefix .. 'holding', pattern)
+    return
+  end
+  if redis.call('LLEN', held) == 0 then
+    redis.call('SREM', prefix .. 'holding', pattern)
+  end
+  redis.call('DECR', prefix .. 'waiting')
+  redis.call('HDEL', task_key(id), 'held')
+  redis.call('RPUSH', prefix .. 'pending', id)
+  wake(prefix .. 'wake', 1)
+end
+
+-- An attempt of task `id`, of type `task_type`, stops running: it gives back its route
+-- slot (`slot`; '' when it held none), and for each route it is covered by that holds
+-- tasks back, the longest held may start again (its limit is checked anew when it does).
+local holding_patterns = nil
+local function release_limits(id, task_type, slot)
+  if slot ~= '' then
+    redis.call('SREM', prefix .. 'running:' .. slot, id)
+    redis.call('HDEL', task_key(id), 'slot')
+  end
+  if holding_patterns == nil then
+    holding_patterns = redis.call('SMEMBERS', prefix .. 'holding')
+  end
+  for _, pattern in ipairs(holding_patterns) do
+    if covers(pattern, task_type) then
+      unhold(pattern)
+    end
+  end
+end
+
+-- Task `id` ended for good (completed, dead, cancelled, deleted): the next task of its
+-- ordering key (`key`; '' for none) becomes pending, or scheduled if it is not due yet.
+local function release_successor(id, key, now)
+  if key == '' or not key then
+    return
+  end
+  local list = prefix .. 'ord:' .. key
+  local was_first = redis.call('LINDEX', list, 0) == id
+  redis.call('LREM', list, 1, id)
+  local next_id = redis.call('LINDEX', list, 0)
+  if not (was_first and next_id) then
+    if not was_first then
+      redis.call('DECR', prefix .. 'waiting')  -- it waited; it does not any more
+    end
+    return
+  end
+  redis.call('DECR', prefix .. 'waiting')
+  local next_key = task_key(next_id)
+  local due = tonumber(redis.call('HGET', next_key, 'due')) or now
+  if due > now then
+    redis.call('HSET', next_key, 'state', 'scheduled')
+    redis.call('ZADD', prefix .. 'scheduled', due, next_id)
+  else
+    redis.call('RPUSH', prefix .. 'pending', next_id)
+    wake(prefix .. 'wake', 1)
+  end
+end
