@@ -11,7 +11,9 @@ import asyncio
 import collections
 import itertools
 import logging
+import re
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 import redis
@@ -243,17 +245,21 @@ async def test_the_inspector_shows_every_entry(client, start_scheduler, redis_ur
 
 
 def test_schedule_keys_do_not_collide_with_a_queue_named_schedules() -> None:
-    queue = QueueKeys("ns", "schedules")
-    schedule = ScheduleKeys("ns")
-    assert queue.prefix == schedule.prefix  # the same hash tag, so the names must differ
-    queue_keys = {getattr(queue, n) for n in QueueKeys.__slots__ if n not in ("prefix",
-                                                                              "queue")}
-    per_task = [queue.task(""), queue.progress(""), queue.inbox(""), queue.stats + ":",
-                queue.prefix + "unique:"]
+    """The keys of a queue named "schedules" share the schedules' prefix: those of
+    QueueKeys and those the scripts build from it ("prefix .. 'held:'") must differ."""
+    queue, schedule = QueueKeys("ns", "schedules"), ScheduleKeys("ns")
+    assert queue.prefix == schedule.prefix
+    scripts = Path(obsq.__file__).parent / "broker" / "scripts"
+    taken = {getattr(queue, n)[len(queue.prefix):] for n in QueueKeys.__slots__
+             if n not in ("prefix", "queue")}
+    taken |= {"t:", "progress:", "inbox:", "unique:", "stats:"}
+    for script in scripts.glob("*.lua"):
+        taken |= set(re.findall(r"prefix \.\. '([\w:-]+)'", script.read_text()))
     for name in ScheduleKeys.__slots__:
-        key = getattr(schedule, name)
         if name != "prefix":
-            assert key not in queue_keys and not key.startswith(tuple(per_task)), key
+            mine = getattr(schedule, name)[len(schedule.prefix):]
+            assert not any(mine == t or (t.endswith(":") and mine.startswith(t))
+                           for t in taken), mine
 
 
 # -- helpers -------------------------------------------------------------------------------
