@@ -190,7 +190,7 @@ class WorkerSettings(EnvSettings):
     # under a lock of `lock_ttl`; an idle worker's blocking wait; settling at shutdown.
     heartbeat_interval: float = 2.0
     heartbeat_ttl: float = 10.0
-    forward_interval: float = 0.25  # the forwarder's longest sleep; it wakes sooner when due
+    forward_interval: float = 0.05  # the forwarder's longest sleep; it wakes sooner when due
     recover_interval: float = 1.0
     janitor_interval: float = 10.0
     lock_ttl: float = 5.0

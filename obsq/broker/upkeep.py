@@ -73,14 +73,19 @@ class Upkeep(RedisCalls):
             (0, max_recoveries, batch, cursor, *lost_workers))
         return requeued, killed, cursor.decode() if isinstance(cursor, bytes) else str(cursor)
 
-    async def forward(self, queue: str, state: str, batch: int) -> tuple[int, float | None]:
-        """Due tasks of the scheduled or retry set to pending -> (moved, seconds until the
-        next one is due, on Redis's clock; None when the set is empty). With the scheduled
-        set, the longest-held task of each route limit is let out too (forward.lua)."""
-        k = self.keys(queue)
-        moved, next_due = await self._script("forward", (k.by_state(state), k.pending, k.wake),
-                                             (0, batch, 1 if state == "scheduled" else 0))
-        return moved, (int(next_due) / 1000 if int(next_due) >= 0 else None)
+    async def forward(self, sets: Sequence[tuple[str, str]], batch: int
+                      ) -> list[tuple[int, float | None]]:
+        """Due tasks of each (queue, scheduled or retry) set to pending, in one round trip
+        -> per set (moved, seconds until the next one is due, on Redis's clock; None when
+        the set is empty). With a scheduled set, the longest-held task of each route limit
+        of the queue is let out too (forward.lua)."""
+        calls = []
+        for queue, state in sets:
+            k = self.keys(queue)
+            calls.append(("forward", (k.by_state(state), k.pending, k.wake),
+                          (0, batch, 1 if state == "scheduled" else 0)))
+        return [(moved, int(due) / 1000 if int(due) >= 0 else None)
+                for moved, due in await self._scripts(calls)]
 
     async def cleanup(self, queue: str, dead_max_age: float, dead_max_count: int,
                       batch: int) -> int:

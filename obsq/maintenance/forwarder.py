@@ -13,14 +13,16 @@ class Forwarder(LockedLoop):
     name = "forwarder"
 
     async def work(self) -> float:
-        """Returns how long to sleep: until the earliest due task, on Redis's clock."""
+        """Returns how long to sleep: until the earliest due task, on Redis's clock. Every
+        queue's sets are swept in one round trip (again for those with more due)."""
         started = time.monotonic()
         soonest = self.interval
-        for queue in await self.broker.queues():
-            for state in ("scheduled", "retry"):
-                moved, due_in = SWEEP_BATCH, None
-                while moved == SWEEP_BATCH:
-                    moved, due_in = await self.broker.forward(queue, state, SWEEP_BATCH)
+        sets = [(queue, state) for queue in await self.broker.queues()
+                for state in ("scheduled", "retry")]
+        while sets:
+            swept = await self.broker.forward(sets, SWEEP_BATCH)
+            for _, due_in in swept:
                 if due_in is not None:
                     soonest = min(soonest, due_in)
+            sets = [s for s, (moved, _) in zip(sets, swept) if moved == SWEEP_BATCH]
         return max(soonest - (time.monotonic() - started), 0.001)

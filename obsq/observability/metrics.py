@@ -25,7 +25,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from obsq._version import __version__
-from obsq.app import OUTCOMES, RECOVERY_REASONS, App
+from obsq.app import OUTCOMES, RECOVERY_REASONS, THROTTLE_REASONS, App
 from obsq.broker.calls import OPERATIONS
 from obsq.settings import DEFAULT_QUEUE
 from obsq.task import Task, TaskInfo, TaskMessage
@@ -86,6 +86,10 @@ class _Metrics:
             "obsq_lease_recoveries", "Tasks taken back from a worker: expired (lease ran "
             "out) or worker_lost (its worker stopped heartbeating)", ["queue", "reason"])
         self.redis_errors = Counter("obsq_redis_errors", "Failed Redis calls", ["operation"])
+        self.throttled = Counter(
+            "obsq_tasks_throttled", "Starts held back: concurrency (a route's limit), rate "
+            "(a route's rate limit) or ordering (a task ahead on its ordering key)",
+            ["queue", "task", "reason"])
         self.scheduler_fires = Counter("obsq_scheduler_fires",
                                        "Schedule fires enqueued by this process", ["entry"])
         self.scheduler_missed = Counter(
@@ -166,6 +170,9 @@ class TaskMetrics:
             child = self._recoveries[key] = self.m.recoveries.labels(*key)
         child.inc(count)
 
+    def on_throttle(self, queue: str, task: str, reason: str) -> None:
+        self.m.throttled.labels(queue, task, reason).inc()
+
     def on_redis_error(self, operation: str, exc: BaseException) -> None:
         child = self._errors.get(operation)
         if child is None:
@@ -231,8 +238,9 @@ class SchedulerMetrics:
 def start_at_zero(app: App, queues: Iterable[str], *, worker: bool = True) -> None:
     """Create at 0 every series whose label values are known now, so that a dashboard shows
     0 rather than "no data" and `increase()` counts the first event: the Redis operations,
-    and for the given queues the recovery reasons and (a worker) the outcomes, durations and
-    waits of each route that enqueues there by default, or (a producer) its enqueue count."""
+    and for the given queues the recovery reasons and (a worker) the outcomes, durations,
+    waits and throttled starts of each route that enqueues there by default, or (a producer)
+    its enqueue count."""
     m = get_metrics()
     for operation in OPERATIONS:
         m.redis_errors.labels(operation)
@@ -249,6 +257,8 @@ def start_at_zero(app: App, queues: Iterable[str], *, worker: bool = True) -> No
         m.duration.labels(queue, task)
         m.wait.labels(queue, task)
         m.in_progress.labels(queue, task)
+        for reason in THROTTLE_REASONS:
+            m.throttled.labels(queue, task, reason)
     if worker:
         for queue in served:
             for reason in RECOVERY_REASONS:

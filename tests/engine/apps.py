@@ -8,6 +8,8 @@ namespace fixture cleans it up), at the URL in $OBSQ_ENGINE_RECORD_URL:
   <prefix>:rec:started   list of task ids, one entry per attempt that began
   <prefix>:rec:finished  list of task ids, one entry per attempt that returned
   <prefix>:rec:attempts:<id>  attempt counter of one task
+  <prefix>:rec:span      list of "<start µs> <end µs> <id> <payload>", one per attempt that
+                         returned (routes with limits and ordering keys)
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from typing import Any
 
+import orjson
 import redis.asyncio as aioredis
 
 import obsq
@@ -59,3 +63,32 @@ async def poison(task: obsq.Task) -> None:
     """Kills its own worker, as a segfaulting extension or an OOM kill would."""
     await begin(task)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def span(task: obsq.Task, seconds: float) -> None:
+    """Record the attempt's start and end (this host's clock, in µs) under <prefix>:rec:span,
+    as "<start> <end> <id> <payload>", around `seconds` of work."""
+    start = time.time()
+    await asyncio.sleep(seconds)
+    await recorder().rpush(key("span"), f"{start * 1e6:.0f} {time.time() * 1e6:.0f} {task.id} "
+                                        f"{orjson.dumps(task.payload).decode()}")
+
+
+@app.task("limited", concurrency=3)
+async def limited(task: obsq.Task) -> None:
+    """At most three at once across all workers; each takes payload["seconds"]."""
+    await span(task, task.payload["seconds"])
+
+
+@app.task("paced", rate_limit="200/s")
+async def paced(task: obsq.Task) -> None:
+    """At most 200 starts a second across all workers."""
+    await span(task, 0)
+
+
+@app.task("ordered")
+async def ordered(task: obsq.Task) -> None:
+    """Fails once when payload["fail_once"] is set: its retry must keep its key's order."""
+    await span(task, task.payload.get("seconds", 0.01))
+    if task.payload.get("fail_once") and task.retry_count == 0:
+        raise RuntimeError("first attempt fails")
