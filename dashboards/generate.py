@@ -298,7 +298,8 @@ def overview() -> dash.Dashboard:
         base(
             "obsq-overview",
             "obsq / Overview",
-            "obsq task queues: throughput, failures, queue depth and latency, workers, Redis.",
+            "obsq task queues: throughput, failures, queue depth and latency, workers, Redis, "
+            "schedules.",
         )
         .with_variable(datasource_variable())
         .with_variable(query_variable("queue", "Queue", "label_values(obsq_queue_depth, queue)"))
@@ -451,6 +452,30 @@ def overview() -> dash.Dashboard:
         ),
     ]:
         board = board.with_panel(panel)
+
+    board = board.with_row(row("Scheduler"))
+    board = board.with_panel(
+        graph(
+            "Schedule fires and missed fires",
+            "Tasks enqueued by obsq scheduler per interval, by schedule entry (fired), and "
+            "the fires it did not enqueue because no scheduler ran at their time, as the "
+            'missed policy of their entry says (missed: all of them with missed="skip", '
+            'all but the latest with missed="once"). obsq schedules lists the entries.',
+            "short",
+            queries(
+                (
+                    f"sum by (entry) (increase(obsq_scheduler_fires_total[{RATE}]))",
+                    "fired {{entry}}",
+                ),
+                (
+                    f"sum by (entry) (increase(obsq_scheduler_missed_total[{RATE}]))",
+                    "missed {{entry}}",
+                ),
+            ),
+            width=24,
+            bars=True,
+        )
+    )
     return board
 
 

@@ -1,7 +1,8 @@
-"""The operator's commands, on obsq.Inspector: `obsq stats|queues|tasks|task|workers` to
-look (each with --json for scripts), `obsq requeue|delete|purge|pause|unpause` to repair,
-and `obsq ui`, the web console. Tables are aligned for people and coloured only on a
-terminal (never with NO_COLOR); an unknown queue or task is one line on stderr, exit 1."""
+"""The operator's commands, on obsq.Inspector: `obsq stats|queues|tasks|task|workers|
+schedules` to look (each with --json for scripts), `obsq requeue|delete|purge|pause|
+unpause` to repair, and `obsq ui`, the web console. Tables are aligned for people and
+coloured only on a terminal (never with NO_COLOR); an unknown queue or task is one line on
+stderr, exit 1."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 from obsq.broker import TASK_STATES
 from obsq.broker.inspection import PURGEABLE, REVIVABLE
 from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound, TaskRunning
-from obsq.inspector import Inspector, QueueInfo, TaskDetail, WorkerInfo, as_data
+from obsq.inspector import Inspector, QueueInfo, ScheduleInfo, TaskDetail, WorkerInfo, as_data
 
 Command = Callable[[str, str, Callable[[argparse.Namespace], int]], argparse.ArgumentParser]
 COLOURS = {"dead": "31", "retry": "33", "active": "36", "completed": "32", "paused": "33",
@@ -44,6 +45,7 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
     task.add_argument("id")
     task.add_argument("--queue", help="its queue (default: looked up)")
     looking("workers", "live workers: host, pid, queues, busy slots, last heartbeat")
+    looking("schedules", "schedule entries: spec, timezone, missed policy, next and last fire")
     requeue = command("requeue", "put dead (or retry/scheduled) tasks back to pending now",
                       handler)
     requeue.add_argument("queue")
@@ -190,6 +192,20 @@ async def workers(inspector: Inspector, args: argparse.Namespace, out: Output) -
     print(_workers_table(out, found) if found else "no live workers")
 
 
+async def schedules(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
+    found = await inspector.schedules()
+    if out.as_json:
+        return out.data(found)
+    if not found:
+        print(f"no schedules in namespace {inspector.namespace!r} (those of an App's code "
+              "appear once its scheduler runs)")
+        return
+    print(_schedules_table(out, found))
+    for s in found:
+        if s.error:
+            print(out.paint(f"{s.error}; the scheduler skips it", "error"), file=sys.stderr)
+
+
 async def requeue(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
     done = await inspector.requeue(args.queue, args.state, args.ids or None)
     if done.missing:
@@ -232,9 +248,8 @@ async def pause(inspector: Inspector, args: argparse.Namespace, out: Output) -> 
 
 
 HANDLERS = {"stats": stats, "queues": queues, "tasks": tasks, "task": task,
-            "workers": workers, "requeue": requeue, "cancel": cancel, "delete": delete,
-            "purge": purge,
-            "pause": pause, "unpause": pause}
+            "workers": workers, "schedules": schedules, "requeue": requeue, "cancel": cancel,
+            "delete": delete, "purge": purge, "pause": pause, "unpause": pause}
 
 
 async def _empty(inspector: Inspector) -> str:
@@ -270,6 +285,16 @@ def _workers_table(out: Output, found: list[WorkerInfo]) -> str:
         [w.id, w.host, str(w.pid), ",".join(w.queues), f"{w.busy}/{w.concurrency}",
          str(w.processed), _age(now, w.started_at), _age(now, w.last_heartbeat) + " ago",
          w.version + (" (draining)" if w.draining else "")] for w in found])
+
+
+def _schedules_table(out: Output, found: list[ScheduleInfo]) -> str:
+    return out.table(["schedule", "spec", "timezone", "task", "if-missed", "next (UTC)",
+                      "last (UTC)", "fired", "missed", "from"], [
+        [s.name, s.spec, s.timezone, s.type, s.missed,
+         _when(s.next_fire_at) if not s.error else ("not valid", "error"),
+         _when(s.last_fire_at), str(s.fire_count),
+         (str(s.missed_count), "retry" if s.missed_count else None), s.source]
+        for s in found])
 
 
 def _task_text(out: Output, d: TaskDetail) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 from obsq.errors import ConfigurationError
 from obsq.names import validate_name
-from obsq.schedule import Periodic
+from obsq.schedule import Schedule
 from obsq.settings import DEFAULT_QUEUE
 from obsq.task import Task, TaskInfo, TaskMessage
 
@@ -121,7 +121,7 @@ class App:
         self.redis_error_hooks: list[RedisErrorHook] = []
         self.throttle_hooks: list[ThrottleHook] = []
         self.producer_hooks: list[ProducerHook] = []  # around every Client built with it
-        self.periodic_tasks: list[Periodic] = []
+        self.schedules: dict[str, Schedule] = {}  # the entries of app.periodic, by name
 
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
              timeout: float | None = None, retry_delay: RetryDelay = None,
@@ -167,14 +167,20 @@ class App:
         a worker serves when it is not told which queues."""
         return sorted({DEFAULT_QUEUE, *(r.queue for r in self.routes if r.queue)})
 
-    def periodic(self, spec: str, task_type: str, payload: Any = None,
-                 **options: Any) -> Periodic:
-        """Enqueue `task_type` on a cron spec ('0 3 * * *') or an interval ('@every 30s')
-        while `obsq scheduler` runs; options are those of Client.enqueue."""
-        entry = Periodic(spec, validate_name("task type", task_type), payload, options)
-        if any(e.id == entry.id for e in self.periodic_tasks):
-            raise ValueError(f"periodic task {spec!r} {task_type!r} is already registered")
-        self.periodic_tasks.append(entry)
+    def periodic(self, spec: str, task_type: str, payload: Any = None, *,
+                 name: str | None = None, timezone: str = "UTC", missed: str = "once",
+                 **options: Any) -> Schedule:
+        """Enqueue `task_type` on a cron spec ('0 3 * * *', read in `timezone`) or at an
+        interval ('@every 30s') while `obsq scheduler` runs. `name` (default: the task
+        type) names the entry in Redis, `obsq schedules` and the metrics; `missed` says
+        which fires the schedulers were all down for are enqueued when one is back: "once"
+        the latest, "skip" none. Options are those of Client.enqueue."""
+        entry = Schedule(task_type if name is None else name, spec, task_type, payload,
+                         timezone, missed, options, source="app")
+        if entry.name in self.schedules:
+            raise ValueError(f"a periodic entry named {entry.name!r} is already registered; "
+                             "give each a name=")
+        self.schedules[entry.name] = entry
         return entry
 
     def use(self, middleware: Middleware) -> Middleware:

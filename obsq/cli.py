@@ -19,6 +19,7 @@ from obsq.settings import (
     EXPORTER_HTTP_PORT,
     SCHEDULER_HTTP_PORT,
     WORKER_HTTP_PORT,
+    SchedulerSettings,
     WorkerSettings,
 )
 
@@ -95,11 +96,13 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     from obsq.scheduler import Scheduler
 
     configure_logging(args.log_format or os.environ.get("OBSQ_LOG_FORMAT", "text"), "INFO")
+    settings = SchedulerSettings.from_env()  # OBSQ_LOCK_TTL, OBSQ_MISSED_AFTER
     app = load_app(args.app)
     setup_tracing()
     namespace = args.namespace or os.environ.get("OBSQ_NAMESPACE")  # else the App's, as a worker
     try:
-        asyncio.run(run_scheduler(Scheduler(app, _redis_url(args), namespace=namespace),
+        asyncio.run(run_scheduler(Scheduler(app, _redis_url(args), namespace=namespace,
+                                            settings=settings),
                                   http_port=_http_port(args, SCHEDULER_HTTP_PORT),
                                   http_host=os.environ.get("OBSQ_HTTP_HOST", "0.0.0.0")))
     finally:
@@ -163,8 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--no-metrics", action="store_true", help="OBSQ_METRICS=false")
     worker.add_argument("--no-tracing", action="store_true", help="OBSQ_TRACING=false")
 
-    scheduler = command("scheduler", "enqueue the App's periodic tasks (safe with replicas)",
-                        cmd_scheduler)
+    scheduler = command("scheduler", "fire the schedule entries, the App's and those added "
+                        "at run time (safe with replicas)", cmd_scheduler)
     scheduler.add_argument("app", metavar="MODULE:APP")
     scheduler.add_argument("--log-format", choices=("text", "json"))
     scheduler.add_argument("--http-port", type=int,

@@ -22,7 +22,8 @@ from obsq.app import App, CallNextProducer, ProducerHook
 from obsq.broker import Broker, Enqueued
 from obsq.errors import BrokerError, DuplicateTask, TaskNotFound, TaskRunning
 from obsq.results import ResultWaiter
-from obsq.settings import DEFAULT_NAMESPACE, DEFAULT_REDIS_URL, ENQUEUE_BATCH
+from obsq.schedule import Schedule, ScheduleInfo
+from obsq.settings import DEFAULT_NAMESPACE, DEFAULT_REDIS_URL, ENQUEUE_BATCH, SCHEDULES_SHOWN
 from obsq.task import (
     Job,
     TaskInfo,
@@ -176,6 +177,35 @@ class Client:
             raise TaskNotFound(f"no task {task_id!r}")
         return state
 
+    async def schedule(self, name: str, spec: str, task_type: str, payload: Any = None, *,
+                       timezone: str = "UTC", missed: str = "once",
+                       **options: Any) -> Schedule:
+        """Add or replace a schedule entry at run time: `obsq scheduler` enqueues
+        `task_type` with `payload` on the cron spec (read in `timezone`) or at the interval
+        ('@every 30s'), from the moment it reads this (at once). `missed`: of the fires the
+        schedulers were all down for, "once" enqueues the latest, "skip" none. Options are
+        those of enqueue but task_id, delay and eta. Everything is checked before anything
+        is written (ValueError, TypeError); an identical entry keeps its state."""
+        entry = Schedule(name, spec, task_type, payload, timezone, missed, options)
+        if await self.broker.put_schedule(name, entry.encoded()) == "app":
+            raise ValueError(f"schedule {name!r} is defined by the App's code "
+                             "(app.periodic): change it there")
+        return entry
+
+    async def unschedule(self, name: str) -> bool:
+        """Remove an entry added at run time; False when there is none of that name."""
+        validate_name("schedule", name)
+        status = await self.broker.remove_schedule(name)
+        if status == "app":
+            raise ValueError(f"schedule {name!r} is defined by the App's code "
+                             "(app.periodic): remove it there")
+        return status == "removed"
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        """Every entry, the App's and those added at run time, with its next and last fire,
+        the soonest first."""
+        return await read_schedules(self.broker)
+
     async def close(self) -> None:
         for check in list(self._checks):
             check.cancel()
@@ -187,6 +217,13 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def read_schedules(broker: Broker, limit: int = SCHEDULES_SHOWN) -> list[ScheduleInfo]:
+    """Up to `limit` schedule entries, soonest next fire first (the Client's and the
+    Inspector's listing)."""
+    now_ms, records = await broker.schedule_table(limit)
+    return [ScheduleInfo.from_stored(*record, now_ms=now_ms) for record in records]
 
 
 def _bind(hook: ProducerHook, call_next: CallNextProducer) -> CallNextProducer:
@@ -239,6 +276,16 @@ class SyncClient:
 
     def delete(self, task_id: str, queue: str | None = None) -> str:
         return self._run(self._client.delete(task_id, queue))
+
+    def schedule(self, name: str, spec: str, task_type: str, payload: Any = None,
+                 **options: Any) -> Schedule:
+        return self._run(self._client.schedule(name, spec, task_type, payload, **options))
+
+    def unschedule(self, name: str) -> bool:
+        return self._run(self._client.unschedule(name))
+
+    def schedules(self) -> list[ScheduleInfo]:
+        return self._run(self._client.schedules())
 
     def close(self) -> None:
         if self._loop.is_running():

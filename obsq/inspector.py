@@ -17,8 +17,9 @@ from typing import Any
 
 from obsq.broker import TASK_STATES, Broker
 from obsq.broker.inspection import PURGEABLE, REVIVABLE
-from obsq.client import Client
+from obsq.client import Client, read_schedules
 from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound
+from obsq.schedule import ScheduleInfo
 from obsq.settings import DEFAULT_REDIS_URL
 from obsq.task import TaskInfo, decode_stored_json, timestamp_to_datetime, validate_name
 
@@ -201,6 +202,11 @@ class Inspector:
                 version=str(d.get("version", "")), draining=bool(d.get("draining"))))
         return sorted(workers, key=lambda w: w.id)
 
+    async def schedules(self) -> list[ScheduleInfo]:
+        """The schedule entries (the App's, once a scheduler has written them, and those
+        added at run time) with their next and last fire, soonest first."""
+        return await read_schedules(self.broker)
+
     async def namespaces(self) -> list[str]:
         """The namespaces that hold queues on this Redis (a SCAN bounded in time)."""
         return await self.broker.namespaces()
@@ -330,5 +336,5 @@ def as_data(value: Any) -> Any:
     return value
 
 
-__all__ = ["Inspector", "QueueInfo", "Rate", "Requeued", "TaskDetail", "TaskPage",
-           "TaskSummary", "WorkerInfo", "as_data"]
+__all__ = ["Inspector", "QueueInfo", "Rate", "Requeued", "ScheduleInfo", "TaskDetail",
+           "TaskPage", "TaskSummary", "WorkerInfo", "as_data"]

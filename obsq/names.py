@@ -1,6 +1,6 @@
-"""What a name may be. Queue names, task types, namespaces and task ids become parts of
-Redis keys: a queue name is a Redis Cluster hash tag, so braces would split a queue across
-slots, and control characters would make keys unreadable in any tool."""
+"""What a name may be. Queue names, task types, namespaces, task ids and schedule names
+become parts of Redis keys: a queue name is a Redis Cluster hash tag, so braces would split
+a queue across slots, and control characters would make keys unreadable in any tool."""
 
 from __future__ import annotations
 
@@ -24,6 +24,6 @@ def _checked_name(kind: str, value: str) -> str:
     if len(value) > MAX_NAME_LENGTH or _FORBIDDEN.search(value):
         raise ValueError(f"{kind} {value!r} must be at most {MAX_NAME_LENGTH} characters "
                          "without braces or control characters")
-    if kind in ("queue", "namespace") and _SPACE.search(value):
+    if kind in ("queue", "namespace", "schedule") and _SPACE.search(value):
         raise ValueError(f"{kind} {value!r} must not contain spaces")
     return value

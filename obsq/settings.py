@@ -1,13 +1,14 @@
-"""Every default of obsq in one place: the named constants below, and WorkerSettings, the
-tunables of a worker process, which reads `OBSQ_<NAME>` from the environment so that the
-CLI, the Helm chart and code agree. Times are in seconds."""
+"""Every default of obsq in one place: the named constants below, and WorkerSettings and
+SchedulerSettings, the tunables of a worker and of a scheduler process, which read
+`OBSQ_<NAME>` from the environment so that the CLI, the Helm chart and code agree. Times are
+in seconds."""
 
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from obsq.errors import ConfigurationError
 from obsq.names import validate_name
@@ -67,9 +68,15 @@ COLLECTOR_STALE_LIMIT = 30.0
 # exporter and supervisor ping Redis every PING_INTERVAL.
 LOOP_TIMEOUT = 1.5
 PING_INTERVAL = 2.0
-# `obsq scheduler`: how often it looks at its entries at most, and its lock.
-SCHEDULER_INTERVAL = 1.0
-SCHEDULER_LOCK_TTL = 5.0
+# Schedules: names short enough to make task ids of ("<name>@<fire time>"), the shortest
+# interval, entries a scheduler reads per round, fires it counts one by one after an outage
+# (past that it jumps to the last one), and entries a listing shows.
+SCHEDULE_NAME_MAX = 100
+SCHEDULE_MIN_EVERY = 0.1
+SCHEDULE_DUE_BATCH = 100
+SCHEDULE_COUNT_LIMIT = 10_000
+SCHEDULES_SHOWN = 1000
+SCHEDULER_WAIT_SLACK = 0.1  # Redis ends a blocking wait up to 1/hz (100 ms at hz 10) late
 # `obsq worker --processes N`: restarts of a child that died, doubling up to the cap; a
 # child that ran STABLE_AFTER starts its backoff afresh; children get STOP_MARGIN beyond
 # their shutdown timeout before they are killed.
@@ -141,8 +148,27 @@ def _checked_name(kind: str, value: str) -> str:
         raise ConfigurationError(str(exc)) from None
 
 
+S = TypeVar("S", bound="EnvSettings")
+
+
+class EnvSettings:
+    """A settings dataclass that can be read from `OBSQ_<FIELD>` variables."""
+
+    @classmethod
+    def from_env(cls: type[S], environ: dict[str, str] | None = None, **overrides: Any) -> S:
+        """Settings from `OBSQ_<NAME>` variables; explicit overrides (not None) win."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(f"OBSQ_{f.name.upper()}")
+            if raw is not None and raw != "":
+                values[f.name] = _convert(f.name, raw, f.default)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
 @dataclass
-class WorkerSettings:
+class WorkerSettings(EnvSettings):
     redis_url: str = DEFAULT_REDIS_URL
     namespace: str | None = None  # None: the App's namespace
     queues: dict[str, int] | None = None  # None: every queue the App's routes declare
@@ -204,17 +230,24 @@ class WorkerSettings:
         if self.log_format not in ("text", "json"):
             raise ConfigurationError(f"log_format must be text or json, got {self.log_format!r}")
 
-    @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> WorkerSettings:
-        """Settings from `OBSQ_<NAME>` variables; explicit overrides (not None) win."""
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = environ.get(f"OBSQ_{f.name.upper()}")
-            if raw is not None and raw != "":
-                values[f.name] = _convert(f.name, raw, cls.__dataclass_fields__[f.name].default)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+
+
+@dataclass
+class SchedulerSettings(EnvSettings):
+    # One replica at a time fires, under a lock of `lock_ttl`: when it dies another takes
+    # over within 1.5 times that. A fire reached later than `missed_after` after its time
+    # (the schedulers were all down) is missed and follows its entry's `missed` policy;
+    # later than a takeover is not, so a failover loses nothing.
+    lock_ttl: float = 5.0
+    missed_after: float = 15.0
+
+    def __post_init__(self) -> None:
+        if not self.lock_ttl > 0:
+            raise ConfigurationError(f"lock_ttl must be positive, got {self.lock_ttl}")
+        if not self.missed_after >= 1.5 * self.lock_ttl:
+            raise ConfigurationError(
+                f"missed_after ({self.missed_after}) must be at least 1.5 times lock_ttl "
+                f"({self.lock_ttl}), or the fires of a failover would count as missed")
 
 
 def _convert(name: str, raw: str, default: Any) -> Any:

@@ -21,8 +21,10 @@ import redis
 from support import SHORT_INTERVALS, missing_tool, sync_redis, wait_until
 
 import obsq
-from obsq.observability import run_worker
+from obsq.observability import run_scheduler, run_worker
 from obsq.redis_server import RedisServer
+from obsq.scheduler import Scheduler
+from obsq.settings import SchedulerSettings
 
 
 @pytest.fixture(scope="session")
@@ -124,4 +126,32 @@ async def start_worker(redis_url: str, app: obsq.App
     for worker, _ in running:
         worker.stop()
     for _, task in running:  # a worker that failed or would not stop fails the test
+        await asyncio.wait_for(task, timeout=30)
+
+
+@pytest.fixture
+async def start_scheduler(redis_url: str, app: obsq.App
+                          ) -> AsyncIterator[Callable[..., Any]]:
+    """`scheduler = await start_scheduler(**settings)`: a Scheduler of the test's App running
+    in this event loop, stopped at the end of the test; its lock lapses within a second, so
+    that a second one takes over quickly. `metrics` runs it as `obsq scheduler` does
+    (obsq.observability.run_scheduler), without its HTTP endpoint."""
+    running: list[tuple[Scheduler, asyncio.Task[None]]] = []
+
+    async def start(scheduler_app: obsq.App | None = None, *, metrics: bool = False,
+                    **settings: Any) -> Scheduler:
+        settings.setdefault("lock_ttl", 1.0)
+        scheduler = Scheduler(scheduler_app or app, redis_url, handle_signals=False,
+                              settings=SchedulerSettings(**settings))
+        task = asyncio.create_task(run_scheduler(scheduler) if metrics else scheduler.run())
+        running.append((scheduler, task))
+        await wait_until(lambda: scheduler.started_at or task.done(), timeout=10)
+        if task.done():
+            task.result()  # its start-up error
+        return scheduler
+
+    yield start
+    for scheduler, _ in running:
+        scheduler.stop()
+    for _, task in running:
         await asyncio.wait_for(task, timeout=30)

@@ -1,5 +1,5 @@
 """The parts that need no Redis, tested fast: building a message from a job, reading
-`--queues`, names, and when a periodic entry fires next."""
+`--queues`, settings and names (schedule entries: test_schedule.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 import obsq
 from obsq.errors import ConfigurationError
 from obsq.names import validate_name
-from obsq.schedule import Periodic, parse_every
 from obsq.settings import DEFAULT_QUEUE, WorkerSettings, parse_queues
 from obsq.task import build_message
 
@@ -92,23 +91,3 @@ def test_names() -> None:
     for bad in ("", "x" * 201, "a\nb", "{a}"):
         with pytest.raises(ValueError):
             validate_name("queue", bad)
-
-
-@pytest.mark.parametrize("spec, seconds", [("@every 30s", 30), ("@every 1.5m", 90),
-                                           ("@every 2h", 7200), ("@every 250ms", 0.25)])
-def test_every_is_an_interval(spec: str, seconds: float) -> None:
-    assert parse_every(spec) == seconds
-    assert Periodic(spec, "t").next_after(1000.0) == 1000.0 + seconds
-
-
-def test_a_cron_entry_fires_at_its_next_minute_in_utc() -> None:
-    start = datetime(2026, 3, 1, 2, 59, 30, tzinfo=timezone.utc).timestamp()
-    fire = Periodic("0 3 * * *", "t").next_after(start)
-    assert datetime.fromtimestamp(fire, tz=timezone.utc) == datetime(
-        2026, 3, 1, 3, 0, tzinfo=timezone.utc)
-
-
-@pytest.mark.parametrize("spec", ["@every 0s", "@every -1s", "@every soon", "61 * * * *"])
-def test_bad_specs_are_refused(spec: str) -> None:
-    with pytest.raises(ValueError):
-        Periodic(spec, "t")

@@ -107,6 +107,33 @@ def test_the_console_section_runs_as_written(project, readme_worker, redis_url) 
     assert "email:send {'sent_to': 'a@b.c'}" in out and out.endswith("requeued 0\n")
 
 
+def test_the_schedules_section_runs_as_written(project, redis_url) -> None:
+    (command,) = [c for c in shell_commands() if c.startswith("obsq scheduler ")]
+    (listing,) = [c for c in shell_commands() if c.startswith("obsq schedules ")]
+    env = obsq_env(OBSQ_REDIS_URL=redis_url)
+    log_path = project / "scheduler.log"
+    with log_path.open("w") as log:
+        scheduler = subprocess.Popen(shlex.split(command), cwd=project, stdout=log,
+                                     stderr=subprocess.STDOUT, env={**env, "OBSQ_HTTP_PORT": "0"})
+    try:
+        wait_for(lambda: "schedule report:nightly (0 3 * * *, report:nightly) written"
+                 in log_path.read_text(), timeout=30, what="the App's entry written")
+        (project / "plan.py").write_text(
+            python_block("client.schedule(").replace(README_URL, redis_url))
+        *listed, removed = run([sys.executable, "plan.py"], cwd=project,
+                               env=env).stdout.splitlines()
+        assert sorted(listed) == ["nightly-report 0 3 * * * Europe/Paris skip client",
+                                  "ops-digest @every 30s UTC once client",
+                                  "report:nightly 0 3 * * * Europe/Paris once app"]
+        assert removed == "True"
+        out = run(shlex.split(listing), cwd=project, env=env).stdout
+        assert "nightly-report" in out and "report:nightly" in out
+        assert "ops-digest" not in out
+    finally:
+        scheduler.terminate()
+        assert scheduler.wait(timeout=30) == 0, log_path.read_text()
+
+
 # -- the shell commands, each by what it is --------------------------------------------------
 
 
@@ -130,6 +157,17 @@ def ci_run(command: str, redis_url: str) -> None:
 def worker(command: str, redis_url: str) -> None:
     """Run with the Use section's project: test_the_use_section_runs_as_written."""
     assert command.startswith("obsq worker myproject.tasks:app")
+
+
+def scheduler(command: str, redis_url: str) -> None:
+    """Run with the Use section's project: test_the_schedules_section_runs_as_written."""
+    assert command == "obsq scheduler myproject.tasks:app"
+
+
+def schedules(command: str, redis_url: str) -> None:
+    """`obsq schedules` as written, on the test's Redis (whatever it holds)."""
+    out = run(shlex.split(command), cwd=ROOT, env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout
+    assert out.startswith(("schedule ", "no schedules in namespace 'myproject'"))
 
 
 def console(command: str, redis_url: str) -> None:
@@ -191,6 +229,8 @@ HANDLERS: dict[str, Callable[[str, str], None]] = {
     "python3 -m pip install": install_and_demo,
     "bash .ci/run": ci_run,
     "obsq worker ": worker,
+    "obsq scheduler ": scheduler,
+    "obsq schedules ": schedules,
     "obsq ui ": console,
     "export OTEL_": export_otel,
     "kubectl ": kubectl,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from obsq.broker.inspection import Inspection
 from obsq.broker.producing import Producing
+from obsq.broker.scheduling import Scheduling
 from obsq.broker.upkeep import Upkeep
 from obsq.broker.working import Working
 
 
-class Broker(Producing, Working, Upkeep, Inspection):
+class Broker(Producing, Working, Upkeep, Inspection, Scheduling):
     """Every Redis call of obsq, on one connection pool."""

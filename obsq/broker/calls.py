@@ -13,7 +13,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from obsq.broker.connection import create_client
-from obsq.broker.keys import GlobalKeys, QueueKeys
+from obsq.broker.keys import GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import is_noscript, load_scripts
 from obsq.errors import BrokerError, ConfigurationError
 
@@ -25,8 +25,8 @@ SCRIPTS = load_scripts()
 # the scripts, and the plain commands named here, so that metrics can start each at 0.
 COMMANDS = ("delete_namespace", "deregister", "find_queue", "forget_workers", "heartbeat",
             "lost_workers", "namespaces", "queues", "read_cancels", "read_inbox",
-            "register_queues",
-            "scheduler", "set_progress", "task_info", "wait_for_work", "workers")
+            "register_queues", "schedule_entries", "set_progress", "task_info",
+            "wait_for_work", "wait_schedule_change", "workers")
 OPERATIONS = tuple(sorted({*SCRIPTS, *COMMANDS}))
 
 
@@ -37,6 +37,7 @@ class RedisCalls:
         self.redis = client if client is not None else create_client(url)
         self.is_cluster = isinstance(self.redis, RedisCluster)
         self.global_keys = GlobalKeys(namespace)
+        self.schedule_keys = ScheduleKeys(namespace)
         self._queue_keys: dict[str, QueueKeys] = {}
         self.on_error: list[ErrorHook] = []
 

@@ -60,5 +60,20 @@ class GlobalKeys:
     def lock(self, name: str) -> str:
         return f"{self.namespace}:lock:{name}"
 
-    def schedule(self, entry: str) -> str:
-        return f"{self.namespace}:cron:{entry}"  # last enqueued run of a cron entry
+
+class ScheduleKeys:
+    """Every key of the schedules of a namespace shares one hash tag, so that one script
+    claims a fire. A queue named "schedules" shares that tag too: these names must stay
+    apart from QueueKeys' (a test holds them to it)."""
+
+    __slots__ = ("changes", "counts", "entries", "firing", "last", "next", "prefix", "version")
+
+    def __init__(self, namespace: str) -> None:
+        self.prefix = f"{namespace}:{{schedules}}:"
+        self.entries = self.prefix + "entries"  # hash name -> definition (JSON)
+        self.next = self.prefix + "next"  # zset name -> next fire (ms); 0: not picked up yet
+        self.last = self.prefix + "last"  # hash name -> last fire enqueued (ms)
+        self.firing = self.prefix + "firing"  # hash name -> "<fire ms> <definition>" claimed
+        self.counts = self.prefix + "counts"  # hash "fires:<name>" / "missed:<name>" -> count
+        self.version = self.prefix + "version"  # counter: bumped by every change of an entry
+        self.changes = self.prefix + "changes"  # list (one token) the scheduler blocks on

@@ -78,3 +78,25 @@ class Ended(NamedTuple):
     task_id: str
     state: str  # completed | dead
     value: bytes  # the result (JSON) or the error text
+
+
+class DueFires(NamedTuple):
+    """What the scheduler holding the lock reads each round (due_fires.lua)."""
+
+    now_ms: int  # Redis's clock
+    version: int  # of the entries: changes when one is added, changed or removed
+    soonest_ms: float | None  # the next fire after now (inf: only parked entries)
+    due: list[tuple[str, float]]  # (name, next fire) of the entries due; 0: not picked up
+    firing: dict[str, bytes]  # name -> claim ("<fire ms> <definition>") not confirmed
+
+
+class ScheduleRecord(NamedTuple):
+    """One entry of a listing (schedules.lua)."""
+
+    name: str
+    definition: bytes | None
+    next_ms: float  # 0: not picked up by a scheduler yet; inf: parked as not valid
+    last_ms: int | None
+    claim: bytes | None
+    fire_count: int
+    missed_count: int

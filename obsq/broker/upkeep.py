@@ -1,6 +1,6 @@
 """Redis calls that keep the namespace healthy and readable: worker heartbeats, the sweeps
-(recover, forward, clean up) and their locks, schedule bookkeeping, queue depths and the
-pause flag (the Inspector's other reads and repairs are in inspection.py)."""
+(recover, forward, clean up) and their locks, queue depths and the pause flag (the
+Inspector's other reads and repairs are in inspection.py, schedules in scheduling.py)."""
 
 from __future__ import annotations
 
@@ -100,17 +100,6 @@ class Upkeep(RedisCalls):
 
     async def release_lock(self, name: str, owner: str) -> None:
         await self._script("lock", (self.global_keys.lock(name),), (0, owner, 0))
-
-    async def last_runs(self, entry_ids: Sequence[str]) -> dict[str, float]:
-        if not entry_ids:
-            return {}
-        values = await self._get_many("scheduler",
-                                      [self.global_keys.schedule(e) for e in entry_ids])
-        return {e: float(v) for e, v in zip(entry_ids, values) if v is not None}
-
-    async def set_last_run(self, entry_id: str, ts: float) -> None:
-        await self._guard("scheduler", self.redis.set(self.global_keys.schedule(entry_id),
-                                                      repr(ts)))
 
     # -- inspecting and repairing ---------------------------------------------------------
 

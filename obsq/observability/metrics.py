@@ -90,6 +90,11 @@ class _Metrics:
             "obsq_tasks_throttled", "Starts held back: concurrency (a route's limit), rate "
             "(a route's rate limit) or ordering (a task ahead on its ordering key)",
             ["queue", "task", "reason"])
+        self.scheduler_fires = Counter("obsq_scheduler_fires",
+                                       "Schedule fires enqueued by this process", ["entry"])
+        self.scheduler_missed = Counter(
+            "obsq_scheduler_missed", "Schedule fires missed while no scheduler ran and not "
+            "enqueued, as the entry's missed policy says", ["entry"])
         self.build_info = Gauge("obsq_build_info", "obsq version; always 1", ["version"],
                                 multiprocess_mode="max")
         self.build_info.labels(__version__).set(1)
@@ -203,6 +208,31 @@ class EnqueueMetrics:
 
     def on_redis_error(self, operation: str, exc: BaseException) -> None:
         self.m.redis_errors.labels(operation).inc()
+
+
+class SchedulerMetrics:
+    """The hooks of a Scheduler: fires and missed fires per entry (the entry's name, a
+    bounded label: the App's entries and those added at run time). Each known entry's
+    series start at 0; those of a removed entry go with it, so that names added and removed
+    at run time do not pile up."""
+
+    def __init__(self, m: _Metrics | None = None) -> None:
+        self.m = m or get_metrics()
+        self._known: set[str] = set()
+
+    def on_entries(self, names: list[str]) -> None:
+        for name in names:
+            self.m.scheduler_fires.labels(name)
+            self.m.scheduler_missed.labels(name)
+        if not self.m.multiprocess:  # its value files cannot forget a series
+            for name in self._known - set(names):
+                self.m.scheduler_fires.remove(name)
+                self.m.scheduler_missed.remove(name)
+        self._known = set(names)
+
+    def on_fire(self, entry: str, outcome: str, count: int) -> None:
+        counter = self.m.scheduler_fires if outcome == "fired" else self.m.scheduler_missed
+        counter.labels(entry).inc(count)
 
 
 def start_at_zero(app: App, queues: Iterable[str], *, worker: bool = True) -> None:

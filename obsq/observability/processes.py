@@ -19,7 +19,7 @@ from obsq.loop import on_stop_signals
 from obsq.observability.collector import QueueCollector
 from obsq.observability.http import HealthServer
 from obsq.observability.instrument import instrument_app, instrument_client
-from obsq.observability.metrics import endpoint_registry
+from obsq.observability.metrics import SchedulerMetrics, endpoint_registry
 from obsq.observability.probes import RedisWatch, loop_liveness
 
 if TYPE_CHECKING:
@@ -98,10 +98,16 @@ async def run_worker(worker: Worker, *, http_port: int | None = None,
 
 
 async def run_scheduler(scheduler: Scheduler, *, http_port: int | None = None,
-                        http_host: str = "0.0.0.0", serving: Serving | None = None) -> None:
-    """Run `scheduler` with send spans and enqueue counts on its client and, given a port,
-    its endpoint: /healthz while its event loop answers, /readyz while Redis answers."""
+                        http_host: str = "0.0.0.0", metrics: bool = True,
+                        serving: Serving | None = None) -> None:
+    """Run `scheduler` with send spans and enqueue counts on its client, its fires and
+    missed fires counted per entry, and, given a port, its endpoint: /healthz while its
+    event loop answers, /readyz while Redis answers."""
     instrument_client(scheduler.client)
+    if metrics:
+        counting = SchedulerMetrics()
+        scheduler.on_fire(counting.on_fire)
+        scheduler.on_entries(counting.on_entries)
     server = None
     if http_port is not None and http_port >= 0:
         server = HealthServer(

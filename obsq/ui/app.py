@@ -1,5 +1,5 @@
-"""The console's HTTP application: the pages (overview, queue, task, workers), the actions
-(POST only, with a CSRF token or a bearer token), and /metrics, /healthz, /readyz.
+"""The console's HTTP application: the pages (overview, queue, task, workers, schedules), the
+actions (POST only, with a CSRF token or a bearer token), and /metrics, /healthz, /readyz.
 
 Every page refreshes itself: console.js fetches the same URL every few seconds with the
 header X-Obsq-Fragment and swaps in the live part of the page, which the template renders
@@ -55,6 +55,7 @@ def create_app(inspector: Inspector, *, token: str | None = None, read_only: boo
         Route("/queues/{queue}", c.queue, name="queue"),
         Route("/tasks/{task_id}", c.task, name="task"),
         Route("/workers", c.workers, name="workers"),
+        Route("/schedules", c.schedules, name="schedules"),
         Route("/search", c.search, name="search"),
         Route("/login", c.login_form, name="login"),
         Route("/login", c.login, methods=["POST"]),
@@ -132,6 +133,9 @@ class Console:
 
     async def workers(self, request: Request) -> Response:
         return self.page(request, "workers", workers=await self.inspector.workers())
+
+    async def schedules(self, request: Request) -> Response:
+        return self.page(request, "schedules", schedules=await self.inspector.schedules())
 
     async def search(self, request: Request) -> Response:
         task_id = request.query_params.get("id", "").strip()

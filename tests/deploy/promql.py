@@ -39,6 +39,8 @@ CONTRACT_METRICS = frozenset(
         "obsq_workers",
         "obsq_redis_errors_total",
         "obsq_build_info",
+        "obsq_scheduler_fires_total",
+        "obsq_scheduler_missed_total",
     }
 )
 HISTOGRAMS = frozenset({"obsq_task_duration_seconds", "obsq_task_wait_seconds"})

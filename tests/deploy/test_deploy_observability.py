@@ -163,6 +163,7 @@ def test_overview_has_the_panels_operators_need() -> None:
         "Live workers",
         "Redis errors by operation",
         "Paused queues",
+        "Schedule fires and missed fires",
     ):
         assert wanted in titles
 

@@ -1,6 +1,7 @@
-"""Fixtures of the engine tests: a broker on the test's namespace, worker subprocesses
-(`python -m obsq worker tests.engine.apps:app ...`) that a test may kill, and a
-three-node Redis Cluster for the whole session."""
+"""Fixtures of the engine tests: a broker on the test's namespace, worker and scheduler
+subprocesses (`python -m obsq worker tests.engine.apps:app ...`, `python -m obsq scheduler
+tests.engine.schedule_apps:app ...`) that a test may kill, and a three-node Redis Cluster
+for the whole session."""
 
 from __future__ import annotations
 
@@ -52,6 +53,31 @@ def spawn_worker(redis_url: str, namespace: str, tmp_path: Path
         worker.close()
     for worker in started:
         print(f"--- log of worker {worker.pid} ---\n{worker.log()}")  # shown on failure
+
+
+@pytest.fixture
+def spawn_scheduler(redis_url: str, namespace: str, tmp_path: Path
+                    ) -> Iterator[Callable[..., ObsqProcess]]:
+    """`spawn_scheduler(OBSQ_LOCK_TTL="1")`: an `obsq scheduler` subprocess of
+    tests.engine.schedule_apps:app on the test's namespace, with the given environment
+    (`http_port`: its endpoint's, else none), killed at the end of the test."""
+    started: list[ObsqProcess] = []
+
+    def spawn(http_port: int = -1, **environ: str) -> ObsqProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OBSQ_")}
+        env.update({"OBSQ_ENGINE_RECORD_URL": redis_url, "OBSQ_ENGINE_RECORD_PREFIX": namespace,
+                    "PYTHONUNBUFFERED": "1", **environ})
+        args = ["scheduler", "tests.engine.schedule_apps:app", "--redis-url", redis_url,
+                "--namespace", namespace, "--http-port", str(http_port)]
+        scheduler = ObsqProcess(args, env, ROOT, tmp_path / f"scheduler-{len(started)}.log")
+        started.append(scheduler)
+        return scheduler
+
+    yield spawn
+    for scheduler in started:
+        scheduler.close()
+    for scheduler in started:
+        print(f"--- log of scheduler {scheduler.pid} ---\n{scheduler.log()}")
 
 
 # -- Redis Cluster ------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The `obsq` admin commands (stats, queues, tasks, task, workers, requeue, delete, purge,
-pause, unpause) against a live worker, run through obsq.cli.main as a terminal would (in a
-thread: it runs its own event loop)."""
+"""The `obsq` admin commands (stats, queues, tasks, task, workers, schedules, requeue,
+delete, purge, pause, unpause) against a live worker and scheduler, run through
+obsq.cli.main as a terminal would (in a thread: it runs its own event loop)."""
 
 from __future__ import annotations
 
@@ -189,3 +189,43 @@ async def test_purge_deletes_every_task_of_a_state(client, obsq_cli) -> None:
     assert (code, out.strip()) == (0, "deleted 1500 scheduled task(s) of default")
     code, out = await obsq_cli("tasks", "default", "scheduled")
     assert out.strip() == "no scheduled tasks in default"
+
+
+async def test_schedules_as_a_table_and_as_json(app, client, start_scheduler, raw_redis,
+                                                namespace, obsq_cli) -> None:
+    code, out = await obsq_cli("schedules")
+    assert code == 0 and out.startswith(f"no schedules in namespace '{namespace}'")
+    app.periodic("@every 0.5s", "tick", name="ticker")
+    await client.schedule("nightly", "0 3 * * *", "report:nightly", timezone="Europe/Paris",
+                          missed="skip")
+    await client.schedule("broken", "@every 1h", "tick")
+    raw_redis.hset(f"{namespace}:{{schedules}}:entries", "broken", "{}")
+    await start_scheduler()
+    await wait_until(lambda: _schedule_fired(client, "ticker"))
+
+    code, out = await obsq_cli("schedules")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split() == ["schedule", "spec", "timezone", "task", "if-missed",
+                              "next", "(UTC)", "last", "(UTC)", "fired", "missed", "from"]
+    table = {row.split()[0]: row for row in rows if row and not row.startswith("schedule '")}
+    assert table["nightly"].split()[1:9] == ["0", "3", "*", "*", "*", "Europe/Paris",
+                                             "report:nightly", "skip"]
+    assert table["nightly"].split()[-3:] == ["0", "0", "client"]
+    assert table["ticker"].split()[1:6] == ["@every", "0.5s", "UTC", "tick", "once"]
+    assert table["ticker"].split()[-1] == "app" and "not valid" in table["broken"]
+    assert "schedule 'broken' in Redis is not valid: it has no 'spec'; the scheduler " \
+           "skips it" in out
+
+    code, out = await obsq_cli("schedules", "--json")
+    assert code == 0
+    listed = {s["name"]: s for s in json.loads(out)}
+    assert listed["nightly"]["timezone"] == "Europe/Paris"
+    assert listed["nightly"]["next_fire_at"].endswith(("T01:00:00+00:00", "T02:00:00+00:00"))
+    assert listed["nightly"]["last_fire_at"] is None and listed["nightly"]["missed"] == "skip"
+    assert listed["ticker"]["fire_count"] >= 1 and listed["ticker"]["last_fire_at"]
+    assert listed["broken"]["error"].startswith("schedule 'broken' in Redis is not valid")
+
+
+async def _schedule_fired(client: obsq.Client, name: str) -> bool:
+    return any(s.name == name and s.fire_count for s in await client.schedules())

@@ -1,6 +1,6 @@
 """obsq on a three-node Redis Cluster (redis+cluster://): every queue is one hash slot, and
 the queues below live on different nodes, so every script must stay inside one slot and
-every multi-key call must be split by slot."""
+every multi-key call must be split by slot. The schedules share a slot of their own."""
 
 from __future__ import annotations
 
@@ -123,3 +123,26 @@ async def test_a_lost_workers_tasks_are_recovered_on_a_cluster(
     for info in infos:
         assert await client.result(info, timeout=20) == info.queue
     await wait_until(lambda: not raw_redis.zrangebyscore(f"{namespace}:workers", 0, old))
+
+
+async def test_schedules_fire_on_a_cluster(app, client, raw_redis, namespace, start_worker,
+                                           start_scheduler) -> None:
+    ran: list[str] = []
+
+    @app.task("tick")
+    async def tick(task: obsq.Task):
+        ran.append(task.id)
+
+    app.periodic("@every 0.3s", "tick", name="alpha-tick", queue="alpha")
+    await client.schedule("beta-tick", "@every 0.3s", "tick", queue="beta")
+    await start_worker(queues=",".join(QUEUES))
+    scheduler = await start_scheduler()
+    for entry in ("alpha-tick", "beta-tick"):
+        await wait_until(lambda e=entry: sum(i.startswith(e + "@") for i in ran) >= 3,
+                         timeout=15)
+    assert await client.unschedule("beta-tick") is True
+    listed = {s.name: s for s in await client.schedules()}
+    assert list(listed) == ["alpha-tick"] and listed["alpha-tick"].fire_count >= 3
+    assert len(ran) == len(set(ran)) and not scheduler.loop.failures
+    keys = raw_redis.scan_iter(match=f"{namespace}:{{schedules}}:*")
+    assert len({key_slot(key) for key in keys}) == 1

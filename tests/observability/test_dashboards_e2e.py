@@ -5,8 +5,10 @@ last minute), and the rules file loads and evaluates cleanly.
 
 The worker serves two queues. The workload gives every series the queries read: the
 outcomes success, retry, dead and lease_lost, both lease recovery reasons (expired, and
-worker_lost from a third queue), a paused queue with pending tasks, a dead-letter set and a
-failed Redis call. It runs in two waves with a scrape in
+worker_lost from a third queue), a paused queue with pending tasks, a dead-letter set, a
+failed Redis call, and a scheduler in the same process firing an entry every second, whose
+next fire is set back a minute in each wave, as after an outage of the schedulers, to miss
+fires. It runs in two waves with a scrape in
 between, so the counters and histograms grow while Prometheus watches and `rate()` has
 something to measure (a series first seen at its final value has a rate of 0, and a
 histogram quantile or a failure ratio of 0/0 is NaN, not data).
@@ -27,7 +29,8 @@ from typing import Any
 from deploy.promql import alert_queries, dashboard_queries
 from support import wait_until
 
-from obsq.broker import Broker, GlobalKeys, QueueKeys
+import obsq
+from obsq.broker import Broker, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.observability import instrument_client
 
 from .helpers import (
@@ -157,7 +160,8 @@ def _rfc3339(text: str) -> float:
 # --- the test -----------------------------------------------------------------------------
 
 async def test_every_dashboard_query_and_alert_returns_data(
-        app, client, redis_url, namespace, raw_redis, start_worker, prometheus):
+        app, client, redis_url, namespace, raw_redis, start_worker, start_scheduler,
+        prometheus):
     if prometheus_binary() is None:  # before the workload, not after it
         missing_tool("prometheus is not on PATH (apt-get install prometheus)")
     main, side, away = f"e2e-{namespace}", f"e2e-side-{namespace}", f"e2e-away-{namespace}"
@@ -185,6 +189,10 @@ async def test_every_dashboard_query_and_alert_returns_data(
 
     instrument_client(client)  # the enqueued counter
     admin = Broker(redis_url, namespace)
+    clock = obsq.App(namespace=namespace)
+    clock.periodic("@every 1s", "tick", name="e2e-tick", queue=f"e2e-clock-{namespace}",
+                   missed="skip")
+    await start_scheduler(clock, metrics=True)
     worker = await start_worker(queues={main: 2, side: 1}, metrics=True, http_port=0,
                                 lease_seconds=60)
     port = start_worker.port(worker)
@@ -230,8 +238,20 @@ async def test_every_dashboard_query_and_alert_returns_data(
         finally:
             raw_redis.delete(broken)
 
+    async def miss_fires() -> None:
+        """The entry's next fire a minute ago: the fires older than missed_after are
+        missed, the others enqueued late."""
+        before = await scraped("obsq_scheduler_missed_total", entry="e2e-tick")
+        raw_redis.zadd(ScheduleKeys(namespace).next,
+                       {"e2e-tick": (raw_redis.time()[0] - 60) * 1000})
+
+        async def missed() -> bool:
+            return await scraped("obsq_scheduler_missed_total", entry="e2e-tick") > before
+        await wait_until(missed, timeout=10, what="missed fires counted")
+
     async def wave(n: int) -> None:
-        """The same work each time: every outcome, both recovery reasons, a Redis error."""
+        """The same work each time: every outcome, both recovery reasons, a Redis error,
+        fires and missed fires."""
         for i in range(3):
             await client.enqueue("easy", {"i": i})
         await client.enqueue("flaky")
@@ -239,6 +259,7 @@ async def test_every_dashboard_query_and_alert_returns_data(
         await expire_a_lease()
         await lose_a_worker(f"ghost-{n}")
         await fail_a_redis_call()
+        await miss_fires()
         for (task, outcome), runs in OUTCOMES.items():
             await until_counted(runs * n, "obsq_tasks_processed_total", queue=main, task=task,
                                 outcome=outcome)

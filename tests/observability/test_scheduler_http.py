@@ -1,4 +1,5 @@
-"""`obsq scheduler` serves /healthz and /readyz (the exporter's endpoint) for its probes."""
+"""`obsq scheduler` serves /healthz and /readyz for its probes, and /metrics with its
+fires and missed fires per schedule entry."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 import redis
 from support import ObsqProcess, obsq_env, wait_until
 
+import obsq
 from obsq.redis_server import free_port
 
-from .helpers import probe, wait_ready
+from .helpers import parse, pick, probe, scrape, value, wait_ready
 
 
 def write_app(folder: Path, namespace: str) -> None:
@@ -34,12 +36,12 @@ async def test_scheduler_probes_follow_redis(private_redis, namespace, tmp_path)
         assert await asyncio.to_thread(probe, port, "/healthz") == (200, {"status": "ok"})
         status, body = await asyncio.to_thread(probe, port, "/")
         assert status == 200 and body["namespace"] == namespace
-        assert body["periodic_tasks"] == 1
+        assert body["app_schedules"] == 1
         # it schedules as before
         r = redis.Redis.from_url(private_redis.url)
         try:
             await wait_until(lambda: asyncio.to_thread(
-                lambda: any(r.scan_iter(match=f"{namespace}:*periodic-*"))), timeout=10,
+                lambda: any(r.scan_iter(match=f"{namespace}:*:t:tick@*"))), timeout=10,
                 what="a periodic task enqueued")
         finally:
             r.close()
@@ -99,9 +101,54 @@ async def test_scheduler_takes_its_namespace_from_the_environment(redis_url, nam
     r = redis.Redis.from_url(redis_url)
     try:
         await wait_until(lambda: asyncio.to_thread(
-            lambda: any(r.scan_iter(match=f"{namespace}:*periodic-*"))), timeout=15,
+            lambda: any(r.scan_iter(match=f"{namespace}:*:t:tick@*"))), timeout=15,
             what="a periodic task enqueued in the namespace of OBSQ_NAMESPACE")
     finally:
         r.close()
+        code = await asyncio.to_thread(scheduler.stop)
+    assert code == 0, log.read_text()
+
+
+async def test_scheduler_metrics_count_fires_per_entry(redis_url, namespace, tmp_path):
+    """The App's entry is exported at 0 from the first scrape, an entry added at run time
+    as soon as the scheduler reads it, and a removed entry's series go with it."""
+    (tmp_path / "slowapp.py").write_text(textwrap.dedent(f"""
+        import obsq
+
+        app = obsq.App(namespace={namespace!r})
+        app.periodic("0 3 * * *", "report:nightly", timezone="Europe/Paris")
+    """))
+    port = free_port()
+    log = tmp_path / "scheduler.log"
+    scheduler = ObsqProcess(["scheduler", "slowapp:app", "--http-port", str(port)],
+                            obsq_env(OBSQ_REDIS_URL=redis_url), tmp_path, log)
+    fires = "obsq_scheduler_fires_total"
+
+    async def samples() -> dict:
+        return parse(await asyncio.to_thread(scrape, port))
+
+    try:
+        await wait_ready(port)
+        assert pick(await samples(), fires) == {(("entry", "report:nightly"),): 0.0}
+        assert pick(await samples(), "obsq_scheduler_missed_total") == {
+            (("entry", "report:nightly"),): 0.0}
+
+        async with obsq.Client(redis_url, namespace) as client:
+            await client.schedule("blink", "@every 0.5s", "blink")
+
+            async def blinked() -> bool:
+                return value(await samples(), fires, entry="blink") >= 2
+            await wait_until(blinked, what="blink counted")
+            now = await samples()
+            assert value(now, "obsq_tasks_enqueued_total", queue="default",
+                         task="other") >= 2  # through the Client, with its metrics
+            assert value(now, "obsq_scheduler_missed_total", entry="blink") == 0
+
+            await client.unschedule("blink")
+
+            async def dropped() -> bool:
+                return not pick(await samples(), fires, entry="blink")
+            await wait_until(dropped, what="the series of a removed entry dropped")
+    finally:
         code = await asyncio.to_thread(scheduler.stop)
     assert code == 0, log.read_text()

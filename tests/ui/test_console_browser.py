@@ -2,7 +2,7 @@
 operator finds the dead one with its error, opens it, is refused without the token, signs
 in, requeues it and watches it complete without reloading the page; a payload crafted to
 run script shows as text. Each page is saved as a screenshot at 1280x800 and 375 wide
-under the test's tmp dir."""
+under the test's tmp dir. The schedules page, with a scheduler firing, likewise."""
 
 from __future__ import annotations
 
@@ -142,3 +142,52 @@ async def test_an_operator_requeues_a_dead_task_and_watches_it_complete(
 
 async def _state(client: obsq.Client, task_id: str, state: str) -> bool:
     return (await client.info(task_id)).state == state
+
+
+async def test_the_schedules_page_shows_fires_as_they_happen(
+        app, client, start_scheduler, browser, console_process, tmp_path: Path) -> None:
+    app.periodic("@every 1s", "heartbeat:ping", name="heartbeat", missed="skip",
+                 queue="clock")
+    app.periodic("*/15 * * * *", "report:quarter-hour", name="quarter-hour-report")
+    await client.schedule("nightly-report", "0 3 * * *", "report:nightly", {"month": "last"},
+                          timezone="Europe/Paris", missed="skip", queue="reports")
+    await client.schedule("tenant-42-sync", "@every 5m", "account:sync", {"tenant": 42})
+    await start_scheduler()
+    await wait_until(lambda: _fired(client, "heartbeat", 2))
+
+    base = console_process()
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    context = await browser.new_context(viewport={"width": 1280, "height": 800})
+    page = await context.new_page()
+    await page.goto(base + "/")
+    await page.click("nav >> text=Schedules")
+    await page.wait_for_selector("h2:has-text('4 schedules')")
+    row = page.locator("tr", has=page.locator("code.id", has_text="heartbeat"))
+    fired = int(await row.locator("td[data-label=Fired]").inner_text())
+    assert await row.locator("td[data-label='If missed']").inner_text() == "skip"
+    # the page refreshes itself: the count grows without a reload
+    await page.evaluate("window.stillThisPage = true")
+    await page.wait_for_function(
+        "n => Number(document.querySelector(\"tr:has(code.id) td[data-label=Fired]\")"
+        ".textContent) > n", arg=fired, timeout=15_000)
+    assert await page.evaluate("window.stillThisPage") is True
+    nightly = page.locator("tr", has=page.locator("code.id", has_text="nightly-report"))
+    assert "Europe/Paris" in await nightly.inner_text()
+    assert (await nightly.locator("td[data-label='Next fire']").inner_text()).startswith("in ")
+    await page.screenshot(path=shots / "schedules-1280.png", full_page=True)
+
+    phone = await browser.new_context(viewport=PHONE, device_scale_factor=2)
+    small = await phone.new_page()
+    await small.goto(base + "/schedules")
+    await small.wait_for_load_state("networkidle")
+    width = await small.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"], f"the schedules page is {width} px wide on a phone"
+    await small.screenshot(path=shots / "schedules-375.png", full_page=True)
+    await phone.close()
+    await context.close()
+    print(f"screenshots in {shots}")
+
+
+async def _fired(client: obsq.Client, name: str, at_least: int) -> bool:
+    return any(s.name == name and s.fire_count >= at_least for s in await client.schedules())

@@ -65,8 +65,8 @@ async def test_every_value_is_rendered_as_text(app, client, start_worker, consol
 
 async def test_pages_carry_a_content_security_policy(client, console) -> None:
     info = await client.enqueue("t", {"a": 1})
-    for url in ["/", "/queues/default", f"/tasks/{info.id}", "/workers", "/login",
-                "/static/console.css", "/queues/nope"]:
+    for url in ["/", "/queues/default", f"/tasks/{info.id}", "/workers", "/schedules",
+                "/login", "/static/console.css", "/queues/nope"]:
         response = await console.get(url)
         csp = response.headers["content-security-policy"]
         assert "script-src 'self'" in csp and "default-src 'none'" in csp, url
@@ -197,6 +197,37 @@ async def test_metrics_and_probes(client, console, namespace) -> None:
         assert ready.status_code == 503 and "Redis" in ready.json()["reason"]
         page = await away.get("/")
         assert page.status_code == 503 and "Redis is unreachable" in page.text
+
+
+async def test_the_schedules_page_lists_entries_with_next_and_last_fire(
+        app, client, console, start_scheduler, raw_redis, namespace) -> None:
+    page = await console.get("/schedules")
+    assert "No schedules in namespace" in page.text and 'aria-current="page"' in page.text
+    app.periodic("@every 0.5s", "tick", name="ticker", missed="skip", queue="clock")
+    await client.schedule("nightly", "0 3 * * *", "report:nightly", timezone="Europe/Paris")
+    await client.schedule("<b>x</b>", "@every 1h", '<img src=x onerror="alert(1)">')
+    await client.schedule("broken", "@every 1h", "t")
+    raw_redis.hset(f"{namespace}:{{schedules}}:entries", "broken", "[]")
+    await start_scheduler()
+    await wait_until(lambda: _fired(client, "ticker"))
+    page = (await console.get("/schedules")).text
+    assert "4 schedules" in page
+    row = re.search(r"<tr>\s*<td data-label=\"Schedule\" class=\"name\"><span><code class="
+                    r"\"id\">ticker</code>.*?</tr>", page, re.S).group(0)
+    assert "<code>@every 0.5s</code>" in row and 'href="/queues/clock"' in row
+    assert ">skip<" in row and "ago<" in row and ">code<" in row  # last fire: "…s ago"
+    nightly = re.search(r"<code class=\"id\">nightly</code>.*?</tr>", page, re.S).group(0)
+    assert "Europe/Paris" in nightly and ">run once<" in nightly and ">never<" in nightly
+    assert ">in " in nightly and ">runtime<" in nightly  # next fire: "in …h"
+    assert "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page
+    assert "<img src=x" not in page
+    assert "schedule &#39;broken&#39; in Redis is not valid" in page
+    fragment = await console.get("/schedules", headers={"x-obsq-fragment": "1"})
+    assert "<html" not in fragment.text and "nightly" in fragment.text
+
+
+async def _fired(client: obsq.Client, name: str) -> bool:
+    return any(s.name == name and s.fire_count for s in await client.schedules())
 
 
 async def _state(client: obsq.Client, task_id: str, state: str) -> bool:

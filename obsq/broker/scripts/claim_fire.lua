@@ -1,0 +1,29 @@
+-- prelude: (none)
+-- Claim the next fire of an entry for one scheduler: the entry's next fire moves from
+-- `expected` to `following` and, when `fire` is given, the fire is recorded as claimed,
+-- with the definition it runs, until confirm_fire. Refused when another scheduler moved the
+-- entry on, its definition changed or went, or a fire of it is still claimed: so each fire
+-- is claimed once, whatever the lock did. `missed` fires are counted.
+-- KEYS: entries, next, firing, counts
+-- ARGV: now, name, SHA-1 of the definition, expected (ms), following (ms, or '+inf' to park
+--       an entry that is not valid), fire (ms, 0: none), claim ("<fire> <definition>"),
+--       missed
+-- Returns 1 when claimed, else 0.
+local definition = redis.call('HGET', KEYS[1], ARGV[2])
+if not definition or redis.sha1hex(definition) ~= ARGV[3] then
+  return 0
+end
+if tonumber(redis.call('ZSCORE', KEYS[2], ARGV[2])) ~= tonumber(ARGV[4]) then
+  return 0
+end
+if redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1 then
+  return 0
+end
+redis.call('ZADD', KEYS[2], ARGV[5], ARGV[2])
+if ARGV[6] ~= '0' then
+  redis.call('HSET', KEYS[3], ARGV[2], ARGV[7])
+end
+if tonumber(ARGV[8]) > 0 then
+  redis.call('HINCRBY', KEYS[4], 'missed:' .. ARGV[2], ARGV[8])
+end
+return 1
