@@ -226,8 +226,10 @@ def task_panels(sel: str) -> list[tuple[str, list]]:
                 graph(
                     "Throughput by outcome",
                     "Handler runs finished per second, by outcome: success, retry (failed, "
-                    "scheduled again), dead (failed for good), requeued (handed back at "
-                    "shutdown), lease_lost (finished after its lease was taken over).",
+                    "scheduled again), dead (failed for good), cancelled (stopped because its "
+                    "task was cancelled), requeued (handed back at shutdown), lease_lost "
+                    "(finished after its lease was taken over), unrecorded (finished while "
+                    "Redis stayed away until its worker stopped).",
                     "ops",
                     queries((rate("obsq_tasks_processed_total", sel, "outcome"), "{{outcome}}")),
                     stacked=True,
@@ -263,6 +265,31 @@ def task_panels(sel: str) -> list[tuple[str, list]]:
                             "dead {{task}}",
                         ),
                     ),
+                    bars=True,
+                ),
+            ],
+        ),
+        (
+            "Limits and cancellations",
+            [
+                graph(
+                    "Throttled starts by reason",
+                    "Starts held back per second: concurrency (a route's limit across "
+                    "workers, or a worker's own), rate (a route's rate limit) or ordering (a "
+                    "task ahead on its ordering key). A held-back task waits; it neither "
+                    "fails nor spends a retry.",
+                    "ops",
+                    queries((rate("obsq_tasks_throttled_total", sel, "reason, task"),
+                             "{{reason}} {{task}}")),
+                    stacked=True,
+                ),
+                graph(
+                    "Cancelled runs",
+                    "Handler runs stopped because their task was cancelled (client.cancel, "
+                    "obsq cancel, the console), per task.",
+                    "ops",
+                    queries((rate("obsq_tasks_processed_total", f'{sel}, outcome="cancelled"',
+                                  "task"), "{{task}}")),
                     bars=True,
                 ),
             ],

@@ -60,7 +60,7 @@ def project(tmp_path: Path, redis_url: str) -> Path:
     package = tmp_path / "myproject"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "tasks.py").write_text(python_block("app = obsq.App("))
+    (package / "tasks.py").write_text(python_block('app = obsq.App(namespace="myproject")'))
     (tmp_path / "produce.py").write_text(
         python_block("asyncio.run(main())").replace(README_URL, redis_url))
     return tmp_path
@@ -105,6 +105,15 @@ def test_the_console_section_runs_as_written(project, readme_worker, redis_url) 
               env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout
     assert out.splitlines()[0].startswith("critical {'pending': 0")
     assert "email:send {'sent_to': 'a@b.c'}" in out and out.endswith("requeued 0\n")
+
+
+def test_the_limits_section_runs_as_written(project, redis_url) -> None:
+    (project / "control.py").write_text(
+        python_block("ordering_key=").replace(README_URL, redis_url))
+    out = run([sys.executable, "control.py"], cwd=project,
+              env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout.splitlines()
+    assert out == ["['acct-42 step 0', 'acct-42 step 1', 'acct-42 step 2']", "running",
+                   "cancelled"]
 
 
 def test_the_schedules_section_runs_as_written(project, redis_url) -> None:

@@ -41,6 +41,7 @@ CONTRACT_METRICS = frozenset(
         "obsq_build_info",
         "obsq_scheduler_fires_total",
         "obsq_scheduler_missed_total",
+        "obsq_tasks_throttled_total",
     }
 )
 HISTOGRAMS = frozenset({"obsq_task_duration_seconds", "obsq_task_wait_seconds"})

@@ -53,7 +53,7 @@ RANGE_SECONDS = 60
 # Handler runs of each wave on the main queue, by (task, outcome).
 OUTCOMES = {("easy", "success"): 3, ("flaky", "retry"): 1, ("flaky", "success"): 1,
             ("doomed", "retry"): 1, ("doomed", "dead"): 1, ("slow", "success"): 1,
-            ("slow", "lease_lost"): 1}
+            ("slow", "lease_lost"): 1, ("gated", "cancelled"): 1, ("gated", "success"): 1}
 
 
 # --- PromQL helpers -----------------------------------------------------------------------
@@ -187,6 +187,11 @@ async def test_every_dashboard_query_and_alert_returns_data(
         if attempts[task.id] == 1:
             await releases[task.id].wait()  # meanwhile its lease runs out, it runs again
 
+    @app.task("gated", queue=main, concurrency=1)
+    async def gated(task):
+        if task.payload == "hold":
+            await asyncio.sleep(60)  # until cancelled
+
     instrument_client(client)  # the enqueued counter
     admin = Broker(redis_url, namespace)
     clock = obsq.App(namespace=namespace)
@@ -249,14 +254,24 @@ async def test_every_dashboard_query_and_alert_returns_data(
             return await scraped("obsq_scheduler_missed_total", entry="e2e-tick") > before
         await wait_until(missed, timeout=10, what="missed fires counted")
 
+    async def hold_back_and_cancel(n: int) -> None:
+        """Two tasks of a route limited to one at a time: the second is held back
+        (throttled), until the first, cancelled while it runs, gives its slot back."""
+        holding = await client.enqueue("gated", "hold")
+        await client.enqueue("gated", "quick")
+        await until_counted(n, "obsq_tasks_throttled_total", queue=main, task="gated",
+                            reason="concurrency")
+        assert await client.cancel(holding.id) == "running"
+
     async def wave(n: int) -> None:
-        """The same work each time: every outcome, both recovery reasons, a Redis error,
-        fires and missed fires."""
+        """The same work each time: every outcome, both recovery reasons, a held-back start,
+        a Redis error, fires and missed fires."""
         for i in range(3):
             await client.enqueue("easy", {"i": i})
         await client.enqueue("flaky")
         await client.enqueue("doomed")
         await expire_a_lease()
+        await hold_back_and_cancel(n)
         await lose_a_worker(f"ghost-{n}")
         await fail_a_redis_call()
         await miss_fires()
