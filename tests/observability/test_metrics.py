@@ -237,3 +237,29 @@ async def test_known_series_are_exported_at_zero_from_the_start(app, redis_url, 
     for operation in ("ack", "dequeue", "heartbeat", "wait_for_work"):  # process-wide: other
         assert exported("obsq_redis_errors_total", operation=operation) is not None  # tests
     assert exported("obsq_task_duration_seconds_count", queue=queue, task="quiet") == 0
+
+
+async def test_held_back_starts_are_counted_by_reason(app, client, redis_url, namespace,
+                                                      start_worker):
+    queue = f"held-{namespace}"
+
+    @app.task("paced", queue=queue, rate_limit="20/s")
+    async def paced(task):
+        return None
+
+    @app.task("ordered", queue=queue)
+    async def ordered(task):
+        await asyncio.sleep(0.01)
+
+    worker = await start_worker(queues={queue: 1}, metrics=True, http_port=0)
+    port = start_worker.port(worker)
+    await client.enqueue_many([obsq.Job("paced", i) for i in range(10)]
+                              + [obsq.Job("ordered", i, ordering_key="k") for i in range(3)])
+
+    def throttled(task: str, reason: str) -> float:
+        return value(parse(scrape(port)), "obsq_tasks_throttled_total", queue=queue, task=task,
+                     reason=reason)
+    # the first two start at once (a burst of two), the other eight wait for their time
+    await wait_until(lambda: asyncio.to_thread(lambda: throttled("paced", "rate") == 8))
+    # the second and third waited for the one ahead of them on the key
+    await wait_until(lambda: asyncio.to_thread(lambda: throttled("ordered", "ordering") == 2))
