@@ -1,10 +1,11 @@
--- prelude: task_key
+-- prelude: task_key, covers
 -- One page of the tasks of a queue in one state, for the Inspector. Bounded whatever the
 -- size of the state: it reads a window by rank (LRANGE/ZRANGE) and looks at no more than
 -- ARGV[6] ids, so a page of a queue of millions costs what a page of ten does.
 -- KEYS: the state's list (pending) or sorted set
 -- ARGV: now, order ('list': oldest first from the right end of pending; 'asc'; 'desc'),
---       offset, limit, type ('' any; ending in ':' or '.' a prefix), scan cap
+--       offset, limit, type ('' any; a route pattern: a type, a prefix ending in ':' or
+--       '.', or '*'), scan cap
 -- Returns {total, next offset or -1, then per task: id, score, type, retried, enq, due,
 -- done, error head, payload head, owner ("<fence>:<worker>" while it runs, else '')}.
 local order, offset, limit, want, cap = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]),
@@ -15,19 +16,8 @@ if order == 'list' then
 else
   total = redis.call('ZCARD', KEYS[1])
 end
-local last = string.sub(want, -1)
-local is_prefix = last == ':' or last == '.'
 local function matches(task_type)
-  if want == '' then
-    return true
-  end
-  if not task_type then
-    return false
-  end
-  if is_prefix then
-    return string.sub(task_type, 1, #want) == want
-  end
-  return task_type == want
+  return want == '' or (task_type and covers(want, task_type))
 end
 
 local function window(start, n)
