@@ -9,7 +9,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -24,9 +24,13 @@ class RedisServer:
     simulate an outage or a restart that loses everything."""
 
     def __init__(self, port: int | None = None, executable: str = "redis-server",
-                 extra_args: Sequence[str] = ()) -> None:
+                 extra_args: Sequence[str] = (), config: Mapping[str, str] = ()) -> None:
+        """`config`: redis.conf directives, e.g. {"maxmemory-policy": "allkeys-lru"}
+        (a value of several words, like "save 60 1", is split)."""
         self.executable = shutil.which(executable) or executable
         self.extra_args = list(extra_args)  # more redis-server options, e.g. --requirepass
+        for directive, value in dict(config).items():
+            self.extra_args += [f"--{directive}", *(str(value).split() or [""])]
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.kind = "redis-server"
