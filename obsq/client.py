@@ -106,11 +106,14 @@ class Client:
         return await self._writer()(messages) if messages else []
 
     def _message(self, job: Job, now: float) -> TaskMessage:
-        route = self.app.route(job.type) if self.app else None
-        if route is None:
+        if self.app is None:
             return build_message(job, now=now)
+        route = self.app.route(job.type)
+        if route is None:
+            return build_message(job, now=now, max_payload=self.app.max_payload)
         return build_message(job, queue=route.queue, max_retry=route.max_retry,
-                             timeout=route.timeout, now=now)
+                             timeout=route.timeout, now=now,
+                             max_payload=self.app.max_payload_of(route))
 
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
         """The innermost layer: group by queue, write in bounded batches, one round trip."""

@@ -212,6 +212,11 @@ class SchedulerLoop(LockedLoop):
         except DuplicateTask:
             log.info("schedule %s: the fire of %s was enqueued already", entry.name,
                      fire_text(fire))
+        except ValueError as exc:  # refused by its route (a payload over its limit): each
+            log.error("schedule %s: the fire of %s was not enqueued: %s", entry.name,
+                      fire_text(fire), exc)  # fire says so, and the others go on
+            await self.broker.confirm_fire(entry.name, claim, fire, "dropped")
+            return
         if await self.broker.confirm_fire(entry.name, claim, fire, "fired"):
             self._report(entry.name, "fired", 1)
 

@@ -20,6 +20,12 @@ DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRY = 25
 DEFAULT_TIMEOUT = 1800.0
 ENQUEUE_BATCH = 500  # tasks per enqueue script call: bounds how long one call holds Redis
+# What one task may carry, encoded: a larger one is refused before anything is written (a
+# 100 MB payload would hold Redis and a connection for seconds, and fill its memory). The
+# payload's limit can be changed per App and per route; task ids and the other names are
+# bounded by obsq.names.MAX_NAME_LENGTH.
+MAX_PAYLOAD_BYTES = 1024 * 1024
+MAX_HEADERS_BYTES = 64 * 1024
 # Outcome counts for the Inspector: flushed by each worker this often, kept per minute for
 # an hour and some slack for the minute being read.
 THROUGHPUT_FLUSH_INTERVAL = 5.0
