@@ -39,11 +39,6 @@ class Heartbeat(BackgroundLoop):
         self.memory_policy = memory_policy
         self._policy_read_at = time.monotonic()
 
-    @property
-    def policy_ok(self) -> bool:
-        """False while Redis's maxmemory-policy is known to evict."""
-        return self.memory_policy in (None, SAFE_MEMORY_POLICY)
-
     async def beat(self) -> None:
         await self.broker.heartbeat(self.worker_id, self.describe(), self.ttl)
         self.last_success = time.monotonic()

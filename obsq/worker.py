@@ -51,6 +51,8 @@ class WorkerHealth:
     redis_ok: bool  # the last heartbeat succeeded
     started: bool
     draining: bool
+    redis_answers: bool = True  # a heartbeat was answered within two intervals (False
+    #                             while Redis hangs: no error, no answer either)
 
 
 class Worker:
@@ -176,7 +178,8 @@ class Worker:
         return WorkerHealth(
             heartbeat_age=silent,
             heartbeat_ok=silent < max(self.settings.heartbeat_ttl, self.settings.lease_seconds),
-            redis_ok=beat.failures == 0, started=True, draining=self.draining)
+            redis_ok=beat.failures == 0, started=True, draining=self.draining,
+            redis_answers=silent < 2 * self.settings.heartbeat_interval)
 
     @property
     def busy(self) -> int:

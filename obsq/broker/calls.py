@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
@@ -27,9 +27,9 @@ MIN_REDIS_VERSION = (6, 2)
 SCRIPTS = load_scripts()
 # Every `operation` a failed call is reported under (the label of obsq_redis_errors_total):
 # the scripts, and the plain commands named here, so that metrics can start each at 0.
-COMMANDS = ("delete_namespace", "deregister", "find_queue", "forget_workers", "heartbeat",
+COMMANDS = ("delete_namespace", "deregister", "find_queue", "forget_workers",
             "lost_workers", "memory_policy", "namespaces", "queues", "read_cancels", "read_inbox",
-            "register_queues", "schedule_entries", "set_progress", "task_info",
+            "schedule_entries", "set_progress", "task_info",
             "wait_for_work", "wait_schedule_change", "workers")
 OPERATIONS = tuple(sorted({*SCRIPTS, *COMMANDS}))
 
@@ -147,6 +147,9 @@ class RedisCalls:
         for key in keys:
             pipe.get(key)
         return await self._guard(operation, pipe.execute())
+
+    def _register_queues_call(self, queues: Iterable[str]) -> ScriptCall:
+        return ("register", (self.global_keys.queues,), (0, "set", *queues))
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         script = SCRIPTS[name]

@@ -51,6 +51,8 @@ def serve_worker(worker: Worker, host: str, port: int) -> HealthServer:
             return "the worker is starting"
         if not health.redis_ok:
             return "Redis is unreachable"
+        if not health.redis_answers:
+            return f"Redis has not answered for {health.heartbeat_age:.0f} s"
         return None
 
     def status() -> dict[str, Any]:

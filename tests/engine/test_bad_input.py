@@ -232,7 +232,7 @@ def test_worker_cli_exits_with_one_line_for_bad_options(redis_url, extra, app,
 def redis_with_password() -> Iterator[tuple[int, str]]:
     if not shutil.which("redis-server"):
         missing_tool("redis-server is not on PATH")
-    server = RedisServer(extra_args=("--requirepass", "s3cret")).start()
+    server = RedisServer(config={"requirepass": "s3cret"}).start()
     try:
         yield server.port, "s3cret"
     finally:
