@@ -33,6 +33,10 @@ class PayloadError(ObsqError):
     """The stored payload does not decode; retrying cannot help."""
 
 
+class TaskTooLarge(ObsqError, ValueError):
+    """A producer's payload or headers exceed their limit; nothing was written."""
+
+
 class UnknownTaskType(ObsqError):
     """No route matches the task's type; retried, as a newer worker may know it."""
 

@@ -133,6 +133,7 @@ async def run_exporter(redis_url: str, namespace: str, port: int, *,
     /healthz: the event loop answers; /readyz: Redis answered the last ping."""
     broker = Broker(redis_url, namespace)
     await broker.check()
+    await broker.check_memory_policy(refuse=False)  # it loses nothing itself: it warns
     loop = asyncio.get_running_loop()
     watch = RedisWatch(broker)
     registry = endpoint_registry(QueueCollector(broker, loop, broker.queues),
