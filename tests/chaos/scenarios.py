@@ -235,7 +235,7 @@ async def skew(tasks: int, workdir: Path, quick: bool, offset: str = "+30s"
     if library is None:
         raise FileNotFoundError("libfaketime is not installed (Debian package faketime)")
     server = RedisServer().start()
-    pool = Workers(server.url, NS, workdir, quick=quick)
+    pool = Workers(server.url, NS, workdir, quick=quick, OBSQ_CHAOS_WORK_SECONDS="0.2")
     producer = Producer(server.url, NS)
     ledger = Ledger(workdir / "ledger")
     try:
@@ -248,13 +248,16 @@ async def skew(tasks: int, workdir: Path, quick: bool, offset: str = "+30s"
         producing = asyncio.create_task(
             producer.run(tasks, batch=10, pause=_pace(half, 10, 3)))
 
-        def ran_by_skewed() -> int:
-            return sum(1 for runs in ledger.read().starts.values() for _, pid in runs
-                       if pid == skewed.pid)
+        def ran_by_skewed(runs: dict[int, list[tuple[float, int]]]) -> int:
+            return sum(1 for each in runs.values() for _, pid in each if pid == skewed.pid)
 
-        await _until(ran_by_skewed, 30, "the skewed worker to run tasks")
+        def running_on_skewed() -> bool:
+            ledger.read()
+            return ran_by_skewed(ledger.starts) > ran_by_skewed(ledger.ends)
+
         await asyncio.sleep(0.5)
-        ran_before_its_kill = ran_by_skewed()
+        await _until(running_on_skewed, 30, "the skewed worker to run tasks")
+        ran_before_its_kill = ran_by_skewed(ledger.starts)
         pool.kill(skewed)
         await producing
         await settle(ledger, producer.acked, quiet=_quiet(quick), deadline=120)
