@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from obsq.broker import Attempt, Broker
@@ -19,19 +19,28 @@ log = logging.getLogger("obsq")
 
 
 class Heartbeat(BackgroundLoop):
+    """Also renews the worker's event subscriptions (event, subscriber, queue), which lapse
+    `subscription_ttl` after the last renewal of any worker serving them."""
+
     name = "heartbeat"
 
     def __init__(self, broker: Broker, worker_id: str, describe: Callable[[], dict[str, Any]],
-                 interval: float, ttl: float) -> None:
+                 interval: float, ttl: float,
+                 subscriptions: Sequence[tuple[str, str, str]] = (),
+                 subscription_ttl: float = 0.0) -> None:
         super().__init__(interval)
         self.broker = broker
         self.worker_id = worker_id
         self.describe = describe
         self.ttl = ttl
+        self.subscriptions = list(subscriptions)
+        self.subscription_ttl = subscription_ttl
         self.last_success = time.monotonic()  # of the last heartbeat Redis accepted
 
     async def beat(self) -> None:
         await self.broker.heartbeat(self.worker_id, self.describe(), self.ttl)
+        if self.subscriptions:
+            await self.broker.subscribe(self.subscriptions, self.subscription_ttl)
         self.last_success = time.monotonic()
 
     async def tick(self) -> None:

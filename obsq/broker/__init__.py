@@ -1,9 +1,18 @@
 """Everything that speaks Redis lives in this package."""
 
 from obsq.broker.broker import Broker
-from obsq.broker.keys import TASK_STATES, GlobalKeys, QueueKeys, ScheduleKeys
+from obsq.broker.keys import (
+    DEPTH_STATES,
+    TASK_STATES,
+    EventKeys,
+    GlobalKeys,
+    QueueKeys,
+    ScheduleKeys,
+)
 from obsq.broker.records import (
     Attempt,
+    Batch,
+    Claimed,
     Completion,
     Completions,
     DueFires,
@@ -11,10 +20,11 @@ from obsq.broker.records import (
     Enqueued,
     Fetched,
     FetchedTask,
+    GroupedTask,
     QueueStats,
     ScheduleRecord,
 )
 
-__all__ = ["TASK_STATES", "Attempt", "Broker", "Completion", "Completions", "DueFires",
-           "Ended", "Enqueued", "Fetched", "FetchedTask", "GlobalKeys", "QueueKeys",
+__all__ = ["DEPTH_STATES", "TASK_STATES", "EventKeys", "Attempt", "Batch", "Broker", "Claimed", "Completion", "Completions", "DueFires",
+           "Ended", "Enqueued", "Fetched", "FetchedTask", "GlobalKeys", "GroupedTask", "QueueKeys",
            "QueueStats", "ScheduleKeys", "ScheduleRecord"]

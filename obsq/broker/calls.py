@@ -13,7 +13,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from obsq.broker.connection import create_client
-from obsq.broker.keys import GlobalKeys, QueueKeys, ScheduleKeys
+from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import is_noscript, load_scripts
 from obsq.errors import BrokerError, ConfigurationError
 
@@ -38,6 +38,7 @@ class RedisCalls:
         self.is_cluster = isinstance(self.redis, RedisCluster)
         self.global_keys = GlobalKeys(namespace)
         self.schedule_keys = ScheduleKeys(namespace)
+        self.event_keys = EventKeys(namespace)
         self._queue_keys: dict[str, QueueKeys] = {}
         self.on_error: list[ErrorHook] = []
 

@@ -1,0 +1,48 @@
+"""Fan-out events in one process: copies per subscriber, ids, headers, no subscriber."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from support import wait_until
+
+import obsq
+
+
+async def test_each_subscriber_gets_its_copy(app, redis_url, namespace, start_worker,
+                                             caplog) -> None:
+    got: list[tuple[str, str, dict]] = []
+
+    @app.subscribe("order.created", name="billing")
+    async def billing(task: obsq.Task) -> None:
+        got.append(("billing", task.type, dict(task.headers)))
+
+    @app.subscribe("order.created", name="email", queue="mail")
+    async def email(task: obsq.Task) -> None:
+        got.append(("email", task.payload["order"], dict(task.headers)))
+
+    producer = obsq.Client(redis_url, namespace=namespace)  # without the App
+    try:
+        with caplog.at_level(logging.WARNING, "obsq"):
+            assert await producer.publish("order.created", {"order": 0}) == []
+            assert await producer.publish("order.created", {"order": 0}) == []
+        assert caplog.text.count("no live subscriber") == 1
+        await start_worker()
+        infos = await producer.publish("order.created", {"order": 1}, event_id="ev-1")
+        assert sorted((i.type, i.queue, i.id) for i in infos) == [
+            ("order.created@billing", "default", "ev-1.billing"),
+            ("order.created@email", "mail", "ev-1.email")]
+        again = await producer.publish("order.created", {"order": 1}, event_id="ev-1")
+        assert all(i.duplicate for i in again)
+        await wait_until(lambda: len(got) == 2)
+        by_name = {name: (value, headers) for name, value, headers in got}
+        assert by_name["email"][0] == 1 and by_name["billing"][0] == "order.created@billing"
+        assert by_name["billing"][1]["obsq-event-id"] == "ev-1"
+        assert by_name["email"][1]["obsq-subscriber"] == "email"
+        with pytest.raises(ValueError):
+            await producer.publish("bad event", 1)
+        with pytest.raises(ValueError):
+            app.subscribe("order.created", name="a.b")
+    finally:
+        await producer.close()
