@@ -55,8 +55,11 @@ class AggregationLoop(BackgroundLoop):
         for queue in self.queues:
             claimed = await self.broker.claim_batches(queue, self.owner, self.lease,
                                                       claimable, AGGREGATE_BATCHES)
-            for batch in claimed.batches:
-                await self.aggregate(batch)
+            ran = await asyncio.gather(*(self.aggregate(b) for b in claimed.batches),
+                                       return_exceptions=True)
+            failed = next((r for r in ran if isinstance(r, BaseException)), None)
+            if failed is not None:  # Redis away: the batches' claims run out, and are
+                raise failed  # taken again
             if claimed.next_due is not None:
                 waits.append(claimed.next_due)
         return min(waits)

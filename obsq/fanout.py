@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from obsq.names import subscriber_task_type, validate_name
+from obsq.settings import EVENT_KEEP
 from obsq.task import Job, new_task_id
 
 # The headers every copy of an event carries: which event, which publish, which subscriber.
@@ -29,12 +30,14 @@ def check_grouped(group: str, options: dict[str, Any]) -> str:
 def event_jobs(event: str, payload: Any, subscribers: list[tuple[str, str]],
                event_id: str | None, headers: dict[str, str] | None) -> list[Job]:
     """One job per (subscriber, queue): type `<event>@<subscriber>`, id
-    `<event_id>.<subscriber>` when the publisher named the event (a publish sent again
-    delivers nothing twice), the event headers beside the caller's."""
+    `<event_id>.<subscriber>` when the publisher named the event, kept EVENT_KEEP after it
+    ends (the same publish sent again meanwhile delivers nothing twice), the event headers
+    beside the caller's."""
     shared = {**(headers or {}), EVENT_HEADER: event,
               EVENT_ID_HEADER: event_id or new_task_id()}
     return [Job(subscriber_task_type(event, name), payload, queue=queue,
                 task_id=f"{event_id}.{name}" if event_id else None,
+                retention=EVENT_KEEP if event_id else None,
                 headers={**shared, SUBSCRIBER_HEADER: name})
             for name, queue in subscribers]
 

@@ -88,6 +88,9 @@ AGGREGATE_BATCHES = 50
 AGGREGATE_KEEP = 300.0
 AGGREGATE_BACKOFF_BASE = 1.0
 AGGREGATE_BACKOFF_CAP = 60.0
+# Events: how long the copies of an event published with an event_id are kept at least
+# after they end, so that the same publish sent again within it delivers nothing twice.
+EVENT_KEEP = 300.0
 # `obsq worker --processes N`: restarts of a child that died, doubling up to the cap; a
 # child that ran STABLE_AFTER starts its backoff afresh; children get STOP_MARGIN beyond
 # their shutdown timeout before they are killed.

@@ -25,6 +25,25 @@ from obsq.broker.records import (
     ScheduleRecord,
 )
 
-__all__ = ["DEPTH_STATES", "TASK_STATES", "EventKeys", "Attempt", "Batch", "Broker", "Claimed", "Completion", "Completions", "DueFires",
-           "Ended", "Enqueued", "Fetched", "FetchedTask", "GlobalKeys", "GroupedTask", "QueueKeys",
-           "QueueStats", "ScheduleKeys", "ScheduleRecord"]
+__all__ = [
+    "DEPTH_STATES",
+    "TASK_STATES",
+    "Attempt",
+    "Batch",
+    "Broker",
+    "Claimed",
+    "Completion",
+    "Completions",
+    "DueFires",
+    "Ended",
+    "Enqueued",
+    "EventKeys",
+    "Fetched",
+    "FetchedTask",
+    "GlobalKeys",
+    "GroupedTask",
+    "QueueKeys",
+    "QueueStats",
+    "ScheduleKeys",
+    "ScheduleRecord",
+]

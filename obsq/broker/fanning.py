@@ -51,9 +51,9 @@ class Fanning(RedisCalls):
 
     async def end_batch(self, batch: Batch, error: str | None = None,
                         retry_in: float = 0.0) -> bool:
-        """Finish a batch whose aggregated task is enqueued (`error` None), or hand it back
-        after a failure, to be claimed again in `retry_in` seconds. False when this claim
-        no longer holds the batch."""
+        """Finish a batch whose aggregated task is enqueued (`error` None; False when it
+        was finished already), or hand it back after a failure, to be claimed again in
+        `retry_in` seconds (False when another claim holds it now)."""
         k = self.keys(batch.queue)
         return bool(await self._script(
             "end_batch", (k.batches,),

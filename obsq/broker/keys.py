@@ -10,9 +10,26 @@ DEPTH_STATES = (*TASK_STATES, "aggregating")
 
 
 class QueueKeys:
-    __slots__ = ("active", "batches", "cancelled", "completed", "dead", "fence", "grouped",
-                 "group_types", "lease", "paused", "pending", "prefix", "queue", "retry",
-                 "scheduled", "stats", "wake", "watched")
+    __slots__ = (
+        "active",
+        "batches",
+        "cancelled",
+        "completed",
+        "dead",
+        "fence",
+        "group_types",
+        "grouped",
+        "lease",
+        "paused",
+        "pending",
+        "prefix",
+        "queue",
+        "retry",
+        "scheduled",
+        "stats",
+        "wake",
+        "watched",
+    )
 
     def __init__(self, namespace: str, queue: str) -> None:
         self.queue = queue

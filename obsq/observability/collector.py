@@ -21,7 +21,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from obsq.broker import TASK_STATES, Broker
+from obsq.broker import DEPTH_STATES, Broker
 from obsq.errors import BrokerError
 from obsq.settings import COLLECTOR_CACHE, COLLECTOR_STALE_LIMIT, COLLECTOR_TIMEOUT
 
@@ -110,7 +110,7 @@ def _families(stats: dict[str, dict[str, Any]], workers: int | None
                                labels=["queue"])
     live = GaugeMetricFamily("obsq_workers", "Live workers registered in Redis")
     for queue, s in stats.items():
-        for state in TASK_STATES:
+        for state in DEPTH_STATES:
             depth.add_metric([queue, state], s.depth[state])
         latency.add_metric([queue], s.latency)
         paused.add_metric([queue], 1 if s.paused else 0)
