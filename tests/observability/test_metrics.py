@@ -133,10 +133,10 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
     assert value(s, "obsq_workers") == 1  # the ghost does not count
     depth = {dict(k)["state"]: v for k, v in pick(s, "obsq_queue_depth", queue=main).items()}
     assert depth == {"pending": 0, "active": 0, "scheduled": 2, "retry": 1, "dead": 2,
-                     "completed": 3, "cancelled": 0}
+                     "completed": 3, "cancelled": 0, "aggregating": 0}
     depth = {dict(k)["state"]: v for k, v in pick(s, "obsq_queue_depth", queue=paused).items()}
     assert depth == {"pending": 2, "active": 0, "scheduled": 0, "retry": 0, "dead": 0,
-                     "completed": 0, "cancelled": 0}
+                     "completed": 0, "cancelled": 0, "aggregating": 0}
     assert pick(s, "obsq_queue_depth", queue=elsewhere) == {}  # not this worker's queue
     assert value(s, "obsq_queue_paused", queue=paused) == 1
     assert value(s, "obsq_queue_paused", queue=main) == 0
