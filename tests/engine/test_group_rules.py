@@ -1,4 +1,5 @@
-"""Task groups in one process: aggregation, bad input, a failing aggregator, cancel."""
+"""Task groups in one worker: a full group, the grace period, bad input refused before
+anything is written, a failing aggregator that loses nothing, a cancelled grouped task."""
 
 from __future__ import annotations
 
