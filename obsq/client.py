@@ -24,7 +24,13 @@ from obsq.errors import BrokerError, DuplicateTask, TaskNotFound, TaskRunning
 from obsq.fanout import check_event, check_grouped, event_jobs
 from obsq.results import ResultWaiter
 from obsq.schedule import Schedule, ScheduleInfo
-from obsq.settings import DEFAULT_NAMESPACE, DEFAULT_REDIS_URL, ENQUEUE_BATCH, SCHEDULES_SHOWN
+from obsq.settings import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_REDIS_URL,
+    ENQUEUE_BATCH,
+    SCHEDULES_SHOWN,
+    env_flag,
+)
 from obsq.task import (
     Job,
     TaskInfo,
@@ -40,13 +46,18 @@ T = TypeVar("T")
 
 class Client:
     def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str | None = None, *,
-                 app: App | None = None, broker: Broker | None = None) -> None:
+                 app: App | None = None, broker: Broker | None = None,
+                 allow_eviction: bool | None = None) -> None:
         """`app` supplies the namespace (unless `namespace` is given), each route's default
-        queue, max_retry and timeout, and its producer hooks (the outermost)."""
+        queue, max_retry and timeout, and its producer hooks (the outermost). The first
+        enqueue refuses a Redis whose maxmemory-policy may evict task data (ConfigurationError)
+        unless `allow_eviction` (None: OBSQ_ALLOW_EVICTION) says to accept it."""
         namespace = namespace or (app.namespace if app is not None else DEFAULT_NAMESPACE)
         self.namespace = validate_name("namespace", namespace)
         self.app = app
         self.broker = broker or Broker(redis_url, self.namespace)
+        self.allow_eviction = env_flag("OBSQ_ALLOW_EVICTION") if allow_eviction is None \
+            else allow_eviction
         self.results = ResultWaiter(self.broker)
         self.hooks: list[ProducerHook] = []
         self._known_queues: set[str] = set()
@@ -103,11 +114,14 @@ class Client:
         return await self._writer()(messages) if messages else []
 
     def _message(self, job: Job, now: float) -> TaskMessage:
-        route = self.app.route(job.type) if self.app else None
-        if route is None:
+        if self.app is None:
             return build_message(job, now=now)
+        route = self.app.route(job.type)
+        if route is None:
+            return build_message(job, now=now, max_payload=self.app.max_payload)
         return build_message(job, queue=route.queue, max_retry=route.max_retry,
-                             timeout=route.timeout, now=now)
+                             timeout=route.timeout, now=now,
+                             max_payload=self.app.max_payload_of(route))
 
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
         """The innermost layer: group by queue, write in bounded batches, one round trip."""
@@ -116,6 +130,7 @@ class Client:
             by_queue.setdefault(m.queue, []).append(m)
         new_queues = by_queue.keys() - self._known_queues
         if new_queues:
+            await self.broker.check_memory_policy(refuse=not self.allow_eviction)
             await self.broker.register_queues(new_queues)
             self._known_queues |= new_queues
             if self.app is None:  # nothing says where its tasks belong: look, once a queue
@@ -134,7 +149,8 @@ class Client:
         """Through the producer hooks (trace context, counts) into the group."""
         async def store(messages: list[TaskMessage]) -> list[TaskInfo]:
             m = messages[0]
-            if m.queue not in self._known_queues:
+            if m.queue not in self._known_queues:  # as _store does
+                await self.broker.check_memory_policy(refuse=not self.allow_eviction)
                 await self.broker.register_queues([m.queue])
                 self._known_queues.add(m.queue)
             status = (await self.broker.group(m.queue, m.type, group, messages))[0]
