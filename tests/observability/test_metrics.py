@@ -263,3 +263,28 @@ async def test_held_back_starts_are_counted_by_reason(app, client, redis_url, na
     await wait_until(lambda: asyncio.to_thread(lambda: throttled("paced", "rate") == 8))
     # the second and third waited for the one ahead of them on the key
     await wait_until(lambda: asyncio.to_thread(lambda: throttled("ordered", "ordering") == 2))
+
+
+async def test_a_task_held_back_is_counted_once(app, client, namespace, start_worker):
+    """The forwarder lets the longest-held task out every tick to look at its limit again
+    (in case a dead worker's slot never comes back); held again, it is not a new count."""
+    queue = f"gate-{namespace}"
+    release = asyncio.Event()
+
+    @app.task("gated", queue=queue, concurrency=1)
+    async def gated(task):
+        if task.payload == "hold":
+            await release.wait()
+
+    worker = await start_worker(queues={queue: 4}, metrics=True, http_port=0)
+    port = start_worker.port(worker)
+    await client.enqueue("gated", "hold")
+    await client.enqueue("gated", "quick")
+
+    def throttled() -> float:
+        return value(parse(scrape(port)), "obsq_tasks_throttled_total", queue=queue,
+                     task="gated", reason="concurrency")
+    await wait_until(lambda: asyncio.to_thread(lambda: throttled() == 1))
+    await asyncio.sleep(20 * worker.settings.forward_interval)  # let out and held again
+    assert await asyncio.to_thread(throttled) == 1
+    release.set()
