@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from obsq.app import App, CallNextProducer, ProducerHook
 from obsq.broker import Broker, Enqueued
 from obsq.errors import BrokerError, DuplicateTask, TaskNotFound, TaskRunning
+from obsq.fanout import check_event, check_grouped, event_jobs
 from obsq.results import ResultWaiter
 from obsq.schedule import Schedule, ScheduleInfo
 from obsq.settings import (
@@ -60,6 +61,7 @@ class Client:
         self.results = ResultWaiter(self.broker)
         self.hooks: list[ProducerHook] = []
         self._known_queues: set[str] = set()
+        self._unheard: set[str] = set()  # events published with no subscriber, warned of
         self._checks: set[asyncio.Future[None]] = set()
         self._composed: tuple[int, int] = (-1, -1)  # the hook counts _write was built of
         self._write: CallNextProducer = self._store
@@ -73,10 +75,8 @@ class Client:
         """The producer hooks around the write, built again when hooks were added."""
         app_hooks = self.app.producer_hooks if self.app is not None else []
         if self._composed != (len(app_hooks), len(self.hooks)):
-            call: CallNextProducer = self._store
-            for hook in reversed([*app_hooks, *self.hooks]):
-                call = _bind(hook, call)
-            self._write, self._composed = call, (len(app_hooks), len(self.hooks))
+            self._write = _chain([*app_hooks, *self.hooks], self._store)
+            self._composed = (len(app_hooks), len(self.hooks))
         return self._write
 
     async def enqueue(self, task_type: str, payload: Any = None, *, queue: str | None = None,
@@ -84,11 +84,19 @@ class Client:
                       delay: float | None = None, eta: datetime | None = None,
                       unique_for: float | None = None, task_id: str | None = None,
                       retention: float | None = None, headers: dict[str, str] | None = None,
-                      ordering_key: str | None = None) -> TaskInfo:
+                      ordering_key: str | None = None, group: str | None = None) -> TaskInfo:
         """Enqueue one task. Raises DuplicateTask when its id, or its type and payload
         within `unique_for` seconds, is taken; ValueError/TypeError for bad options.
         Tasks sharing an `ordering_key` run one at a time, in the order they were
-        enqueued, across all workers (each queue keeps its own order)."""
+        enqueued, across all workers (each queue keeps its own order). A task given a
+        `group` waits in it (state `aggregating`) for the aggregator of its type
+        (app.aggregate), and takes no option but queue, task_id and headers."""
+        if group is not None:
+            check_grouped(group, {"max_retry": max_retry, "timeout": timeout, "delay": delay,
+                                  "eta": eta, "unique_for": unique_for,
+                                  "retention": retention, "ordering_key": ordering_key})
+            return await self._enqueue_grouped(group, Job(
+                task_type, payload, queue=queue, task_id=task_id, headers=dict(headers or {})))
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                   delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
                   retention=retention, headers=dict(headers or {}), ordering_key=ordering_key)
@@ -136,6 +144,43 @@ class Client:
                 for m, status in zip(chunk, await self.broker.enqueue(queue, chunk)):
                     statuses[id(m)] = status
         return [_info_after_enqueue(m, statuses[id(m)]) for m in messages]
+
+    async def _enqueue_grouped(self, group: str, job: Job) -> TaskInfo:
+        """Through the producer hooks (trace context, counts) into the group."""
+        async def store(messages: list[TaskMessage]) -> list[TaskInfo]:
+            m = messages[0]
+            if m.queue not in self._known_queues:  # as _store does
+                await self.broker.check_memory_policy(refuse=not self.allow_eviction)
+                await self.broker.register_queues([m.queue])
+                self._known_queues.add(m.queue)
+            status = (await self.broker.group(m.queue, m.type, group, messages))[0]
+            return [TaskInfo(id=m.id, type=m.type, queue=m.queue, state="aggregating",
+                             headers=m.headers, duplicate=not status.created)]
+
+        app_hooks = self.app.producer_hooks if self.app is not None else []
+        write = _chain([*app_hooks, *self.hooks], store)
+        info = (await write([self._message(job, time.time())]))[0]
+        if info.duplicate:
+            raise DuplicateTask(f"task id {info.id!r} is taken", info.id)
+        return info
+
+    async def publish(self, event: str, payload: Any = None, *, event_id: str | None = None,
+                      headers: dict[str, str] | None = None) -> list[TaskInfo]:
+        """Deliver one copy of the event to each subscriber registered in Redis now
+        (`@app.subscribe`): a task per subscriber, with its own retries and dead-letter
+        entry. Give `event_id` to publish safely again after an error: a copy delivered
+        already is not delivered twice (its TaskInfo says duplicate). With no subscriber,
+        nothing is delivered (logged once per event) and the list is empty."""
+        check_event(event, event_id)
+        subscribers = await self.broker.subscribers(event)
+        if not subscribers:
+            if event not in self._unheard:
+                self._unheard.add(event)
+                log.warning("event %r of namespace %r has no live subscriber: nothing "
+                            "delivered", event, self.namespace)
+            return []
+        return await self.enqueue_many(event_jobs(event, payload, subscribers, event_id,
+                                                  headers))
 
     async def _warn_if_unserved(self, queues: set[str]) -> None:
         try:
@@ -241,6 +286,14 @@ async def read_schedules(broker: Broker, limit: int = SCHEDULES_SHOWN) -> list[S
     return [ScheduleInfo.from_stored(*record, now_ms=now_ms) for record in records]
 
 
+def _chain(hooks: list[ProducerHook], innermost: CallNextProducer) -> CallNextProducer:
+    """The hooks around `innermost`, the first outermost."""
+    call = innermost
+    for hook in reversed(hooks):
+        call = _bind(hook, call)
+    return call
+
+
 def _bind(hook: ProducerHook, call_next: CallNextProducer) -> CallNextProducer:
     def call(messages: list[TaskMessage]) -> Awaitable[list[TaskInfo]]:
         return hook(messages, call_next)
@@ -278,6 +331,9 @@ class SyncClient:
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         return self._run(self._client.enqueue_many(jobs))
+
+    def publish(self, event: str, payload: Any = None, **options: Any) -> list[TaskInfo]:
+        return self._run(self._client.publish(event, payload, **options))
 
     def info(self, task_id: str, queue: str | None = None) -> TaskInfo:
         return self._run(self._client.info(task_id, queue))

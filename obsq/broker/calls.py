@@ -16,7 +16,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from obsq.broker.acl import PROBE, probed_commands
 from obsq.broker.connection import create_client
-from obsq.broker.keys import GlobalKeys, QueueKeys, ScheduleKeys
+from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import Script, is_noscript, load_scripts
 from obsq.errors import BrokerError, ConfigurationError
 from obsq.settings import REDIS_TLS_VARIABLES, SAFE_MEMORY_POLICY
@@ -46,6 +46,7 @@ class RedisCalls:
         self.is_cluster = isinstance(self.redis, RedisCluster)
         self.global_keys = GlobalKeys(namespace)
         self.schedule_keys = ScheduleKeys(namespace)
+        self.event_keys = EventKeys(namespace)
         self._queue_keys: dict[str, QueueKeys] = {}
         self.on_error: list[ErrorHook] = []
         self._config_denied = False  # CONFIG GET refused once: read INFO from then on

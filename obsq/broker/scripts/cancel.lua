@@ -4,8 +4,9 @@
 -- because it was cancelled (ARGV[2] = 'attempt', with its fence, worker, type and slot).
 -- KEYS: pending, scheduled, retry, active, lease
 -- ARGV: now, 'task', id  |  now, 'attempt', id, fence, worker_id, type, route slot or ''
--- Returns for a task: the state it ended in or stays in ('cancelled', 'completed', 'dead'),
--- 'running' (the worker was told), or '' (no such task); for an attempt: 1, or 0 when the
+-- Returns for a task: the state it ended in or stays in ('cancelled', 'completed', 'dead',
+-- or 'aggregating' for a grouped task whose batch is being aggregated), 'running' (the
+-- worker was told), or '' (no such task); for an attempt: 1, or 0 when the
 -- fencing token is stale.
 local now = now_ms()
 local id = ARGV[3]
@@ -19,13 +20,16 @@ if ARGV[2] == 'attempt' then
   return 1
 end
 local key = task_key(id)
-local f = redis.call('HMGET', key, 'state', 'held', 'ordk', 'ow')
+local f = redis.call('HMGET', key, 'state', 'held', 'ordk', 'ow', 'batch', 'type', 'grp')
 local state = f[1]
 if not state then
   return ''
 end
 if state == 'completed' or state == 'dead' or state == 'cancelled' then
   return state
+end
+if state == 'aggregating' and f[5] then
+  return state  -- in a claimed batch: its aggregator has it (a waiting one is cancelled)
 end
 local owner = redis.call('HGET', KEYS[4], id)
 if owner then
@@ -36,7 +40,17 @@ if owner then
   redis.call('EXPIRE', inbox, 60)
   return 'running'
 end
-if f[2] then  -- held back by a route limit
+if state == 'aggregating' then  -- waiting in its group (group.lua's keys)
+  local task_type, group = f[6], f[7]
+  if redis.call('LREM', prefix .. 'grp:' .. task_type .. ' ' .. group, 1, id) > 0 then
+    redis.call('DECR', prefix .. 'grouped')
+    if redis.call('ZINCRBY', prefix .. 'gsize:' .. task_type, -1, group) + 0 <= 0 then
+      redis.call('ZREM', prefix .. 'gsize:' .. task_type, group)
+      redis.call('ZREM', prefix .. 'gfirst:' .. task_type, group)
+      redis.call('ZREM', prefix .. 'glast:' .. task_type, group)
+    end
+  end
+elseif f[2] then  -- held back by a route limit
   redis.call('LREM', prefix .. 'held:' .. f[2], 1, id)
   redis.call('DECR', prefix .. 'waiting')
 elseif f[3] and redis.call('LINDEX', prefix .. 'ord:' .. f[3], 0) ~= id then
