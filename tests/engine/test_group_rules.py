@@ -66,3 +66,19 @@ async def test_grace_period_and_bad_input(app, client, start_worker, broker) -> 
     await wait_until(lambda: seen == [10], timeout=20)
     assert calls["n"] == 3
     assert (await depth(broker))["aggregating"] == 0
+
+
+async def test_cancel_and_delete_take_a_waiting_task_out_of_its_group(app, client,
+                                                                      broker) -> None:
+    app.aggregate("note", lambda group, tasks: ("note:all", len(tasks)), grace_period=60)
+    kept, cancelled, deleted = [await client.enqueue("note", n, group="g") for n in range(3)]
+    assert (await depth(broker))["aggregating"] == 3
+    assert await client.cancel(cancelled.id) == "cancelled"
+    assert await client.delete(deleted.id) == "aggregating"
+    assert (await depth(broker))["aggregating"] == 1
+    assert (await client.info(cancelled.id)).state == "cancelled"
+    with pytest.raises(obsq.TaskNotFound):
+        await client.info(deleted.id)
+    assert await client.delete(kept.id) == "aggregating"
+    assert (await depth(broker))["aggregating"] == 0
+    assert not await broker.redis.exists(broker.keys("default").prefix + "gsize:note")
