@@ -1,4 +1,5 @@
--- prelude: now_ms, task_key, release_attempt, settled_by, release_limits, end_cancelled
+-- prelude: now_ms, task_key, release_attempt, settled_by, release_limits, end_cancelled,
+--   leave_group
 -- Cancel a task (ARGV[2] = 'task'): one waiting in any state ends cancelled at once; one
 -- running is marked, and its worker told. Or end a running attempt its worker stopped
 -- because it was cancelled (ARGV[2] = 'attempt', with its fence, worker, type and slot).
@@ -20,7 +21,7 @@ if ARGV[2] == 'attempt' then
   return 1
 end
 local key = task_key(id)
-local f = redis.call('HMGET', key, 'state', 'held', 'ordk', 'ow', 'batch', 'type', 'grp')
+local f = redis.call('HMGET', key, 'state', 'held', 'ordk', 'ow', 'batch')
 local state = f[1]
 if not state then
   return ''
@@ -40,16 +41,8 @@ if owner then
   redis.call('EXPIRE', inbox, 60)
   return 'running'
 end
-if state == 'aggregating' then  -- waiting in its group (group.lua's keys)
-  local task_type, group = f[6], f[7]
-  if redis.call('LREM', prefix .. 'grp:' .. task_type .. ' ' .. group, 1, id) > 0 then
-    redis.call('DECR', prefix .. 'grouped')
-    if redis.call('ZINCRBY', prefix .. 'gsize:' .. task_type, -1, group) + 0 <= 0 then
-      redis.call('ZREM', prefix .. 'gsize:' .. task_type, group)
-      redis.call('ZREM', prefix .. 'gfirst:' .. task_type, group)
-      redis.call('ZREM', prefix .. 'glast:' .. task_type, group)
-    end
-  end
+if state == 'aggregating' then
+  leave_group(id)
 elseif f[2] then  -- held back by a route limit
   redis.call('LREM', prefix .. 'held:' .. f[2], 1, id)
   redis.call('DECR', prefix .. 'waiting')
