@@ -39,14 +39,17 @@ class AggregationLoop(BackgroundLoop):
     name = "aggregator"
 
     def __init__(self, app: App, broker: Broker, owner: str, queues: Sequence[str],
-                 interval: float, lease: float) -> None:
+                 interval: float, lease: float, allow_eviction: bool = False) -> None:
+        """`allow_eviction`: the worker's (it checked Redis's policy at start)."""
         super().__init__(interval)
         self.app = app
         self.broker = broker
         self.owner = owner
         self.queues = list(queues)
         self.lease = lease
-        self.client = Client(app=app, broker=broker)  # the App's producer hooks apply
+        # the App's producer hooks apply to the aggregated tasks
+        self.client = Client(namespace=broker.namespace, app=app, broker=broker,
+                             allow_eviction=allow_eviction)
 
     async def tick(self) -> float | None:
         claimable = [(a.pattern, a.max_size, a.max_delay, a.grace_period)

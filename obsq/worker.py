@@ -148,7 +148,8 @@ class Worker:
         ]
         if self.app.aggregations:
             self._loops.append(AggregationLoop(self.app, self.broker, self.id, list(self.queues),
-                                               s.aggregate_interval, s.aggregate_lease))
+                                               s.aggregate_interval, s.aggregate_lease,
+                                               s.allow_eviction))
         for loop in self._loops:
             loop.start()
         self.started_at = time.time()
