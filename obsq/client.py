@@ -14,12 +14,14 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from obsq.app import App, CallNextProducer, ProducerHook
+from obsq.app import App, ProducerChain, ProducerHook, is_sync_safe
 from obsq.broker import Broker, Enqueued
+from obsq.broker.blocking import BlockingProducer
+from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
 from obsq.errors import BrokerError, DuplicateTask, TaskNotFound, TaskRunning
 from obsq.results import ResultWaiter
 from obsq.schedule import Schedule, ScheduleInfo
@@ -48,25 +50,20 @@ class Client:
         self.broker = broker or Broker(redis_url, self.namespace)
         self.results = ResultWaiter(self.broker)
         self.hooks: list[ProducerHook] = []
-        self._known_queues: set[str] = set()
+        self._queues = QueueRegistry(self.broker.register_queues)
+        self._coalescer = EnqueueCoalescer(self.broker.enqueue, ENQUEUE_BATCH)
         self._checks: set[asyncio.Future[None]] = set()
-        self._composed: tuple[int, int] = (-1, -1)  # the hook counts _write was built of
-        self._write: CallNextProducer = self._store
+        self._chain = ProducerChain(self._store)
 
     def use(self, hook: ProducerHook) -> ProducerHook:
         """Add a producer hook; the first added is the outermost (after the App's)."""
         self.hooks.append(hook)
         return hook
 
-    def _writer(self) -> CallNextProducer:
-        """The producer hooks around the write, built again when hooks were added."""
-        app_hooks = self.app.producer_hooks if self.app is not None else []
-        if self._composed != (len(app_hooks), len(self.hooks)):
-            call: CallNextProducer = self._store
-            for hook in reversed([*app_hooks, *self.hooks]):
-                call = _bind(hook, call)
-            self._write, self._composed = call, (len(app_hooks), len(self.hooks))
-        return self._write
+    @property
+    def producer_hooks(self) -> tuple[list[ProducerHook], list[ProducerHook]]:
+        """The App's producer hooks (the outermost), and this Client's."""
+        return (self.app.producer_hooks if self.app is not None else []), self.hooks
 
     async def enqueue(self, task_type: str, payload: Any = None, *, queue: str | None = None,
                       max_retry: int | None = None, timeout: float | None = None,
@@ -81,46 +78,46 @@ class Client:
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                   delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
                   retention=retention, headers=dict(headers or {}), ordering_key=ordering_key)
-        info = (await self.enqueue_many([job]))[0]
-        if info.duplicate:
-            raise DuplicateTask(f"task {task_type!r} is a duplicate of {info.id}", info.id)
-        return info
+        return _unless_duplicate((await self.enqueue_many([job]))[0])
 
     async def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         """Enqueue many tasks in few round trips. Every job is checked before anything is
         written. A duplicate is not an error here: its TaskInfo has `duplicate=True` and the
         id of the task that holds the id or the unique lock."""
-        now = time.time()
-        messages = [self._message(job, now) for job in jobs]
-        return await self._writer()(messages) if messages else []
+        messages = self._messages(jobs)
+        return await self._chain(*self.producer_hooks)(messages) if messages else []
 
-    def _message(self, job: Job, now: float) -> TaskMessage:
-        route = self.app.route(job.type) if self.app else None
-        if route is None:
-            return build_message(job, now=now)
-        return build_message(job, queue=route.queue, max_retry=route.max_retry,
-                             timeout=route.timeout, now=now)
+    def _messages(self, jobs: Sequence[Job]) -> list[TaskMessage]:
+        """The jobs checked and encoded, with their route's defaults."""
+        now = time.time()
+        messages = []
+        for job in jobs:
+            route = self.app.route(job.type) if self.app else None
+            messages.append(build_message(job, now=now) if route is None else build_message(
+                job, queue=route.queue, max_retry=route.max_retry, timeout=route.timeout,
+                now=now))
+        return messages
 
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
-        """The innermost layer: group by queue, write in bounded batches, one round trip."""
-        by_queue: dict[str, list[TaskMessage]] = {}
-        for m in messages:
-            by_queue.setdefault(m.queue, []).append(m)
-        new_queues = by_queue.keys() - self._known_queues
-        if new_queues:
-            await self.broker.register_queues(new_queues)
-            self._known_queues |= new_queues
-            if self.app is None:  # nothing says where its tasks belong: look, once a queue
-                check = asyncio.ensure_future(self._warn_if_unserved(new_queues))
-                self._checks.add(check)
-                check.add_done_callback(self._checks.discard)
-        statuses: dict[int, Enqueued] = {}  # by message object: two jobs may share a task_id
-        for queue, group in by_queue.items():
-            for start in range(0, len(group), ENQUEUE_BATCH):
-                chunk = group[start:start + ENQUEUE_BATCH]
-                for m, status in zip(chunk, await self.broker.enqueue(queue, chunk)):
-                    statuses[id(m)] = status
-        return [_info_after_enqueue(m, statuses[id(m)]) for m in messages]
+        """The innermost layer: group by queue and write each group with the enqueues other
+        callers make at the same time (EnqueueCoalescer), the queues at once."""
+        by_queue = _by_queue(messages)
+        self.check_served(await self._queues.ensure(by_queue))
+        if len(by_queue) == 1:
+            [(queue, group)] = by_queue.items()
+            return [_info_after_enqueue(m, status) for m, status in
+                    zip(group, await self._coalescer.enqueue(queue, group))]
+        replies = await asyncio.gather(*(self._coalescer.enqueue(queue, group)
+                                         for queue, group in by_queue.items()))
+        return _infos(messages, by_queue, replies)
+
+    def check_served(self, new_queues: set[str]) -> None:
+        """Without an App nothing says where tasks belong: look, once a queue, whether a
+        live worker serves it (in the background)."""
+        if new_queues and self.app is None:
+            check = asyncio.ensure_future(self._warn_if_unserved(new_queues))
+            self._checks.add(check)
+            check.add_done_callback(self._checks.discard)
 
     async def _warn_if_unserved(self, queues: set[str]) -> None:
         try:
@@ -209,6 +206,7 @@ class Client:
     async def close(self) -> None:
         for check in list(self._checks):
             check.cancel()
+        await self._coalescer.close()
         await self.results.close()
         await self.broker.close()
 
@@ -226,10 +224,26 @@ async def read_schedules(broker: Broker, limit: int = SCHEDULES_SHOWN) -> list[S
     return [ScheduleInfo.from_stored(*record, now_ms=now_ms) for record in records]
 
 
-def _bind(hook: ProducerHook, call_next: CallNextProducer) -> CallNextProducer:
-    def call(messages: list[TaskMessage]) -> Awaitable[list[TaskInfo]]:
-        return hook(messages, call_next)
-    return call
+def _by_queue(messages: list[TaskMessage]) -> dict[str, list[TaskMessage]]:
+    by_queue: dict[str, list[TaskMessage]] = {}
+    for m in messages:
+        by_queue.setdefault(m.queue, []).append(m)
+    return by_queue
+
+
+def _infos(messages: list[TaskMessage], by_queue: dict[str, list[TaskMessage]],
+           replies: Sequence[list[Enqueued]]) -> list[TaskInfo]:
+    """The TaskInfos in the order of `messages`, from each queue's statuses."""
+    statuses: dict[int, Enqueued] = {}  # by message object: two jobs may share a task_id
+    for group, reply in zip(by_queue.values(), replies):
+        statuses.update((id(m), status) for m, status in zip(group, reply))
+    return [_info_after_enqueue(m, statuses[id(m)]) for m in messages]
+
+
+def _unless_duplicate(info: TaskInfo) -> TaskInfo:
+    if info.duplicate:
+        raise DuplicateTask(f"task {info.type!r} is a duplicate of {info.id}", info.id)
+    return info
 
 
 def _info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
@@ -239,8 +253,10 @@ def _info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
 
 
 class SyncClient:
-    """The Client's methods, blocking. It runs a Client on a private event-loop thread and
-    carries the caller's context (e.g. the current trace span) into each call."""
+    """The Client's methods, blocking. Enqueues run in the caller's thread on a blocking
+    Redis client when every producer hook is `sync_safe` (obsq's own are); the other
+    methods, and enqueues through hooks that may await anything, run a Client on a private
+    event-loop thread, carrying the caller's context (e.g. the current trace span) in."""
 
     def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str | None = None,
                  **options: Any) -> None:
@@ -249,6 +265,9 @@ class SyncClient:
                                         daemon=True)
         self._thread.start()
         self._client: Client = self._run(_make_client(redis_url, namespace, options))
+        self._producer = BlockingProducer(self._client.broker)
+        self._known_queues: set[str] = set()
+        self._chain = ProducerChain(self._store)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         context = contextvars.copy_context()
@@ -259,10 +278,30 @@ class SyncClient:
         return self._client.use(hook)
 
     def enqueue(self, task_type: str, payload: Any = None, **options: Any) -> TaskInfo:
-        return self._run(self._client.enqueue(task_type, payload, **options))
+        return _unless_duplicate(self.enqueue_many([Job(task_type, payload, **options)])[0])
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
-        return self._run(self._client.enqueue_many(jobs))
+        app_hooks, hooks = self._client.producer_hooks
+        if not all(map(is_sync_safe, (*app_hooks, *hooks))):
+            return self._run(self._client.enqueue_many(jobs))
+        messages = self._client._messages(jobs)
+        return _run_now(self._chain(app_hooks, hooks)(messages)) if messages else []
+
+    async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
+        """The innermost layer of the enqueues made in the caller's thread: it blocks, and
+        awaits nothing, so the hooks around it run to their end at once."""
+        by_queue = _by_queue(messages)
+        new_queues = by_queue.keys() - self._known_queues
+        if new_queues:
+            self._producer.register_queues(new_queues)
+            self._known_queues |= new_queues
+            self._loop.call_soon_threadsafe(self._client.check_served, set(new_queues))
+        replies = []
+        for queue, group in by_queue.items():
+            replies.append([status for start in range(0, len(group), ENQUEUE_BATCH)
+                            for status in self._producer.enqueue(
+                                queue, group[start:start + ENQUEUE_BATCH])])
+        return _infos(messages, by_queue, replies)
 
     def info(self, task_id: str, queue: str | None = None) -> TaskInfo:
         return self._run(self._client.info(task_id, queue))
@@ -288,6 +327,7 @@ class SyncClient:
         return self._run(self._client.schedules())
 
     def close(self) -> None:
+        self._producer.close()
         if self._loop.is_running():
             self._run(self._client.close())
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -303,6 +343,18 @@ class SyncClient:
 async def _make_client(redis_url: str, namespace: str | None, options: dict[str, Any]
                        ) -> Client:
     return Client(redis_url, namespace, **options)
+
+
+def _run_now(coro: Coroutine[Any, Any, T]) -> T:
+    """Run to its end, in this thread, a coroutine that never suspends (sync_safe hooks
+    around a blocking write)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("a producer hook marked sync_safe awaited something other than "
+                       "call_next")
 
 
 async def _in_context(coro: Coroutine[Any, Any, T], context: contextvars.Context) -> T:

@@ -12,7 +12,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
-from obsq.broker.connection import create_client
+from obsq.broker.connection import create_client, kept_connection_client
 from obsq.broker.keys import GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import is_noscript, load_scripts
 from obsq.errors import BrokerError, ConfigurationError
@@ -36,6 +36,10 @@ class RedisCalls:
         self.namespace = namespace
         self.redis = client if client is not None else create_client(url)
         self.is_cluster = isinstance(self.redis, RedisCluster)
+        # enqueues go over one connection kept for them while it is free (no pool checkout
+        # per call); None where a kept connection would not follow a failover
+        self.producer_redis = kept_connection_client(self.redis)
+        self._producer_busy = False
         self.global_keys = GlobalKeys(namespace)
         self.schedule_keys = ScheduleKeys(namespace)
         self._queue_keys: dict[str, QueueKeys] = {}
@@ -66,9 +70,11 @@ class RedisCalls:
 
     async def close(self) -> None:
         with contextlib.suppress(RedisError, OSError):
+            if self.producer_redis is not None:
+                await self.producer_redis.aclose()
             await self.redis.aclose()
 
-    def _failed(self, operation: str, exc: BaseException) -> BrokerError:
+    def failure(self, operation: str, exc: BaseException) -> BrokerError:
         for hook in self.on_error:
             hook(operation, exc)
         return BrokerError(operation, exc)
@@ -77,7 +83,7 @@ class RedisCalls:
         try:
             return await call
         except (RedisError, OSError) as exc:
-            raise self._failed(operation, exc) from exc
+            raise self.failure(operation, exc) from exc
 
     async def _blpop_any(self, operation: str, keys: Sequence[str], timeout: float) -> Any:
         """BLPOP on keys that may live in different Cluster slots (one BLPOP each there, the
@@ -101,18 +107,32 @@ class RedisCalls:
             pipe.get(key)
         return await self._guard(operation, pipe.execute())
 
-    async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any],
+                      redis: Any = None) -> Any:
         script = SCRIPTS[name]
+        redis = redis or self.redis
         try:
             try:
-                return await self.redis.evalsha(script.sha, len(keys), *keys, *args)
+                return await redis.evalsha(script.sha, len(keys), *keys, *args)
             except ResponseError as exc:
                 if not is_noscript(exc):
                     raise
-                await self.redis.script_load(script.source)
-                return await self.redis.evalsha(script.sha, len(keys), *keys, *args)
+                await redis.script_load(script.source)
+                return await redis.evalsha(script.sha, len(keys), *keys, *args)
         except (RedisError, OSError) as exc:
-            raise self._failed(name, exc) from exc
+            raise self.failure(name, exc) from exc
+
+    async def _producer_script(self, name: str, keys: Sequence[str], args: Sequence[Any]
+                               ) -> Any:
+        """A script call on the connection kept for producing when it is free, else on one
+        from the pool (another queue's batch is using it)."""
+        if self.producer_redis is None or self._producer_busy:
+            return await self._script(name, keys, args)
+        self._producer_busy = True
+        try:
+            return await self._script(name, keys, args, self.producer_redis)
+        finally:
+            self._producer_busy = False
 
     async def _scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Several script calls (name, keys, args) in one round trip."""
@@ -137,7 +157,7 @@ class RedisCalls:
                     raise result
             return results
         except (RedisError, OSError) as exc:
-            raise self._failed(calls[0][0], exc) from exc
+            raise self.failure(calls[0][0], exc) from exc
 
 
 def _safe(url: str) -> str:

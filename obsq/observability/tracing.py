@@ -26,6 +26,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from obsq._version import __version__
+from obsq.app import sync_safe
 from obsq.errors import ConfigurationError
 from obsq.task import Task, TaskInfo, TaskMessage
 
@@ -107,6 +108,7 @@ class SendTracing:
     def __init__(self, tracer: trace.Tracer | None = None) -> None:
         self.tracer = tracer or _tracer()
 
+    @sync_safe  # awaits only call_next: a SyncClient runs it in its caller's thread
     async def hook(self, messages: list[TaskMessage],
                    call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
         parent = otel_context.get_current()
