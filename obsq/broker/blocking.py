@@ -43,7 +43,7 @@ class BlockingProducer:
         try:
             self.redis.sadd(self.broker.global_keys.queues, *queues)
         except (RedisError, OSError) as exc:
-            raise self.broker.failure("register_queues", exc) from exc
+            raise self.broker._failed("register_queues", exc) from exc
 
     def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:
         """Write the messages of one queue in one script call (at most ENQUEUE_BATCH)."""
@@ -59,7 +59,7 @@ class BlockingProducer:
                 self.redis.script_load(script.source)
                 reply = self.redis.evalsha(script.sha, len(keys), *keys, *args)
         except (RedisError, OSError) as exc:
-            raise self.broker.failure("enqueue", exc) from exc
+            raise self.broker._failed("enqueue", exc) from exc
         return enqueue_statuses(reply, len(messages))
 
     def close(self) -> None:

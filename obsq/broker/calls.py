@@ -74,7 +74,7 @@ class RedisCalls:
                 await self.producer_redis.aclose()
             await self.redis.aclose()
 
-    def failure(self, operation: str, exc: BaseException) -> BrokerError:
+    def _failed(self, operation: str, exc: BaseException) -> BrokerError:
         for hook in self.on_error:
             hook(operation, exc)
         return BrokerError(operation, exc)
@@ -83,7 +83,7 @@ class RedisCalls:
         try:
             return await call
         except (RedisError, OSError) as exc:
-            raise self.failure(operation, exc) from exc
+            raise self._failed(operation, exc) from exc
 
     async def _blpop_any(self, operation: str, keys: Sequence[str], timeout: float) -> Any:
         """BLPOP on keys that may live in different Cluster slots (one BLPOP each there, the
@@ -120,7 +120,7 @@ class RedisCalls:
                 await redis.script_load(script.source)
                 return await redis.evalsha(script.sha, len(keys), *keys, *args)
         except (RedisError, OSError) as exc:
-            raise self.failure(name, exc) from exc
+            raise self._failed(name, exc) from exc
 
     async def _producer_script(self, name: str, keys: Sequence[str], args: Sequence[Any]
                                ) -> Any:
@@ -157,7 +157,7 @@ class RedisCalls:
                     raise result
             return results
         except (RedisError, OSError) as exc:
-            raise self.failure(calls[0][0], exc) from exc
+            raise self._failed(calls[0][0], exc) from exc
 
 
 def _safe(url: str) -> str:

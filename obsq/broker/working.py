@@ -98,11 +98,11 @@ class Working(RedisCalls):
         pipe.evalsha(SCRIPTS[name].sha, len(keys), *keys, *args)
         woken, fetched = await self._guard("wait_for_work", pipe.execute(raise_on_error=False))
         if isinstance(woken, Exception):
-            raise self.failure("wait_for_work", woken)
+            raise self._failed("wait_for_work", woken)
         if is_noscript(fetched):  # Redis restarted empty: load it and fetch again
             fetched = await self._script(name, keys, args)
         elif isinstance(fetched, Exception):
-            raise self.failure(name, fetched)
+            raise self._failed(name, fetched)
         return woken is not None, self._parse_dequeue(queue, fetched)
 
     async def interrupt_wait(self, worker_id: str) -> None:
