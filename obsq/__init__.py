@@ -19,6 +19,7 @@ from obsq.errors import (
     TaskNotFound,
     TaskRunning,
     TaskTimeout,
+    TaskTooLarge,
     UnknownTaskType,
 )
 from obsq.inspector import Inspector
@@ -29,6 +30,6 @@ __all__ = [
     "App", "BrokerError", "Client", "ConfigurationError", "DuplicateTask", "Inspector", "Job",
     "ObsqError", "PayloadError", "QueueNotFound", "Retry", "Route", "SkipRetry", "SyncClient",
     "Task", "TaskCancelled", "TaskFailed", "TaskInfo", "TaskMessage", "TaskNotFound", "TaskRunning",
-    "TaskTimeout", "UnknownTaskType", "Worker",
+    "TaskTimeout", "TaskTooLarge", "UnknownTaskType", "Worker",
     "__version__",
 ]

@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 from obsq.errors import ConfigurationError
 from obsq.names import validate_name
 from obsq.schedule import Schedule
-from obsq.settings import DEFAULT_QUEUE
+from obsq.settings import DEFAULT_QUEUE, MAX_PAYLOAD_BYTES
 from obsq.task import Task, TaskInfo, TaskMessage
 
 Handler = Callable[[Task], Any]
@@ -144,13 +144,18 @@ class Route:
     retry_delay: RetryDelay = None
     concurrency: int | None = None  # attempts running at once across all workers
     rate: float | None = None  # starts per second across all workers
+    max_payload: int | None = None  # bytes of its encoded payload (None: the App's limit)
 
 
 class App:
     """The registry of handlers, middleware and outcome hooks shared by workers and clients."""
 
-    def __init__(self, namespace: str = "obsq") -> None:
+    def __init__(self, namespace: str = "obsq", *,
+                 max_payload: int = MAX_PAYLOAD_BYTES) -> None:
+        """`max_payload`: the largest encoded payload its Clients enqueue, in bytes (a
+        route may set its own)."""
         self.namespace = validate_name("namespace", namespace)
+        self.max_payload = _byte_limit(max_payload)
         self._routes: PatternTable[Route] = PatternTable()
         self.middleware: list[Middleware] = []
         self.outcome_hooks: list[OutcomeHook] = []
@@ -162,16 +167,19 @@ class App:
 
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
              timeout: float | None = None, retry_delay: RetryDelay = None,
-             concurrency: int | None = None,
-             rate_limit: str | None = None) -> Callable[[Handler], Handler]:
+             concurrency: int | None = None, rate_limit: str | None = None,
+             max_payload: int | None = None) -> Callable[[Handler], Handler]:
         """Register a handler for a task type, a prefix ending in ':' or '.', or '*'.
         `concurrency`: at most this many of its attempts run at once, across all workers;
         `rate_limit` ('100/s', '30/m', '5/h'): its starts across all workers stay within it.
-        Both are kept per queue, in the queue's Redis keys."""
+        Both are kept per queue, in the queue's Redis keys. `max_payload`: the largest
+        encoded payload of its tasks, in bytes, instead of the App's."""
         validate_name("task type", pattern)
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
         rate = parse_rate(rate_limit) if rate_limit is not None else None
+        if max_payload is not None:
+            _byte_limit(max_payload)
         if queue is not None:
             validate_name("queue", queue)
         if max_retry is not None and (not isinstance(max_retry, int) or max_retry < 0):
@@ -186,13 +194,18 @@ class App:
                 raise ValueError(f"a handler for {pattern!r} is already registered")
             self._routes.add(pattern, Route(
                 pattern, handler, inspect.iscoroutinefunction(handler), queue, max_retry,
-                timeout, retry_delay, concurrency, rate))
+                timeout, retry_delay, concurrency, rate, max_payload))
             return handler
 
         return register
 
     def route(self, task_type: str) -> Route | None:
         return self._routes.match(task_type)
+
+    def max_payload_of(self, route: Route | None) -> int:
+        """The payload limit of a route's tasks: its own, else the App's."""
+        return self.max_payload if route is None or route.max_payload is None \
+            else route.max_payload
 
     @property
     def routes(self) -> list[Route]:
@@ -262,6 +275,12 @@ class App:
         for middleware in reversed(self.middleware):
             call = _bind(middleware, call)
         return call
+
+
+def _byte_limit(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_payload must be a positive number of bytes, got {value!r}")
+    return value
 
 
 def _bind(middleware: Middleware, call_next: CallNext) -> CallNext:

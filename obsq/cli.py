@@ -24,6 +24,11 @@ from obsq.settings import (
 )
 
 log = logging.getLogger("obsq")
+ALLOW_EVICTION = ("--allow-eviction",)
+ALLOW_EVICTION_OPTIONS: dict[str, Any] = {
+    "action": "store_const", "const": True,
+    "help": "start even when Redis's maxmemory-policy may evict task data, which loses "
+            "tasks under memory pressure (OBSQ_ALLOW_EVICTION)"}
 
 
 def _redis_url(args: argparse.Namespace) -> str:
@@ -58,6 +63,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         lease_seconds=args.lease_seconds, shutdown_timeout=args.shutdown_timeout,
         strict_priority=args.strict_priority, max_recoveries=args.max_recoveries,
         log_format=args.log_format, log_level=args.log_level,
+        allow_eviction=args.allow_eviction,
         metrics=False if args.no_metrics else None, tracing=False if args.no_tracing else None)
     if settings.http_port is None:
         settings.http_port = WORKER_HTTP_PORT
@@ -96,7 +102,8 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     from obsq.scheduler import Scheduler
 
     configure_logging(args.log_format or os.environ.get("OBSQ_LOG_FORMAT", "text"), "INFO")
-    settings = SchedulerSettings.from_env()  # OBSQ_LOCK_TTL, OBSQ_MISSED_AFTER
+    # OBSQ_LOCK_TTL, OBSQ_MISSED_AFTER, OBSQ_ALLOW_EVICTION
+    settings = SchedulerSettings.from_env(allow_eviction=args.allow_eviction)
     app = load_app(args.app)
     setup_tracing()
     namespace = args.namespace or os.environ.get("OBSQ_NAMESPACE")  # else the App's, as a worker
@@ -165,11 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--log-level", help="OBSQ_LOG_LEVEL, INFO")
     worker.add_argument("--no-metrics", action="store_true", help="OBSQ_METRICS=false")
     worker.add_argument("--no-tracing", action="store_true", help="OBSQ_TRACING=false")
+    worker.add_argument(*ALLOW_EVICTION, **ALLOW_EVICTION_OPTIONS)
 
     scheduler = command("scheduler", "fire the schedule entries, the App's and those added "
                         "at run time (safe with replicas)", cmd_scheduler)
     scheduler.add_argument("app", metavar="MODULE:APP")
     scheduler.add_argument("--log-format", choices=("text", "json"))
+    scheduler.add_argument(*ALLOW_EVICTION, **ALLOW_EVICTION_OPTIONS)
     scheduler.add_argument("--http-port", type=int,
                            help="/healthz, /readyz and /metrics (OBSQ_HTTP_PORT, "
                            f"{SCHEDULER_HTTP_PORT}; 0: any free port, -1: none)")

@@ -25,7 +25,13 @@ from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
 from obsq.errors import BrokerError, DuplicateTask, TaskNotFound, TaskRunning
 from obsq.results import ResultWaiter
 from obsq.schedule import Schedule, ScheduleInfo
-from obsq.settings import DEFAULT_NAMESPACE, DEFAULT_REDIS_URL, ENQUEUE_BATCH, SCHEDULES_SHOWN
+from obsq.settings import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_REDIS_URL,
+    ENQUEUE_BATCH,
+    SCHEDULES_SHOWN,
+    env_flag,
+)
 from obsq.task import (
     Job,
     TaskInfo,
@@ -41,16 +47,21 @@ T = TypeVar("T")
 
 class Client:
     def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str | None = None, *,
-                 app: App | None = None, broker: Broker | None = None) -> None:
+                 app: App | None = None, broker: Broker | None = None,
+                 allow_eviction: bool | None = None) -> None:
         """`app` supplies the namespace (unless `namespace` is given), each route's default
-        queue, max_retry and timeout, and its producer hooks (the outermost)."""
+        queue, max_retry and timeout, and its producer hooks (the outermost). The first
+        enqueue refuses a Redis whose maxmemory-policy may evict task data (ConfigurationError)
+        unless `allow_eviction` (None: OBSQ_ALLOW_EVICTION) says to accept it."""
         namespace = namespace or (app.namespace if app is not None else DEFAULT_NAMESPACE)
         self.namespace = validate_name("namespace", namespace)
         self.app = app
         self.broker = broker or Broker(redis_url, self.namespace)
+        self.allow_eviction = env_flag("OBSQ_ALLOW_EVICTION") if allow_eviction is None \
+            else allow_eviction
         self.results = ResultWaiter(self.broker)
         self.hooks: list[ProducerHook] = []
-        self._queues = QueueRegistry(self.broker.register_queues)
+        self._queues = QueueRegistry(self._register_queues)
         self._coalescer = EnqueueCoalescer(self.broker.enqueue, ENQUEUE_BATCH)
         self._checks: set[asyncio.Future[None]] = set()
         self._chain = ProducerChain(self._store)
@@ -90,13 +101,17 @@ class Client:
     def _messages(self, jobs: Sequence[Job]) -> list[TaskMessage]:
         """The jobs checked and encoded, with their route's defaults."""
         now = time.time()
-        messages = []
-        for job in jobs:
-            route = self.app.route(job.type) if self.app else None
-            messages.append(build_message(job, now=now) if route is None else build_message(
-                job, queue=route.queue, max_retry=route.max_retry, timeout=route.timeout,
-                now=now))
-        return messages
+        return [self._message(job, now) for job in jobs]
+
+    def _message(self, job: Job, now: float) -> TaskMessage:
+        if self.app is None:
+            return build_message(job, now=now)
+        route = self.app.route(job.type)
+        if route is None:
+            return build_message(job, now=now, max_payload=self.app.max_payload)
+        return build_message(job, queue=route.queue, max_retry=route.max_retry,
+                             timeout=route.timeout, now=now,
+                             max_payload=self.app.max_payload_of(route))
 
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
         """The innermost layer: group by queue and write each group with the enqueues other
@@ -110,6 +125,12 @@ class Client:
         replies = await asyncio.gather(*(self._coalescer.enqueue(queue, group)
                                          for queue, group in by_queue.items()))
         return _infos(messages, by_queue, replies)
+
+    async def _register_queues(self, queues: set[str]) -> None:
+        """Before a queue's first task: refuse a Redis that may evict tasks (unless allowed),
+        and add the queue to the namespace's set."""
+        await self.broker.check_memory_policy(refuse=not self.allow_eviction)
+        await self.broker.register_queues(queues)
 
     def check_served(self, new_queues: set[str]) -> None:
         """Without an App nothing says where tasks belong: look, once a queue, whether a
@@ -293,6 +314,8 @@ class SyncClient:
         by_queue = _by_queue(messages)
         new_queues = by_queue.keys() - self._known_queues
         if new_queues:
+            self._run(self._client.broker.check_memory_policy(
+                refuse=not self._client.allow_eviction))  # once: Redis is asked once
             self._producer.register_queues(new_queues)
             self._known_queues |= new_queues
             self._loop.call_soon_threadsafe(self._client.check_served, set(new_queues))

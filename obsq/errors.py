@@ -33,6 +33,10 @@ class PayloadError(ObsqError):
     """The stored payload does not decode; retrying cannot help."""
 
 
+class TaskTooLarge(ObsqError, ValueError):
+    """A producer's payload or headers exceed their limit; nothing was written."""
+
+
 class UnknownTaskType(ObsqError):
     """No route matches the task's type; retried, as a newer worker may know it."""
 
@@ -76,8 +80,14 @@ class BrokerError(ObsqError):
     Loops retry with backoff; producers get it raised and may retry."""
 
     def __init__(self, operation: str, cause: BaseException) -> None:
-        super().__init__(f"Redis call {operation!r} failed: {cause}")
         self.operation = operation
+        self.out_of_memory = "maxmemory" in str(cause)  # Redis refuses writes: it is full
+        if self.out_of_memory:
+            super().__init__(f"Redis call {operation!r} refused: Redis is full (used memory "
+                             f"is above its maxmemory; tasks already queued are kept and "
+                             f"run, and writes succeed again as workers drain them): {cause}")
+        else:
+            super().__init__(f"Redis call {operation!r} failed: {cause}")
 
 
 class ConfigurationError(ObsqError, ValueError):

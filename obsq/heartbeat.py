@@ -1,7 +1,9 @@
 """The two loops that keep a worker's claims alive: its heartbeat (so the recoverer takes
 its tasks back within seconds if it dies) and its leases (so a long task is not taken
 from a worker that is still running it). Both run on the worker's event loop, beside the
-handlers, never inside them."""
+handlers, never inside them. The heartbeat also reads Redis's maxmemory-policy now and
+then: one changed at run time to a policy that evicts is warned about, not refused, since
+the running tasks are better finished."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from obsq.broker import Attempt, Broker
+from obsq.broker.calls import eviction_problem
 from obsq.errors import BrokerError
 from obsq.loop import BackgroundLoop
+from obsq.settings import SAFE_MEMORY_POLICY
 
 log = logging.getLogger("obsq")
 
@@ -22,13 +26,18 @@ class Heartbeat(BackgroundLoop):
     name = "heartbeat"
 
     def __init__(self, broker: Broker, worker_id: str, describe: Callable[[], dict[str, Any]],
-                 interval: float, ttl: float) -> None:
+                 interval: float, ttl: float, policy_interval: float,
+                 memory_policy: str | None = None) -> None:
+        """`memory_policy`: the one read at start (None: unknown)."""
         super().__init__(interval)
         self.broker = broker
         self.worker_id = worker_id
         self.describe = describe
         self.ttl = ttl
         self.last_success = time.monotonic()  # of the last heartbeat Redis accepted
+        self.policy_interval = policy_interval
+        self.memory_policy = memory_policy
+        self._policy_read_at = time.monotonic()
 
     async def beat(self) -> None:
         await self.broker.heartbeat(self.worker_id, self.describe(), self.ttl)
@@ -36,6 +45,20 @@ class Heartbeat(BackgroundLoop):
 
     async def tick(self) -> None:
         await self.beat()
+        if time.monotonic() - self._policy_read_at >= self.policy_interval:
+            self._policy_read_at = time.monotonic()
+            with contextlib.suppress(BrokerError):  # counted; the next read may succeed
+                self._policy_read(await self.broker.memory_policy())
+
+    def _policy_read(self, policy: str | None) -> None:
+        if policy is None or policy == self.memory_policy:
+            return
+        before, self.memory_policy = self.memory_policy, policy
+        if policy != SAFE_MEMORY_POLICY:
+            log.warning("%s (changed at run time from %s)",
+                        eviction_problem(self.broker.url.rpartition("@")[2], policy), before)
+        else:
+            log.info("Redis's maxmemory-policy is %s again", policy)
 
     async def stop(self) -> None:
         await super().stop()

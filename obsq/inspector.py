@@ -126,11 +126,15 @@ class Inspector:
                  broker: Broker | None = None) -> None:
         self.namespace = validate_name("namespace", namespace)
         self.broker = broker or Broker(redis_url, namespace)
-        self._client = Client(redis_url, namespace, broker=self.broker)
+        # The Inspector only warns of a Redis that may evict (check()); its Client follows.
+        self._client = Client(redis_url, namespace, broker=self.broker, allow_eviction=True)
 
     async def check(self) -> str:
-        """Fail with one ConfigurationError for a wrong URL, password or Redis version."""
-        return await self.broker.check()
+        """Fail with one ConfigurationError for a wrong URL, password or Redis version;
+        warn of a maxmemory-policy that may evict task data."""
+        version = await self.broker.check()
+        await self.broker.check_memory_policy(refuse=False)
+        return version
 
     # -- reading --------------------------------------------------------------------------
 

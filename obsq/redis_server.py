@@ -9,7 +9,8 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 
@@ -20,25 +21,38 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A redis-server process of our own; `stop()` and `start()` again on the same port
-    simulate an outage or a restart that loses everything."""
+    """A redis-server process of our own; `stop()` (a SIGKILL) and `start()` again on the
+    same port simulate a crash and a restart: with nothing persisted (the default) the new
+    Redis is empty, with `config={"appendonly": "yes"}` it replays its append-only file.
+
+    `config`: redis.conf directives (name -> value, as written after the name in the file),
+    e.g. {"maxmemory": "8mb", "maxmemory-policy": "noeviction"} or {"requirepass": "s3"};
+    they override the defaults (no snapshots, no append-only file, files in a private
+    directory kept until `close()`)."""
 
     def __init__(self, port: int | None = None, executable: str = "redis-server",
-                 extra_args: Sequence[str] = ()) -> None:
+                 config: Mapping[str, object] | None = None) -> None:
         self.executable = shutil.which(executable) or executable
-        self.extra_args = list(extra_args)  # more redis-server options, e.g. --requirepass
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.kind = "redis-server"
         self._dir = tempfile.TemporaryDirectory(prefix="obsq-redis-")
+        self.dir = Path(self._dir.name)
+        self.config: dict[str, object] = {"port": self.port, "bind": "127.0.0.1",
+                                          "save": '""', "appendonly": "no",
+                                          "dir": self._dir.name, **(config or {})}
         self._process: subprocess.Popen[bytes] | None = None
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
     def start(self) -> RedisServer:
-        self._process = subprocess.Popen(
-            [self.executable, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self._dir.name, *self.extra_args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
+        conf = self.dir / "redis.conf"
+        conf.write_text("".join(f"{name} {value}\n" for name, value in self.config.items()))
+        self._process = subprocess.Popen([self.executable, str(conf)],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30  # a long append-only file takes a while to replay
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise RuntimeError(f"redis-server exited with {self._process.returncode}")
@@ -46,7 +60,7 @@ class RedisServer:
                                                                         timeout=0.2):
                 return self
             time.sleep(0.02)
-        raise RuntimeError(f"redis-server did not listen on port {self.port} within 10 s")
+        raise RuntimeError(f"redis-server did not listen on port {self.port} within 30 s")
 
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:

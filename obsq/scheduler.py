@@ -212,6 +212,11 @@ class SchedulerLoop(LockedLoop):
         except DuplicateTask:
             log.info("schedule %s: the fire of %s was enqueued already", entry.name,
                      fire_text(fire))
+        except ValueError as exc:  # refused by its route (a payload over its limit): each
+            log.error("schedule %s: the fire of %s was not enqueued: %s", entry.name,
+                      fire_text(fire), exc)  # fire says so, and the others go on
+            await self.broker.confirm_fire(entry.name, claim, fire, "dropped")
+            return
         if await self.broker.confirm_fire(entry.name, claim, fire, "fired"):
             self._report(entry.name, "fired", 1)
 
@@ -245,7 +250,8 @@ class Scheduler:
         self.app = app
         self.handle_signals = handle_signals
         self.settings = settings or SchedulerSettings()
-        self.client = Client(redis_url, namespace or app.namespace, app=app)
+        self.client = Client(redis_url, namespace or app.namespace, app=app,
+                             allow_eviction=self.settings.allow_eviction)
         self.loop = SchedulerLoop(self.client, app.schedules,
                                   f"scheduler-{id(self):x}-{time.time_ns()}", self.settings)
         self.started_at = 0.0
@@ -270,6 +276,8 @@ class Scheduler:
             else None  # first: none is missed
         try:
             await self.client.broker.check()
+            await self.client.broker.check_memory_policy(
+                refuse=not self.settings.allow_eviction)
             log.info("scheduler started with %d schedule(s) of the App; entries added at run "
                      "time are read from Redis", len(self.app.schedules))
             self.started_at = time.time()
@@ -280,7 +288,8 @@ class Scheduler:
                 remove_signals()
             await self.loop.stop()
             await self.client.close()
-            log.info("scheduler stopped")
+            if self.started_at:  # a failed start is its one error line
+                log.info("scheduler stopped")
 
     def stop(self) -> None:
         self._stopped.set()

@@ -20,6 +20,12 @@ DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRY = 25
 DEFAULT_TIMEOUT = 1800.0
 ENQUEUE_BATCH = 500  # tasks per enqueue script call: bounds how long one call holds Redis
+# What one task may carry, encoded: a larger one is refused before anything is written (a
+# 100 MB payload would hold Redis and a connection for seconds, and fill its memory). The
+# payload's limit can be changed per App and per route; task ids and the other names are
+# bounded by obsq.names.MAX_NAME_LENGTH.
+MAX_PAYLOAD_BYTES = 1024 * 1024
+MAX_HEADERS_BYTES = 64 * 1024
 # Outcome counts for the Inspector: flushed by each worker this often, kept per minute for
 # an hour and some slack for the minute being read.
 THROUGHPUT_FLUSH_INTERVAL = 5.0
@@ -84,6 +90,31 @@ RESTART_MIN = 1.0
 RESTART_MAX = 30.0
 STABLE_AFTER = 60.0
 STOP_MARGIN = 10.0
+# Redis must not evict: with any maxmemory-policy but noeviction it deletes task data under
+# memory pressure. Workers and clients refuse such a Redis at start unless allowed; a worker
+# looks again this often (WorkerSettings.policy_check_interval) and warns of a change.
+SAFE_MEMORY_POLICY = "noeviction"
+POLICY_CHECK_INTERVAL = 30.0
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def parse_flag(name: str, raw: str) -> bool:
+    """A yes/no setting as written in the environment: 1/true/yes/on or 0/false/no/off, in
+    any case; anything else is a ConfigurationError naming the setting."""
+    word = raw.strip().lower()
+    if word not in TRUE_WORDS + FALSE_WORDS:
+        raise ConfigurationError(f"{name}={raw!r} is not a yes/no value "
+                                 f"({'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)})")
+    return word in TRUE_WORDS
+
+
+def env_flag(variable: str, default: bool = False,
+             environ: dict[str, str] | None = None) -> bool:
+    """The yes/no environment variable `variable` (e.g. OBSQ_ALLOW_EVICTION); unset or
+    empty: `default`."""
+    raw = (os.environ if environ is None else environ).get(variable, "")
+    return parse_flag(variable, raw) if raw.strip() else default
 
 
 def redis_retry_delay(failures: int) -> float:
@@ -200,6 +231,10 @@ class WorkerSettings(EnvSettings):
     dead_max_age: float = 30 * 24 * 3600.0
     dead_max_count: int = 100_000
     progress_ttl: float = 24 * 3600.0
+    # A Redis whose maxmemory-policy evicts is refused at start unless this is set (tasks
+    # may then vanish under memory pressure); the heartbeat reads the policy again this often.
+    allow_eviction: bool = False
+    policy_check_interval: float = POLICY_CHECK_INTERVAL
 
     def __post_init__(self) -> None:
         if self.queues is not None:
@@ -220,7 +255,7 @@ class WorkerSettings(EnvSettings):
             raise ConfigurationError("max_recoveries must not be negative")
         for name in ("heartbeat_interval", "forward_interval", "recover_interval",
                      "janitor_interval", "lock_ttl", "wait_timeout", "dead_max_age",
-                     "progress_ttl"):
+                     "progress_ttl", "policy_check_interval"):
             if not getattr(self, name) > 0:
                 raise ConfigurationError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.heartbeat_ttl > self.heartbeat_interval:
@@ -240,6 +275,7 @@ class SchedulerSettings(EnvSettings):
     # later than a takeover is not, so a failover loses nothing.
     lock_ttl: float = 5.0
     missed_after: float = 15.0
+    allow_eviction: bool = False  # as a worker's: accept a Redis that may evict task data
 
     def __post_init__(self) -> None:
         if not self.lock_ttl > 0:
@@ -257,9 +293,7 @@ def _convert(name: str, raw: str, default: Any) -> Any:
         default = 0
     try:
         if isinstance(default, bool):
-            if raw.lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-                raise ValueError(raw)
-            return raw.lower() in ("1", "true", "yes", "on")
+            return parse_flag(f"OBSQ_{name.upper()}", raw)
         if isinstance(default, int):
             return int(raw)
         if isinstance(default, float):

@@ -138,6 +138,7 @@ class Supervisor:
             "OBSQ_MAX_RECOVERIES": str(s.max_recoveries),
             "OBSQ_METRICS": "true" if s.metrics else "false",
             "OBSQ_TRACING": "true" if s.tracing else "false",
+            "OBSQ_ALLOW_EVICTION": "true" if s.allow_eviction else "false",
             "OBSQ_LOG_FORMAT": s.log_format,
             "OBSQ_LOG_LEVEL": str(s.log_level),
             "OBSQ_PROCESSES": "1",

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
-from obsq.errors import PayloadError, Retry
+from obsq.errors import PayloadError, Retry, TaskTooLarge
 from obsq.names import validate_name
-from obsq.settings import DEFAULT_QUEUE
+from obsq.settings import DEFAULT_QUEUE, MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -102,8 +102,11 @@ class TaskMessage:
 
 
 def build_message(job: Job, *, queue: str | None = None, max_retry: int | None = None,
-                  timeout: float | None = None, now: float | None = None) -> TaskMessage:
-    """Check every option and encode the payload before anything is written to Redis."""
+                  timeout: float | None = None, now: float | None = None,
+                  max_payload: int = MAX_PAYLOAD_BYTES) -> TaskMessage:
+    """Check every option and encode the payload before anything is written to Redis;
+    a payload over `max_payload` bytes (encoded) or headers over MAX_HEADERS_BYTES raise
+    TaskTooLarge."""
     validate_name("task type", job.type)
     queue = validate_name("queue", _first(job.queue, queue, DEFAULT_QUEUE))
     max_retry = _first(job.max_retry, max_retry)
@@ -125,8 +128,13 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
     headers = dict(job.headers or {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
         raise TypeError("headers must map strings to strings")
+    if headers:
+        _within(job.type, "headers", len(orjson.dumps(headers)), MAX_HEADERS_BYTES)
     binary = isinstance(job.payload, (bytes, bytearray, memoryview))
+    if isinstance(job.payload, str) or binary:  # never smaller encoded: refuse before
+        _within(job.type, "payload", len(job.payload), max_payload)  # encoding
     payload = bytes(job.payload) if binary else encode_json(job.payload, "payload")
+    _within(job.type, "payload", len(payload), max_payload)
     ordering_key = ""
     if job.ordering_key is not None:
         ordering_key = validate_name("ordering_key", job.ordering_key)
@@ -140,6 +148,15 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
                        retention=retention, delay=delay, unique_key=unique_key,
                        unique_for=unique_for, ordering_key=ordering_key, binary=binary,
                        id_chosen=job.task_id is not None)
+
+
+def _within(task_type: str, what: str, size: int, limit: int) -> None:
+    if size > limit:
+        raise TaskTooLarge(f"the {what} of task {task_type!r} (at least {size:,} bytes "
+                           f"encoded) is over the limit of {limit:,} bytes; store large data "
+                           "elsewhere and send a reference" + (
+                               " (or raise max_payload on the App or the route)"
+                               if what == "payload" else ""))
 
 
 def _first(*values: Any) -> Any:

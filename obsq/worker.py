@@ -51,6 +51,8 @@ class WorkerHealth:
     redis_ok: bool  # the last heartbeat succeeded
     started: bool
     draining: bool
+    redis_answers: bool = True  # a heartbeat was answered within two intervals (False
+    #                             while Redis hangs: no error, no answer either)
 
 
 class Worker:
@@ -119,11 +121,13 @@ class Worker:
         """Check Redis, register, start the background loops and the fetch loop."""
         s = self.settings
         await self.broker.check()
+        policy = await self.broker.check_memory_policy(refuse=not s.allow_eviction)
         await self.broker.register_queues(self.queues)
         self.executor = Executor(self.app, self.concurrency, self._update_state)
         self.settler = Settler(self.broker, self.id, self.app.outcome_hooks)
         self._heartbeat = Heartbeat(self.broker, self.id, self.describe,
-                                    s.heartbeat_interval, s.heartbeat_ttl)
+                                    s.heartbeat_interval, s.heartbeat_ttl,
+                                    s.policy_check_interval, policy)
         await self._heartbeat.beat()
         self._loops = [
             self._heartbeat,
@@ -162,7 +166,8 @@ class Worker:
         return {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": self.queues, "concurrency": self.concurrency, "busy": self._busy,
                 "started": self.started_at, "version": __version__,
-                "processed": self.processed, "draining": self.draining}
+                "processed": self.processed, "draining": self.draining,
+                "maxmemory_policy": self._heartbeat.memory_policy if self._heartbeat else None}
 
     def health(self) -> WorkerHealth:
         """How the worker is; safe to call from another thread (the HTTP endpoint's)."""
@@ -173,7 +178,8 @@ class Worker:
         return WorkerHealth(
             heartbeat_age=silent,
             heartbeat_ok=silent < max(self.settings.heartbeat_ttl, self.settings.lease_seconds),
-            redis_ok=beat.failures == 0, started=True, draining=self.draining)
+            redis_ok=beat.failures == 0, started=True, draining=self.draining,
+            redis_answers=silent < 2 * self.settings.heartbeat_interval)
 
     @property
     def busy(self) -> int:

@@ -109,6 +109,25 @@ def obsq_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_obsq(*args: str, env: dict[str, str] | None = None, timeout: float = 60
+             ) -> subprocess.CompletedProcess[str]:
+    """`python -m obsq ARGS` to its end, from the checkout, its output captured."""
+    return subprocess.run([sys.executable, "-m", "obsq", *args], cwd=ROOT,
+                          env=obsq_env() if env is None else env, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def one_clear_line(result: subprocess.CompletedProcess[str], *expected: str) -> str:
+    """A command that failed with one line of output, no traceback, saying `expected`."""
+    assert result.returncode != 0
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert "Traceback" not in lines[0]
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
 def stop_process(process: subprocess.Popen[Any], timeout: float = 30) -> int:
     """SIGTERM, then the exit status (killed after `timeout`)."""
     if process.poll() is None:

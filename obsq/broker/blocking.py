@@ -40,27 +40,26 @@ class BlockingProducer:
         return self._redis
 
     def register_queues(self, queues: Iterable[str]) -> None:
-        try:
-            self.redis.sadd(self.broker.global_keys.queues, *queues)
-        except (RedisError, OSError) as exc:
-            raise self.broker._failed("register_queues", exc) from exc
+        self._script(*self.broker._register_queues_call(queues))
 
     def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:
         """Write the messages of one queue in one script call (at most ENQUEUE_BATCH)."""
-        script = SCRIPTS["enqueue"]
-        keys = self.broker.enqueue_keys(queue)
-        args = enqueue_args(messages)
+        reply = self._script("enqueue", self.broker.enqueue_keys(queue),
+                             enqueue_args(messages))
+        return enqueue_statuses(reply, len(messages))
+
+    def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        script = SCRIPTS[name]
         try:
             try:
-                reply = self.redis.evalsha(script.sha, len(keys), *keys, *args)
+                return self.redis.evalsha(script.sha, len(keys), *keys, *args)
             except ResponseError as exc:
                 if not is_noscript(exc):
                     raise
                 self.redis.script_load(script.source)
-                reply = self.redis.evalsha(script.sha, len(keys), *keys, *args)
+                return self.redis.evalsha(script.sha, len(keys), *keys, *args)
         except (RedisError, OSError) as exc:
-            raise self.broker._failed("enqueue", exc) from exc
-        return enqueue_statuses(reply, len(messages))
+            raise self.broker._failed(name, exc) from exc
 
     def close(self) -> None:
         if self._redis is not None:

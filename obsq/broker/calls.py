@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
@@ -16,6 +17,9 @@ from obsq.broker.connection import create_client, kept_connection_client
 from obsq.broker.keys import GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import is_noscript, load_scripts
 from obsq.errors import BrokerError, ConfigurationError
+from obsq.settings import SAFE_MEMORY_POLICY
+
+log = logging.getLogger("obsq")
 
 ErrorHook = Callable[[str, BaseException], None]
 ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # script name, keys, arguments
@@ -23,9 +27,9 @@ MIN_REDIS_VERSION = (6, 2)
 SCRIPTS = load_scripts()
 # Every `operation` a failed call is reported under (the label of obsq_redis_errors_total):
 # the scripts, and the plain commands named here, so that metrics can start each at 0.
-COMMANDS = ("delete_namespace", "deregister", "find_queue", "forget_workers", "heartbeat",
-            "lost_workers", "namespaces", "queues", "read_cancels", "read_inbox",
-            "register_queues", "schedule_entries", "set_progress", "task_info",
+COMMANDS = ("delete_namespace", "deregister", "find_queue", "forget_workers",
+            "lost_workers", "memory_policy", "namespaces", "queues", "read_cancels", "read_inbox",
+            "schedule_entries", "set_progress", "task_info",
             "wait_for_work", "wait_schedule_change", "workers")
 OPERATIONS = tuple(sorted({*SCRIPTS, *COMMANDS}))
 
@@ -44,6 +48,9 @@ class RedisCalls:
         self.schedule_keys = ScheduleKeys(namespace)
         self._queue_keys: dict[str, QueueKeys] = {}
         self.on_error: list[ErrorHook] = []
+        self._config_denied = False  # CONFIG GET refused once: read INFO from then on
+        self._policy_checked = False  # maxmemory-policy was read at start: _start_policy
+        self._start_policy: str | None = None
 
     def keys(self, queue: str) -> QueueKeys:
         keys = self._queue_keys.get(queue)
@@ -67,6 +74,46 @@ class RedisCalls:
             raise ConfigurationError(f"obsq needs Redis 6.2 or newer; {_safe(self.url)} runs "
                                      f"{version}")
         return version
+
+    async def memory_policy(self) -> str | None:
+        """Redis's maxmemory-policy (the worst of a Cluster's nodes): CONFIG GET, else the
+        `maxmemory_policy` field of INFO memory (CONFIG is often denied: managed Redis, ACL
+        users); None when neither answers."""
+        try:
+            if not self._config_denied:
+                try:
+                    return _worst_policy(await self.redis.config_get("maxmemory-policy"),
+                                         "maxmemory-policy")
+                except ResponseError:
+                    self._config_denied = True
+            return _worst_policy(await self.redis.info("memory"), "maxmemory_policy")
+        except ResponseError:
+            return None
+        except (RedisError, OSError) as exc:
+            raise self._failed("memory_policy", exc) from exc
+
+    async def check_memory_policy(self, *, refuse: bool) -> str | None:
+        """At start: a Redis that may evict task data is refused with one ConfigurationError
+        (`refuse`: workers and clients not told to allow it) or warned about (the tools
+        that only look). Redis is asked once per broker; returns the policy (None:
+        unreadable, which is warned about once)."""
+        if not self._policy_checked:
+            self._start_policy = await self.memory_policy()
+            self._policy_checked = True
+            if self._start_policy is None:
+                log.warning("cannot read Redis's maxmemory-policy at %s (CONFIG GET and INFO "
+                            "denied); make sure it is %s, or tasks may be evicted",
+                            _safe(self.url), SAFE_MEMORY_POLICY)
+            elif self._start_policy != SAFE_MEMORY_POLICY and not refuse:
+                log.warning("%s; set it to %s", eviction_problem(_safe(self.url),
+                                                                  self._start_policy),
+                            SAFE_MEMORY_POLICY)
+        policy = self._start_policy
+        if refuse and policy is not None and policy != SAFE_MEMORY_POLICY:
+            raise ConfigurationError(
+                f"{eviction_problem(_safe(self.url), policy)}; set it to {SAFE_MEMORY_POLICY}, "
+                "or accept losing tasks with --allow-eviction (OBSQ_ALLOW_EVICTION=true)")
+        return policy
 
     async def close(self) -> None:
         with contextlib.suppress(RedisError, OSError):
@@ -106,6 +153,9 @@ class RedisCalls:
         for key in keys:
             pipe.get(key)
         return await self._guard(operation, pipe.execute())
+
+    def _register_queues_call(self, queues: Iterable[str]) -> ScriptCall:
+        return ("register", (self.global_keys.queues,), (0, "set", *queues))
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any],
                       redis: Any = None) -> Any:
@@ -158,6 +208,24 @@ class RedisCalls:
             return results
         except (RedisError, OSError) as exc:
             raise self._failed(calls[0][0], exc) from exc
+
+
+def eviction_problem(where: str, policy: str) -> str:
+    return (f"Redis at {where} has maxmemory-policy {policy}: under memory pressure it "
+            "deletes task data, and tasks are lost")
+
+
+def _worst_policy(reply: Any, field: str) -> str | None:
+    """The policy in a CONFIG GET or INFO reply; a Cluster answers per node (a dict of
+    replies): any node's other than noeviction wins."""
+    if not isinstance(reply, dict):
+        return None
+    for key, value in reply.items():
+        if (key.decode() if isinstance(key, bytes) else key) == field:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    policies = [_worst_policy(node, field) for node in reply.values()]
+    known = sorted({p for p in policies if p is not None}, key=lambda p: p == SAFE_MEMORY_POLICY)
+    return known[0] if known else None
 
 
 def _safe(url: str) -> str:

@@ -19,7 +19,9 @@ from obsq.task import TaskMessage
 
 class Producing(RedisCalls):
     async def register_queues(self, queues: Iterable[str]) -> None:
-        await self._guard("register_queues", self.redis.sadd(self.global_keys.queues, *queues))
+        """Add queues to the namespace's set (workers at start, producers for a new queue);
+        never refused by a Redis at maxmemory (register.lua)."""
+        await self._script(*self._register_queues_call(queues))
 
     async def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:
         """Write the messages of one queue in one script call (at most ENQUEUE_BATCH)."""

@@ -19,13 +19,18 @@ class Upkeep(RedisCalls):
     # -- workers --------------------------------------------------------------------------
 
     async def heartbeat(self, worker_id: str, description: dict[str, Any], ttl: float) -> None:
+        """Refresh the worker's key (its TTL says it lives), its place in the registry and
+        its queues (again each time: a Redis that restarted empty has lost the set the
+        sweeps go through). Each script's first write cannot grow memory, so a Redis at
+        maxmemory never refuses a heartbeat: that would have the worker's tasks run twice."""
         g = self.global_keys
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.zadd(g.workers, {worker_id: int(time.time() * 1000)})  # shown, never compared
-        pipe.set(g.worker(worker_id), orjson.dumps(description), px=int(ttl * 1000))
-        if description.get("queues"):  # again each time: a Redis that restarted empty has
-            pipe.sadd(g.queues, *description["queues"])  # lost the set the sweeps go through
-        await self._guard("heartbeat", pipe.execute())
+        calls = [("heartbeat", (g.worker(worker_id),),
+                  (0, max(int(ttl * 1000), 1), orjson.dumps(description))),
+                 ("register", (g.workers,),  # scored by its own clock: shown, never compared
+                  (0, "zset", int(time.time() * 1000), worker_id))]
+        if description.get("queues"):
+            calls.append(self._register_queues_call(description["queues"]))
+        await self._scripts(calls)
 
     async def deregister(self, worker_id: str) -> None:
         g = self.global_keys

@@ -107,11 +107,7 @@ class Working(RedisCalls):
 
     async def interrupt_wait(self, worker_id: str) -> None:
         """End the worker's wait_and_dequeue at once (the tasks it takes are returned)."""
-        key = self.global_keys.wake(worker_id)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.rpush(key, 1)
-        pipe.expire(key, 10)
-        await self._guard("wait_for_work", pipe.execute())
+        await self._script("interrupt", (self.global_keys.wake(worker_id),), (0, 10_000))
 
     async def retry(self, queue: str, attempt: Attempt, worker_id: str, delay: float,
                     error: str, traceback: str = "") -> bool:

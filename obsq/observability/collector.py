@@ -1,12 +1,13 @@
 """The queue-wide gauges, read from Redis when Prometheus scrapes.
 
-`obsq_queue_depth`, `obsq_queue_latency_seconds`, `obsq_queue_paused` and `obsq_workers`
-describe Redis, not this process, so they are not multiprocess files: a custom collector
-asks Redis at scrape time through an asyncio Broker that runs on some event loop (the
-worker's), while the scrape runs in an HTTP thread. Reads are cached for a second and
-bounded by a timeout, so a slow Redis never hangs a scrape; concurrent scrapes share one
-read, and after a failure Redis is not asked again until the cache would have expired.
-A failed read serves the last values while they are recent, else nothing.
+`obsq_queue_depth`, `obsq_queue_latency_seconds`, `obsq_queue_paused`, `obsq_workers` and
+`obsq_redis_maxmemory_policy_ok` describe Redis, not this process, so they are not
+multiprocess files: a custom collector asks Redis at scrape time through an asyncio Broker
+that runs on some event loop (the worker's), while the scrape runs in an HTTP thread.
+Reads are cached for a second and bounded by a timeout, so a slow Redis never hangs a
+scrape; concurrent scrapes share one read, and after a failure Redis is not asked again
+until the cache would have expired. A failed read serves the last values while they are
+recent, else nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from prometheus_client.core import GaugeMetricFamily
 
 from obsq.broker import TASK_STATES, Broker
 from obsq.errors import BrokerError
-from obsq.settings import COLLECTOR_CACHE, COLLECTOR_STALE_LIMIT, COLLECTOR_TIMEOUT
+from obsq.settings import (
+    COLLECTOR_CACHE,
+    COLLECTOR_STALE_LIMIT,
+    COLLECTOR_TIMEOUT,
+    SAFE_MEMORY_POLICY,
+)
 
 log = logging.getLogger("obsq")
 
@@ -50,7 +56,7 @@ class QueueCollector:
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         """Names only, without asking Redis (for registries that check duplicates)."""
-        return _families({}, None)
+        return _families({}, None, None)
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         with self._lock:
@@ -71,7 +77,7 @@ class QueueCollector:
             return  # waiting here would block the loop that must answer; serve the cache
         future = asyncio.run_coroutine_threadsafe(self._read(), self.loop)
         try:
-            stats, workers = future.result(self.timeout)
+            stats, workers, policy = future.result(self.timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
             self._failed(f"Redis did not answer within {self.timeout:g} s")
@@ -82,7 +88,7 @@ class QueueCollector:
         except Exception as exc:  # a closed loop, a cancelled read: not worth a traceback
             self._failed(f"{type(exc).__name__}: {exc}")
             return
-        self._families = _families(stats, workers)
+        self._families = _families(stats, workers, policy)
         self._read_at = time.monotonic()
         if self._failing:
             log.info("queue metrics: Redis answers again")
@@ -93,14 +99,14 @@ class QueueCollector:
             log.warning("queue metrics: %s; serving the last values", reason)
         self._failing = True
 
-    async def _read(self) -> tuple[dict[str, dict[str, Any]], int]:
+    async def _read(self) -> tuple[dict[str, dict[str, Any]], int, str | None]:
         queues = self.queues if isinstance(self.queues, Sequence) else await self.queues()
         stats = await self.broker.queue_stats(list(queues))
         workers = await self.broker.workers()
-        return stats, len(workers)
+        return stats, len(workers), await self.broker.memory_policy()
 
 
-def _families(stats: dict[str, dict[str, Any]], workers: int | None
+def _families(stats: dict[str, dict[str, Any]], workers: int | None, policy: str | None
               ) -> list[GaugeMetricFamily]:
     depth = GaugeMetricFamily("obsq_queue_depth", "Tasks of a queue in each state",
                               labels=["queue", "state"])
@@ -109,6 +115,10 @@ def _families(stats: dict[str, dict[str, Any]], workers: int | None
     paused = GaugeMetricFamily("obsq_queue_paused", "1 when the queue is paused",
                                labels=["queue"])
     live = GaugeMetricFamily("obsq_workers", "Live workers registered in Redis")
+    policy_ok = GaugeMetricFamily(
+        "obsq_redis_maxmemory_policy_ok",
+        f"1 when Redis's maxmemory-policy is {SAFE_MEMORY_POLICY}, 0 when it may evict task "
+        "data (absent when Redis denies reading it)")
     for queue, s in stats.items():
         for state in TASK_STATES:
             depth.add_metric([queue, state], s.depth[state])
@@ -116,4 +126,6 @@ def _families(stats: dict[str, dict[str, Any]], workers: int | None
         paused.add_metric([queue], 1 if s.paused else 0)
     if workers is not None:
         live.add_metric([], workers)
-    return [depth, latency, paused, live]
+    if policy is not None:
+        policy_ok.add_metric([], 1 if policy == SAFE_MEMORY_POLICY else 0)
+    return [depth, latency, paused, live, policy_ok]

@@ -51,6 +51,8 @@ def serve_worker(worker: Worker, host: str, port: int) -> HealthServer:
             return "the worker is starting"
         if not health.redis_ok:
             return "Redis is unreachable"
+        if not health.redis_answers:
+            return f"Redis has not answered for {health.heartbeat_age:.0f} s"
         return None
 
     def status() -> dict[str, Any]:
@@ -131,6 +133,7 @@ async def run_exporter(redis_url: str, namespace: str, port: int, *,
     /healthz: the event loop answers; /readyz: Redis answered the last ping."""
     broker = Broker(redis_url, namespace)
     await broker.check()
+    await broker.check_memory_policy(refuse=False)  # it loses nothing itself: it warns
     loop = asyncio.get_running_loop()
     watch = RedisWatch(broker)
     registry = endpoint_registry(QueueCollector(broker, loop, broker.queues),

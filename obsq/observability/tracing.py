@@ -28,6 +28,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from obsq._version import __version__
 from obsq.app import sync_safe
 from obsq.errors import ConfigurationError
+from obsq.settings import env_flag
 from obsq.task import Task, TaskInfo, TaskMessage
 
 log = logging.getLogger("obsq")
@@ -36,7 +37,6 @@ SYSTEM = "obsq"
 SPAN_KEY = "obsq.span"  # where the process span waits in task.context for the outcome
 RECORDED_KEY = "obsq.span.error"
 LINK_ENV = "OBSQ_TRACE_LINK"
-TRUE = ("1", "true", "yes", "on")
 
 
 def _tracer() -> trace.Tracer:
@@ -53,7 +53,7 @@ class TaskTracing:
 
     def __init__(self, *, link: bool | None = None, tracer: trace.Tracer | None = None) -> None:
         self.tracer = tracer or _tracer()
-        self.link = (os.environ.get(LINK_ENV, "").lower() in TRUE) if link is None else link
+        self.link = env_flag(LINK_ENV) if link is None else link
         self._names: dict[str, str] = {}
 
     async def middleware(self, task: Task, call_next: Callable[[Task], Any]) -> Any:

@@ -14,6 +14,7 @@ import uvicorn
 from obsq.errors import ConfigurationError
 from obsq.inspector import Inspector
 from obsq.loop import on_stop_signals
+from obsq.settings import env_flag
 from obsq.ui.app import create_app
 
 log = logging.getLogger("obsq")
@@ -31,8 +32,7 @@ async def serve_from_args(inspector: Inspector, args: argparse.Namespace) -> Non
     port = args.port if args.port is not None else int(os.environ.get("OBSQ_UI_PORT")
                                                        or DEFAULT_PORT)
     token = args.token or os.environ.get("OBSQ_UI_TOKEN") or None
-    read_only = bool(args.read_only) or os.environ.get("OBSQ_UI_READ_ONLY", "").lower() in (
-        "1", "true", "yes", "on")
+    read_only = bool(args.read_only) or env_flag("OBSQ_UI_READ_ONLY")
     trace_url = args.trace_url or os.environ.get("OBSQ_UI_TRACE_URL") or None
     if trace_url and (not trace_url.startswith(("http://", "https://"))
                       or "{trace_id}" not in trace_url):

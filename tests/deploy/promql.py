@@ -37,6 +37,7 @@ CONTRACT_METRICS = frozenset(
         "obsq_queue_latency_seconds",
         "obsq_queue_paused",
         "obsq_workers",
+        "obsq_redis_maxmemory_policy_ok",
         "obsq_redis_errors_total",
         "obsq_build_info",
         "obsq_scheduler_fires_total",

@@ -36,6 +36,7 @@ ALERTS = {
     "ObsqLeaseRecoveriesSpiking",
     "ObsqHighFailureRatio",
     "ObsqRedisErrors",
+    "ObsqRedisMayEvictTasks",
 }
 
 

@@ -97,9 +97,9 @@ def redis_cluster() -> Iterator[str]:
     nodes: list[RedisServer] = []
     try:
         for port in ports:
-            nodes.append(RedisServer(port, extra_args=(
-                "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
-                "--cluster-node-timeout", "5000")).start())
+            nodes.append(RedisServer(port, config={
+                "cluster-enabled": "yes", "cluster-config-file": f"nodes-{port}.conf",
+                "cluster-node-timeout": 5000}).start())
         created = subprocess.run(
             [cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
              "--cluster-replicas", "0", "--cluster-yes"],

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from support import ROOT, missing_tool, wait_until
+from support import ROOT, missing_tool, one_clear_line, wait_until
 
 import obsq
 from obsq.broker import QueueKeys
@@ -204,24 +204,14 @@ def _run_worker_cli(redis_url: str, *extra: str,
         cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
-def _one_clear_line(result: subprocess.CompletedProcess[str], *expected: str) -> str:
-    assert result.returncode != 0
-    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
-    assert len(lines) == 1, lines
-    assert "Traceback" not in lines[0]
-    for text in expected:
-        assert text in lines[0], lines[0]
-    return lines[0]
-
-
 def test_worker_cli_exits_with_one_line_for_an_unreachable_redis() -> None:
-    line = _one_clear_line(_run_worker_cli(f"redis://127.0.0.1:{free_port()}/0"),
+    line = one_clear_line(_run_worker_cli(f"redis://127.0.0.1:{free_port()}/0"),
                            "cannot reach Redis")
     assert "127.0.0.1" in line
 
 
 def test_worker_cli_exits_with_one_line_for_a_malformed_url() -> None:
-    _one_clear_line(_run_worker_cli("nonsense"), "nonsense", "not a URL")
+    one_clear_line(_run_worker_cli("nonsense"), "nonsense", "not a URL")
 
 
 @pytest.mark.parametrize("extra, app, expected", [
@@ -235,14 +225,14 @@ def test_worker_cli_exits_with_one_line_for_a_malformed_url() -> None:
 ])
 def test_worker_cli_exits_with_one_line_for_bad_options(redis_url, extra, app,
                                                         expected) -> None:
-    _one_clear_line(_run_worker_cli(redis_url, *extra, app=app), expected)
+    one_clear_line(_run_worker_cli(redis_url, *extra, app=app), expected)
 
 
 @pytest.fixture
 def redis_with_password() -> Iterator[tuple[int, str]]:
     if not shutil.which("redis-server"):
         missing_tool("redis-server is not on PATH")
-    server = RedisServer(extra_args=("--requirepass", "s3cret")).start()
+    server = RedisServer(config={"requirepass": "s3cret"}).start()
     try:
         yield server.port, "s3cret"
     finally:
@@ -251,10 +241,10 @@ def redis_with_password() -> Iterator[tuple[int, str]]:
 
 def test_worker_cli_exits_with_one_line_for_a_wrong_password(redis_with_password) -> None:
     port, _ = redis_with_password
-    line = _one_clear_line(_run_worker_cli(f"redis://:wrong@127.0.0.1:{port}/0"),
+    line = one_clear_line(_run_worker_cli(f"redis://:wrong@127.0.0.1:{port}/0"),
                            "refused the credentials")
     assert "wrong" not in line  # the password is not printed
-    line = _one_clear_line(_run_worker_cli(f"redis://127.0.0.1:{port}/0"))
+    line = one_clear_line(_run_worker_cli(f"redis://127.0.0.1:{port}/0"))
     assert "Redis" in line and "auth" in line.lower()
 
 
@@ -274,4 +264,4 @@ def test_a_taken_http_port_is_one_line(redis_url, command) -> None:
             [sys.executable, "-m", "obsq", command, "tests.engine.apps:app", "--redis-url",
              redis_url, "--http-port", str(port)],
             cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
-    _one_clear_line(result, f"cannot serve HTTP on 0.0.0.0:{port}", "--http-port")
+    one_clear_line(result, f"cannot serve HTTP on 0.0.0.0:{port}", "--http-port")

@@ -32,8 +32,10 @@ async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
         assert value(s, "obsq_queue_paused", queue="alpha") == 0
         assert 0 <= value(s, "obsq_queue_latency_seconds", queue="alpha") < 60
         assert value(s, "obsq_workers") == 0
+        assert value(s, "obsq_redis_maxmemory_policy_ok") == 1  # the tests' Redis: noeviction
         assert {name for name, _ in s} == {"obsq_queue_depth", "obsq_queue_latency_seconds",
-                                           "obsq_queue_paused", "obsq_workers"}
+                                           "obsq_queue_paused", "obsq_workers",
+                                           "obsq_redis_maxmemory_policy_ok"}
 
         await client.enqueue("c", {}, queue="gamma")  # a new queue shows up
         await wait_until(lambda: asyncio.to_thread(lambda: value(

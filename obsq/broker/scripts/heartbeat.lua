@@ -1,0 +1,10 @@
+-- prelude: (none)
+-- Refresh a worker's heartbeat key. A worker whose heartbeat Redis refused would be taken
+-- for lost and its running tasks would run twice, so the first write is one that cannot
+-- grow memory (PEXPIRE): a Redis at maxmemory refuses a script's first write that may grow
+-- memory, and lets a script that has already written run to its end.
+-- KEYS: the worker's key
+-- ARGV: now, ttl_ms, description
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
+return 1

@@ -1,0 +1,9 @@
+-- prelude: (none)
+-- End a worker's own wait for work (a token on its wake list), also on a Redis at
+-- maxmemory: the expiry is set first, a write that cannot grow memory.
+-- KEYS: the worker's wake list
+-- ARGV: now, ttl_ms
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('RPUSH', KEYS[1], 1)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1

@@ -1,0 +1,24 @@
+-- prelude: call_sliced
+-- Add members to a registry: the namespace's queues (a set) or its workers (a zset, each
+-- scored). They are removed first, a write that cannot grow memory, so a Redis at
+-- maxmemory runs the whole script: a worker starts and heartbeats on a full Redis, and
+-- drains it.
+-- KEYS: the registry
+-- ARGV: now, 'set' or 'zset', then the members (for a zset: score, member pairs)
+local members, pairs_ = {}, {}
+if ARGV[2] == 'set' then
+  for i = 3, #ARGV do
+    members[#members + 1] = ARGV[i]
+  end
+  call_sliced('SREM', {KEYS[1]}, members)
+  call_sliced('SADD', {KEYS[1]}, members)
+else
+  for i = 3, #ARGV, 2 do
+    members[#members + 1] = ARGV[i + 1]
+    pairs_[#pairs_ + 1] = ARGV[i]
+    pairs_[#pairs_ + 1] = ARGV[i + 1]
+  end
+  call_sliced('ZREM', {KEYS[1]}, members)
+  call_sliced('ZADD', {KEYS[1]}, pairs_)
+end
+return 1
