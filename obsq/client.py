@@ -10,17 +10,14 @@ the same methods, blocking, for sync web apps.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
-import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from obsq.app import App, ProducerChain, ProducerHook, is_sync_safe
+from obsq.app import App, ProducerChain, ProducerHook
 from obsq.broker import Broker, Enqueued
-from obsq.broker.blocking import BlockingProducer
 from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
 from obsq.errors import BrokerError, DuplicateTask, TaskNotFound, TaskRunning
 from obsq.results import ResultWaiter
@@ -89,7 +86,7 @@ class Client:
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                   delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
                   retention=retention, headers=dict(headers or {}), ordering_key=ordering_key)
-        return _unless_duplicate((await self.enqueue_many([job]))[0])
+        return unless_duplicate((await self.enqueue_many([job]))[0])
 
     async def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         """Enqueue many tasks in few round trips. Every job is checked before anything is
@@ -116,7 +113,7 @@ class Client:
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
         """The innermost layer: group by queue and write each group with the enqueues other
         callers make at the same time (EnqueueCoalescer), the queues at once."""
-        by_queue = _by_queue(messages)
+        by_queue = group_by_queue(messages)
         self.check_served(await self._queues.ensure(by_queue))
         if len(by_queue) == 1:
             [(queue, group)] = by_queue.items()
@@ -124,7 +121,7 @@ class Client:
                     zip(group, await self._coalescer.enqueue(queue, group))]
         replies = await asyncio.gather(*(self._coalescer.enqueue(queue, group)
                                          for queue, group in by_queue.items()))
-        return _infos(messages, by_queue, replies)
+        return infos_in_order(messages, by_queue, replies)
 
     async def _register_queues(self, queues: set[str]) -> None:
         """Before a queue's first task: refuse a Redis that may evict tasks (unless allowed),
@@ -245,14 +242,14 @@ async def read_schedules(broker: Broker, limit: int = SCHEDULES_SHOWN) -> list[S
     return [ScheduleInfo.from_stored(*record, now_ms=now_ms) for record in records]
 
 
-def _by_queue(messages: list[TaskMessage]) -> dict[str, list[TaskMessage]]:
+def group_by_queue(messages: list[TaskMessage]) -> dict[str, list[TaskMessage]]:
     by_queue: dict[str, list[TaskMessage]] = {}
     for m in messages:
         by_queue.setdefault(m.queue, []).append(m)
     return by_queue
 
 
-def _infos(messages: list[TaskMessage], by_queue: dict[str, list[TaskMessage]],
+def infos_in_order(messages: list[TaskMessage], by_queue: dict[str, list[TaskMessage]],
            replies: Sequence[list[Enqueued]]) -> list[TaskInfo]:
     """The TaskInfos in the order of `messages`, from each queue's statuses."""
     statuses: dict[int, Enqueued] = {}  # by message object: two jobs may share a task_id
@@ -261,7 +258,7 @@ def _infos(messages: list[TaskMessage], by_queue: dict[str, list[TaskMessage]],
     return [_info_after_enqueue(m, statuses[id(m)]) for m in messages]
 
 
-def _unless_duplicate(info: TaskInfo) -> TaskInfo:
+def unless_duplicate(info: TaskInfo) -> TaskInfo:
     if info.duplicate:
         raise DuplicateTask(f"task {info.type!r} is a duplicate of {info.id}", info.id)
     return info
@@ -273,117 +270,4 @@ def _info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
                     headers=m.headers, duplicate=not status.created)
 
 
-class SyncClient:
-    """The Client's methods, blocking. Enqueues run in the caller's thread on a blocking
-    Redis client when every producer hook is `sync_safe` (obsq's own are); the other
-    methods, and enqueues through hooks that may await anything, run a Client on a private
-    event-loop thread, carrying the caller's context (e.g. the current trace span) in."""
-
-    def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str | None = None,
-                 **options: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="obsq-sync-client",
-                                        daemon=True)
-        self._thread.start()
-        self._client: Client = self._run(_make_client(redis_url, namespace, options))
-        self._producer = BlockingProducer(self._client.broker)
-        self._known_queues: set[str] = set()
-        self._chain = ProducerChain(self._store)
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        context = contextvars.copy_context()
-        future: Any = asyncio.run_coroutine_threadsafe(_in_context(coro, context), self._loop)
-        return future.result()
-
-    def use(self, hook: ProducerHook) -> ProducerHook:
-        return self._client.use(hook)
-
-    def enqueue(self, task_type: str, payload: Any = None, **options: Any) -> TaskInfo:
-        return _unless_duplicate(self.enqueue_many([Job(task_type, payload, **options)])[0])
-
-    def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
-        app_hooks, hooks = self._client.producer_hooks
-        if not all(map(is_sync_safe, (*app_hooks, *hooks))):
-            return self._run(self._client.enqueue_many(jobs))
-        messages = self._client._messages(jobs)
-        return _run_now(self._chain(app_hooks, hooks)(messages)) if messages else []
-
-    async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
-        """The innermost layer of the enqueues made in the caller's thread: it blocks, and
-        awaits nothing, so the hooks around it run to their end at once."""
-        by_queue = _by_queue(messages)
-        new_queues = by_queue.keys() - self._known_queues
-        if new_queues:
-            self._run(self._client.broker.check_memory_policy(
-                refuse=not self._client.allow_eviction))  # once: Redis is asked once
-            self._producer.register_queues(new_queues)
-            self._known_queues |= new_queues
-            self._loop.call_soon_threadsafe(self._client.check_served, set(new_queues))
-        replies = []
-        for queue, group in by_queue.items():
-            replies.append([status for start in range(0, len(group), ENQUEUE_BATCH)
-                            for status in self._producer.enqueue(
-                                queue, group[start:start + ENQUEUE_BATCH])])
-        return _infos(messages, by_queue, replies)
-
-    def info(self, task_id: str, queue: str | None = None) -> TaskInfo:
-        return self._run(self._client.info(task_id, queue))
-
-    def result(self, task_id: str | TaskInfo, timeout: float | None = None,
-               queue: str | None = None) -> Any:
-        return self._run(self._client.result(task_id, timeout, queue))
-
-    def cancel(self, task_id: str, queue: str | None = None) -> str:
-        return self._run(self._client.cancel(task_id, queue))
-
-    def delete(self, task_id: str, queue: str | None = None) -> str:
-        return self._run(self._client.delete(task_id, queue))
-
-    def schedule(self, name: str, spec: str, task_type: str, payload: Any = None,
-                 **options: Any) -> Schedule:
-        return self._run(self._client.schedule(name, spec, task_type, payload, **options))
-
-    def unschedule(self, name: str) -> bool:
-        return self._run(self._client.unschedule(name))
-
-    def schedules(self) -> list[ScheduleInfo]:
-        return self._run(self._client.schedules())
-
-    def close(self) -> None:
-        self._producer.close()
-        if self._loop.is_running():
-            self._run(self._client.close())
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> SyncClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-async def _make_client(redis_url: str, namespace: str | None, options: dict[str, Any]
-                       ) -> Client:
-    return Client(redis_url, namespace, **options)
-
-
-def _run_now(coro: Coroutine[Any, Any, T]) -> T:
-    """Run to its end, in this thread, a coroutine that never suspends (sync_safe hooks
-    around a blocking write)."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError("a producer hook marked sync_safe awaited something other than "
-                       "call_next")
-
-
-async def _in_context(coro: Coroutine[Any, Any, T], context: contextvars.Context) -> T:
-    """Run `coro` as a task created inside the caller's context."""
-    task = context.run(asyncio.ensure_future, coro)
-    return await task
-
-
-__all__ = ["Client", "ProducerHook", "SyncClient"]
+__all__ = ["Client", "ProducerHook"]
