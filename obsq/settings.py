@@ -42,6 +42,11 @@ EXPORTER_HTTP_PORT = 9193
 REDIS_MAX_CONNECTIONS = 50
 REDIS_POOL_TIMEOUT = 20.0
 CONNECT_TIMEOUT = 5.0
+# TLS to Redis (rediss://): the CA that signed the server's certificate, and this client's
+# certificate and key where Redis asks for one (tls-auth-clients), as files. The URL's query
+# parameters of the same meaning win (rediss://host:6380/0?ssl_ca_certs=/tls/ca.crt).
+REDIS_TLS_VARIABLES = {"ssl_ca_certs": "OBSQ_REDIS_TLS_CA", "ssl_certfile": "OBSQ_REDIS_TLS_CERT",
+                       "ssl_keyfile": "OBSQ_REDIS_TLS_KEY"}
 # Pause between attempts to reach a Redis that is away, doubling up to the cap.
 REDIS_RETRY_MIN = 0.05
 REDIS_RETRY_MAX = 2.0

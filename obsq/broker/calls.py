@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ from obsq.broker.connection import create_client, kept_connection_client
 from obsq.broker.keys import GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import is_noscript, load_scripts
 from obsq.errors import BrokerError, ConfigurationError
-from obsq.settings import SAFE_MEMORY_POLICY
+from obsq.settings import REDIS_TLS_VARIABLES, SAFE_MEMORY_POLICY
 
 log = logging.getLogger("obsq")
 
@@ -66,7 +67,9 @@ class RedisCalls:
             raise ConfigurationError(f"Redis at {_safe(self.url)} refused the credentials: "
                                      f"{exc}") from None
         except (RedisError, OSError) as exc:
-            raise ConfigurationError(f"cannot reach Redis at {_safe(self.url)}: {exc}") from None
+            raise ConfigurationError(f"cannot reach Redis at {_safe(self.url)}: "
+                                     f"{str(exc).rstrip('.')}{_tls_hint(self.url, exc)}"
+                                     ) from None
         if "redis_version" not in info:  # a cluster answers per node
             info = next(iter(info.values()))
         version = str(info["redis_version"])
@@ -226,6 +229,19 @@ def _worst_policy(reply: Any, field: str) -> str | None:
     policies = [_worst_policy(node, field) for node in reply.values()]
     known = sorted({p for p in policies if p is not None}, key=lambda p: p == SAFE_MEMORY_POLICY)
     return known[0] if known else None
+
+
+def _tls_hint(url: str, exc: BaseException) -> str:
+    """What a failed TLS connection most likely lacks."""
+    if not url.startswith("rediss"):
+        return ""
+    if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return ("; the server's certificate is not signed by the CA given (ssl_ca_certs in "
+                "the URL, or OBSQ_REDIS_TLS_CA)")
+    if "ssl_certfile" not in url and not os.environ.get(REDIS_TLS_VARIABLES["ssl_certfile"]):
+        return ("; if Redis asks clients for a certificate (tls-auth-clients), give "
+                "ssl_certfile and ssl_keyfile in the URL, or OBSQ_REDIS_TLS_CERT and _KEY")
+    return ""
 
 
 def _safe(url: str) -> str:

@@ -11,10 +11,16 @@ Connections come from a blocking pool: a burst of concurrent calls (2,000 enqueu
 busy web app, 1,000 handlers publishing progress) waits for a free connection instead of
 failing with "Too many connections", so a process never holds more than
 REDIS_MAX_CONNECTIONS (`?max_connections=N` in the URL changes it). A Cluster keeps a pool
-per node (redis-py has no blocking variant of it)."""
+per node (redis-py has no blocking variant of it).
+
+TLS (rediss://, rediss+cluster://) takes its CA, client certificate and key from the URL's
+query (ssl_ca_certs, ssl_certfile, ssl_keyfile) or from OBSQ_REDIS_TLS_CA, _CERT and _KEY,
+so that every process (worker, client, scheduler, exporter, console) reads them alike; a
+file that is not there is a ConfigurationError before any connection."""
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -30,7 +36,12 @@ from redis.retry import Retry as SyncRetry
 from redis.sentinel import Sentinel as SyncSentinel
 
 from obsq.errors import ConfigurationError
-from obsq.settings import CONNECT_TIMEOUT, REDIS_MAX_CONNECTIONS, REDIS_POOL_TIMEOUT
+from obsq.settings import (
+    CONNECT_TIMEOUT,
+    REDIS_MAX_CONNECTIONS,
+    REDIS_POOL_TIMEOUT,
+    REDIS_TLS_VARIABLES,
+)
 
 SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel")
 # Linux names; elsewhere plain keepalive with the system's timers.
@@ -52,7 +63,7 @@ def create_client(url: str, *, blocking: bool = False) -> Any:
         "socket_timeout": None, "socket_connect_timeout": CONNECT_TIMEOUT,
         "socket_keepalive": True, "socket_keepalive_options": KEEPALIVE,
         "retry": (SyncRetry if blocking else Retry)(NoBackoff(), 0),
-        "decode_responses": False,
+        "decode_responses": False, **_tls_files(parts),
     }
     try:
         if parts.scheme.endswith("+cluster"):
@@ -67,6 +78,22 @@ def create_client(url: str, *, blocking: bool = False) -> Any:
         return aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(url, **options))
     except ValueError as exc:
         raise ConfigurationError(f"Redis URL {url!r} is invalid: {exc}") from None
+
+
+def _tls_files(parts: Any) -> dict[str, str]:
+    """The TLS files of the environment (the URL's own win, in redis-py), each checked."""
+    query = parse_qs(parts.query)
+    files = {name: os.environ[variable] for name, variable in REDIS_TLS_VARIABLES.items()
+             if os.environ.get(variable)}
+    if files and not parts.scheme.startswith("rediss"):
+        raise ConfigurationError(f"{', '.join(REDIS_TLS_VARIABLES[n] for n in files)} "
+                                 f"given, but the Redis URL's scheme is {parts.scheme}, "
+                                 "not rediss")
+    for name in REDIS_TLS_VARIABLES:
+        path = query[name][0] if name in query else files.get(name)
+        if path is not None and not os.path.isfile(path):
+            raise ConfigurationError(f"the TLS file {path} ({name}) does not exist")
+    return files
 
 
 def _sentinel_client(parts: Any, options: dict[str, Any], blocking: bool) -> Any:
