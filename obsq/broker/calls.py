@@ -121,7 +121,7 @@ class RedisCalls:
     async def close(self) -> None:
         with contextlib.suppress(RedisError, OSError):
             if self.producer_redis is not None:
-                await self.producer_redis.aclose()
+                await self.producer_redis.aclose(close_connection_pool=True)
             await self.redis.aclose()
 
     def _failed(self, operation: str, exc: BaseException) -> BrokerError:

@@ -117,14 +117,17 @@ def _sentinel_client(parts: Any, options: dict[str, Any], blocking: bool) -> Any
 
 
 def kept_connection_client(client: Any) -> Any:
-    """A client that holds one connection of `client`'s pool for good, or None on a Cluster
-    or Sentinel: a connection kept there would stay with the old master after a failover
-    or a slot move."""
+    """A client of one connection of its own, made like `client`'s and kept for good (the
+    pool's connections stay free for the calls that follow an enqueue, such as a result
+    wait), or None on a Cluster or Sentinel: a connection kept there would stay with the
+    old master after a failover or a slot move."""
     if not isinstance(client, aioredis.Redis) or isinstance(client.connection_pool,
                                                              SentinelConnectionPool):
         return None
-    return aioredis.Redis(connection_pool=client.connection_pool,
-                          single_connection_client=True)
+    pool = client.connection_pool
+    own = aioredis.ConnectionPool(connection_class=pool.connection_class, max_connections=1,
+                                  **pool.connection_kwargs)
+    return aioredis.Redis(connection_pool=own, single_connection_client=True)
 
 
 class _BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
