@@ -326,7 +326,7 @@ def overview() -> dash.Dashboard:
             "obsq-overview",
             "obsq / Overview",
             "obsq task queues: throughput, failures, queue depth and latency, workers, Redis, "
-            "schedules.",
+            "schedules, groups and events.",
         )
         .with_variable(datasource_variable())
         .with_variable(query_variable("queue", "Queue", "label_values(obsq_queue_depth, queue)"))
@@ -396,8 +396,8 @@ def overview() -> dash.Dashboard:
     for panel in [
         graph(
             "Queue depth by state",
-            "Tasks per queue and state (pending, active, scheduled, retry, dead, completed), "
-            "read from Redis at scrape time.",
+            "Tasks per queue and state (pending, active, scheduled, retry, dead, completed, "
+            "cancelled, aggregating), read from Redis at scrape time.",
             "short",
             queries((f"max by (queue, state) (obsq_queue_depth{{{qsel}}})", "{{queue}} {{state}}")),
         ),
@@ -503,6 +503,56 @@ def overview() -> dash.Dashboard:
             bars=True,
         )
     )
+
+    board = board.with_row(row("Groups and events"))
+    for panel in [
+        graph(
+            "Grouped tasks waiting",
+            "Tasks enqueued with a group that wait for their aggregator (app.aggregate), per "
+            "queue. A level that only grows means no worker of the App runs the aggregator "
+            "of their type in that queue.",
+            "short",
+            queries(
+                (
+                    f'max by (queue) (obsq_queue_depth{{{qsel}, state="aggregating"}})',
+                    "{{queue}}",
+                )
+            ),
+            width=8,
+        ),
+        graph(
+            "Aggregations by outcome",
+            "Aggregator runs per interval, by queue and aggregator pattern: success (one task "
+            "enqueued for the batch) or failed (the aggregator raised or returned junk; the "
+            "batch keeps its tasks and is tried again after a backoff).",
+            "short",
+            queries(
+                (
+                    f"sum by (queue, task, outcome) "
+                    f"(increase(obsq_aggregations_total{{{qsel}}}[{RATE}]))",
+                    "{{queue}} {{task}} {{outcome}}",
+                )
+            ),
+            width=8,
+            bars=True,
+        ),
+        graph(
+            "Event deliveries by subscriber",
+            "Attempts of the copies of published events per interval, by event, subscriber "
+            "and outcome: each subscriber's copy has its own retries and dead-letter entry.",
+            "short",
+            queries(
+                (
+                    f"sum by (event, subscriber, outcome) "
+                    f"(increase(obsq_event_deliveries_total[{RATE}]))",
+                    "{{event}} {{subscriber}} {{outcome}}",
+                )
+            ),
+            width=8,
+            bars=True,
+        ),
+    ]:
+        board = board.with_panel(panel)
     return board
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from obsq.broker import TASK_STATES
+from obsq.broker import DEPTH_STATES, TASK_STATES
 from obsq.broker.inspection import PURGEABLE, REVIVABLE
 from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound, TaskRunning
 from obsq.inspector import Inspector, QueueInfo, ScheduleInfo, TaskDetail, WorkerInfo, as_data
@@ -137,9 +137,9 @@ async def stats(inspector: Inspector, args: argparse.Namespace, out: Output) -> 
     queues, workers = await inspector.queues(), await inspector.workers()
     if out.as_json:
         return out.data({"queues": queues, "workers": workers})
-    rows = [[q.name, *(_count(q.depth[s], s) for s in TASK_STATES), f"{q.latency:.1f}s",
+    rows = [[q.name, *(_count(q.depth[s], s) for s in DEPTH_STATES), f"{q.latency:.1f}s",
              ("yes", "paused") if q.paused else ""] for q in queues]
-    print(out.table(["queue", *TASK_STATES, "latency", "paused"], rows) if rows
+    print(out.table(["queue", *DEPTH_STATES, "latency", "paused"], rows) if rows
           else await _empty(inspector))
     print(f"\n{len(workers)} live worker(s)")
     if workers:
@@ -154,9 +154,9 @@ async def queues(inspector: Inspector, args: argparse.Namespace, out: Output) ->
         print(await _empty(inspector))
         return
     print(out.table(
-        ["queue", *TASK_STATES, "latency", "paused", "done/min", "failed/min", "done/h",
+        ["queue", *DEPTH_STATES, "latency", "paused", "done/min", "failed/min", "done/h",
          "failed/h"],
-        [[q.name, *(_count(q.depth[s], s) for s in TASK_STATES), f"{q.latency:.1f}s",
+        [[q.name, *(_count(q.depth[s], s) for s in DEPTH_STATES), f"{q.latency:.1f}s",
           ("yes", "paused") if q.paused else "", *_rate_cells(q)] for q in found]))
 
 

@@ -19,9 +19,15 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from obsq.errors import ConfigurationError
-from obsq.names import validate_name
+from obsq.names import subscriber_task_type, validate_name
 from obsq.schedule import Schedule
-from obsq.settings import DEFAULT_QUEUE, MAX_PAYLOAD_BYTES
+from obsq.settings import (
+    AGGREGATE_GRACE_PERIOD,
+    AGGREGATE_MAX_DELAY,
+    AGGREGATE_MAX_SIZE,
+    DEFAULT_QUEUE,
+    MAX_PAYLOAD_BYTES,
+)
 from obsq.task import Task, TaskInfo, TaskMessage
 
 Handler = Callable[[Task], Any]
@@ -35,6 +41,9 @@ RecoveryHook = Callable[[str, str, int], None]
 RedisErrorHook = Callable[[str, BaseException], None]
 
 ThrottleHook = Callable[[str, str, str], None]
+AggregationHook = Callable[[str, str, str], None]
+# aggregator(group, tasks) -> (task type, payload), or an obsq.Job; may be async
+Aggregator = Callable[[str, list[Task]], Any]
 
 def sync_safe(hook: ProducerHook) -> ProducerHook:
     """Mark a producer hook that awaits nothing but `call_next`: a SyncClient can then run
@@ -76,6 +85,7 @@ def _bind(hook: ProducerHook, call_next: CallNextProducer) -> CallNextProducer:
 OUTCOMES = ("success", "retry", "dead", "cancelled", "requeued", "lease_lost", "unrecorded")
 RECOVERY_REASONS = ("expired", "worker_lost")
 THROTTLE_REASONS = ("concurrency", "rate", "ordering")
+AGGREGATION_OUTCOMES = ("success", "failed")
 CATCH_ALL = "*"
 PREFIX_ENDINGS = (":", ".")
 RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -147,6 +157,30 @@ class Route:
     max_payload: int | None = None  # bytes of its encoded payload (None: the App's limit)
 
 
+@dataclass(frozen=True)
+class Aggregation:
+    """How grouped tasks of the types `pattern` covers become one task."""
+
+    pattern: str
+    aggregator: Aggregator
+    max_size: int  # a group this large is aggregated at once (and batches hold at most this)
+    max_delay: float  # seconds from a group's oldest task to its aggregation, at most
+    grace_period: float  # a group that got no task for this long is aggregated
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A subscriber of an event: its copies are tasks of type `<event>@<name>`."""
+
+    event: str
+    name: str
+    queue: str
+
+    @property
+    def task_type(self) -> str:
+        return subscriber_task_type(self.event, self.name)
+
+
 class App:
     """The registry of handlers, middleware and outcome hooks shared by workers and clients."""
 
@@ -164,6 +198,9 @@ class App:
         self.throttle_hooks: list[ThrottleHook] = []
         self.producer_hooks: list[ProducerHook] = []  # around every Client built with it
         self.schedules: dict[str, Schedule] = {}  # the entries of app.periodic, by name
+        self._aggregations: PatternTable[Aggregation] = PatternTable()
+        self.aggregation_hooks: list[AggregationHook] = []
+        self.subscriptions: dict[str, Subscription] = {}  # by the copies' task type
 
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
              timeout: float | None = None, retry_delay: RetryDelay = None,
@@ -233,6 +270,62 @@ class App:
         self.schedules[entry.name] = entry
         return entry
 
+    def aggregate(self, pattern: str, aggregator: Aggregator, *,
+                  max_size: int = AGGREGATE_MAX_SIZE, max_delay: float = AGGREGATE_MAX_DELAY,
+                  grace_period: float = AGGREGATE_GRACE_PERIOD) -> Aggregation:
+        """Aggregate the grouped tasks (`client.enqueue(type, p, group=...)`) of the types
+        `pattern` covers (a type, a prefix ending in ':' or '.', or '*'): a group is
+        aggregated once it holds `max_size` tasks, `grace_period` seconds after its newest
+        task or `max_delay` after its oldest, by `aggregator(group, tasks)`, which returns
+        the (task type, payload) of the one task enqueued in their stead (or an obsq.Job).
+        The workers of this App run the aggregators, each batch exactly once."""
+        validate_name("task type", pattern)
+        if not callable(aggregator):
+            raise TypeError(f"aggregator must be callable, got {aggregator!r}")
+        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
+            raise ValueError(f"max_size must be a positive integer, got {max_size!r}")
+        for name, value in (("max_delay", max_delay), ("grace_period", grace_period)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 < value < math.inf):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if pattern in self._aggregations:
+            raise ValueError(f"an aggregator for {pattern!r} is already registered")
+        entry = Aggregation(pattern, aggregator, max_size, float(max_delay),
+                            float(grace_period))
+        self._aggregations.add(pattern, entry)
+        return entry
+
+    def aggregation(self, task_type: str) -> Aggregation | None:
+        return self._aggregations.match(task_type)
+
+    @property
+    def aggregations(self) -> list[Aggregation]:
+        return self._aggregations.values()
+
+    def subscribe(self, event: str, *, name: str, queue: str | None = None,
+                  max_retry: int | None = None, timeout: float | None = None,
+                  retry_delay: RetryDelay = None) -> Callable[[Handler], Handler]:
+        """Register a subscriber of `event`: every `client.publish(event, payload)` gives
+        it its own copy, a task of type `<event>@<name>` in `queue` (with its own retries
+        and dead-letter entry) that the decorated handler runs. The workers serving
+        `queue` register the subscription in Redis; it covers events published after."""
+        validate_name("event", event)
+        validate_name("subscriber", name)
+        if "@" in event or "@" in name or "." in name:
+            raise ValueError(f"event {event!r} may not hold '@', subscriber {name!r} neither "
+                             "'@' nor '.'")
+        subscription = Subscription(event, name, validate_name("queue", queue or
+                                                                DEFAULT_QUEUE))
+        register = self.task(subscription.task_type, queue=subscription.queue,
+                             max_retry=max_retry, timeout=timeout, retry_delay=retry_delay)
+
+        def subscribe(handler: Handler) -> Handler:
+            register(handler)
+            self.subscriptions[subscription.task_type] = subscription
+            return handler
+
+        return subscribe
+
     def use(self, middleware: Middleware) -> Middleware:
         """Wrap every handler; usable as a decorator."""
         self.middleware.append(middleware)
@@ -262,6 +355,12 @@ class App:
         held back; `task` is the route pattern (a bounded label), reason one of
         THROTTLE_REASONS."""
         self.throttle_hooks.append(hook)
+        return hook
+
+    def on_aggregation(self, hook: AggregationHook) -> AggregationHook:
+        """Call `hook(queue, pattern, outcome)` for each run of an aggregator: `pattern`
+        is its app.aggregate pattern, outcome one of AGGREGATION_OUTCOMES."""
+        self.aggregation_hooks.append(hook)
         return hook
 
     def on_redis_error(self, hook: RedisErrorHook) -> RedisErrorHook:

@@ -20,6 +20,7 @@ from obsq.app import App, ProducerChain, ProducerHook
 from obsq.broker import Broker, Enqueued
 from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
 from obsq.errors import BrokerError, DuplicateTask, TaskNotFound, TaskRunning
+from obsq.fanout import check_event, check_grouped, event_jobs
 from obsq.results import ResultWaiter
 from obsq.schedule import Schedule, ScheduleInfo
 from obsq.settings import (
@@ -60,6 +61,7 @@ class Client:
         self.hooks: list[ProducerHook] = []
         self._queues = QueueRegistry(self._register_queues)
         self._coalescer = EnqueueCoalescer(self.broker.enqueue, ENQUEUE_BATCH)
+        self._unheard: set[str] = set()  # events published with no subscriber, warned of
         self._checks: set[asyncio.Future[None]] = set()
         self._chain = ProducerChain(self._store)
 
@@ -78,11 +80,23 @@ class Client:
                       delay: float | None = None, eta: datetime | None = None,
                       unique_for: float | None = None, task_id: str | None = None,
                       retention: float | None = None, headers: dict[str, str] | None = None,
-                      ordering_key: str | None = None) -> TaskInfo:
+                      ordering_key: str | None = None, group: str | None = None) -> TaskInfo:
         """Enqueue one task. Raises DuplicateTask when its id, or its type and payload
         within `unique_for` seconds, is taken; ValueError/TypeError for bad options.
         Tasks sharing an `ordering_key` run one at a time, in the order they were
-        enqueued, across all workers (each queue keeps its own order)."""
+        enqueued, across all workers (each queue keeps its own order). A task given a
+        `group` waits in it (state `aggregating`) for the aggregator of its type
+        (app.aggregate), and takes no option but queue, task_id and headers. The enqueues
+        of concurrent callers share round trips (EnqueueCoalescer)."""
+        if group is not None:
+            if isinstance(payload, (bytes, bytearray, memoryview)):
+                raise TypeError("a grouped task's payload must be JSON (its aggregator reads "
+                                "it), not bytes")
+            check_grouped(group, {"max_retry": max_retry, "timeout": timeout, "delay": delay,
+                                  "eta": eta, "unique_for": unique_for,
+                                  "retention": retention, "ordering_key": ordering_key})
+            return await self._enqueue_grouped(group, Job(
+                task_type, payload, queue=queue, task_id=task_id, headers=dict(headers or {})))
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                   delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
                   retention=retention, headers=dict(headers or {}), ordering_key=ordering_key)
@@ -136,6 +150,39 @@ class Client:
             check = asyncio.ensure_future(self._warn_if_unserved(new_queues))
             self._checks.add(check)
             check.add_done_callback(self._checks.discard)
+
+    async def _enqueue_grouped(self, group: str, job: Job) -> TaskInfo:
+        """Through the producer hooks (trace context, counts) into the group."""
+        async def store(messages: list[TaskMessage]) -> list[TaskInfo]:
+            m = messages[0]
+            self.check_served(await self._queues.ensure([m.queue]))
+            status = (await self.broker.group(m.queue, m.type, group, messages))[0]
+            return [TaskInfo(id=m.id, type=m.type, queue=m.queue, state="aggregating",
+                             headers=m.headers, duplicate=not status.created)]
+
+        write = ProducerChain(store)(*self.producer_hooks)
+        info = (await write([self._message(job, time.time())]))[0]
+        if info.duplicate:
+            raise DuplicateTask(f"task id {info.id!r} is taken", info.id)
+        return info
+
+    async def publish(self, event: str, payload: Any = None, *, event_id: str | None = None,
+                      headers: dict[str, str] | None = None) -> list[TaskInfo]:
+        """Deliver one copy of the event to each subscriber registered in Redis now
+        (`@app.subscribe`): a task per subscriber, with its own retries and dead-letter
+        entry. Give `event_id` to publish safely again after an error: a copy delivered
+        already is not delivered twice (its TaskInfo says duplicate). With no subscriber,
+        nothing is delivered (logged once per event) and the list is empty."""
+        check_event(event, event_id)
+        subscribers = await self.broker.subscribers(event)
+        if not subscribers:
+            if event not in self._unheard:
+                self._unheard.add(event)
+                log.warning("event %r of namespace %r has no live subscriber: nothing "
+                            "delivered", event, self.namespace)
+            return []
+        return await self.enqueue_many(event_jobs(event, payload, subscribers, event_id,
+                                                  headers))
 
     async def _warn_if_unserved(self, queues: set[str]) -> None:
         try:

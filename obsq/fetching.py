@@ -79,15 +79,13 @@ class Fetcher:
                     if got >= wanted:
                         break
                 retry.succeeded()
-            except BrokerError as exc:
+                if not got:
+                    await self._wait_for_work()
+            except BrokerError as exc:  # the next try soon: a restarted Redis is back in ms
                 await self._pause(retry.failed(exc))
-                continue
             except Exception:
                 log.exception("fetching tasks failed; retrying")  # never let the loop die
                 await self._pause(REDIS_RETRY_MAX)
-                continue
-            if not got:
-                await self._wait_for_work()
 
     async def _fetch(self, queue: str, count: int) -> int:
         """Take up to `count` tasks of `queue`; the completions gathered so far ride along."""
@@ -136,9 +134,6 @@ class Fetcher:
             if not waiter.done():
                 waiter.cancel()
             raise
-        except BrokerError:
-            await self._pause(REDIS_RETRY_MAX)  # Redis away; the broker counted it
-            return
         self.take(first, fetched)
         await asyncio.sleep(0)  # let the handlers just started begin before the next fetch
 

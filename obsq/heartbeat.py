@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from obsq.broker import Attempt, Broker
@@ -23,17 +23,24 @@ log = logging.getLogger("obsq")
 
 
 class Heartbeat(BackgroundLoop):
+    """Also renews the worker's event subscriptions (event, subscriber, queue), which lapse
+    `subscription_ttl` after the last renewal of any worker serving them."""
+
     name = "heartbeat"
 
     def __init__(self, broker: Broker, worker_id: str, describe: Callable[[], dict[str, Any]],
                  interval: float, ttl: float, policy_interval: float,
-                 memory_policy: str | None = None) -> None:
+                 memory_policy: str | None = None,
+                 subscriptions: Sequence[tuple[str, str, str]] = (),
+                 subscription_ttl: float = 0.0) -> None:
         """`memory_policy`: the one read at start (None: unknown)."""
         super().__init__(interval)
         self.broker = broker
         self.worker_id = worker_id
         self.describe = describe
         self.ttl = ttl
+        self.subscriptions = list(subscriptions)
+        self.subscription_ttl = subscription_ttl
         self.last_success = time.monotonic()  # of the last heartbeat Redis accepted
         self.policy_interval = policy_interval
         self.memory_policy = memory_policy
@@ -42,6 +49,11 @@ class Heartbeat(BackgroundLoop):
     async def beat(self) -> None:
         await self.broker.heartbeat(self.worker_id, self.describe(), self.ttl)
         self.last_success = time.monotonic()
+        if self.subscriptions:  # a Redis at maxmemory refuses them; the heartbeat counts
+            try:
+                await self.broker.subscribe(self.subscriptions, self.subscription_ttl)
+            except BrokerError as exc:  # counted by the broker's hooks; tried next beat
+                log.warning("event subscriptions not renewed: %s", exc)
 
     async def tick(self) -> None:
         await self.beat()

@@ -24,6 +24,12 @@ def _checked_name(kind: str, value: str) -> str:
     if len(value) > MAX_NAME_LENGTH or _FORBIDDEN.search(value):
         raise ValueError(f"{kind} {value!r} must be at most {MAX_NAME_LENGTH} characters "
                          "without braces or control characters")
-    if kind in ("queue", "namespace", "schedule") and _SPACE.search(value):
+    if kind in ("queue", "namespace", "schedule", "group", "event", "subscriber") and (
+            _SPACE.search(value)):
         raise ValueError(f"{kind} {value!r} must not contain spaces")
     return value
+
+
+def subscriber_task_type(event: str, subscriber: str) -> str:
+    """The task type of an event's copies for one subscriber (its route in the App)."""
+    return f"{event}@{subscriber}"

@@ -88,6 +88,20 @@ SCHEDULE_DUE_BATCH = 100
 SCHEDULE_COUNT_LIMIT = 10_000
 SCHEDULES_SHOWN = 1000
 SCHEDULER_WAIT_SLACK = 0.1  # Redis ends a blocking wait up to 1/hz (100 ms at hz 10) late
+# Task groups: what app.aggregate gives a group unless told, batches one claim takes at
+# most, how long an aggregated task (whose id is its batch's) is kept at least after it
+# ends, so that a batch claimed again after a crash is refused as a duplicate, and the
+# backoff of a batch whose aggregator failed (doubling from the base, capped).
+AGGREGATE_MAX_SIZE = 100
+AGGREGATE_MAX_DELAY = 30.0
+AGGREGATE_GRACE_PERIOD = 5.0
+AGGREGATE_BATCHES = 50
+AGGREGATE_KEEP = 300.0
+AGGREGATE_BACKOFF_BASE = 1.0
+AGGREGATE_BACKOFF_CAP = 60.0
+# Events: how long the copies of an event published with an event_id are kept at least
+# after they end, so that the same publish sent again within it delivers nothing twice.
+EVENT_KEEP = 300.0
 # `obsq worker --processes N`: restarts of a child that died, doubling up to the cap; a
 # child that ran STABLE_AFTER starts its backoff afresh; children get STOP_MARGIN beyond
 # their shutdown timeout before they are killed.
@@ -232,6 +246,13 @@ class WorkerSettings(EnvSettings):
     lock_ttl: float = 5.0
     wait_timeout: float = 2.0
     settle_timeout: float = 5.0  # how long a stopping worker keeps trying to record outcomes
+    # Task groups: the aggregator loop's longest sleep (it wakes sooner when a group is
+    # due), and how long a claimed batch is its worker's before another may take it.
+    aggregate_interval: float = 1.0
+    aggregate_lease: float = 30.0
+    # Events: a worker's subscriptions are renewed with each heartbeat and lapse this long
+    # after the last renewal (its subscribers then get no more copies).
+    subscription_ttl: float = 60.0
     # What is left behind: dead tasks (by age and count), and a task's progress.
     dead_max_age: float = 30 * 24 * 3600.0
     dead_max_count: int = 100_000
@@ -260,11 +281,14 @@ class WorkerSettings(EnvSettings):
             raise ConfigurationError("max_recoveries must not be negative")
         for name in ("heartbeat_interval", "forward_interval", "recover_interval",
                      "janitor_interval", "lock_ttl", "wait_timeout", "dead_max_age",
-                     "progress_ttl", "policy_check_interval"):
+                     "progress_ttl", "policy_check_interval", "aggregate_interval",
+                     "aggregate_lease"):
             if not getattr(self, name) > 0:
                 raise ConfigurationError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.heartbeat_ttl > self.heartbeat_interval:
             raise ConfigurationError("heartbeat_ttl must be longer than heartbeat_interval")
+        if not self.subscription_ttl > self.heartbeat_interval:
+            raise ConfigurationError("subscription_ttl must be longer than heartbeat_interval")
         if self.http_port is not None and not -1 <= self.http_port <= 65535:  # -1: off
             raise ConfigurationError(f"http_port {self.http_port} is not a TCP port")
         if self.log_format not in ("text", "json"):

@@ -51,6 +51,9 @@ class SyncClient:
         return self._client.use(hook)
 
     def enqueue(self, task_type: str, payload: Any = None, **options: Any) -> TaskInfo:
+        if options.get("group") is not None:  # into a group: the Client's own path
+            return self._run(self._client.enqueue(task_type, payload, **options))
+        options.pop("group", None)
         return unless_duplicate(self.enqueue_many([Job(task_type, payload, **options)])[0])
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
@@ -77,6 +80,9 @@ class SyncClient:
                             for status in self._producer.enqueue(
                                 queue, group[start:start + ENQUEUE_BATCH])])
         return infos_in_order(messages, by_queue, replies)
+
+    def publish(self, event: str, payload: Any = None, **options: Any) -> list[TaskInfo]:
+        return self._run(self._client.publish(event, payload, **options))
 
     def info(self, task_id: str, queue: str | None = None) -> TaskInfo:
         return self._run(self._client.info(task_id, queue))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from obsq._version import __version__
+from obsq.aggregation import AggregationLoop
 from obsq.app import App
 from obsq.broker import Attempt, Broker, Fetched
 from obsq.cancelling import CancelWatcher
@@ -125,10 +126,13 @@ class Worker:
         await self.broker.register_queues(self.queues)
         self.executor = Executor(self.app, self.concurrency, self._update_state)
         self.settler = Settler(self.broker, self.id, self.app.outcome_hooks)
+        subscriptions = [(sub.event, sub.name, sub.queue)
+                         for sub in self.app.subscriptions.values() if sub.queue in self.queues]
         self._heartbeat = Heartbeat(self.broker, self.id, self.describe,
                                     s.heartbeat_interval, s.heartbeat_ttl,
-                                    s.policy_check_interval, policy)
-        await self._heartbeat.beat()
+                                    s.policy_check_interval, policy, subscriptions,
+                                    s.subscription_ttl)
+        await self._heartbeat.beat()  # registers its subscriptions before it serves
         self._loops = [
             self._heartbeat,
             LeaseKeeper(self.broker, self.id, s.lease_seconds, self._attempts_by_queue),
@@ -141,6 +145,9 @@ class Worker:
             CancelWatcher(self.broker, self.id, list(self.queues), s.wait_timeout,
                           self._cancel),
         ]
+        if self.app.aggregations:
+            self._loops.append(AggregationLoop(self.app, self.broker, self.id, list(self.queues),
+                                               s.aggregate_interval, s.aggregate_lease))
         for loop in self._loops:
             loop.start()
         self.started_at = time.time()

@@ -116,6 +116,14 @@ def test_the_limits_section_runs_as_written(project, redis_url) -> None:
                    "cancelled"]
 
 
+def test_the_groups_and_events_section_runs_as_written(project, redis_url) -> None:
+    (project / "fan.py").write_text(python_block("app.aggregate(").replace(README_URL, redis_url))
+    out = run([sys.executable, "fan.py"], cwd=project,
+              env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout.splitlines()
+    assert out == ["aggregating", "['order.created@billing', 'order.created@email']",
+                   "['billing 42', 'email 42', 'sensor-1 [0, 1, 2]', 'sensor-1 [3, 4]']"]
+
+
 def test_the_schedules_section_runs_as_written(project, redis_url) -> None:
     (command,) = [c for c in shell_commands() if c.startswith("obsq scheduler ")]
     (listing,) = [c for c in shell_commands() if c.startswith("obsq schedules ")]

@@ -1,9 +1,18 @@
 """Everything that speaks Redis lives in this package."""
 
 from obsq.broker.broker import Broker
-from obsq.broker.keys import TASK_STATES, GlobalKeys, QueueKeys, ScheduleKeys
+from obsq.broker.keys import (
+    DEPTH_STATES,
+    TASK_STATES,
+    EventKeys,
+    GlobalKeys,
+    QueueKeys,
+    ScheduleKeys,
+)
 from obsq.broker.records import (
     Attempt,
+    Batch,
+    Claimed,
     Completion,
     Completions,
     DueFires,
@@ -11,10 +20,30 @@ from obsq.broker.records import (
     Enqueued,
     Fetched,
     FetchedTask,
+    GroupedTask,
     QueueStats,
     ScheduleRecord,
 )
 
-__all__ = ["TASK_STATES", "Attempt", "Broker", "Completion", "Completions", "DueFires",
-           "Ended", "Enqueued", "Fetched", "FetchedTask", "GlobalKeys", "QueueKeys",
-           "QueueStats", "ScheduleKeys", "ScheduleRecord"]
+__all__ = [
+    "DEPTH_STATES",
+    "TASK_STATES",
+    "Attempt",
+    "Batch",
+    "Broker",
+    "Claimed",
+    "Completion",
+    "Completions",
+    "DueFires",
+    "Ended",
+    "Enqueued",
+    "EventKeys",
+    "Fetched",
+    "FetchedTask",
+    "GlobalKeys",
+    "GroupedTask",
+    "QueueKeys",
+    "QueueStats",
+    "ScheduleKeys",
+    "ScheduleRecord",
+]

@@ -15,7 +15,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
 from obsq.broker.connection import create_client, kept_connection_client
-from obsq.broker.keys import GlobalKeys, QueueKeys, ScheduleKeys
+from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import is_noscript, load_scripts
 from obsq.errors import BrokerError, ConfigurationError
 from obsq.settings import REDIS_TLS_VARIABLES, SAFE_MEMORY_POLICY
@@ -47,6 +47,7 @@ class RedisCalls:
         self._producer_busy = False
         self.global_keys = GlobalKeys(namespace)
         self.schedule_keys = ScheduleKeys(namespace)
+        self.event_keys = EventKeys(namespace)
         self._queue_keys: dict[str, QueueKeys] = {}
         self.on_error: list[ErrorHook] = []
         self._config_denied = False  # CONFIG GET refused once: read INFO from then on

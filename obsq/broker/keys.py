@@ -4,11 +4,32 @@ Cluster hash tag, so each Lua script touches a single slot."""
 from __future__ import annotations
 
 TASK_STATES = ("pending", "active", "scheduled", "retry", "dead", "completed", "cancelled")
+# What a queue's depth counts: its tasks by state, and the grouped tasks waiting for their
+# aggregator (kept in groups, not in a state's list).
+DEPTH_STATES = (*TASK_STATES, "aggregating")
 
 
 class QueueKeys:
-    __slots__ = ("active", "cancelled", "completed", "dead", "fence", "lease", "paused",
-                 "pending", "prefix", "queue", "retry", "scheduled", "stats", "wake", "watched")
+    __slots__ = (
+        "active",
+        "batches",
+        "cancelled",
+        "completed",
+        "dead",
+        "fence",
+        "group_types",
+        "grouped",
+        "lease",
+        "paused",
+        "pending",
+        "prefix",
+        "queue",
+        "retry",
+        "scheduled",
+        "stats",
+        "wake",
+        "watched",
+    )
 
     def __init__(self, namespace: str, queue: str) -> None:
         self.queue = queue
@@ -26,6 +47,10 @@ class QueueKeys:
         self.paused = self.prefix + "paused"  # exists while the queue is paused
         self.watched = self.prefix + "watched"  # hash id -> ids of clients waiting in result()
         self.stats = self.prefix + "stats"  # ":<minute>": hash outcome -> count, for an hour
+        # Task groups (group.lua, claim_batches.lua, end_batch.lua describe the rest)
+        self.group_types = self.prefix + "gtypes"  # set of the task types with groups
+        self.grouped = self.prefix + "grouped"  # counter: grouped tasks not yet aggregated
+        self.batches = self.prefix + "batches"  # zset batch id -> end of its claim (ms)
 
     def task(self, task_id: str) -> str:
         return self.prefix + "t:" + task_id
@@ -77,3 +102,17 @@ class ScheduleKeys:
         self.counts = self.prefix + "counts"  # hash "fires:<name>" / "missed:<name>" -> count
         self.version = self.prefix + "version"  # counter: bumped by every change of an entry
         self.changes = self.prefix + "changes"  # list (one token) the scheduler blocks on
+
+
+class EventKeys:
+    """The subscriptions of a namespace's events share one hash tag. A queue named "events"
+    shares it too: these names stay apart from QueueKeys' (a test holds them to it)."""
+
+    __slots__ = ("prefix", "subscribed")
+
+    def __init__(self, namespace: str) -> None:
+        self.prefix = f"{namespace}:{{events}}:"
+        self.subscribed = self.prefix + "subscribed"  # set of the events with subscribers
+
+    def subscribers(self, event: str) -> str:
+        return self.prefix + "sub:" + event  # zset "<subscriber> <queue>" -> lapse time (ms)

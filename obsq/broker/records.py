@@ -101,3 +101,31 @@ class ScheduleRecord(NamedTuple):
     claim: bytes | None
     fire_count: int
     missed_count: int
+
+
+class GroupedTask(NamedTuple):
+    """A grouped task as its batch holds it."""
+
+    id: str
+    payload: bytes
+    headers: bytes  # JSON object, or b"" for none
+
+
+class Batch(NamedTuple):
+    """Grouped tasks claimed for one run of their aggregator (claim_batches.lua)."""
+
+    id: str  # also the id of the task the aggregator makes of it
+    queue: str
+    type: str
+    group: str
+    fence: int  # of this claim: only it may end the batch
+    failures: int  # earlier runs of the aggregator that failed
+    tasks: list[GroupedTask]
+
+
+class Claimed(NamedTuple):
+    """A claim_batches reply: the batches, and the seconds until the next group or batch
+    is due (None: none waits)."""
+
+    batches: list[Batch]
+    next_due: float | None

@@ -117,8 +117,9 @@ class Upkeep(RedisCalls):
                                     k.completed, k.cancelled, k.paused), (0,)))
         stats = {}
         for queue, r in zip(queues, await self._scripts(calls)):
-            oldest, paused, now = r[7:10]
-            stats[queue] = QueueStats(dict(zip(TASK_STATES, r[:7])),
+            oldest, paused, now, aggregating = r[7:11]
+            stats[queue] = QueueStats({**dict(zip(TASK_STATES, r[:7])),
+                                       "aggregating": aggregating},
                                       max(now - oldest, 0) / 1000 if oldest >= 0 else 0.0,
                                       bool(paused))
         return stats

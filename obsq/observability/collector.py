@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from obsq.broker import TASK_STATES, Broker
+from obsq.broker import DEPTH_STATES, Broker
 from obsq.errors import BrokerError
 from obsq.settings import (
     COLLECTOR_CACHE,
@@ -120,7 +120,7 @@ def _families(stats: dict[str, dict[str, Any]], workers: int | None, policy: str
         f"1 when Redis's maxmemory-policy is {SAFE_MEMORY_POLICY}, 0 when it may evict task "
         "data (absent when Redis denies reading it)")
     for queue, s in stats.items():
-        for state in TASK_STATES:
+        for state in DEPTH_STATES:
             depth.add_metric([queue, state], s.depth[state])
         latency.add_metric([queue], s.latency)
         paused.add_metric([queue], 1 if s.paused else 0)

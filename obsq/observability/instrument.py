@@ -28,7 +28,8 @@ def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
     user's middleware too, and its logs carry the trace id. `concurrency`: the task slots
     of the calling worker, exported as obsq_worker_concurrency; `queues`: the queues it
     serves, whose known series start at 0. `link`: start each process span in a new trace
-    linked to the producer's (default: OBSQ_TRACE_LINK)."""
+    linked to the producer's (default: OBSQ_TRACE_LINK; the copies of a published event
+    always start their own trace, linked to the publisher's)."""
     done = _apps.setdefault(app, set())
     if "producers" not in done:
         _instrument_producers(app.producer_hooks, app)
@@ -37,9 +38,10 @@ def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
         from obsq.observability.metrics import TaskMetrics, set_concurrency, start_at_zero
 
         if "metrics" not in done:
-            m = TaskMetrics()
+            m = TaskMetrics(app=app)
             app.middleware.insert(1 if "tracing" in done else 0, m.middleware)
             app.on_outcome(m.on_outcome)
+            app.on_aggregation(m.on_aggregation)
             app.on_recovery(m.on_recovery)
             app.on_throttle(m.on_throttle)
             app.on_redis_error(m.on_redis_error)

@@ -25,7 +25,14 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from obsq._version import __version__
-from obsq.app import OUTCOMES, RECOVERY_REASONS, THROTTLE_REASONS, App, sync_safe
+from obsq.app import (
+    AGGREGATION_OUTCOMES,
+    OUTCOMES,
+    RECOVERY_REASONS,
+    THROTTLE_REASONS,
+    App,
+    sync_safe,
+)
 from obsq.broker.calls import OPERATIONS
 from obsq.settings import DEFAULT_QUEUE
 from obsq.task import Task, TaskInfo, TaskMessage
@@ -95,6 +102,14 @@ class _Metrics:
         self.scheduler_missed = Counter(
             "obsq_scheduler_missed", "Schedule fires missed while no scheduler ran and not "
             "enqueued, as the entry's missed policy says", ["entry"])
+        self.aggregations = Counter(
+            "obsq_aggregations", "Runs of an aggregator (app.aggregate) over a batch of "
+            "grouped tasks: success (its task enqueued) or failed (the batch is tried again)",
+            ["queue", "task", "outcome"])
+        self.deliveries = Counter(
+            "obsq_event_deliveries", "Attempts of the copies of published events, by event, "
+            "subscriber and outcome (those of obsq_tasks_processed_total)",
+            ["event", "subscriber", "outcome"])
         self.build_info = Gauge("obsq_build_info", "obsq version; always 1", ["version"],
                                 multiprocess_mode="max")
         self.build_info.labels(__version__).set(1)
@@ -123,8 +138,9 @@ def _exemplar() -> dict[str, str] | None:
 class TaskMetrics:
     """The middleware and hooks that one App gets."""
 
-    def __init__(self, m: _Metrics | None = None) -> None:
+    def __init__(self, m: _Metrics | None = None, app: App | None = None) -> None:
         self.m = m or get_metrics()
+        self.subscriptions = app.subscriptions if app is not None else {}
         self._running: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._outcomes: dict[tuple[str, str, str], Any] = {}
         self._recoveries: dict[tuple[str, str], Any] = {}
@@ -162,6 +178,12 @@ class TaskMetrics:
         if child is None:
             child = self._outcomes[key] = self.m.processed.labels(*key)
         child.inc()
+        subscription = self.subscriptions.get(task.route)
+        if subscription is not None:  # a copy of an event: its subscriber's delivery
+            self.m.deliveries.labels(subscription.event, subscription.name, outcome).inc()
+
+    def on_aggregation(self, queue: str, pattern: str, outcome: str) -> None:
+        self.m.aggregations.labels(queue, pattern, outcome).inc()
 
     def on_recovery(self, queue: str, reason: str, count: int) -> None:
         key = (queue, reason)
@@ -240,8 +262,8 @@ def start_at_zero(app: App, queues: Iterable[str], *, worker: bool = True) -> No
     """Create at 0 every series whose label values are known now, so that a dashboard shows
     0 rather than "no data" and `increase()` counts the first event: the Redis operations,
     and for the given queues the recovery reasons and (a worker) the outcomes, durations,
-    waits and throttled starts of each route that enqueues there by default, or (a producer)
-    its enqueue count."""
+    waits and throttled starts of each route that enqueues there by default, its
+    aggregators' runs and its subscribers' deliveries, or (a producer) its enqueue count."""
     m = get_metrics()
     for operation in OPERATIONS:
         m.redis_errors.labels(operation)
@@ -264,6 +286,13 @@ def start_at_zero(app: App, queues: Iterable[str], *, worker: bool = True) -> No
         for queue in served:
             for reason in RECOVERY_REASONS:
                 m.recoveries.labels(queue, reason)
+            for aggregation in app.aggregations:
+                for outcome in AGGREGATION_OUTCOMES:
+                    m.aggregations.labels(queue, aggregation.pattern, outcome)
+        for subscription in app.subscriptions.values():
+            if subscription.queue in served:
+                for outcome in OUTCOMES:
+                    m.deliveries.labels(subscription.event, subscription.name, outcome)
 
 
 def set_concurrency(slots: int) -> None:

@@ -4,7 +4,8 @@ Producer: one `send {queue}` PRODUCER span per message, each a child of the call
 context (not of one another), whose W3C `traceparent`/`tracestate`/`baggage` go into the
 message's headers through the global propagator. Worker: a `process {queue}` CONSUMER
 span around the middleware and handler, child of the producer's span, or a new trace
-linked to it when `OBSQ_TRACE_LINK=true` (or `link=True`). The process span stays open
+linked to it when `OBSQ_TRACE_LINK=true` (or `link=True`) and for each copy of a published
+event (every subscriber's work is a trace of its own). The process span stays open
 until the outcome hook reports how Redis recorded the attempt, so it covers the settle;
 that hook ends it whatever the outcome (retry and dead become span events, and the final
 outcome an attribute).
@@ -28,6 +29,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from obsq._version import __version__
 from obsq.app import sync_safe
 from obsq.errors import ConfigurationError
+from obsq.fanout import EVENT_HEADER
 from obsq.settings import env_flag
 from obsq.task import Task, TaskInfo, TaskMessage
 
@@ -60,7 +62,7 @@ class TaskTracing:
         headers = task.headers
         parent = propagate.extract(headers) if headers else otel_context.Context()
         links = None
-        if self.link:
+        if self.link or EVENT_HEADER in headers:  # each copy of an event: a trace of its own
             remote = trace.get_current_span(parent).get_span_context()
             if remote.is_valid:
                 links = (Link(remote),)

@@ -23,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from obsq.broker import TASK_STATES
+from obsq.broker import DEPTH_STATES, TASK_STATES
 from obsq.broker.inspection import REVIVABLE
 from obsq.errors import BrokerError, QueueNotFound, TaskNotFound, TaskRunning
 from obsq.inspector import Inspector, Rate
@@ -106,7 +106,7 @@ class Console:
     async def overview(self, request: Request) -> Response:
         queues, workers = await asyncio.gather(self.inspector.queues(),
                                                self.inspector.workers())
-        totals = {s: sum(q.depth[s] for q in queues) for s in TASK_STATES}
+        totals = {s: sum(q.depth[s] for q in queues) for s in DEPTH_STATES}
         hour = Rate(sum(q.last_hour.processed for q in queues),
                     sum(q.last_hour.failed for q in queues))
         minute = Rate(sum(q.last_minute.processed for q in queues),

@@ -43,6 +43,8 @@ CONTRACT_METRICS = frozenset(
         "obsq_scheduler_fires_total",
         "obsq_scheduler_missed_total",
         "obsq_tasks_throttled_total",
+        "obsq_aggregations_total",
+        "obsq_event_deliveries_total",
     }
 )
 HISTOGRAMS = frozenset({"obsq_task_duration_seconds", "obsq_task_wait_seconds"})

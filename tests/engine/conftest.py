@@ -32,15 +32,17 @@ async def broker(redis_url: str, namespace: str) -> AsyncIterator[Broker]:
 def spawn_worker(redis_url: str, namespace: str, tmp_path: Path
                  ) -> Iterator[Callable[..., ObsqProcess]]:
     """`spawn_worker("--lease-seconds", "60")`: a worker subprocess serving
-    tests.engine.apps:app on the test's namespace, killed at the end of the test."""
+    tests.engine.apps:app (or `app=`) on the test's namespace, with the given OBSQ_*
+    variables, killed at the end of the test."""
     started: list[ObsqProcess] = []
 
-    def spawn(*extra: str, concurrency: int = 4) -> ObsqProcess:
+    def spawn(*extra: str, concurrency: int = 4, app: str = "tests.engine.apps:app",
+              **environ: str) -> ObsqProcess:
         env = {**os.environ, "OBSQ_ENGINE_RECORD_URL": redis_url,
                "OBSQ_ENGINE_RECORD_PREFIX": namespace, "PYTHONUNBUFFERED": "1"}
         env = {k: v for k, v in env.items() if not k.startswith("OBSQ_") or
-               k.startswith("OBSQ_ENGINE_")} | short_interval_env()
-        args = ["worker", "tests.engine.apps:app",
+               k.startswith("OBSQ_ENGINE_")} | short_interval_env() | environ
+        args = ["worker", app,
                 "--redis-url", redis_url, "--namespace", namespace,
                 "--concurrency", str(concurrency), "--http-port", "0", "--no-metrics",
                 "--no-tracing", *extra]

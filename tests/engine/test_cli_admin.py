@@ -50,8 +50,8 @@ async def test_stats_tasks_requeue_pause_and_unpause(app, client, start_worker, 
     assert code == 0
     header, row = out.splitlines()[:2]
     assert header.split() == ["queue", "pending", "active", "scheduled", "retry", "dead",
-                              "completed", "cancelled", "latency", "paused"]
-    assert row.split()[:8] == ["billing", "0", "0", "0", "0", "1", "0", "0"]
+                              "completed", "cancelled", "aggregating", "latency", "paused"]
+    assert row.split()[:9] == ["billing", "0", "0", "0", "0", "1", "0", "0", "0"]
     assert "1 live worker(s)" in out and worker.id in out
 
     code, out = await obsq_cli("tasks", "billing", "dead")

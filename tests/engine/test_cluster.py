@@ -146,3 +146,27 @@ async def test_schedules_fire_on_a_cluster(app, client, raw_redis, namespace, st
     assert len(ran) == len(set(ran)) and not scheduler.loop.failures
     keys = raw_redis.scan_iter(match=f"{namespace}:{{schedules}}:*")
     assert len({key_slot(key) for key in keys}) == 1
+
+
+async def test_groups_and_events_on_a_cluster(app, client, start_worker) -> None:
+    """Each group's keys live in its queue's slot, the subscriptions in a slot of their own;
+    the aggregated tasks and the event copies go to queues on other nodes."""
+    done: list[tuple[str, object]] = []
+
+    @app.task("rows:sum", queue="delta")
+    async def total(task: obsq.Task) -> None:
+        done.append((task.queue, task.payload))
+
+    app.aggregate("rows:add", lambda group, tasks: ("rows:sum", sum(t.payload for t in tasks)),
+                  max_size=3, grace_period=0.2)
+
+    @app.subscribe("paid", name="ledger", queue="beta")
+    async def ledger(task: obsq.Task) -> None:
+        done.append((task.queue, task.type))
+
+    await start_worker(queues={q: 1 for q in QUEUES})
+    for n in range(4):
+        await client.enqueue("rows:add", n, queue="alpha", group="g")
+    assert [i.queue for i in await client.publish("paid", {})] == ["beta"]
+    await wait_until(lambda: len(done) == 3)
+    assert sorted(done, key=str) == [("beta", "paid@ledger"), ("delta", 3), ("delta", 3)]

@@ -6,12 +6,13 @@ last minute), and the rules file loads and evaluates cleanly.
 The worker serves two queues. The workload gives every series the queries read: the
 outcomes success, retry, dead and lease_lost, both lease recovery reasons (expired, and
 worker_lost from a third queue), a paused queue with pending tasks, a dead-letter set, a
-failed Redis call, and a scheduler in the same process firing an entry every second, whose
-next fire is set back a minute in each wave, as after an outage of the schedulers, to miss
-fires. It runs in two waves with a scrape in
-between, so the counters and histograms grow while Prometheus watches and `rate()` has
-something to measure (a series first seen at its final value has a rate of 0, and a
-histogram quantile or a failure ratio of 0/0 is NaN, not data).
+failed Redis call, a group of tasks aggregated into one, an event delivered to its
+subscriber, and a scheduler in the same process firing an entry every second, whose next
+fire is set back a minute in each wave, as after an outage of the schedulers, to miss fires.
+It runs in two waves with a scrape in between, so the counters and histograms grow while
+Prometheus watches and `rate()` has something to measure (a series first seen at its final
+value has a rate of 0, and a histogram quantile or a failure ratio of 0/0 is NaN, not
+data).
 
 No query is exempt.
 """
@@ -53,7 +54,8 @@ RANGE_SECONDS = 60
 # Handler runs of each wave on the main queue, by (task, outcome).
 OUTCOMES = {("easy", "success"): 3, ("flaky", "retry"): 1, ("flaky", "success"): 1,
             ("doomed", "retry"): 1, ("doomed", "dead"): 1, ("slow", "success"): 1,
-            ("slow", "lease_lost"): 1, ("gated", "cancelled"): 1, ("gated", "success"): 1}
+            ("slow", "lease_lost"): 1, ("gated", "cancelled"): 1, ("gated", "success"): 1,
+            ("merged", "success"): 1, ("e2e.paid@ledger", "success"): 1}
 
 
 # --- PromQL helpers -----------------------------------------------------------------------
@@ -192,6 +194,17 @@ async def test_every_dashboard_query_and_alert_returns_data(
         if task.payload == "hold":
             await asyncio.sleep(60)  # until cancelled
 
+    @app.task("merged", queue=main)
+    async def merged(task):
+        assert len(task.payload) == 2
+
+    app.aggregate("rows:", lambda group, tasks: ("merged", [t.payload for t in tasks]),
+                  max_size=2, grace_period=0.1)
+
+    @app.subscribe("e2e.paid", name="ledger", queue=main)
+    async def ledger(task):
+        pass
+
     instrument_client(client)  # the enqueued counter
     admin = Broker(redis_url, namespace)
     clock = obsq.App(namespace=namespace)
@@ -254,30 +267,40 @@ async def test_every_dashboard_query_and_alert_returns_data(
             return await scraped("obsq_scheduler_missed_total", entry="e2e-tick") > before
         await wait_until(missed, timeout=10, what="missed fires counted")
 
-    async def hold_back_and_cancel(n: int) -> None:
+    async def hold_back_and_cancel() -> None:
         """Two tasks of a route limited to one at a time: the second is held back
-        (throttled), until the first, cancelled while it runs, gives its slot back."""
+        (throttled, again each time the forwarder lets it out to be checked), until the
+        first, cancelled while it runs, gives its slot back."""
+        labels = {"queue": main, "task": "gated", "reason": "concurrency"}
+        before = await scraped("obsq_tasks_throttled_total", **labels)
         holding = await client.enqueue("gated", "hold")
         await client.enqueue("gated", "quick")
-        await until_counted(n, "obsq_tasks_throttled_total", queue=main, task="gated",
-                            reason="concurrency")
+
+        async def throttled() -> bool:
+            return await scraped("obsq_tasks_throttled_total", **labels) > before
+        await wait_until(throttled, timeout=15, what="a held-back start counted")
         assert await client.cancel(holding.id) == "running"
 
     async def wave(n: int) -> None:
         """The same work each time: every outcome, both recovery reasons, a held-back start,
-        a Redis error, fires and missed fires."""
+        a Redis error, fires and missed fires, an aggregation and an event's delivery."""
         for i in range(3):
             await client.enqueue("easy", {"i": i})
+        for i in range(2):
+            await client.enqueue("rows:add", i, queue=main, group=f"wave-{n}")
+        assert len(await client.publish("e2e.paid", {"wave": n})) == 1
         await client.enqueue("flaky")
         await client.enqueue("doomed")
         await expire_a_lease()
-        await hold_back_and_cancel(n)
+        await hold_back_and_cancel()
         await lose_a_worker(f"ghost-{n}")
         await fail_a_redis_call()
         await miss_fires()
         for (task, outcome), runs in OUTCOMES.items():
             await until_counted(runs * n, "obsq_tasks_processed_total", queue=main, task=task,
                                 outcome=outcome)
+        await until_counted(n, "obsq_aggregations_total", queue=main, task="rows:",
+                            outcome="success")
         await until_counted(n, "obsq_lease_recoveries_total", queue=main, reason="expired")
         await until_counted(n, "obsq_lease_recoveries_total", queue=away, reason="worker_lost")
 

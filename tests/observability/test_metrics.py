@@ -133,10 +133,10 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
     assert value(s, "obsq_workers") == 1  # the ghost does not count
     depth = {dict(k)["state"]: v for k, v in pick(s, "obsq_queue_depth", queue=main).items()}
     assert depth == {"pending": 0, "active": 0, "scheduled": 2, "retry": 1, "dead": 2,
-                     "completed": 3, "cancelled": 0}
+                     "completed": 3, "cancelled": 0, "aggregating": 0}
     depth = {dict(k)["state"]: v for k, v in pick(s, "obsq_queue_depth", queue=paused).items()}
     assert depth == {"pending": 2, "active": 0, "scheduled": 0, "retry": 0, "dead": 0,
-                     "completed": 0, "cancelled": 0}
+                     "completed": 0, "cancelled": 0, "aggregating": 0}
     assert pick(s, "obsq_queue_depth", queue=elsewhere) == {}  # not this worker's queue
     assert value(s, "obsq_queue_paused", queue=paused) == 1
     assert value(s, "obsq_queue_paused", queue=main) == 0
@@ -263,3 +263,28 @@ async def test_held_back_starts_are_counted_by_reason(app, client, redis_url, na
     await wait_until(lambda: asyncio.to_thread(lambda: throttled("paced", "rate") == 8))
     # the second and third waited for the one ahead of them on the key
     await wait_until(lambda: asyncio.to_thread(lambda: throttled("ordered", "ordering") == 2))
+
+
+async def test_a_task_held_back_is_counted_once(app, client, namespace, start_worker):
+    """The forwarder lets the longest-held task out every tick to look at its limit again
+    (in case a dead worker's slot never comes back); held again, it is not a new count."""
+    queue = f"gate-{namespace}"
+    release = asyncio.Event()
+
+    @app.task("gated", queue=queue, concurrency=1)
+    async def gated(task):
+        if task.payload == "hold":
+            await release.wait()
+
+    worker = await start_worker(queues={queue: 4}, metrics=True, http_port=0)
+    port = start_worker.port(worker)
+    await client.enqueue("gated", "hold")
+    await client.enqueue("gated", "quick")
+
+    def throttled() -> float:
+        return value(parse(scrape(port)), "obsq_tasks_throttled_total", queue=queue,
+                     task="gated", reason="concurrency")
+    await wait_until(lambda: asyncio.to_thread(lambda: throttled() == 1))
+    await asyncio.sleep(20 * worker.settings.forward_interval)  # let out and held again
+    assert await asyncio.to_thread(throttled) == 1
+    release.set()

@@ -269,3 +269,15 @@ def test_obsq_ui_stops_with_status_0_on_sigterm(redis_url, namespace, tmp_path) 
         code = ui.wait(timeout=20)
         log.close()
     assert code == 0, (tmp_path / "ui.log").read_text()
+
+
+async def test_grouped_tasks_show_as_aggregating(client, console) -> None:
+    info = await client.enqueue("rows:add", 1, queue="mail", group="sensor-1")
+    page = (await console.get("/")).text
+    assert "Aggregating</th>" in page
+    assert re.search(r'data-label="Aggregating"><span class="count aggregating">1</span>', page)
+    assert "1 aggregating" in page
+    task = (await console.get(f"/tasks/{info.id}")).text
+    assert "aggregating" in task
+    metrics = (await console.get("/metrics")).text
+    assert 'obsq_queue_depth{queue="mail",state="aggregating"} 1.0' in metrics

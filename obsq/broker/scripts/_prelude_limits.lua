@@ -8,7 +8,9 @@
 --   waiting            how many tasks of the queue are held or wait for their key (they
 --                      count as pending)
 -- The task hash keeps `held` (the pattern it is held for), `slot` (the pattern whose
--- running set holds it), `ordk` (its ordering key) and `ow` (it waited for that key).
+-- running set holds it), `ordk` (its ordering key), `ow` (it waited for that key) and `hc`
+-- (its hold is counted as a throttled start; cleared when it starts, so a task the forwarder
+-- lets out to look again is not counted twice).
 
 -- Whether route `pattern` (a type, a prefix ending in ':' or '.', or '*') covers a type.
 local function covers(pattern, task_type)
@@ -23,7 +25,7 @@ end
 local function hold(id, pattern)
   redis.call('LPUSH', prefix .. 'held:' .. pattern, id)
   redis.call('SADD', prefix .. 'holding', pattern)
-  redis.call('HSET', task_key(id), 'held', pattern)
+  redis.call('HSET', task_key(id), 'held', pattern, 'hc', '1')
   redis.call('INCR', prefix .. 'waiting')
 end
 

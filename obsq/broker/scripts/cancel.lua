@@ -1,11 +1,13 @@
--- prelude: now_ms, task_key, release_attempt, settled_by, release_limits, end_cancelled
+-- prelude: now_ms, task_key, release_attempt, settled_by, release_limits, end_cancelled,
+--   leave_group
 -- Cancel a task (ARGV[2] = 'task'): one waiting in any state ends cancelled at once; one
 -- running is marked, and its worker told. Or end a running attempt its worker stopped
 -- because it was cancelled (ARGV[2] = 'attempt', with its fence, worker, type and slot).
 -- KEYS: pending, scheduled, retry, active, lease
 -- ARGV: now, 'task', id  |  now, 'attempt', id, fence, worker_id, type, route slot or ''
--- Returns for a task: the state it ended in or stays in ('cancelled', 'completed', 'dead'),
--- 'running' (the worker was told), or '' (no such task); for an attempt: 1, or 0 when the
+-- Returns for a task: the state it ended in or stays in ('cancelled', 'completed', 'dead',
+-- or 'aggregating' for a grouped task whose batch is being aggregated), 'running' (the
+-- worker was told), or '' (no such task); for an attempt: 1, or 0 when the
 -- fencing token is stale.
 local now = now_ms()
 local id = ARGV[3]
@@ -19,13 +21,16 @@ if ARGV[2] == 'attempt' then
   return 1
 end
 local key = task_key(id)
-local f = redis.call('HMGET', key, 'state', 'held', 'ordk', 'ow')
+local f = redis.call('HMGET', key, 'state', 'held', 'ordk', 'ow', 'batch')
 local state = f[1]
 if not state then
   return ''
 end
 if state == 'completed' or state == 'dead' or state == 'cancelled' then
   return state
+end
+if state == 'aggregating' and f[5] then
+  return state  -- in a claimed batch: its aggregator has it (a waiting one is cancelled)
 end
 local owner = redis.call('HGET', KEYS[4], id)
 if owner then
@@ -36,7 +41,9 @@ if owner then
   redis.call('EXPIRE', inbox, 60)
   return 'running'
 end
-if f[2] then  -- held back by a route limit
+if state == 'aggregating' then
+  leave_group(id)
+elseif f[2] then  -- held back by a route limit
   redis.call('LREM', prefix .. 'held:' .. f[2], 1, id)
   redis.call('DECR', prefix .. 'waiting')
 elseif f[3] and redis.call('LINDEX', prefix .. 'ord:' .. f[3], 0) ~= id then

@@ -1,4 +1,4 @@
--- prelude: now_ms, task_key, notify_done, release_successor
+-- prelude: now_ms, task_key, notify_done, release_successor, leave_group
 -- Delete tasks with everything kept for them (data, progress, unique lock): one task by id
 -- in any state but running (obsq delete), or a batch of one state's tasks (obsq purge,
 -- repeated by the caller until the state is empty).
@@ -43,6 +43,8 @@ if ARGV[2] == 'id' then
   end
   if state == 'pending' then
     redis.call('LREM', KEYS[1], -1, id)
+  elseif state == 'aggregating' then
+    leave_group(id)
   end
   for i = 2, 6 do
     redis.call('ZREM', KEYS[i], id)

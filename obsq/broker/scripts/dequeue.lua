@@ -81,14 +81,15 @@ local leases, owners, tasks, held = {}, {}, {}, {}
 local dropped = 0
 for _, id in ipairs(ids) do
   local f = redis.call('HMGET', task_key(id), 'type', 'payload', 'headers', 'opts', 'retried',
-                       'due', 'uniq', 'ordk', 'ow', 'rsv', 'bin')
+                       'due', 'uniq', 'ordk', 'ow', 'rsv', 'hc', 'bin')
   local why, slot = nil, ''
   if not f[1] then
     dropped = dropped + 1  -- its hash was deleted behind obsq's back: nothing left to run
     why = 'gone'
   elseif limits then
     why, slot = limited(id, f[1], tonumber(f[10]))
-    if why then
+    if why and not (why == 'concurrency' and f[11]) then
+      -- counted once per hold: a task the forwarder let out to look again is not new
       held[#held + 1] = f[1]
       held[#held + 1] = why
     end
@@ -101,16 +102,16 @@ for _, id in ipairs(ids) do
     owners[#owners + 1] = fence .. ':' .. ARGV[4]
     tasks[#tasks + 1] = id
     tasks[#tasks + 1] = fence
-    if f[11] then
-      f[2] = f[11]
+    if f[12] then
+      f[2] = f[12]
     end
     for j = 1, 9 do
       tasks[#tasks + 1] = f[j] or ''
     end
     tasks[#tasks + 1] = slot
-    tasks[#tasks + 1] = f[11] and '1' or ''
-    if f[9] or f[10] then
-      redis.call('HDEL', task_key(id), 'ow', 'rsv')  -- counted and used once
+    tasks[#tasks + 1] = f[12] and '1' or ''
+    if f[9] or f[10] or f[11] then
+      redis.call('HDEL', task_key(id), 'ow', 'rsv', 'hc')  -- counted and used once
     end
   end
 end

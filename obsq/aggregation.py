@@ -1,0 +1,116 @@
+"""The aggregator loop: every worker whose App has aggregators (app.aggregate) claims
+batches of due groups in the queues it serves and turns each into one task.
+
+It runs in every such worker, not under a lock, so that the work spreads: the claim in
+Redis (claim_batches.lua) gives each batch to one worker, and a batch's claim runs out
+after `aggregate_lease` so that another worker takes over the batch of one that died. The
+aggregated task's id is its batch's id and it is kept at least AGGREGATE_KEEP after it
+ends, so a batch claimed again after a crash between the enqueue and the end of the batch
+is refused by Redis as a duplicate and then ended: each batch gives one task. An
+aggregator that raises or returns junk loses nothing: the batch keeps its tasks and the
+error and is claimed again after a backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from obsq.app import App
+from obsq.broker import Batch, Broker
+from obsq.client import Client
+from obsq.loop import BackgroundLoop
+from obsq.settings import (
+    AGGREGATE_BACKOFF_BASE,
+    AGGREGATE_BACKOFF_CAP,
+    AGGREGATE_BATCHES,
+    AGGREGATE_KEEP,
+)
+from obsq.task import Job, Task
+
+log = logging.getLogger("obsq")
+GROUP_HEADER = "obsq-group"  # on an aggregated task: the group it was made of
+
+
+class AggregationLoop(BackgroundLoop):
+    name = "aggregator"
+
+    def __init__(self, app: App, broker: Broker, owner: str, queues: Sequence[str],
+                 interval: float, lease: float) -> None:
+        super().__init__(interval)
+        self.app = app
+        self.broker = broker
+        self.owner = owner
+        self.queues = list(queues)
+        self.lease = lease
+        self.client = Client(app=app, broker=broker)  # the App's producer hooks apply
+
+    async def tick(self) -> float | None:
+        claimable = [(a.pattern, a.max_size, a.max_delay, a.grace_period)
+                     for a in self.app.aggregations]
+        waits = [self.interval]
+        for queue in self.queues:
+            claimed = await self.broker.claim_batches(queue, self.owner, self.lease,
+                                                      claimable, AGGREGATE_BATCHES)
+            ran = await asyncio.gather(*(self.aggregate(b) for b in claimed.batches),
+                                       return_exceptions=True)
+            failed = next((r for r in ran if isinstance(r, BaseException)), None)
+            if failed is not None:  # Redis away: the batches' claims run out, and are
+                raise failed  # taken again
+            if claimed.next_due is not None:
+                waits.append(claimed.next_due)
+        return min(waits)
+
+    async def aggregate(self, batch: Batch) -> None:
+        """Run the batch's aggregator and enqueue its task, then end the batch; a failure
+        hands the batch back with its error, to be claimed again after a backoff."""
+        entry = self.app.aggregation(batch.type)
+        if entry is None:  # claimed by type: cannot happen unless the App changed
+            return
+        tasks = [Task(id=t.id, type=batch.type, queue=batch.queue, raw_payload=t.payload,
+                      raw_headers=t.headers, retry_count=0, max_retry=0, timeout=0,
+                      retention=0) for t in batch.tasks]
+        try:
+            if inspect.iscoroutinefunction(entry.aggregator):
+                made = await entry.aggregator(batch.group, tasks)
+            else:  # a plain function must not stall the worker's event loop
+                made = await asyncio.to_thread(entry.aggregator, batch.group, tasks)
+            job = _aggregated_job(made, batch)
+            await self.client.enqueue_many([job])  # a duplicate: enqueued by an earlier claim
+        except Exception as exc:
+            retry_in = min(AGGREGATE_BACKOFF_BASE * 2 ** batch.failures, AGGREGATE_BACKOFF_CAP)
+            log.warning("aggregator of %r failed for group %r of queue %s (%d task(s), "
+                        "failure %d): %s: %s; trying again in %.0f s", entry.pattern,
+                        batch.group, batch.queue, len(tasks), batch.failures + 1,
+                        type(exc).__name__, exc, retry_in)
+            await self.broker.end_batch(batch, f"{type(exc).__name__}: {exc}"[:1000],
+                                        retry_in)
+            self._report(batch.queue, entry.pattern, "failed")
+            return
+        if await self.broker.end_batch(batch):
+            self._report(batch.queue, entry.pattern, "success")
+
+    def _report(self, queue: str, pattern: str, outcome: str) -> None:
+        for hook in self.app.aggregation_hooks:
+            try:
+                hook(queue, pattern, outcome)
+            except Exception:
+                log.exception("aggregation hook %r failed", hook)
+
+
+def _aggregated_job(made: Any, batch: Batch) -> Job:
+    """The aggregator's answer as the job to enqueue under the batch's id."""
+    if isinstance(made, Job):
+        job = made
+    elif isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], str):
+        job = Job(made[0], made[1])
+    else:
+        raise TypeError(f"an aggregator returns (task type, payload) or an obsq.Job, got "
+                        f"{type(made).__name__}")
+    job.task_id = batch.id
+    job.retention = max(job.retention or 0.0, AGGREGATE_KEEP)
+    job.headers = {**job.headers, GROUP_HEADER: batch.group}
+    return job

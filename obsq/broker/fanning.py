@@ -1,0 +1,81 @@
+"""Redis calls of the features that fan work in and out: task groups (grouped tasks wait
+in their group until a batch of them is claimed for the App's aggregator) and event
+subscriptions (the subscribers that get a copy of each published event)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import orjson
+
+from obsq.broker.calls import RedisCalls
+from obsq.broker.records import Batch, Claimed, Enqueued, GroupedTask
+from obsq.task import TaskMessage
+
+# (pattern, max_size, max_delay, grace_period): how a worker aggregates the types a route
+# pattern covers
+Aggregation = tuple[str, int, float, float]
+
+
+class Fanning(RedisCalls):
+    # -- task groups ----------------------------------------------------------------------
+
+    async def group(self, queue: str, task_type: str, group: str,
+                    messages: Sequence[TaskMessage]) -> list[Enqueued]:
+        """Add tasks of one type to a group of `queue` (group.lua)."""
+        k = self.keys(queue)
+        batch = orjson.dumps([(m.id, m.payload.decode(), m.encoded_headers().decode())
+                              for m in messages])
+        statuses = await self._script("group", (k.group_types, k.grouped),
+                                      (0, task_type, group, batch))
+        return [Enqueued(not s) for s in statuses]
+
+    async def claim_batches(self, queue: str, owner: str, lease: float,
+                            aggregations: Sequence[Aggregation], limit: int) -> Claimed:
+        """Batches for the caller's aggregations (the most specific pattern first): those
+        whose claim ran out, then the due groups' oldest tasks (claim_batches.lua)."""
+        k = self.keys(queue)
+        argument = orjson.dumps({
+            "ids": [os.urandom(16).hex() for _ in range(limit)],
+            "patterns": [(p, size, int(delay * 1000), int(grace * 1000))
+                         for p, size, delay, grace in aggregations]})
+        wait, batches = await self._script(
+            "claim_batches", (k.batches, k.grouped, k.group_types),
+            (0, owner, max(int(lease * 1000), 1), argument))
+        return Claimed(
+            [Batch(b[0].decode(), queue, b[1].decode(), b[2].decode(), int(b[3]), int(b[4]),
+                   [GroupedTask(t[0].decode(), t[1], t[2]) for t in b[5]])
+             for b in batches],
+            int(wait) / 1000 if int(wait) >= 0 else None)
+
+    async def end_batch(self, batch: Batch, error: str | None = None,
+                        retry_in: float = 0.0) -> bool:
+        """Finish a batch whose aggregated task is enqueued (`error` None; False when it
+        was finished already), or hand it back after a failure, to be claimed again in
+        `retry_in` seconds (False when another claim holds it now)."""
+        k = self.keys(batch.queue)
+        return bool(await self._script(
+            "end_batch", (k.batches,),
+            (0, batch.id, batch.fence, "done" if error is None else "failed", error or "",
+             int(retry_in * 1000))))
+
+    # -- event subscriptions --------------------------------------------------------------
+
+    async def subscribe(self, subscriptions: Sequence[tuple[str, str, str]],
+                        ttl: float) -> None:
+        """Register or renew (event, subscriber, queue) subscriptions for `ttl` seconds."""
+        if not subscriptions:
+            return
+        args: list[str] = []
+        for event, subscriber, queue in subscriptions:
+            args += [event, f"{subscriber} {queue}"]
+        await self._script("subscribe", (self.event_keys.subscribed,),
+                           (0, max(int(ttl * 1000), 1), *args))
+
+    async def subscribers(self, event: str) -> list[tuple[str, str]]:
+        """(subscriber, queue) of each live subscription of `event`."""
+        e = self.event_keys
+        members = await self._script("subscribers", (e.subscribers(event), e.subscribed),
+                                     (0, event))
+        return sorted(tuple(m.decode().split(" ", 1)) for m in members)  # type: ignore[misc]

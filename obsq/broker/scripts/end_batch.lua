@@ -1,0 +1,33 @@
+-- prelude: now_ms, task_key
+-- End a claimed batch. 'done' (its aggregated task is enqueued, under the batch's id)
+-- deletes the batch and its grouped tasks (a task cancelled meanwhile stays cancelled),
+-- whichever claim says so: the aggregated task exists, so a claim that took over after
+-- this one's ran out can only find it a duplicate, and a slow aggregator cannot keep its
+-- batch from ending. 'failed' (the aggregator raised or returned junk), only from the
+-- claim holding the current fence, keeps every task in the batch, records the error and
+-- lets the batch be claimed again after `delay_ms`.
+-- KEYS: batches
+-- ARGV: now, batch id, fence, 'done' or 'failed', error text, delay_ms
+-- Returns 1 (applied) or 0 (the batch is gone, or a failure from a claim taken over).
+local now = now_ms()
+local batch = ARGV[2]
+local key = prefix .. 'batch:' .. batch
+local f = redis.call('HMGET', key, 'fence', 'ids')
+if not f[1] or (ARGV[4] == 'failed' and f[1] ~= ARGV[3]) then
+  return 0
+end
+if ARGV[4] == 'failed' then
+  redis.call('HINCRBY', key, 'failures', 1)
+  redis.call('HSET', key, 'error', ARGV[5], 'owner', '')
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[6]), batch)
+  return 1
+end
+redis.call('ZREM', KEYS[1], batch)
+redis.call('DEL', key)
+for id in string.gmatch(f[2] or '', '%S+') do
+  local task = task_key(id)
+  if redis.call('HGET', task, 'state') == 'aggregating' then
+    redis.call('DEL', task)
+  end
+end
+return 1

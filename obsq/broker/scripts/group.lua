@@ -1,0 +1,39 @@
+-- prelude: now_ms, task_key
+-- Add tasks to a group of one task type (client.enqueue(..., group=)). Each waits in state
+-- 'aggregating' until claim_batches.lua takes it into a batch for its aggregator.
+-- A group's keys, after the queue's prefix: 'grp:<type> <group>' (list of its ids, oldest
+-- first; a group name has no spaces) and, per type, the zsets 'gfirst:<type>',
+-- 'glast:<type>' and 'gsize:<type>' (group -> its oldest task's time, its newest task's
+-- time, its size), so that the due groups of a type are found with a range read each.
+-- KEYS: gtypes, grouped
+-- ARGV: now, type, group, then one JSON array holding per task [id, payload, headers or '']
+-- Returns per task: '' (added) or 'id' (the id exists).
+local now = now_ms()
+local task_type, group = ARGV[2], ARGV[3]
+local list = prefix .. 'grp:' .. task_type .. ' ' .. group
+local out, added = {}, 0
+for _, t in ipairs(cjson.decode(ARGV[4])) do
+  local key = task_key(t[1])
+  if redis.call('EXISTS', key) == 1 then
+    out[#out + 1] = 'id'
+  else
+    local fields = {'type', task_type, 'payload', t[2], 'state', 'aggregating', 'enq', now,
+                    'due', now, 'grp', group}
+    if t[3] ~= '' then
+      fields[#fields + 1] = 'headers'
+      fields[#fields + 1] = t[3]
+    end
+    redis.call('HSET', key, unpack(fields))
+    redis.call('RPUSH', list, t[1])
+    added = added + 1
+    out[#out + 1] = ''
+  end
+end
+if added > 0 then
+  redis.call('ZADD', prefix .. 'gfirst:' .. task_type, 'NX', now, group)
+  redis.call('ZADD', prefix .. 'glast:' .. task_type, now, group)
+  redis.call('ZINCRBY', prefix .. 'gsize:' .. task_type, added, group)
+  redis.call('SADD', KEYS[1], task_type)
+  redis.call('INCRBY', KEYS[2], added)
+end
+return out

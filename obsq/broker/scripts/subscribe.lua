@@ -1,0 +1,14 @@
+-- prelude: now_ms
+-- Register or renew a worker's subscriptions (its heartbeat does, every interval): each
+-- subscriber's entry lapses `ttl_ms` after its last renewal, on Redis's clock, so that a
+-- subscriber no live worker serves stops getting copies.
+-- Keys after the events' prefix: 'sub:<event>' (zset "<subscriber> <queue>" -> lapse time)
+-- and `subscribed` (set of the events with subscribers).
+-- KEYS: subscribed
+-- ARGV: now, ttl_ms, then per subscription its event and "<subscriber> <queue>"
+local lapse = now_ms() + tonumber(ARGV[2])
+for i = 3, #ARGV, 2 do
+  redis.call('ZADD', prefix .. 'sub:' .. ARGV[i], 'GT', lapse, ARGV[i + 1])
+  redis.call('SADD', KEYS[1], ARGV[i])
+end
+return 1

@@ -1,0 +1,72 @@
+"""Fan-out events in one worker: a copy per subscriber, ids and headers, a publish sent
+again, no subscriber, bad names, and the keys of a queue named events."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import pytest
+from support import wait_until
+
+import obsq
+from obsq.broker import EventKeys, QueueKeys
+
+
+async def test_each_subscriber_gets_its_copy(app, redis_url, namespace, start_worker,
+                                             caplog) -> None:
+    got: list[tuple[str, str, dict]] = []
+
+    @app.subscribe("order.created", name="billing")
+    async def billing(task: obsq.Task) -> None:
+        got.append(("billing", task.type, dict(task.headers)))
+
+    @app.subscribe("order.created", name="email", queue="mail")
+    async def email(task: obsq.Task) -> None:
+        got.append(("email", task.payload["order"], dict(task.headers)))
+
+    producer = obsq.Client(redis_url, namespace=namespace)  # without the App
+    try:
+        with caplog.at_level(logging.WARNING, "obsq"):
+            assert await producer.publish("order.created", {"order": 0}) == []
+            assert await producer.publish("order.created", {"order": 0}) == []
+        assert caplog.text.count("no live subscriber") == 1
+        await start_worker()
+        infos = await producer.publish("order.created", {"order": 1}, event_id="ev-1")
+        assert sorted((i.type, i.queue, i.id) for i in infos) == [
+            ("order.created@billing", "default", "ev-1.billing"),
+            ("order.created@email", "mail", "ev-1.email")]
+        again = await producer.publish("order.created", {"order": 1}, event_id="ev-1")
+        assert all(i.duplicate for i in again)
+        await wait_until(lambda: len(got) == 2)
+        by_name = {name: (value, headers) for name, value, headers in got}
+        assert by_name["email"][0] == 1 and by_name["billing"][0] == "order.created@billing"
+        assert by_name["billing"][1]["obsq-event-id"] == "ev-1"
+        assert by_name["email"][1]["obsq-subscriber"] == "email"
+        with pytest.raises(ValueError):
+            await producer.publish("bad event", 1)
+        with pytest.raises(ValueError):
+            app.subscribe("order.created", name="a.b")
+    finally:
+        await producer.close()
+
+
+def test_event_keys_do_not_collide_with_a_queue_named_events() -> None:
+    """A queue named "events" shares the subscriptions' prefix: the keys of QueueKeys and
+    those the queue scripts build must differ from EventKeys'."""
+    queue, events = QueueKeys("ns", "events"), EventKeys("ns")
+    assert queue.prefix == events.prefix
+    scripts = Path(obsq.__file__).parent / "broker" / "scripts"
+    taken = {getattr(queue, n)[len(queue.prefix):] for n in QueueKeys.__slots__
+             if n not in ("prefix", "queue")}
+    taken |= {"t:", "progress:", "inbox:", "unique:", "stats:"}
+    for script in scripts.glob("*.lua"):
+        if script.name not in ("subscribe.lua", "subscribers.lua"):
+            taken |= set(re.findall(r"prefix \.\. '([\w:-]+)'", script.read_text()))
+    mine = [events.subscribed[len(events.prefix):],
+            events.subscribers("e")[len(events.prefix):-1]]
+    assert mine == ["subscribed", "sub:"]
+    for name in mine:  # the same key, or one family's keys among the other's
+        assert not any(name == t or (t.endswith(":") and name.startswith(t))
+                       or (name.endswith(":") and t.startswith(name)) for t in taken), name

@@ -1,0 +1,84 @@
+"""Task groups in one worker: a full group, the grace period, bad input refused before
+anything is written, a failing aggregator that loses nothing, a cancelled grouped task."""
+
+from __future__ import annotations
+
+import pytest
+from support import depth, wait_until
+
+import obsq
+
+
+async def test_a_full_group_becomes_one_task(app, client, start_worker, broker) -> None:
+    seen: list[tuple[str, list]] = []
+
+    @app.task("ingest")
+    async def ingest(task: obsq.Task) -> None:
+        raise AssertionError("grouped tasks never run themselves")
+
+    @app.task("ingest:batch")
+    async def batch(task: obsq.Task) -> None:
+        seen.append((task.headers["obsq-group"], task.payload))
+
+    app.aggregate("ingest", lambda group, tasks: ("ingest:batch", [t.payload for t in tasks]),
+                  max_size=3, max_delay=30, grace_period=30)
+    infos = [await client.enqueue("ingest", i, group="g") for i in range(7)]
+    assert {i.state for i in infos} == {"aggregating"}
+    assert (await client.info(infos[0].id)).state == "aggregating"
+    assert (await depth(broker))["aggregating"] == 7
+    await start_worker()
+    await wait_until(lambda: len(seen) == 2)
+    assert sorted(seen) == [("g", [0, 1, 2]), ("g", [3, 4, 5])]
+    assert (await depth(broker))["aggregating"] == 1
+
+
+async def test_grace_period_and_bad_input(app, client, start_worker, broker) -> None:
+    seen: list = []
+
+    @app.task("sum")
+    async def total(task: obsq.Task) -> None:
+        seen.append(task.payload)
+
+    calls = {"n": 0}
+
+    async def aggregator(group: str, tasks: list[obsq.Task]):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("first run fails")
+        if calls["n"] == 2:
+            return "junk"
+        return "sum", sum(t.payload for t in tasks)
+
+    app.aggregate("add", aggregator, max_size=100, max_delay=30, grace_period=0.2)
+    for bad in ("a b", "{x}", ""):
+        with pytest.raises(ValueError):
+            await client.enqueue("add", 1, group=bad)
+    with pytest.raises(ValueError, match="delay"):
+        await client.enqueue("add", 1, group="g", delay=5)
+    with pytest.raises(ValueError, match="ordering_key"):
+        await client.enqueue("add", 1, group="g", ordering_key="k")
+    assert (await depth(broker))["aggregating"] == 0
+    for i in range(5):
+        await client.enqueue("add", i, group="g")
+    cancelled = await client.enqueue("add", 100, group="g")
+    assert await client.cancel(cancelled.id) == "cancelled"
+    await start_worker()
+    await wait_until(lambda: seen == [10], timeout=20)
+    assert calls["n"] == 3
+    assert (await depth(broker))["aggregating"] == 0
+
+
+async def test_cancel_and_delete_take_a_waiting_task_out_of_its_group(app, client,
+                                                                      broker) -> None:
+    app.aggregate("note", lambda group, tasks: ("note:all", len(tasks)), grace_period=60)
+    kept, cancelled, deleted = [await client.enqueue("note", n, group="g") for n in range(3)]
+    assert (await depth(broker))["aggregating"] == 3
+    assert await client.cancel(cancelled.id) == "cancelled"
+    assert await client.delete(deleted.id) == "aggregating"
+    assert (await depth(broker))["aggregating"] == 1
+    assert (await client.info(cancelled.id)).state == "cancelled"
+    with pytest.raises(obsq.TaskNotFound):
+        await client.info(deleted.id)
+    assert await client.delete(kept.id) == "aggregating"
+    assert (await depth(broker))["aggregating"] == 0
+    assert not await broker.redis.exists(broker.keys("default").prefix + "gsize:note")
