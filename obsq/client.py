@@ -16,11 +16,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from obsq.app import App, ProducerChain, ProducerHook
+from obsq.app import App, ProducerHook
 from obsq.broker import Broker, Enqueued
 from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
 from obsq.errors import BrokerError, DuplicateTask, TaskNotFound, TaskRunning
 from obsq.fanout import check_event, check_grouped, event_jobs
+from obsq.producer_chain import ProducerChain
 from obsq.results import ResultWaiter
 from obsq.schedule import Schedule, ScheduleInfo
 from obsq.settings import (

@@ -15,9 +15,10 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from obsq.app import ProducerChain, ProducerHook, is_sync_safe
+from obsq.app import ProducerHook
 from obsq.broker.blocking import BlockingProducer
 from obsq.client import Client, group_by_queue, infos_in_order, unless_duplicate
+from obsq.producer_chain import ProducerChain, is_sync_safe
 from obsq.schedule import Schedule, ScheduleInfo
 from obsq.settings import DEFAULT_REDIS_URL, ENQUEUE_BATCH
 from obsq.task import Job, TaskInfo, TaskMessage

@@ -184,6 +184,9 @@ class RedisCalls:
             return await self._script(name, keys, args)
         self._producer_busy = True
         try:
+            kept = self.producer_redis.connection
+            if kept is not None and kept.is_connected and await _unread_or_closed(kept):
+                await kept.disconnect()  # closed by the server (a restart): made again on send
             return await self._script(name, keys, args, self.producer_redis)
         finally:
             self._producer_busy = False
@@ -243,6 +246,12 @@ def _tls_hint(url: str, exc: BaseException) -> str:
         return ("; if Redis asks clients for a certificate (tls-auth-clients), give "
                 "ssl_certfile and ssl_keyfile in the URL, or OBSQ_REDIS_TLS_CERT and _KEY")
     return ""
+
+
+def _unread_or_closed(connection: Any) -> Awaitable[bool]:
+    """The check a redis-py pool makes before lending a connection (renamed in redis-py 8)."""
+    check = getattr(connection, "can_read", None) or connection.can_read_destructive
+    return check()
 
 
 def _safe(url: str) -> str:

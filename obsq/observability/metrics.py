@@ -25,15 +25,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from obsq._version import __version__
-from obsq.app import (
-    AGGREGATION_OUTCOMES,
-    OUTCOMES,
-    RECOVERY_REASONS,
-    THROTTLE_REASONS,
-    App,
-    sync_safe,
-)
+from obsq.app import AGGREGATION_OUTCOMES, OUTCOMES, RECOVERY_REASONS, THROTTLE_REASONS, App
 from obsq.broker.calls import OPERATIONS
+from obsq.producer_chain import sync_safe
 from obsq.settings import DEFAULT_QUEUE
 from obsq.task import Task, TaskInfo, TaskMessage
 

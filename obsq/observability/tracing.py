@@ -27,9 +27,9 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from obsq._version import __version__
-from obsq.app import sync_safe
 from obsq.errors import ConfigurationError
 from obsq.fanout import EVENT_HEADER
+from obsq.producer_chain import sync_safe
 from obsq.settings import env_flag
 from obsq.task import Task, TaskInfo, TaskMessage
 
