@@ -135,6 +135,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                 args.duration, args.http_port))
 
 
+def cmd_acl(args: argparse.Namespace) -> int:
+    from obsq.broker.acl import acl_rule
+
+    print(acl_rule(_namespace(args)))
+    return 0
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     from obsq import admin
 
@@ -194,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--http-port", type=int, default=WORKER_HTTP_PORT,
                       help=f"{WORKER_HTTP_PORT} (another free one when taken; 0: any free port)")
 
+    command("acl", "print the Redis ACL rules of a user that may run obsq on one namespace "
+            "and nothing else: ACL SETUSER NAME on >PASSWORD RULES", cmd_acl)
     add_admin_commands(command, cmd_admin)
     return parser
 

@@ -242,7 +242,36 @@ def image_build(command: str, redis_url: str) -> None:
     assert "\nbash .ci/image.sh\n" in (ROOT / ".ci" / "run").read_text()
 
 
+def acl(command: str, redis_url: str) -> None:
+    """`obsq acl` prints the rule the ACL tests check (tests/test_acl.py)."""
+    from obsq.broker.acl import acl_rule
+
+    out = run(shlex.split(command), cwd=ROOT, env=obsq_env()).stdout
+    assert out == acl_rule("myproject") + "\n"
+
+
+def redis_cli_acl(command: str, redis_url: str) -> None:
+    """The user of the rule, made on the test's Redis as written, then removed."""
+    if not shutil.which("redis-cli"):
+        missing_tool("redis-cli is not on PATH")
+    assert command.startswith("redis-cli ACL SETUSER obsq on ")
+    with_url = command.replace("redis-cli ", f"redis-cli -u {shlex.quote(redis_url)} ", 1)
+    try:
+        out = run(["bash", "-c", with_url], cwd=ROOT, env=obsq_env()).stdout
+        assert out.strip() == "OK", out
+        user = redis_url.replace("redis://", "redis://obsq:s3cret@", 1)
+        as_user = ["redis-cli", "-u", user, "--no-auth-warning"]
+        assert run([*as_user, "EXISTS", "myproject:queues"]).stdout.strip() in ("0", "1")
+        assert "NOPERM" in run([*as_user, "EXISTS", "elsewhere:queues"]).stdout
+        assert "NOPERM" in run([*as_user, "FLUSHALL"]).stdout
+    finally:
+        subprocess.run(["redis-cli", "-u", redis_url, "ACL", "DELUSER", "obsq"],
+                       capture_output=True, timeout=30)
+
+
 HANDLERS: dict[str, Callable[[str, str], None]] = {
+    "obsq acl ": acl,
+    "redis-cli ACL SETUSER ": redis_cli_acl,
     "python3 -m pip install": install_and_demo,
     "bash .ci/run": ci_run,
     "obsq worker ": worker,

@@ -14,9 +14,10 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 
+from obsq.broker.acl import PROBE, probed_commands
 from obsq.broker.connection import create_client, kept_connection_client
 from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
-from obsq.broker.scripts import is_noscript, load_scripts
+from obsq.broker.scripts import Script, is_noscript, load_scripts
 from obsq.errors import BrokerError, ConfigurationError
 from obsq.settings import REDIS_TLS_VARIABLES, SAFE_MEMORY_POLICY
 
@@ -25,6 +26,8 @@ log = logging.getLogger("obsq")
 ErrorHook = Callable[[str, BaseException], None]
 ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # script name, keys, arguments
 MIN_REDIS_VERSION = (6, 2)
+ACL_PROBE_VERSION = (7, 0)  # scripts flagged no-writes, which the ACL probe needs
+ACL_PROBE = Script("acl_probe", PROBE)
 SCRIPTS = load_scripts()
 # Every `operation` a failed call is reported under (the label of obsq_redis_errors_total):
 # the scripts, and the plain commands named here, so that metrics can start each at 0.
@@ -69,15 +72,42 @@ class RedisCalls:
                                      f"{exc}") from None
         except (RedisError, OSError) as exc:
             raise ConfigurationError(f"cannot reach Redis at {_safe(self.url)}: "
-                                     f"{str(exc).rstrip('.')}{_tls_hint(self.url, exc)}"
+                                     f"{str(exc).rstrip('.')}{_hint(self.url, exc)}"
                                      ) from None
         if "redis_version" not in info:  # a cluster answers per node
             info = next(iter(info.values()))
         version = str(info["redis_version"])
-        if tuple(int(p) for p in version.split(".")[:2]) < MIN_REDIS_VERSION:
+        release = tuple(int(p) for p in version.split(".")[:2])
+        if release < MIN_REDIS_VERSION:
             raise ConfigurationError(f"obsq needs Redis 6.2 or newer; {_safe(self.url)} runs "
                                      f"{version}")
+        if release >= ACL_PROBE_VERSION:
+            await self._check_acl()
         return version
+
+    async def _check_acl(self) -> None:
+        """Stop with one line when the Redis user may not run what obsq needs (acl.py)."""
+        key = f"{self.namespace}:{{acl-probe}}"
+        try:
+            try:
+                denied = await self.redis.evalsha(ACL_PROBE.sha, 1, key, *probed_commands())
+            except ResponseError as exc:
+                if not is_noscript(exc):
+                    raise
+                await self.redis.script_load(ACL_PROBE.source)
+                denied = await self.redis.evalsha(ACL_PROBE.sha, 1, key, *probed_commands())
+        except ResponseError as exc:
+            if "noperm" not in str(exc).lower() and "no permissions" not in str(exc).lower():
+                return  # not a matter of permissions: the real calls will tell
+            denied = [f"scripts on the keys of namespace {self.namespace} ({exc})"]
+        except (RedisError, OSError) as exc:
+            raise ConfigurationError(f"cannot reach Redis at {_safe(self.url)}: {exc}"
+                                     ) from None
+        if denied:
+            names = ", ".join(d.decode() if isinstance(d, bytes) else d for d in denied)
+            raise ConfigurationError(
+                f"the Redis user of {_safe(self.url)} may not run {names}: `obsq acl "
+                f"--namespace {self.namespace}` prints the ACL rule obsq needs")
 
     async def memory_policy(self) -> str | None:
         """Redis's maxmemory-policy (the worst of a Cluster's nodes): CONFIG GET, else the
@@ -235,8 +265,10 @@ def _worst_policy(reply: Any, field: str) -> str | None:
     return known[0] if known else None
 
 
-def _tls_hint(url: str, exc: BaseException) -> str:
-    """What a failed TLS connection most likely lacks."""
+def _hint(url: str, exc: BaseException) -> str:
+    """What a failed connection (TLS, or a user's permissions) most likely lacks."""
+    if "NOPERM" in str(exc):
+        return "; `obsq acl --namespace NS` prints the ACL rule obsq needs"
     if not url.startswith("rediss"):
         return ""
     if "CERTIFICATE_VERIFY_FAILED" in str(exc):

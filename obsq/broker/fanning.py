@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -25,10 +26,10 @@ class Fanning(RedisCalls):
                     messages: Sequence[TaskMessage]) -> list[Enqueued]:
         """Add tasks of one type to a group of `queue` (group.lua)."""
         k = self.keys(queue)
-        batch = orjson.dumps([(m.id, m.payload.decode(), m.encoded_headers().decode())
-                              for m in messages])
-        statuses = await self._script("group", (k.group_types, k.grouped),
-                                      (0, task_type, group, batch))
+        args: list[Any] = [0, task_type, group]
+        for m in messages:
+            args += (m.id, m.payload, "payload", m.encoded_headers())
+        statuses = await self._script("group", (k.group_types, k.grouped), args)
         return [Enqueued(not s) for s in statuses]
 
     async def claim_batches(self, queue: str, owner: str, lease: float,
@@ -45,7 +46,7 @@ class Fanning(RedisCalls):
             (0, owner, max(int(lease * 1000), 1), argument))
         return Claimed(
             [Batch(b[0].decode(), queue, b[1].decode(), b[2].decode(), int(b[3]), int(b[4]),
-                   [GroupedTask(t[0].decode(), t[1], t[2]) for t in b[5]])
+                   [GroupedTask(t[0].decode(), t[1], t[2], bool(t[3])) for t in b[5]])
              for b in batches],
             int(wait) / 1000 if int(wait) >= 0 else None)
 

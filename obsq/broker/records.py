@@ -109,6 +109,7 @@ class GroupedTask(NamedTuple):
     id: str
     payload: bytes
     headers: bytes  # JSON object, or b"" for none
+    binary: bool  # the payload is the producer's own bytes, not JSON
 
 
 class Batch(NamedTuple):

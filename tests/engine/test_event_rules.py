@@ -4,14 +4,14 @@ again, no subscriber, bad names, and the keys of a queue named events."""
 from __future__ import annotations
 
 import logging
-import re
-from pathlib import Path
 
 import pytest
 from support import wait_until
 
 import obsq
 from obsq.broker import EventKeys, QueueKeys
+
+from .helpers import collides, queue_key_names
 
 
 async def test_each_subscriber_gets_its_copy(app, redis_url, namespace, start_worker,
@@ -57,16 +57,8 @@ def test_event_keys_do_not_collide_with_a_queue_named_events() -> None:
     those the queue scripts build must differ from EventKeys'."""
     queue, events = QueueKeys("ns", "events"), EventKeys("ns")
     assert queue.prefix == events.prefix
-    scripts = Path(obsq.__file__).parent / "broker" / "scripts"
-    taken = {getattr(queue, n)[len(queue.prefix):] for n in QueueKeys.__slots__
-             if n not in ("prefix", "queue")}
-    taken |= {"t:", "progress:", "inbox:", "unique:", "stats:"}
-    for script in scripts.glob("*.lua"):
-        if script.name not in ("subscribe.lua", "subscribers.lua"):
-            taken |= set(re.findall(r"prefix \.\. '([\w:-]+)'", script.read_text()))
+    taken = queue_key_names(skip_scripts=("subscribe.lua", "subscribers.lua"))
     mine = [events.subscribed[len(events.prefix):],
             events.subscribers("e")[len(events.prefix):-1]]
     assert mine == ["subscribed", "sub:"]
-    for name in mine:  # the same key, or one family's keys among the other's
-        assert not any(name == t or (t.endswith(":") and name.startswith(t))
-                       or (name.endswith(":") and t.startswith(name)) for t in taken), name
+    assert [name for name in mine if collides(name, taken)] == []

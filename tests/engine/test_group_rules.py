@@ -82,3 +82,33 @@ async def test_cancel_and_delete_take_a_waiting_task_out_of_its_group(app, clien
     assert await client.delete(kept.id) == "aggregating"
     assert (await depth(broker))["aggregating"] == 0
     assert not await broker.redis.exists(broker.keys("default").prefix + "gsize:note")
+
+
+async def test_a_batch_taken_again_after_its_task_was_enqueued_gives_no_second_task(
+        app, client, broker, raw_redis, start_worker) -> None:
+    """The window a SIGKILL can hit: a worker claimed a batch and enqueued its task, then
+    died before ending the batch. The batch's claim runs out, another worker takes it,
+    runs the aggregator again, and Redis refuses the task as a duplicate of the first."""
+    ran: list[str] = []
+
+    @app.task("sum")
+    async def total(task: obsq.Task) -> None:
+        ran.append(task.id)
+
+    app.aggregate("add", lambda group, tasks: ("sum", len(tasks)), max_size=2, grace_period=60)
+    for n in range(2):
+        await client.enqueue("add", n, group="g")
+    [batch] = (await broker.claim_batches("default", "a-worker-that-died", 0.2,
+                                          [("add", 2, 60.0, 60.0)], 5)).batches
+    await client.enqueue("sum", 2, task_id=batch.id, retention=300)  # then it died
+    await start_worker()
+    k = broker.keys("default")
+
+    def ended_with_one_task() -> bool:  # a second task would be waiting, running or done
+        tasks = {*raw_redis.lrange(k.pending, 0, -1), *raw_redis.zrange(k.lease, 0, -1),
+                 *raw_redis.zrange(k.completed, 0, -1)}
+        return not raw_redis.zcard(k.batches) and tasks == {batch.id.encode()}
+
+    await wait_until(ended_with_one_task, what="the batch ended, with one task")
+    assert ran == [batch.id]
+    assert (await depth(broker))["aggregating"] == 0

@@ -11,9 +11,7 @@ import asyncio
 import collections
 import itertools
 import logging
-import re
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 import redis
@@ -27,7 +25,7 @@ from obsq.schedule import FIRE_HEADER
 from obsq.scheduler import SchedulerLoop
 from obsq.settings import SchedulerSettings
 
-from .helpers import namespace_keys
+from .helpers import collides, namespace_keys, queue_key_names
 
 
 @pytest.fixture
@@ -249,17 +247,10 @@ def test_schedule_keys_do_not_collide_with_a_queue_named_schedules() -> None:
     QueueKeys and those the scripts build from it ("prefix .. 'held:'") must differ."""
     queue, schedule = QueueKeys("ns", "schedules"), ScheduleKeys("ns")
     assert queue.prefix == schedule.prefix
-    scripts = Path(obsq.__file__).parent / "broker" / "scripts"
-    taken = {getattr(queue, n)[len(queue.prefix):] for n in QueueKeys.__slots__
-             if n not in ("prefix", "queue")}
-    taken |= {"t:", "progress:", "inbox:", "unique:", "stats:"}
-    for script in scripts.glob("*.lua"):
-        taken |= set(re.findall(r"prefix \.\. '([\w:-]+)'", script.read_text()))
-    for name in ScheduleKeys.__slots__:
-        if name != "prefix":
-            mine = getattr(schedule, name)[len(schedule.prefix):]
-            assert not any(mine == t or (t.endswith(":") and mine.startswith(t))
-                           for t in taken), mine
+    taken = queue_key_names()
+    mine = [getattr(schedule, n)[len(schedule.prefix):] for n in ScheduleKeys.__slots__
+            if n != "prefix"]
+    assert [name for name in mine if collides(name, taken)] == []
 
 
 # -- helpers -------------------------------------------------------------------------------

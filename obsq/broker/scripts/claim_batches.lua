@@ -13,7 +13,7 @@
 --       [[pattern, max_size, max_delay_ms, grace_ms], ...]}: the caller's aggregators, the
 --       most specific pattern first (as routes match: exact, longest prefix, '*')
 -- Returns {ms until the next group or batch is due (-1: none), {batch, ...}}; a batch is
--- {id, type, group, fence, failures, {{id, payload, headers}, ...}}.
+-- {id, type, group, fence, failures, {{id, payload, headers, binary}, ...}}.
 local now = now_ms()
 local owner, lease = ARGV[2], tonumber(ARGV[3])
 local arg = cjson.decode(ARGV[4])
@@ -39,14 +39,19 @@ local function sooner(at)
   end
 end
 
--- The tasks still waiting of `ids`, each marked as the batch's: {id, payload, headers}.
+-- The tasks still waiting of `ids`, each marked as the batch's: {id, payload, headers,
+-- 1 when the payload is the producer's bytes (field 'bin') else 0}.
 local function live(ids, batch)
   local found = {}
   for _, id in ipairs(ids) do
-    local f = redis.call('HMGET', task_key(id), 'state', 'payload', 'headers')
+    local f = redis.call('HMGET', task_key(id), 'state', 'payload', 'headers', 'bin')
     if f[1] == 'aggregating' then
       redis.call('HSET', task_key(id), 'batch', batch)
-      found[#found + 1] = {id, f[2] or '', f[3] or ''}
+      if f[4] then
+        found[#found + 1] = {id, f[4], f[3] or '', 1}
+      else
+        found[#found + 1] = {id, f[2] or '', f[3] or '', 0}
+      end
     end
   end
   return found

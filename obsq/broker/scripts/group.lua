@@ -6,25 +6,28 @@
 -- 'glast:<type>' and 'gsize:<type>' (group -> its oldest task's time, its newest task's
 -- time, its size), so that the due groups of a type are found with a range read each.
 -- KEYS: gtypes, grouped
--- ARGV: now, type, group, then one JSON array holding per task [id, payload, headers or '']
+-- ARGV: now, type, group, then per task: id, payload, the payload's field ('payload' for
+--       JSON, 'bin' for the producer's own bytes), headers or ''
+--       (plain arguments: bytes payloads need no escaping)
 -- Returns per task: '' (added) or 'id' (the id exists).
 local now = now_ms()
 local task_type, group = ARGV[2], ARGV[3]
 local list = prefix .. 'grp:' .. task_type .. ' ' .. group
 local out, added = {}, 0
-for _, t in ipairs(cjson.decode(ARGV[4])) do
-  local key = task_key(t[1])
+for i = 4, #ARGV, 4 do
+  local id = ARGV[i]
+  local key = task_key(id)
   if redis.call('EXISTS', key) == 1 then
     out[#out + 1] = 'id'
   else
-    local fields = {'type', task_type, 'payload', t[2], 'state', 'aggregating', 'enq', now,
-                    'due', now, 'grp', group}
-    if t[3] ~= '' then
+    local fields = {'type', task_type, ARGV[i + 2], ARGV[i + 1], 'state', 'aggregating',
+                    'enq', now, 'due', now, 'grp', group}
+    if ARGV[i + 3] ~= '' then
       fields[#fields + 1] = 'headers'
-      fields[#fields + 1] = t[3]
+      fields[#fields + 1] = ARGV[i + 3]
     end
     redis.call('HSET', key, unpack(fields))
-    redis.call('RPUSH', list, t[1])
+    redis.call('RPUSH', list, id)
     added = added + 1
     out[#out + 1] = ''
   end

@@ -30,8 +30,12 @@ local function window(start, n)
     end
     return ids, scores
   end
-  local command = order == 'asc' and 'ZRANGE' or 'ZREVRANGE'
-  local raw = redis.call(command, KEYS[1], start, start + n - 1, 'WITHSCORES')
+  local raw  -- each command named literally: `obsq acl` reads them from the source
+  if order == 'asc' then
+    raw = redis.call('ZRANGE', KEYS[1], start, start + n - 1, 'WITHSCORES')
+  else
+    raw = redis.call('ZREVRANGE', KEYS[1], start, start + n - 1, 'WITHSCORES')
+  end
   for i = 1, #raw, 2 do
     ids[#ids + 1] = raw[i]
     scores[#scores + 1] = raw[i + 1]
