@@ -762,3 +762,77 @@ def test_notes_render(args: list[str], expected: list[str]) -> None:
         assert text in notes
     if "values-all.yaml" in " ".join(args):  # exporter.enabled: no warning about it
         assert "exporter.enabled is false" not in notes
+
+
+# --- Redis credentials and TLS files: only from Secrets in production --------------------
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "production=true"], "existingSecret"),
+        (
+            ["--set", "production=true,redis.existingSecret=obsq-redis",
+             "--set", "redis.url=redis://:s3cret@redis:6379/0"],
+            "url",
+        ),
+        (
+            ["--set", "production=true,redis.existingSecret=obsq-redis",
+             "--set", "redis.url=rediss://obsq:s3cret@redis:6380/0?ssl_ca_certs=/tls/ca.crt"],
+            "url",
+        ),
+    ],
+    ids=["no-secret", "password-in-url", "user-and-password-in-url"],
+)
+def test_production_refuses_redis_credentials_in_plain_values(
+    helm: str, args: list[str], message: str
+) -> None:
+    render = helm_template(helm, *args, check=False)
+    assert render.returncode != 0, f"{args} was accepted"
+    assert message in render.stderr and "s3cret" not in render.stderr, render.stderr
+
+
+def test_production_takes_the_url_from_a_secret(helm: str) -> None:
+    render = helm_template(
+        helm, "--set", "production=true,redis.existingSecret=obsq-redis",
+        "--set", "redis.url=rediss://obsq@redis:6380/0",  # a user, no password: allowed
+    )
+    env = container(render.one("Deployment", "-worker"))["env"]
+    (url,) = [e for e in env if e["name"] == "OBSQ_REDIS_URL"]
+    assert url["valueFrom"]["secretKeyRef"] == {"name": "obsq-redis", "key": "redis-url"}
+    # outside production a plain URL with a password still renders (development)
+    helm_template(helm, "--set", "redis.url=redis://:dev@localhost:6379/0")
+
+
+def test_production_example_sets_the_guard() -> None:
+    values = yaml.safe_load((ROOT / "examples" / "helm" / "values-production.yaml").read_text())
+    assert values["production"] is True and values["redis"]["existingSecret"]
+
+
+def test_redis_tls_files_come_from_a_secret_in_every_container(helm: str) -> None:
+    render = helm_template(
+        helm, "--set", "redis.url=rediss://redis:6380/0,redis.tls.existingSecret=obsq-redis-tls",
+        "--set", "scheduler.enabled=true,exporter.enabled=true,ui.enabled=true",
+    )
+    deployments = render.all("Deployment")
+    assert {d["metadata"]["name"].rsplit("-", 1)[1] for d in deployments} == {
+        "worker", "scheduler", "exporter", "ui"}
+    for deployment in deployments:
+        pod = deployment["spec"]["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "redis-tls"]
+        assert volume["secret"]["secretName"] == "obsq-redis-tls"
+        (mount,) = [m for m in container(deployment)["volumeMounts"] if m["name"] == "redis-tls"]
+        assert mount == {"name": "redis-tls", "mountPath": "/etc/obsq/redis-tls",
+                         "readOnly": True}
+        env = env_of(container(deployment))
+        assert {k: v for k, v in env.items() if k.startswith("OBSQ_REDIS_TLS_")} == {
+            "OBSQ_REDIS_TLS_CA": "/etc/obsq/redis-tls/ca.crt",
+            "OBSQ_REDIS_TLS_CERT": "/etc/obsq/redis-tls/tls.crt",
+            "OBSQ_REDIS_TLS_KEY": "/etc/obsq/redis-tls/tls.key",
+        }
+    server_only = helm_template(
+        helm, "--set", "redis.tls.existingSecret=ca-only,redis.tls.certKey=,redis.tls.keyKey=")
+    env = env_of(container(server_only.one("Deployment", "-worker")))
+    assert "OBSQ_REDIS_TLS_CERT" not in env and env["OBSQ_REDIS_TLS_CA"].endswith("/ca.crt")
+    no_tls = env_of(container(helm_template(helm).one("Deployment", "-worker")))
+    assert not [k for k in no_tls if k.startswith("OBSQ_REDIS_TLS_")]

@@ -140,6 +140,20 @@ app.kubernetes.io/component: {{ index . 1 }}
 - name: OBSQ_REDIS_URL
   value: {{ .Values.redis.url | quote }}
 {{- end }}
+{{- with .Values.redis.tls }}
+{{- if .existingSecret }}
+- name: OBSQ_REDIS_TLS_CA
+  value: {{ printf "%s/%s" .mountPath .caKey | quote }}
+{{- if .certKey }}
+- name: OBSQ_REDIS_TLS_CERT
+  value: {{ printf "%s/%s" .mountPath .certKey | quote }}
+{{- end }}
+{{- if .keyKey }}
+- name: OBSQ_REDIS_TLS_KEY
+  value: {{ printf "%s/%s" .mountPath .keyKey | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if .Values.tracing.enabled }}
 - name: OTEL_TRACES_EXPORTER
   value: otlp
@@ -167,6 +181,24 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The mount of the Secret with Redis's TLS files, in every container that speaks to Redis. */}}
+{{- define "obsq.redisTlsMount" -}}
+{{- if .Values.redis.tls.existingSecret }}
+- name: redis-tls
+  mountPath: {{ .Values.redis.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "obsq.redisTlsVolume" -}}
+{{- if .Values.redis.tls.existingSecret }}
+- name: redis-tls
+  secret:
+    secretName: {{ .Values.redis.tls.existingSecret }}
+    defaultMode: 0444
 {{- end }}
 {{- end }}
 
