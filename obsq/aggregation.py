@@ -75,7 +75,7 @@ class AggregationLoop(BackgroundLoop):
             return
         tasks = [Task(id=t.id, type=batch.type, queue=batch.queue, raw_payload=t.payload,
                       raw_headers=t.headers, retry_count=0, max_retry=0, timeout=0,
-                      retention=0) for t in batch.tasks]
+                      retention=0, binary=t.binary) for t in batch.tasks]
         try:
             if inspect.iscoroutinefunction(entry.aggregator):
                 made = await entry.aggregator(batch.group, tasks)
