@@ -27,6 +27,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from obsq._version import __version__
 from obsq.app import AGGREGATION_OUTCOMES, OUTCOMES, RECOVERY_REASONS, THROTTLE_REASONS, App
 from obsq.broker.calls import OPERATIONS
+from obsq.producer_chain import sync_safe
 from obsq.settings import DEFAULT_QUEUE
 from obsq.task import Task, TaskInfo, TaskMessage
 
@@ -213,6 +214,7 @@ class EnqueueMetrics:
                 self._children[key] = child
         return child
 
+    @sync_safe  # awaits only call_next: a SyncClient runs it in its caller's thread
     async def hook(self, messages: list[TaskMessage],
                    call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
         infos = await call_next(messages)
@@ -302,6 +304,25 @@ class _Forward:
         return self.registry.collect()
 
 
+class _WrittenFilesCollector(MultiProcessCollector):
+    """prometheus-client's multiprocess collector, leaving out the files a starting process
+    has created and not yet sized and headed: reading one fails the whole scrape (an empty
+    file cannot be mapped; an unheaded one is written to, through a read-only map)."""
+
+    def collect(self) -> Iterable[Any]:
+        return self.merge([f for f in glob.glob(os.path.join(self._path, "*.db"))
+                           if _headed(f)], accumulate=True)
+
+
+def _headed(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:  # removed meanwhile (a process marked dead)
+        return False
+    return len(head) == 4 and head != b"\0\0\0\0"
+
+
 def endpoint_registry(*collectors: Any, include_process: bool = True) -> CollectorRegistry:
     """The registry one HTTP endpoint serves: this process's metrics (or, in multiprocess
     mode, every process's, from the directory) plus the given collectors."""
@@ -310,7 +331,7 @@ def endpoint_registry(*collectors: Any, include_process: bool = True) -> Collect
         path = multiprocess_dir()
         if path:
             os.makedirs(path, exist_ok=True)
-            MultiProcessCollector(registry, path)
+            _WrittenFilesCollector(registry, path)
         else:
             registry.register(_Forward(REGISTRY))
     for collector in collectors:

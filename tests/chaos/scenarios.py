@@ -73,7 +73,7 @@ async def redis_restart(tasks: int, workdir: Path, quick: bool,
                         ) -> list[Outcome]:
     """Redis SIGKILLed and started again mid-run, producers and workers running: with
     `appendonly yes` and each `appendfsync` mode, and `appendonly no` (the reference: a
-    Redis that keeps nothing). Recovery: from the kill until a task enqueued after it
+    Redis that keeps nothing). Recovery: from the kill until a task fetched after it
     completes."""
     outcomes = []
     for mode in modes:
@@ -97,7 +97,7 @@ async def redis_restart(tasks: int, workdir: Path, quick: bool,
             await settle(ledger, producer.acked, quiet=_quiet(quick), deadline=120)
             name = "appendonly no" if mode == "no" else f"appendfsync {mode}"
             outcomes.append(outcome(f"redis-restart ({name})", producer.acked, ledger,
-                                    _flowing_again(ledger, producer.acked, killed),
+                                    _flowing_again(ledger, killed),
                                     refused_batches=producer.refusals))
         finally:
             await producer.close()
@@ -111,7 +111,7 @@ async def failover(tasks: int, workdir: Path, quick: bool,
     """A master, a replica and three Sentinels; the master is SIGKILLed mid-run and the
     replica promoted. Without durable_replicas an enqueue acknowledged by the master may
     not have reached the replica; with `durable_replicas=1` each enqueue waits for it.
-    Recovery: from the kill until a task enqueued after it completes."""
+    Recovery: from the kill until a task fetched after it completes."""
     return [await _failover_once(tasks, workdir / f"failover-{n}", quick, n) for n in durable]
 
 
@@ -139,7 +139,7 @@ async def _failover_once(tasks: int, run_dir: Path, quick: bool, replicas: int) 
         await producing
         await settle(ledger, producer.acked, quiet=_quiet(quick), deadline=120)
         return outcome(f"failover (durable_replicas={replicas})", producer.acked, ledger,
-                       _flowing_again(ledger, producer.acked, killed),
+                       _flowing_again(ledger, killed),
                        promoted_after=round(promoted, 2),
                        refused_batches=producer.refusals,
                        enqueue_ms_per_task_before_the_kill=round(enqueue_cost * 1000, 3))
@@ -155,7 +155,7 @@ async def hang(tasks: int, workdir: Path, quick: bool, seconds: float = 5.0
                ) -> list[Outcome]:
     """Redis frozen for `seconds` (CLIENT PAUSE ALL) under load, workers with the
     production heartbeat TTL and leases: no task may start twice, and /readyz must say
-    Redis is not answering. Recovery: from the end of the freeze until a task enqueued
+    Redis is not answering. Recovery: from the end of the freeze until a task fetched
     after it completes."""
     server = RedisServer().start()
     pool = Workers(server.url, NS, workdir, quick=quick, OBSQ_HEARTBEAT_INTERVAL="1",
@@ -183,7 +183,7 @@ async def hang(tasks: int, workdir: Path, quick: bool, seconds: float = 5.0
         await settle(ledger, producer.acked, quiet=_quiet(quick), deadline=120)
         said = next((body for status, body in reports if status == 503), "")
         return [outcome(f"hang ({seconds:g} s)", producer.acked, ledger,
-                        _flowing_again(ledger, producer.acked, thawed),
+                        _flowing_again(ledger, thawed),
                         started_again_without_a_kill=started_again_unkilled(ledger, {}),
                         readyz_during_the_freeze=said or "never 503")]
     finally:
@@ -290,11 +290,11 @@ def _pace(tasks: int, batch: int, seconds: float) -> float:
     return seconds / max(tasks / batch, 1)
 
 
-def _flowing_again(ledger: Ledger, acked: dict[int, float], moment: float) -> float | None:
-    """From `moment` until a task sent after it completed: the whole way (producer, Redis,
-    worker) works again."""
-    ends = [min(at for at, _ in ledger.ends[n]) for n, sent in acked.items()
-            if sent >= moment and n in ledger.ends]
+def _flowing_again(ledger: Ledger, moment: float) -> float | None:
+    """From `moment` until a task fetched after it completed: Redis serves workers again
+    (whatever backlog the queue holds)."""
+    ends = [end for n, runs in ledger.ends.items() for end, _ in runs
+            if any(moment < start <= end for start, _ in ledger.starts.get(n, ()))]
     return min(ends) - moment if ends else None
 
 

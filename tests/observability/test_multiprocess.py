@@ -143,3 +143,22 @@ async def test_a_single_worker_serving_a_multiprocess_directory_starts_it_afresh
         await client.close()
         code = await asyncio.to_thread(worker.stop)
     assert code == 0, (tmp_path / "worker.log").read_text()
+
+
+def test_a_scrape_skips_the_file_a_starting_process_has_not_written_yet(tmp_path):
+    """A restarted child creates its value file empty and sizes it a moment later; a scrape
+    in between must serve the other files, not fail on that one."""
+    directory = tmp_path / "prom"
+    directory.mkdir()
+    env = obsq_env(PROMETHEUS_MULTIPROC_DIR=str(directory))
+    script = ("from prometheus_client import Counter; "
+              "Counter('obsq_written', 'a process that wrote', ['x']).labels('y').inc(5); "
+              "open(__import__('os').path.join(__import__('os').environ"
+              "['PROMETHEUS_MULTIPROC_DIR'], 'counter_99999.db'), 'wb').close(); "
+              "from prometheus_client import generate_latest; "
+              "from obsq.observability.metrics import endpoint_registry; "
+              "print(generate_latest(endpoint_registry()).decode())")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert 'obsq_written_total{x="y"} 5.0' in out.stdout
