@@ -12,7 +12,12 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from obsq.broker.acl import PROBE, probed_commands
 from obsq.broker.connection import create_client, kept_connection_client
@@ -70,7 +75,7 @@ class RedisCalls:
         except AuthenticationError as exc:
             raise ConfigurationError(f"Redis at {_safe(self.url)} refused the credentials: "
                                      f"{exc}") from None
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:  # the last: no node
             raise ConfigurationError(f"cannot reach Redis at {_safe(self.url)}: "
                                      f"{str(exc).rstrip('.')}{_hint(self.url, exc)}"
                                      ) from None
