@@ -4,7 +4,7 @@ scheduler, observability, cli."""
 
 from obsq._version import __version__
 from obsq.app import App, Route
-from obsq.client import Client, SyncClient
+from obsq.client import Client
 from obsq.errors import (
     BrokerError,
     ConfigurationError,
@@ -23,6 +23,7 @@ from obsq.errors import (
     UnknownTaskType,
 )
 from obsq.inspector import Inspector
+from obsq.sync_client import SyncClient
 from obsq.task import Job, Task, TaskInfo, TaskMessage
 from obsq.worker import Worker
 

@@ -138,7 +138,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_acl(args: argparse.Namespace) -> int:
     from obsq.broker.acl import acl_rule
 
-    print(acl_rule(_namespace(args)))
+    print(acl_rule(_namespace(args), cluster=args.cluster))
     return 0
 
 
@@ -201,8 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--http-port", type=int, default=WORKER_HTTP_PORT,
                       help=f"{WORKER_HTTP_PORT} (another free one when taken; 0: any free port)")
 
-    command("acl", "print the Redis ACL rules of a user that may run obsq on one namespace "
-            "and nothing else: ACL SETUSER NAME on >PASSWORD RULES", cmd_acl)
+    acl = command("acl", "print the Redis ACL rules of a user that may run obsq on one "
+                  "namespace and nothing else: ACL SETUSER NAME on >PASSWORD RULES", cmd_acl)
+    acl.add_argument("--cluster", action="store_true",
+                     help="with the commands a Redis Cluster client needs to find the nodes")
     add_admin_commands(command, cmd_admin)
     return parser
 

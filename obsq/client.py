@@ -10,18 +10,18 @@ the same methods, blocking, for sync web apps.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
-import threading
 import time
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from obsq.app import App, CallNextProducer, ProducerHook
+from obsq.app import App, ProducerHook
 from obsq.broker import Broker, Enqueued
+from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
 from obsq.errors import BrokerError, DuplicateTask, TaskNotFound, TaskRunning
 from obsq.fanout import check_event, check_grouped, event_jobs
+from obsq.producer_chain import ProducerChain
 from obsq.results import ResultWaiter
 from obsq.schedule import Schedule, ScheduleInfo
 from obsq.settings import (
@@ -60,24 +60,21 @@ class Client:
             else allow_eviction
         self.results = ResultWaiter(self.broker)
         self.hooks: list[ProducerHook] = []
-        self._known_queues: set[str] = set()
+        self._queues = QueueRegistry(self._register_queues)
+        self._coalescer = EnqueueCoalescer(self.broker.enqueue, ENQUEUE_BATCH)
         self._unheard: set[str] = set()  # events published with no subscriber, warned of
         self._checks: set[asyncio.Future[None]] = set()
-        self._composed: tuple[int, int] = (-1, -1)  # the hook counts _write was built of
-        self._write: CallNextProducer = self._store
+        self._chain = ProducerChain(self._store)
 
     def use(self, hook: ProducerHook) -> ProducerHook:
         """Add a producer hook; the first added is the outermost (after the App's)."""
         self.hooks.append(hook)
         return hook
 
-    def _writer(self) -> CallNextProducer:
-        """The producer hooks around the write, built again when hooks were added."""
-        app_hooks = self.app.producer_hooks if self.app is not None else []
-        if self._composed != (len(app_hooks), len(self.hooks)):
-            self._write = _chain([*app_hooks, *self.hooks], self._store)
-            self._composed = (len(app_hooks), len(self.hooks))
-        return self._write
+    @property
+    def producer_hooks(self) -> tuple[list[ProducerHook], list[ProducerHook]]:
+        """The App's producer hooks (the outermost), and this Client's."""
+        return (self.app.producer_hooks if self.app is not None else []), self.hooks
 
     async def enqueue(self, task_type: str, payload: Any = None, *, queue: str | None = None,
                       max_retry: int | None = None, timeout: float | None = None,
@@ -90,7 +87,8 @@ class Client:
         Tasks sharing an `ordering_key` run one at a time, in the order they were
         enqueued, across all workers (each queue keeps its own order). A task given a
         `group` waits in it (state `aggregating`) for the aggregator of its type
-        (app.aggregate), and takes no option but queue, task_id and headers."""
+        (app.aggregate), and takes no option but queue, task_id and headers. The enqueues
+        of concurrent callers share round trips (EnqueueCoalescer)."""
         if group is not None:
             check_grouped(group, {"max_retry": max_retry, "timeout": timeout, "delay": delay,
                                   "eta": eta, "unique_for": unique_for,
@@ -100,18 +98,19 @@ class Client:
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                   delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
                   retention=retention, headers=dict(headers or {}), ordering_key=ordering_key)
-        info = (await self.enqueue_many([job]))[0]
-        if info.duplicate:
-            raise DuplicateTask(f"task {task_type!r} is a duplicate of {info.id}", info.id)
-        return info
+        return unless_duplicate((await self.enqueue_many([job]))[0])
 
     async def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         """Enqueue many tasks in few round trips. Every job is checked before anything is
         written. A duplicate is not an error here: its TaskInfo has `duplicate=True` and the
         id of the task that holds the id or the unique lock."""
+        messages = self._messages(jobs)
+        return await self._chain(*self.producer_hooks)(messages) if messages else []
+
+    def _messages(self, jobs: Sequence[Job]) -> list[TaskMessage]:
+        """The jobs checked and encoded, with their route's defaults."""
         now = time.time()
-        messages = [self._message(job, now) for job in jobs]
-        return await self._writer()(messages) if messages else []
+        return [self._message(job, now) for job in jobs]
 
     def _message(self, job: Job, now: float) -> TaskMessage:
         if self.app is None:
@@ -124,41 +123,42 @@ class Client:
                              max_payload=self.app.max_payload_of(route))
 
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
-        """The innermost layer: group by queue, write in bounded batches, one round trip."""
-        by_queue: dict[str, list[TaskMessage]] = {}
-        for m in messages:
-            by_queue.setdefault(m.queue, []).append(m)
-        new_queues = by_queue.keys() - self._known_queues
-        if new_queues:
-            await self.broker.check_memory_policy(refuse=not self.allow_eviction)
-            await self.broker.register_queues(new_queues)
-            self._known_queues |= new_queues
-            if self.app is None:  # nothing says where its tasks belong: look, once a queue
-                check = asyncio.ensure_future(self._warn_if_unserved(new_queues))
-                self._checks.add(check)
-                check.add_done_callback(self._checks.discard)
-        statuses: dict[int, Enqueued] = {}  # by message object: two jobs may share a task_id
-        for queue, group in by_queue.items():
-            for start in range(0, len(group), ENQUEUE_BATCH):
-                chunk = group[start:start + ENQUEUE_BATCH]
-                for m, status in zip(chunk, await self.broker.enqueue(queue, chunk)):
-                    statuses[id(m)] = status
-        return [_info_after_enqueue(m, statuses[id(m)]) for m in messages]
+        """The innermost layer: group by queue and write each group with the enqueues other
+        callers make at the same time (EnqueueCoalescer), the queues at once."""
+        by_queue = group_by_queue(messages)
+        self.check_served(await self._queues.ensure(by_queue))
+        if len(by_queue) == 1:
+            [(queue, group)] = by_queue.items()
+            return [_info_after_enqueue(m, status) for m, status in
+                    zip(group, await self._coalescer.enqueue(queue, group))]
+        replies = await asyncio.gather(*(self._coalescer.enqueue(queue, group)
+                                         for queue, group in by_queue.items()))
+        return infos_in_order(messages, by_queue, replies)
+
+    async def _register_queues(self, queues: set[str]) -> None:
+        """Before a queue's first task: refuse a Redis that may evict tasks (unless allowed),
+        and add the queue to the namespace's set."""
+        await self.broker.check_memory_policy(refuse=not self.allow_eviction)
+        await self.broker.register_queues(queues)
+
+    def check_served(self, new_queues: set[str]) -> None:
+        """Without an App nothing says where tasks belong: look, once a queue, whether a
+        live worker serves it (in the background)."""
+        if new_queues and self.app is None:
+            check = asyncio.ensure_future(self._warn_if_unserved(new_queues))
+            self._checks.add(check)
+            check.add_done_callback(self._checks.discard)
 
     async def _enqueue_grouped(self, group: str, job: Job) -> TaskInfo:
         """Through the producer hooks (trace context, counts) into the group."""
         async def store(messages: list[TaskMessage]) -> list[TaskInfo]:
             m = messages[0]
-            if m.queue not in self._known_queues:  # as _store does
-                await self.broker.check_memory_policy(refuse=not self.allow_eviction)
-                await self.broker.register_queues([m.queue])
-                self._known_queues.add(m.queue)
+            self.check_served(await self._queues.ensure([m.queue]))
             status = (await self.broker.group(m.queue, m.type, group, messages))[0]
             return [TaskInfo(id=m.id, type=m.type, queue=m.queue, state="aggregating",
                              headers=m.headers, duplicate=not status.created)]
 
-        app_hooks = self.app.producer_hooks if self.app is not None else []
-        write = _chain([*app_hooks, *self.hooks], store)
+        write = ProducerChain(store)(*self.producer_hooks)
         info = (await write([self._message(job, time.time())]))[0]
         if info.duplicate:
             raise DuplicateTask(f"task id {info.id!r} is taken", info.id)
@@ -269,6 +269,7 @@ class Client:
     async def close(self) -> None:
         for check in list(self._checks):
             check.cancel()
+        await self._coalescer.close()
         await self.results.close()
         await self.broker.close()
 
@@ -286,18 +287,26 @@ async def read_schedules(broker: Broker, limit: int = SCHEDULES_SHOWN) -> list[S
     return [ScheduleInfo.from_stored(*record, now_ms=now_ms) for record in records]
 
 
-def _chain(hooks: list[ProducerHook], innermost: CallNextProducer) -> CallNextProducer:
-    """The hooks around `innermost`, the first outermost."""
-    call = innermost
-    for hook in reversed(hooks):
-        call = _bind(hook, call)
-    return call
+def group_by_queue(messages: list[TaskMessage]) -> dict[str, list[TaskMessage]]:
+    by_queue: dict[str, list[TaskMessage]] = {}
+    for m in messages:
+        by_queue.setdefault(m.queue, []).append(m)
+    return by_queue
 
 
-def _bind(hook: ProducerHook, call_next: CallNextProducer) -> CallNextProducer:
-    def call(messages: list[TaskMessage]) -> Awaitable[list[TaskInfo]]:
-        return hook(messages, call_next)
-    return call
+def infos_in_order(messages: list[TaskMessage], by_queue: dict[str, list[TaskMessage]],
+           replies: Sequence[list[Enqueued]]) -> list[TaskInfo]:
+    """The TaskInfos in the order of `messages`, from each queue's statuses."""
+    statuses: dict[int, Enqueued] = {}  # by message object: two jobs may share a task_id
+    for group, reply in zip(by_queue.values(), replies):
+        statuses.update((id(m), status) for m, status in zip(group, reply))
+    return [_info_after_enqueue(m, statuses[id(m)]) for m in messages]
+
+
+def unless_duplicate(info: TaskInfo) -> TaskInfo:
+    if info.duplicate:
+        raise DuplicateTask(f"task {info.type!r} is a duplicate of {info.id}", info.id)
+    return info
 
 
 def _info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
@@ -306,80 +315,4 @@ def _info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
                     headers=m.headers, duplicate=not status.created)
 
 
-class SyncClient:
-    """The Client's methods, blocking. It runs a Client on a private event-loop thread and
-    carries the caller's context (e.g. the current trace span) into each call."""
-
-    def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str | None = None,
-                 **options: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="obsq-sync-client",
-                                        daemon=True)
-        self._thread.start()
-        self._client: Client = self._run(_make_client(redis_url, namespace, options))
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        context = contextvars.copy_context()
-        future: Any = asyncio.run_coroutine_threadsafe(_in_context(coro, context), self._loop)
-        return future.result()
-
-    def use(self, hook: ProducerHook) -> ProducerHook:
-        return self._client.use(hook)
-
-    def enqueue(self, task_type: str, payload: Any = None, **options: Any) -> TaskInfo:
-        return self._run(self._client.enqueue(task_type, payload, **options))
-
-    def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
-        return self._run(self._client.enqueue_many(jobs))
-
-    def publish(self, event: str, payload: Any = None, **options: Any) -> list[TaskInfo]:
-        return self._run(self._client.publish(event, payload, **options))
-
-    def info(self, task_id: str, queue: str | None = None) -> TaskInfo:
-        return self._run(self._client.info(task_id, queue))
-
-    def result(self, task_id: str | TaskInfo, timeout: float | None = None,
-               queue: str | None = None) -> Any:
-        return self._run(self._client.result(task_id, timeout, queue))
-
-    def cancel(self, task_id: str, queue: str | None = None) -> str:
-        return self._run(self._client.cancel(task_id, queue))
-
-    def delete(self, task_id: str, queue: str | None = None) -> str:
-        return self._run(self._client.delete(task_id, queue))
-
-    def schedule(self, name: str, spec: str, task_type: str, payload: Any = None,
-                 **options: Any) -> Schedule:
-        return self._run(self._client.schedule(name, spec, task_type, payload, **options))
-
-    def unschedule(self, name: str) -> bool:
-        return self._run(self._client.unschedule(name))
-
-    def schedules(self) -> list[ScheduleInfo]:
-        return self._run(self._client.schedules())
-
-    def close(self) -> None:
-        if self._loop.is_running():
-            self._run(self._client.close())
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> SyncClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-async def _make_client(redis_url: str, namespace: str | None, options: dict[str, Any]
-                       ) -> Client:
-    return Client(redis_url, namespace, **options)
-
-
-async def _in_context(coro: Coroutine[Any, Any, T], context: contextvars.Context) -> T:
-    """Run `coro` as a task created inside the caller's context."""
-    task = context.run(asyncio.ensure_future, coro)
-    return await task
-
-
-__all__ = ["Client", "ProducerHook", "SyncClient"]
+__all__ = ["Client", "ProducerHook"]

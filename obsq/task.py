@@ -2,11 +2,14 @@
 handler receives, the info a client reads back, and the wire format between them.
 
 Payloads, headers and results travel as JSON through orjson, never pickle, so
-any language can produce or inspect them and a tampered entry fails loudly.
+any language can produce or inspect them and a tampered entry fails loudly. A payload
+given as bytes (the user's own serialization: protobuf, msgpack) is kept as it is, in a
+field of its own, and reaches the handler as the same bytes.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
 import os
@@ -19,7 +22,7 @@ import orjson
 
 from obsq.errors import PayloadError, Retry, TaskTooLarge
 from obsq.names import validate_name
-from obsq.settings import DEFAULT_QUEUE, MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES
+from obsq.settings import BYTES_SHOWN, DEFAULT_QUEUE, MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -27,6 +30,14 @@ if TYPE_CHECKING:
 def new_task_id() -> str:
     """128 random bits as 32 hex digits (a uuid4's entropy, a quarter of its cost)."""
     return os.urandom(16).hex()
+
+
+def bytes_preview(data: bytes, size: int | None = None, shown: int = BYTES_SHOWN) -> str:
+    """How the tools show a bytes payload: its size and the base64 of its first bytes
+    (`size`: of the whole payload, when `data` is only its head)."""
+    size = len(data) if size is None else size
+    head = base64.b64encode(data[:shown]).decode()
+    return f"<{size:,} bytes, base64> {head}" + ("..." if size > shown else "")
 
 
 def encode_json(value: Any, what: str) -> bytes:
@@ -75,7 +86,7 @@ class TaskMessage:
     id: str
     type: str
     queue: str
-    payload: bytes
+    payload: bytes  # JSON, or the producer's own bytes when `binary`
     headers: dict[str, str]
     max_retry: int | None  # None: the worker applies the route's default
     timeout: float | None
@@ -84,15 +95,19 @@ class TaskMessage:
     unique_key: str  # digest of type + payload, empty when not unique
     unique_for: float
     ordering_key: str = ""
+    binary: bool = False  # the payload was given as bytes and stays bytes
+    id_chosen: bool = False  # the producer named the id: Redis must check that it is free
 
     def encoded_headers(self) -> bytes:
         return orjson.dumps(self.headers) if self.headers else b""
 
     def encoded_options(self) -> bytes:
+        """JSON of the options that differ from the defaults, or b"" when none does."""
         # max_retry=0 is a real choice (no retries): only None means "the route's default"
         options = {"max_retry": self.max_retry, "timeout": self.timeout,
                    "retention": self.retention or None}
-        return orjson.dumps({k: v for k, v in options.items() if v is not None})
+        chosen = {k: v for k, v in options.items() if v is not None}
+        return orjson.dumps(chosen) if chosen else b""
 
 
 def build_message(job: Job, *, queue: str | None = None, max_retry: int | None = None,
@@ -124,20 +139,24 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
         raise TypeError("headers must map strings to strings")
     if headers:
         _within(job.type, "headers", len(orjson.dumps(headers)), MAX_HEADERS_BYTES)
-    if isinstance(job.payload, str):  # never smaller encoded: refuse before encoding
-        _within(job.type, "payload", len(job.payload), max_payload)
-    payload = encode_json(job.payload, "payload")
+    binary = isinstance(job.payload, (bytes, bytearray, memoryview))
+    if isinstance(job.payload, str) or binary:  # never smaller encoded: refuse before
+        _within(job.type, "payload", len(job.payload), max_payload)  # encoding
+    payload = bytes(job.payload) if binary else encode_json(job.payload, "payload")
     _within(job.type, "payload", len(payload), max_payload)
     ordering_key = ""
     if job.ordering_key is not None:
         ordering_key = validate_name("ordering_key", job.ordering_key)
     unique_key = ""
     if unique_for:
-        unique_key = hashlib.sha1(job.type.encode() + b"\0" + payload).hexdigest()
+        # bytes are told apart from the JSON that happens to have the same text
+        kind = b"\0bytes\0" if binary else b"\0"
+        unique_key = hashlib.sha1(job.type.encode() + kind + payload).hexdigest()
     return TaskMessage(id=job.task_id or new_task_id(), type=job.type, queue=queue,
                        payload=payload, headers=headers, max_retry=max_retry, timeout=timeout,
                        retention=retention, delay=delay, unique_key=unique_key,
-                       unique_for=unique_for, ordering_key=ordering_key)
+                       unique_for=unique_for, ordering_key=ordering_key, binary=binary,
+                       id_chosen=job.task_id is not None)
 
 
 def _within(task_type: str, what: str, size: int, limit: int) -> None:
@@ -170,6 +189,7 @@ class Task:
     tampered payload fails inside the handler chain, where it is reported like any error."""
 
     __slots__ = (
+        "_binary",
         "_headers",
         "_payload",
         "_raw_headers",
@@ -196,7 +216,7 @@ class Task:
                  raw_headers: bytes, retry_count: int, max_retry: int, timeout: float,
                  retention: float, fence: int = 0, wait_seconds: float = 0.0,
                  route: str = "other", unique_key: str = "", ordering_key: str = "",
-                 slot: str = "",
+                 slot: str = "", binary: bool = False,
                  update_state: Callable[[Task, Any], Awaitable[None]] | None = None) -> None:
         self.id = id
         self.type = type
@@ -216,6 +236,7 @@ class Task:
         self.cancelled = False
         self.context: dict[str, Any] = {}  # per-attempt scratch space for middleware and hooks
         self._raw_payload = raw_payload
+        self._binary = binary  # the payload is the producer's bytes: handed over as they are
         self._raw_headers = raw_headers
         self._payload: Any = _UNSET
         self._headers: dict[str, str] | None = None
@@ -223,6 +244,9 @@ class Task:
 
     @property
     def payload(self) -> Any:
+        """The JSON value given at enqueue, decoded; or the bytes, when bytes were given."""
+        if self._binary:
+            return self._raw_payload
         if self._payload is _UNSET:
             try:
                 self._payload = orjson.loads(self._raw_payload)
@@ -297,7 +321,7 @@ class TaskInfo:
             max_retry=options.get("max_retry") if isinstance(options, dict) else None,
             error=text(b"error") or None, result=decode_stored_json(f.get(b"result")),
             progress=decode_stored_json(progress),
-            payload=decode_stored_json(f.get(b"payload")),
+            payload=f[b"bin"] if b"bin" in f else decode_stored_json(f.get(b"payload")),
             headers=headers if isinstance(headers, dict) else {},
             enqueued_at=timestamp_to_datetime(f.get(b"enq")),
             next_run_at=timestamp_to_datetime(f.get(b"due")) if state in ("scheduled",

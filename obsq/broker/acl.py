@@ -23,6 +23,8 @@ BROKER_COMMANDS = ("blpop", "del", "evalsha", "exists", "expire", "get", "hexist
 # A command's name is the first argument of redis.call, redis.pcall or the prelude's
 # call_sliced, always a string literal (tests/test_acl.py holds the scripts to it).
 SCRIPT_CALL = re.compile(r"""(?:redis\.p?call|call_sliced)\(\s*(['"])(\w+)\1""")
+# What a Cluster client asks each node on connecting: the slots, and the commands' key specs.
+CLUSTER_COMMANDS = ("cluster|slots", "command")
 # Not callable inside a script: exercised by the probe itself, or not at all.
 NOT_IN_SCRIPTS = {"blpop", "evalsha", "script|load"}
 
@@ -58,14 +60,16 @@ def script_commands() -> set[str]:
     return found
 
 
-def required_commands() -> list[str]:
-    return sorted(script_commands() | set(BROKER_COMMANDS))
+def required_commands(cluster: bool = False) -> list[str]:
+    return sorted(script_commands() | set(BROKER_COMMANDS)
+                  | set(CLUSTER_COMMANDS if cluster else ()))
 
 
-def acl_rule(namespace: str) -> str:
+def acl_rule(namespace: str, cluster: bool = False) -> str:
     """The ACL rules of a user that may run obsq on `namespace` and nothing else, for
-    `ACL SETUSER name on >password RULES` or a users.acl line `user name on #sha RULES`."""
-    commands = " ".join(f"+{c}" for c in required_commands())
+    `ACL SETUSER name on >password RULES` or a users.acl line `user name on #sha RULES`
+    (`cluster`: with what a Redis Cluster client needs as well)."""
+    commands = " ".join(f"+{c}" for c in required_commands(cluster))
     return f"resetkeys ~{namespace}:* resetchannels -@all {commands}"
 
 

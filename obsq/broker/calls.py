@@ -12,10 +12,15 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import AuthenticationError, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from obsq.broker.acl import PROBE, probed_commands
-from obsq.broker.connection import create_client
+from obsq.broker.connection import create_client, kept_connection_client
 from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import Script, is_noscript, load_scripts
 from obsq.errors import BrokerError, ConfigurationError
@@ -44,6 +49,10 @@ class RedisCalls:
         self.namespace = namespace
         self.redis = client if client is not None else create_client(url)
         self.is_cluster = isinstance(self.redis, RedisCluster)
+        # enqueues go over one connection kept for them while it is free (no pool checkout
+        # per call); None where a kept connection would not follow a failover
+        self.producer_redis = kept_connection_client(self.redis)
+        self._producer_busy = False
         self.global_keys = GlobalKeys(namespace)
         self.schedule_keys = ScheduleKeys(namespace)
         self.event_keys = EventKeys(namespace)
@@ -66,7 +75,7 @@ class RedisCalls:
         except AuthenticationError as exc:
             raise ConfigurationError(f"Redis at {_safe(self.url)} refused the credentials: "
                                      f"{exc}") from None
-        except (RedisError, OSError) as exc:
+        except (RedisError, RedisClusterException, OSError) as exc:  # the last: no node
             raise ConfigurationError(f"cannot reach Redis at {_safe(self.url)}: "
                                      f"{str(exc).rstrip('.')}{_hint(self.url, exc)}"
                                      ) from None
@@ -147,6 +156,8 @@ class RedisCalls:
 
     async def close(self) -> None:
         with contextlib.suppress(RedisError, OSError):
+            if self.producer_redis is not None:
+                await self.producer_redis.aclose(close_connection_pool=True)
             await self.redis.aclose()
 
     def _failed(self, operation: str, exc: BaseException) -> BrokerError:
@@ -185,18 +196,35 @@ class RedisCalls:
     def _register_queues_call(self, queues: Iterable[str]) -> ScriptCall:
         return ("register", (self.global_keys.queues,), (0, "set", *queues))
 
-    async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any],
+                      redis: Any = None) -> Any:
         script = SCRIPTS[name]
+        redis = redis or self.redis
         try:
             try:
-                return await self.redis.evalsha(script.sha, len(keys), *keys, *args)
+                return await redis.evalsha(script.sha, len(keys), *keys, *args)
             except ResponseError as exc:
                 if not is_noscript(exc):
                     raise
-                await self.redis.script_load(script.source)
-                return await self.redis.evalsha(script.sha, len(keys), *keys, *args)
+                await redis.script_load(script.source)
+                return await redis.evalsha(script.sha, len(keys), *keys, *args)
         except (RedisError, OSError) as exc:
             raise self._failed(name, exc) from exc
+
+    async def _producer_script(self, name: str, keys: Sequence[str], args: Sequence[Any]
+                               ) -> Any:
+        """A script call on the connection kept for producing when it is free, else on one
+        from the pool (another queue's batch is using it)."""
+        if self.producer_redis is None or self._producer_busy:
+            return await self._script(name, keys, args)
+        self._producer_busy = True
+        try:
+            kept = self.producer_redis.connection
+            if kept is not None and kept.is_connected and await _unread_or_closed(kept):
+                await kept.disconnect()  # closed by the server (a restart): made again on send
+            return await self._script(name, keys, args, self.producer_redis)
+        finally:
+            self._producer_busy = False
 
     async def _scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Several script calls (name, keys, args) in one round trip."""
@@ -255,6 +283,12 @@ def _hint(url: str, exc: BaseException) -> str:
         return ("; if Redis asks clients for a certificate (tls-auth-clients), give "
                 "ssl_certfile and ssl_keyfile in the URL, or OBSQ_REDIS_TLS_CERT and _KEY")
     return ""
+
+
+def _unread_or_closed(connection: Any) -> Awaitable[bool]:
+    """The check a redis-py pool makes before lending a connection (renamed in redis-py 8)."""
+    check = getattr(connection, "can_read", None) or connection.can_read_destructive
+    return check()
 
 
 def _safe(url: str) -> str:

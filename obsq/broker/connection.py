@@ -25,11 +25,15 @@ import socket
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster as SyncRedisCluster
+from redis.retry import Retry as SyncRetry
+from redis.sentinel import Sentinel as SyncSentinel
 
 from obsq.errors import ConfigurationError
 from obsq.settings import (
@@ -46,8 +50,9 @@ KEEPALIVE = {getattr(socket, name): value for name, value in (
 ) if hasattr(socket, name)}
 
 
-def create_client(url: str) -> Any:
-    """A redis-py asyncio client for `url`; raises ConfigurationError on a malformed URL."""
+def create_client(url: str, *, blocking: bool = False) -> Any:
+    """A redis-py asyncio client for `url` (or, with `blocking`, a synchronous one, thread
+    safe, for the SyncClient's enqueues); raises ConfigurationError on a malformed URL."""
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(f"Redis URL {url!r} is not a URL like redis://host:6379/0")
     parts = urlsplit(url)
@@ -57,17 +62,19 @@ def create_client(url: str) -> Any:
     options: dict[str, Any] = {
         "socket_timeout": None, "socket_connect_timeout": CONNECT_TIMEOUT,
         "socket_keepalive": True, "socket_keepalive_options": KEEPALIVE,
-        "retry": Retry(NoBackoff(), 0), "decode_responses": False,
-        **_tls_files(parts),
+        "retry": (SyncRetry if blocking else Retry)(NoBackoff(), 0),
+        "decode_responses": False, **_tls_files(parts),
     }
     try:
         if parts.scheme.endswith("+cluster"):
             plain = parts._replace(scheme=parts.scheme.split("+")[0]).geturl()
             options.pop("retry")
-            return RedisCluster.from_url(plain, **options)
+            return (SyncRedisCluster if blocking else RedisCluster).from_url(plain, **options)
         options.update(max_connections=REDIS_MAX_CONNECTIONS, timeout=REDIS_POOL_TIMEOUT)
         if parts.scheme == "redis+sentinel":
-            return _sentinel_client(parts, options)
+            return _sentinel_client(parts, options, blocking)
+        if blocking:
+            return redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, **options))
         return aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(url, **options))
     except ValueError as exc:
         raise ConfigurationError(f"Redis URL {url!r} is invalid: {exc}") from None
@@ -89,7 +96,7 @@ def _tls_files(parts: Any) -> dict[str, str]:
     return files
 
 
-def _sentinel_client(parts: Any, options: dict[str, Any]) -> Any:
+def _sentinel_client(parts: Any, options: dict[str, Any], blocking: bool) -> Any:
     """redis+sentinel://[:password@]host:port[,host:port]/service_name[/db]"""
     path = [p for p in parts.path.split("/") if p]
     if not path:
@@ -99,11 +106,28 @@ def _sentinel_client(parts: Any, options: dict[str, Any]) -> Any:
         host, _, port = host_port.partition(":")
         hosts.append((host, int(port or 26379)))
     query = parse_qs(parts.query)
-    sentinel = Sentinel(hosts, sentinel_kwargs={"password": query.get("sentinel_password",
-                                                                       [None])[0]},
-                        password=parts.password, db=int(path[1]) if len(path) > 1 else 0,
-                        **options)
+    if blocking:  # redis-py has no blocking pool for it: the plain one
+        options.pop("timeout")
+    sentinel = (SyncSentinel if blocking else Sentinel)(
+        hosts, sentinel_kwargs={"password": query.get("sentinel_password", [None])[0]},
+        password=parts.password, db=int(path[1]) if len(path) > 1 else 0, **options)
+    if blocking:
+        return sentinel.master_for(path[0])
     return sentinel.master_for(path[0], connection_pool_class=_BlockingSentinelPool)
+
+
+def kept_connection_client(client: Any) -> Any:
+    """A client of one connection of its own, made like `client`'s and kept for good (the
+    pool's connections stay free for the calls that follow an enqueue, such as a result
+    wait), or None on a Cluster or Sentinel: a connection kept there would stay with the
+    old master after a failover or a slot move."""
+    if not isinstance(client, aioredis.Redis) or isinstance(client.connection_pool,
+                                                             SentinelConnectionPool):
+        return None
+    pool = client.connection_pool
+    own = aioredis.ConnectionPool(connection_class=pool.connection_class, max_connections=1,
+                                  **pool.connection_kwargs)
+    return aioredis.Redis(connection_pool=own, single_connection_client=True)
 
 
 class _BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):

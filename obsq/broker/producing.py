@@ -9,8 +9,7 @@ inboxes at once, so 2,000 waiters cost one connection, not 2,000.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-
-import orjson
+from typing import Any
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.records import Ended, Enqueued
@@ -25,14 +24,14 @@ class Producing(RedisCalls):
         await self._script(*self._register_queues_call(queues))
 
     async def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:
+        """Write the messages of one queue in one script call (at most ENQUEUE_BATCH)."""
+        reply = await self._producer_script("enqueue", self.enqueue_keys(queue),
+                                            enqueue_args(messages))
+        return enqueue_statuses(reply, len(messages))
+
+    def enqueue_keys(self, queue: str) -> tuple[str, str, str]:
         k = self.keys(queue)
-        batch = orjson.dumps([
-            (m.id, m.type, m.payload.decode(), m.encoded_headers().decode(),
-             m.encoded_options().decode(), int(m.delay * 1000), m.unique_key,
-             int(m.unique_for * 1000), m.ordering_key)
-            for m in messages])
-        statuses = await self._script("enqueue", (k.pending, k.scheduled, k.wake), (0, batch))
-        return [_enqueued(s.decode()) for s in statuses]
+        return k.pending, k.scheduled, k.wake
 
     async def find_queue(self, task_id: str) -> str | None:
         """The queue holding `task_id`, looked up across every known queue."""
@@ -118,15 +117,28 @@ class Producing(RedisCalls):
         await self._guard("read_inbox", pipe.execute())
 
 
+def enqueue_args(messages: Sequence[TaskMessage]) -> list[Any]:
+    """enqueue.lua's arguments: Redis's clock, then 11 plain values per message."""
+    args: list[Any] = [0]
+    for m in messages:
+        args += (m.id, "1" if m.id_chosen else "", m.type, m.payload,
+                 "bin" if m.binary else "payload", m.encoded_headers(),
+                 m.encoded_options(), int(m.delay * 1000), m.unique_key,
+                 int(m.unique_for * 1000), m.ordering_key)
+    return args
 
 
-def _enqueued(status: str) -> Enqueued:
-    """enqueue.lua's status: '' (created), 'id' (the id is taken) or 'unique:<holder>'."""
-    if not status:
-        return Enqueued(True)
-    if status.startswith("unique:"):
-        return Enqueued(False, status.partition(":")[2] or None)
-    return Enqueued(False)
+def enqueue_statuses(reply: list[Any], count: int) -> list[Enqueued]:
+    """enqueue.lua's reply (position, refusal, ...) as one status per message: a refusal is
+    'id' (the id is taken) or 'unique:<holder>'; every other message was created."""
+    statuses = [CREATED] * count
+    for position, refusal in zip(reply[::2], reply[1::2]):
+        holder = refusal.decode().partition("unique:")[2]
+        statuses[int(position) - 1] = Enqueued(False, holder or None)
+    return statuses
+
+
+CREATED = Enqueued(True)
 
 
 def _ends(messages: list[tuple[str, bytes]]) -> list[Ended]:

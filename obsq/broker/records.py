@@ -22,6 +22,7 @@ class FetchedTask(NamedTuple):
     ordering_key: str  # "" when none
     waited: bool  # it waited for the tasks ahead of it on its ordering key
     slot: str  # the route whose concurrency limit it counts under, or ""
+    binary: bool = False  # the payload is the producer's bytes, not JSON
 
 
 class Fetched(NamedTuple):

@@ -68,13 +68,13 @@ class Working(RedisCalls):
         if reply[1]:
             log.warning("%d id(s) in queue %s had no task data (deleted outside obsq); "
                         "skipped", reply[1], queue)
-        end = 3 + reply[2] * 12
+        end = 3 + reply[2] * 13
         tasks = [
             FetchedTask(_text(reply[i]), reply[i + 1], _text(reply[i + 2]), reply[i + 3],
                         reply[i + 4], reply[i + 5], _count(reply[i + 6]),
                         _count(reply[i + 7]), _text(reply[i + 8]), _text(reply[i + 9]),
-                        reply[i + 10] == b"1", _text(reply[i + 11]))
-            for i in range(3, end, 12)
+                        reply[i + 10] == b"1", _text(reply[i + 11]), reply[i + 12] == b"1")
+            for i in range(3, end, 13)
         ]
         held = tuple((_text(reply[i]), _text(reply[i + 1])) for i in range(end, len(reply), 2))
         return Fetched(reply[0], tasks, held)

@@ -27,6 +27,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from obsq._version import __version__
 from obsq.app import AGGREGATION_OUTCOMES, OUTCOMES, RECOVERY_REASONS, THROTTLE_REASONS, App
 from obsq.broker.calls import OPERATIONS
+from obsq.producer_chain import sync_safe
 from obsq.settings import DEFAULT_QUEUE
 from obsq.task import Task, TaskInfo, TaskMessage
 
@@ -213,6 +214,7 @@ class EnqueueMetrics:
                 self._children[key] = child
         return child
 
+    @sync_safe  # awaits only call_next: a SyncClient runs it in its caller's thread
     async def hook(self, messages: list[TaskMessage],
                    call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
         infos = await call_next(messages)

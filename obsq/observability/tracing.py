@@ -29,6 +29,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from obsq._version import __version__
 from obsq.errors import ConfigurationError
 from obsq.fanout import EVENT_HEADER
+from obsq.producer_chain import sync_safe
 from obsq.settings import env_flag
 from obsq.task import Task, TaskInfo, TaskMessage
 
@@ -109,6 +110,7 @@ class SendTracing:
     def __init__(self, tracer: trace.Tracer | None = None) -> None:
         self.tracer = tracer or _tracer()
 
+    @sync_safe  # awaits only call_next: a SyncClient runs it in its caller's thread
     async def hook(self, messages: list[TaskMessage],
                    call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
         parent = otel_context.get_current()

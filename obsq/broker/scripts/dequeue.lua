@@ -8,7 +8,9 @@
 --       room left under each
 -- Returns {now, dropped, tasks, then per task: id, fence, type, payload, headers, options,
 -- retried, due, unique digest, ordering key, waited for its key ('1' or ''), route slot
--- ('' for none); then per task held back: its type and why ('concurrency' or 'rate')}.
+-- ('' for none), '1' when the payload is bytes (kept in field 'bin', where a worker that
+-- predates them finds no payload and fails the task instead of misreading it); then per
+-- task held back: its type and why ('concurrency' or 'rate')}.
 -- The pop comes first, so a Redis at maxmemory lets the script finish.
 if redis.call('EXISTS', KEYS[4]) == 1 then
   return {0, 0, 0}
@@ -79,7 +81,7 @@ local leases, owners, tasks, held = {}, {}, {}, {}
 local dropped = 0
 for _, id in ipairs(ids) do
   local f = redis.call('HMGET', task_key(id), 'type', 'payload', 'headers', 'opts', 'retried',
-                       'due', 'uniq', 'ordk', 'ow', 'rsv', 'hc')
+                       'due', 'uniq', 'ordk', 'ow', 'rsv', 'hc', 'bin')
   local why, slot = nil, ''
   if not f[1] then
     dropped = dropped + 1  -- its hash was deleted behind obsq's back: nothing left to run
@@ -100,10 +102,14 @@ for _, id in ipairs(ids) do
     owners[#owners + 1] = fence .. ':' .. ARGV[4]
     tasks[#tasks + 1] = id
     tasks[#tasks + 1] = fence
+    if f[12] then
+      f[2] = f[12]
+    end
     for j = 1, 9 do
       tasks[#tasks + 1] = f[j] or ''
     end
     tasks[#tasks + 1] = slot
+    tasks[#tasks + 1] = f[12] and '1' or ''
     if f[9] or f[10] or f[11] then
       redis.call('HDEL', task_key(id), 'ow', 'rsv', 'hc')  -- counted and used once
     end
@@ -114,7 +120,7 @@ call_sliced('HSET', {KEYS[5]}, owners)
 if redis.call('LLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[3])
 end
-local out = {now, dropped, #tasks / 12}
+local out = {now, dropped, #tasks / 13}
 for _, v in ipairs(tasks) do
   out[#out + 1] = v
 end

@@ -1,51 +1,63 @@
 -- prelude: now_ms, task_key, call_sliced, wake
 -- Enqueue a batch of tasks into one queue.
 -- KEYS: pending, scheduled, wake
--- ARGV: now, then one JSON array holding per task
---       [id, type, payload, headers, options, delay_ms, unique_digest, unique_ms,
---        ordering key or ''] (a task whose key has tasks already waits behind them)
---       (one argument for the whole batch: cheaper to send than eight per task). The delay
---       is added to the server's clock here, so a producer's clock never decides a due time.
--- Returns per task: '' (enqueued), 'id' (the id exists) or 'unique:<id of the holder>'.
+-- ARGV: now, then 11 plain values per task (no document to decode, no escaping):
+--       id, '1' when the producer chose the id (else '': a generated id is 128 random bits,
+--       free without looking), type, payload, payload field ('payload' for JSON, 'bin' for
+--       bytes), headers ('' for none), options ('' for none), delay_ms, unique digest ('' when
+--       not unique), unique_ms, ordering key ('': none; a task whose key has tasks already
+--       waits behind them). The delay is added to the server's clock here, so a producer's
+--       clock never decides a due time.
+-- Returns only the refusals, flat: the task's position in the batch (1-based), then 'id'
+-- (the id exists) or 'unique:<id of the holder>'. An empty reply: all were enqueued.
+local STRIDE = 11
 local now = now_ms()
 local out = {}
 local pending = {}
-for _, t in ipairs(cjson.decode(ARGV[2])) do
-  local id = t[1]
+local position = 0
+for i = 2, #ARGV, STRIDE do
+  position = position + 1
+  local id = ARGV[i]
   local key = task_key(id)
-  local status = ''
-  local digest = t[7]
-  if redis.call('EXISTS', key) == 1 then
-    status = 'id'
+  local refused = nil
+  local digest = ARGV[i + 8]
+  if ARGV[i + 1] == '1' and redis.call('EXISTS', key) == 1 then
+    refused = 'id'
   elseif digest ~= '' then
     local lock = prefix .. 'unique:' .. digest
-    if not redis.call('SET', lock, id, 'NX', 'PX', math.max(t[8], 1)) then
-      status = 'unique:' .. (redis.call('GET', lock) or '')
+    if not redis.call('SET', lock, id, 'NX', 'PX', math.max(tonumber(ARGV[i + 9]), 1)) then
+      refused = 'unique:' .. (redis.call('GET', lock) or '')
     end
   end
-  if status == '' then
+  if refused then
+    out[#out + 1] = position
+    out[#out + 1] = refused
+  else
     local due, state = now, 'pending'
-    if t[6] > 0 then
-      due, state = now + t[6], 'scheduled'
+    local delay = tonumber(ARGV[i + 7])
+    if delay > 0 then
+      due, state = now + delay, 'scheduled'
     end
-    local fields = {'type', t[2], 'payload', t[3], 'state', state, 'enq', now, 'due', due}
-    if t[4] ~= '' then
+    local fields = {'type', ARGV[i + 2], ARGV[i + 4], ARGV[i + 3], 'state', state, 'enq', now,
+                    'due', due}
+    if ARGV[i + 5] ~= '' then
       fields[#fields + 1] = 'headers'
-      fields[#fields + 1] = t[4]
+      fields[#fields + 1] = ARGV[i + 5]
     end
-    if t[5] ~= '{}' then
+    if ARGV[i + 6] ~= '' then
       fields[#fields + 1] = 'opts'
-      fields[#fields + 1] = t[5]
+      fields[#fields + 1] = ARGV[i + 6]
     end
     if digest ~= '' then
       fields[#fields + 1] = 'uniq'
       fields[#fields + 1] = digest
     end
     local behind = false
-    if t[9] ~= '' then
+    local ordering_key = ARGV[i + 10]
+    if ordering_key ~= '' then
       fields[#fields + 1] = 'ordk'
-      fields[#fields + 1] = t[9]
-      behind = redis.call('RPUSH', prefix .. 'ord:' .. t[9], id) > 1
+      fields[#fields + 1] = ordering_key
+      behind = redis.call('RPUSH', prefix .. 'ord:' .. ordering_key, id) > 1
       if behind then
         fields[#fields + 1] = 'ow'
         fields[#fields + 1] = '1'
@@ -61,7 +73,6 @@ for _, t in ipairs(cjson.decode(ARGV[2])) do
       pending[#pending + 1] = id
     end
   end
-  out[#out + 1] = status
 end
 call_sliced('LPUSH', {KEYS[1]}, pending)
 wake(KEYS[3], #pending)

@@ -1,0 +1,148 @@
+"""Concurrent producer calls share round trips.
+
+A web app under load calls `enqueue` from many requests at once. While one enqueue of a
+queue is on its way to Redis, the enqueues issued meanwhile wait together and go in the
+next script call, so a burst of N concurrent calls costs a few round trips instead of N
+(and a few connections instead of N). A lone call goes at once, on its own: nothing waits
+for company. Each caller still gets its own statuses or its own error, and only after
+Redis has its tasks.
+
+A queue is registered in the namespace's set of queues before its first task is written;
+callers that see the same new queue at once share that one call too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from obsq.broker.records import Enqueued
+from obsq.task import TaskMessage
+
+Write = Callable[[str, list[TaskMessage]], Awaitable[list[Enqueued]]]
+
+
+class _Lane:
+    """One queue's enqueues: whether a round trip is in flight, and who waits for the next."""
+
+    __slots__ = ("busy", "flusher", "waiting")
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.waiting: list[tuple[list[TaskMessage], asyncio.Future[list[Enqueued]]]] = []
+        self.flusher: asyncio.Task[None] | None = None
+
+
+class EnqueueCoalescer:
+    """`enqueue(queue, messages)` with the calls made while one is in flight sent together.
+
+    `write(queue, messages)` makes one script call of at most `batch` messages."""
+
+    def __init__(self, write: Write, batch: int) -> None:
+        self._write = write
+        self._batch = batch
+        self._lanes: dict[str, _Lane] = {}
+
+    async def enqueue(self, queue: str, messages: list[TaskMessage]) -> list[Enqueued]:
+        lane = self._lanes.get(queue)
+        if lane is None:
+            lane = self._lanes[queue] = _Lane()
+        if lane.busy:
+            future: asyncio.Future[list[Enqueued]] = asyncio.get_running_loop().create_future()
+            lane.waiting.append((messages, future))
+            return await future
+        lane.busy = True  # nothing in flight: this call goes at once, in the caller's task
+        try:
+            return await self._write_all(queue, messages)
+        finally:
+            if lane.waiting:
+                lane.flusher = asyncio.ensure_future(self._flush(queue, lane))
+            else:
+                lane.busy = False
+
+    async def _write_all(self, queue: str, messages: list[TaskMessage]) -> list[Enqueued]:
+        statuses: list[Enqueued] = []
+        for start in range(0, len(messages), self._batch):
+            statuses += await self._write(queue, messages[start:start + self._batch])
+        return statuses
+
+    async def _flush(self, queue: str, lane: _Lane) -> None:
+        """Send what waits, a batch per round trip, until nothing does."""
+        try:
+            while lane.waiting:
+                taken, size = [], 0
+                while lane.waiting and size < self._batch:
+                    messages, future = lane.waiting.pop(0)
+                    if not future.done():  # its caller gave up before it was sent
+                        taken.append((messages, future))
+                        size += len(messages)
+                if taken:
+                    await self._send(queue, taken)
+        finally:
+            for _, future in lane.waiting:  # left when the flusher was stopped
+                future.cancel()
+            lane.waiting.clear()
+            lane.busy, lane.flusher = False, None
+
+    async def _send(self, queue: str, taken: list[tuple[list[TaskMessage],
+                                                         asyncio.Future[list[Enqueued]]]]
+                    ) -> None:
+        try:
+            statuses = await self._write_all(queue, [m for messages, _ in taken
+                                                     for m in messages])
+        except BaseException as exc:
+            for _, future in taken:
+                if not future.done():
+                    if isinstance(exc, Exception):
+                        future.set_exception(exc)
+                    else:
+                        future.cancel()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        start = 0
+        for messages, future in taken:
+            if not future.done():
+                future.set_result(statuses[start:start + len(messages)])
+            start += len(messages)
+
+    async def close(self) -> None:
+        """Stop sending: callers still waiting are cancelled."""
+        flushers = [lane.flusher for lane in self._lanes.values() if lane.flusher]
+        for flusher in flushers:
+            flusher.cancel()
+        await asyncio.gather(*flushers, return_exceptions=True)
+
+
+class QueueRegistry:
+    """Queues this process has registered; concurrent first uses of one share the call."""
+
+    def __init__(self, register: Callable[[set[str]], Awaitable[Any]]) -> None:
+        self._register = register
+        self.known: set[str] = set()
+        self._underway: dict[str, asyncio.Future[Any]] = {}
+
+    async def ensure(self, queues: Iterable[str]) -> set[str]:
+        """Register the queues not known yet; returns those this call registered itself."""
+        new = set(queues) - self.known
+        if not new:
+            return new
+        fresh = new - self._underway.keys()
+        if fresh:
+            call = asyncio.ensure_future(self._register(fresh))
+            for queue in fresh:
+                self._underway[queue] = call
+            call.add_done_callback(lambda done: self._settled(fresh, done))
+        calls = {self._underway[q] for q in new if q in self._underway}
+        if calls:
+            await asyncio.wait(calls)  # a caller that gives up does not cancel the others'
+        for call in calls:
+            call.result()  # its failure is this caller's too
+        return fresh
+
+    def _settled(self, queues: set[str], call: asyncio.Future[Any]) -> None:
+        for queue in queues:
+            self._underway.pop(queue, None)
+        if not call.cancelled() and call.exception() is None:
+            self.known |= queues
