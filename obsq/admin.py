@@ -19,6 +19,7 @@ from obsq.broker import DEPTH_STATES, TASK_STATES
 from obsq.broker.inspection import PURGEABLE, REVIVABLE
 from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound, TaskRunning
 from obsq.inspector import Inspector, QueueInfo, ScheduleInfo, TaskDetail, WorkerInfo, as_data
+from obsq.task import bytes_preview
 
 Command = Callable[[str, str, Callable[[argparse.Namespace], int]], argparse.ArgumentParser]
 COLOURS = {"dead": "31", "retry": "33", "active": "36", "completed": "32", "paused": "33",
@@ -311,8 +312,9 @@ def _task_text(out: Output, d: TaskDetail) -> str:
               ("progress", _json(d.progress) if d.progress is not None else ""),
               ("result", _json(d.result) if d.result is not None else "")]
     lines = [f"{out.paint(name.ljust(12), 'bold')}{value}" for name, value in fields]
-    lines += [out.paint("payload", "bold"), _indent(json.dumps(d.payload, indent=2,
-                                                               ensure_ascii=False))]
+    payload = bytes_preview(d.payload) if isinstance(d.payload, bytes) else json.dumps(
+        d.payload, indent=2, ensure_ascii=False)
+    lines += [out.paint("payload", "bold"), _indent(payload)]
     if d.traceback:
         lines += [out.paint("traceback", "bold"), _indent(d.traceback.rstrip())]
     return "\n".join(lines)

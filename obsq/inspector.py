@@ -9,6 +9,7 @@ purge) run in steps of STEP tasks, each one short script.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,13 @@ from obsq.client import Client, read_schedules
 from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound
 from obsq.schedule import ScheduleInfo
 from obsq.settings import DEFAULT_REDIS_URL
-from obsq.task import TaskInfo, decode_stored_json, timestamp_to_datetime, validate_name
+from obsq.task import (
+    TaskInfo,
+    bytes_preview,
+    decode_stored_json,
+    timestamp_to_datetime,
+    validate_name,
+)
 
 STEP = 1000  # tasks per script call of a requeue or purge: bounds how long one holds Redis
 MAX_PAGE = 500
@@ -65,7 +72,7 @@ class TaskSummary:
     due_at: datetime | None
     finished_at: datetime | None
     error: str  # its first few hundred characters
-    payload: str  # the first few hundred bytes of its JSON
+    payload: str  # the first few hundred bytes of its JSON, or a preview of its bytes
     worker: str | None  # the worker running it, while active
 
 
@@ -108,6 +115,7 @@ class WorkerInfo:
     last_heartbeat: datetime | None
     version: str
     draining: bool
+    subscriptions: list[str] = field(default_factory=list)  # "<event>@<subscriber>" it serves
 
 
 @dataclass
@@ -171,14 +179,15 @@ class Inspector:
             queue, state, offset, limit, type or "", TYPE_SCAN_CAP)
         tasks = []
         for (task_id, score, task_type, retried, enq, due, done, error, payload,
-             owner) in rows:
+             owner, binary_size) in rows:
             tasks.append(TaskSummary(
                 id=task_id, queue=queue, state=state, type=task_type, retry_count=retried,
                 enqueued_at=timestamp_to_datetime(enq),
                 due_at=timestamp_to_datetime(score if state in ("scheduled", "retry")
                                              else due),
                 finished_at=timestamp_to_datetime(done), error=error,
-                payload=payload.decode(errors="replace"),
+                payload=payload.decode(errors="replace") if binary_size is None else
+                bytes_preview(payload, binary_size),
                 worker=owner.partition(":")[2] or None))
         return TaskPage(queue, state, tasks, total, offset, limit, next_offset, type or None)
 
@@ -203,7 +212,8 @@ class Inspector:
                 busy=int(d.get("busy", 0)), processed=int(d.get("processed") or 0),
                 started_at=datetime.fromtimestamp(started, tz=timezone.utc) if started
                 else None, last_heartbeat=timestamp_to_datetime(beat),
-                version=str(d.get("version", "")), draining=bool(d.get("draining"))))
+                version=str(d.get("version", "")), draining=bool(d.get("draining")),
+                subscriptions=[str(x) for x in d.get("subscriptions") or ()]))
         return sorted(workers, key=lambda w: w.id)
 
     async def schedules(self) -> list[ScheduleInfo]:
@@ -328,7 +338,8 @@ def _detail(task_id: str, queue: str, f: dict[bytes, bytes], progress: bytes | N
 
 
 def as_data(value: Any) -> Any:
-    """Inspector results as plain JSON-ready data (datetimes in ISO 8601, UTC)."""
+    """Inspector results as plain JSON-ready data (datetimes in ISO 8601, UTC; a bytes
+    payload as {"base64": ...})."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: as_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, datetime):
@@ -337,6 +348,8 @@ def as_data(value: Any) -> Any:
         return {k: as_data(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [as_data(v) for v in value]
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode()}
     return value
 
 

@@ -260,6 +260,9 @@ def _check_options(task_type: str, payload: Any, options: dict[str, Any]) -> Non
                              "for each fire")
         if name not in OPTIONS:
             raise TypeError(f"unknown schedule option {name!r} (options: {', '.join(OPTIONS)})")
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        raise TypeError("a schedule's payload is stored as JSON: bytes cannot be given to a "
+                        "schedule")
     build_message(Job(task_type, payload, **options))
 
 

@@ -87,6 +87,7 @@ SCHEDULE_MIN_EVERY = 0.1
 SCHEDULE_DUE_BATCH = 100
 SCHEDULE_COUNT_LIMIT = 10_000
 SCHEDULES_SHOWN = 1000
+BYTES_SHOWN = 48  # of a bytes payload, shown in base64 by the tools and the console
 SCHEDULER_WAIT_SLACK = 0.1  # Redis ends a blocking wait up to 1/hz (100 ms at hz 10) late
 # Task groups: what app.aggregate gives a group unless told, batches one claim takes at
 # most, how long an aggregated task (whose id is its batch's) is kept at least after it

@@ -9,6 +9,7 @@ field of its own, and reaches the handler as the same bytes.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import math
 import os
@@ -21,7 +22,7 @@ import orjson
 
 from obsq.errors import PayloadError, Retry, TaskTooLarge
 from obsq.names import validate_name
-from obsq.settings import DEFAULT_QUEUE, MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES
+from obsq.settings import BYTES_SHOWN, DEFAULT_QUEUE, MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -29,6 +30,14 @@ if TYPE_CHECKING:
 def new_task_id() -> str:
     """128 random bits as 32 hex digits (a uuid4's entropy, a quarter of its cost)."""
     return os.urandom(16).hex()
+
+
+def bytes_preview(data: bytes, size: int | None = None, shown: int = BYTES_SHOWN) -> str:
+    """How the tools show a bytes payload: its size and the base64 of its first bytes
+    (`size`: of the whole payload, when `data` is only its head)."""
+    size = len(data) if size is None else size
+    head = base64.b64encode(data[:shown]).decode()
+    return f"<{size:,} bytes, base64> {head}" + ("..." if size > shown else "")
 
 
 def encode_json(value: Any, what: str) -> bytes:

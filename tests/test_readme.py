@@ -124,6 +124,13 @@ def test_the_groups_and_events_section_runs_as_written(project, redis_url) -> No
                    "['billing 42', 'email 42', 'sensor-1 [0, 1, 2]', 'sensor-1 [3, 4]']"]
 
 
+def test_the_bytes_section_runs_as_written(project, redis_url) -> None:
+    (project / "blobs.py").write_text(python_block("blob:store").replace(README_URL, redis_url))
+    out = run([sys.executable, "blobs.py"], cwd=project,
+              env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout.splitlines()
+    assert out == ["10000", "b'x\\x9c'"]
+
+
 def test_the_schedules_section_runs_as_written(project, redis_url) -> None:
     (command,) = [c for c in shell_commands() if c.startswith("obsq scheduler ")]
     (listing,) = [c for c in shell_commands() if c.startswith("obsq schedules ")]

@@ -25,9 +25,10 @@ PURGEABLE = ("pending", "scheduled", "retry", "dead", "completed", "cancelled")
 NAMESPACE_SCAN_SECONDS = 2.0
 
 # One row of a page: id, score (ms, None for pending), type, retried, enqueued (ms), due
-# (ms), done (ms), error head, payload head, owner ("<fence>:<worker id>" while running).
+# (ms), done (ms), error head, payload head, owner ("<fence>:<worker id>" while running),
+# size of a bytes payload (None: the payload is JSON).
 PageRow = tuple[str, "int | None", str, int, "int | None", "int | None", "int | None", str,
-                bytes, str]
+                bytes, str, "int | None"]
 
 
 class Inspection(RedisCalls):
@@ -44,11 +45,11 @@ class Inspection(RedisCalls):
                                    (0, PAGE_ORDER[state], offset, limit, task_type, scan_cap))
         total, next_offset = reply[0], reply[1]
         rows: list[PageRow] = []
-        for i in range(2, len(reply), 10):
-            r = reply[i:i + 10]
+        for i in range(2, len(reply), 11):
+            r = reply[i:i + 11]
             rows.append((_text(r[0]), _number(r[1]), _text(r[2]), _number(r[3]) or 0,
                          _number(r[4]), _number(r[5]), _number(r[6]), _text(r[7]), r[8],
-                         _text(r[9])))
+                         _text(r[9]), _number(r[10])))
         return total, (next_offset if next_offset >= 0 else None), rows
 
     async def task_record(self, queue: str, task_id: str

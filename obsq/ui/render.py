@@ -13,6 +13,7 @@ from urllib.parse import quote
 import jinja2
 
 from obsq.inspector import Rate
+from obsq.task import bytes_preview
 
 TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$")
 
@@ -61,6 +62,8 @@ def seconds(value: float, whole: bool = False) -> str:
 
 
 def pretty(value: Any) -> str:
+    if isinstance(value, bytes):  # a bytes payload
+        return bytes_preview(value)
     return json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=False)
 
 

@@ -92,3 +92,10 @@ async def ordered(task: obsq.Task) -> None:
     await span(task, task.payload.get("seconds", 0.01))
     if task.payload.get("fail_once") and task.retry_count == 0:
         raise RuntimeError("first attempt fails")
+
+
+@app.task("blob")
+def blob(task: obsq.Task) -> dict[str, Any]:
+    """A plain function given a bytes payload: returns what it got, as hex (results are
+    JSON), and the process that ran it."""
+    return {"kind": type(task.payload).__name__, "hex": task.payload.hex(), "pid": os.getpid()}

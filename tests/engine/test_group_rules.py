@@ -112,3 +112,27 @@ async def test_a_batch_taken_again_after_its_task_was_enqueued_gives_no_second_t
     await wait_until(ended_with_one_task, what="the batch ended, with one task")
     assert ran == [batch.id]
     assert (await depth(broker))["aggregating"] == 0
+
+
+async def test_bytes_payloads_stay_bytes_in_groups_and_events(app, client, start_worker,
+                                                              broker) -> None:
+    got: list[object] = []
+
+    @app.task("blob:joined")
+    async def joined(task: obsq.Task) -> None:
+        got.append(task.payload)
+
+    app.aggregate("blob:part", lambda group, tasks: ("blob:joined", b"".join(
+        t.payload for t in tasks)), max_size=3, grace_period=60)
+
+    @app.subscribe("blob.stored", name="copier")
+    async def copier(task: obsq.Task) -> None:
+        got.append(task.payload)
+
+    parts = [bytes([n, 0xFF, 0x00]) for n in range(3)]
+    infos = [await client.enqueue("blob:part", part, group="g") for part in parts]
+    assert (await client.info(infos[0].id)).payload == parts[0]
+    await start_worker()
+    await client.publish("blob.stored", b"\x00raw\xff")
+    await wait_until(lambda: len(got) == 2)
+    assert sorted(got) == sorted([b"".join(parts), b"\x00raw\xff"])

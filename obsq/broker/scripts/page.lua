@@ -7,7 +7,8 @@
 --       offset, limit, type ('' any; a route pattern: a type, a prefix ending in ':' or
 --       '.', or '*'), scan cap
 -- Returns {total, next offset or -1, then per task: id, score, type, retried, enq, due,
--- done, error head, payload head, owner ("<fence>:<worker>" while it runs, else '')}.
+-- done, error head, payload head, owner ("<fence>:<worker>" while it runs, else ''), and
+-- the size of a bytes payload ('' for JSON)}.
 local order, offset, limit, want, cap = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]),
     ARGV[5], tonumber(ARGV[6])
 local total
@@ -56,12 +57,13 @@ while found < limit and pos < total and scanned < cap do
     pos = pos + 1
     scanned = scanned + 1
     local f = redis.call('HMGET', task_key(id), 'type', 'retried', 'enq', 'due', 'done', 'error',
-                         'payload')
+                         'payload', 'bin')
     if matches(f[1]) then
       found = found + 1
       local owner = redis.call('HGET', active, id) or ''
       local row = {id, scores[i], f[1] or '', f[2] or '', f[3] or '', f[4] or '', f[5] or '',
-                   string.sub(f[6] or '', 1, 300), string.sub(f[7] or '', 1, 300), owner}
+                   string.sub(f[6] or '', 1, 300), string.sub(f[8] or f[7] or '', 1, 300),
+                   owner, f[8] and #f[8] or ''}
       for _, v in ipairs(row) do
         out[#out + 1] = v
       end
