@@ -107,7 +107,7 @@ async def redis_restart(tasks: int, workdir: Path, quick: bool,
 
 
 async def failover(tasks: int, workdir: Path, quick: bool,
-                   durable: tuple[int, ...] = (0,)) -> list[Outcome]:
+                   durable: tuple[int, ...] = (0, 1)) -> list[Outcome]:
     """A master, a replica and three Sentinels; the master is SIGKILLed mid-run and the
     replica promoted. Without durable_replicas an enqueue acknowledged by the master may
     not have reached the replica; with `durable_replicas=1` each enqueue waits for it.
