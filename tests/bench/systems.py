@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import threading
 import time
 
@@ -71,36 +70,25 @@ class Obsq:
     @classmethod
     def worker(cls, url, concurrency, ctl, ready, metrics=False, tracing=False, http_port=0):
         import obsq
-        from obsq.observability import setup_tracing, shutdown_tracing
+        from obsq.observability import run_worker, setup_tracing, shutdown_tracing
 
         STATE.url = url
         if tracing:  # as `obsq worker` does: an SDK provider exporting per OTEL_* variables
             STATE.tracing_exporter = setup_tracing("obsq-bench")
         app = cls._app()
-        kwargs = dict(
-            redis_url=url, queues={"default": 1}, concurrency=concurrency,
-            metrics=metrics, tracing=tracing,
-        )
-        params = inspect.signature(obsq.Worker).parameters
-        if http_port and "http_port" in params:
-            kwargs["http_port"] = http_port
-        worker = obsq.Worker(app, **kwargs)
+        worker = obsq.Worker(app, redis_url=url, queues={"default": 1},
+                             concurrency=concurrency, handle_signals=False)
 
         async def main():
             loop = asyncio.get_running_loop()
             ready()
             if not await loop.run_in_executor(None, ctl.wait_go):
                 return
-
-            pending = []
-
-            def stop():
-                r = worker.stop()
-                if inspect.isawaitable(r):
-                    pending.append(asyncio.ensure_future(r))
-
-            ctl.on_stop(lambda: loop.call_soon_threadsafe(stop))
-            await worker.run()
+            ctl.on_stop(lambda: loop.call_soon_threadsafe(worker.stop))
+            # as `obsq worker` runs it: metrics and tracing through the App's hooks
+            await run_worker(worker, metrics=metrics, tracing=tracing,
+                             http_port=http_port if metrics and http_port else None,
+                             http_host="127.0.0.1")
 
         try:
             asyncio.run(main())
