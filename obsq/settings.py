@@ -88,12 +88,6 @@ SCHEDULE_DUE_BATCH = 100
 SCHEDULE_COUNT_LIMIT = 10_000
 SCHEDULES_SHOWN = 1000
 BYTES_SHOWN = 48  # of a bytes payload, shown in base64 by the tools and the console
-# Span export (when OTEL_BSP_MAX_QUEUE_SIZE / OTEL_BSP_MAX_EXPORT_BATCH_SIZE are not set):
-# the SDK's 2,048 spans queued and batches of 512 drop spans at a worker's drain rate (the
-# exporter encodes each span in Python); 8,192 queued hold a burst of several seconds (a few
-# MB), and batches of 2,048 spread each request's fixed cost over four times the spans.
-TRACE_EXPORT_QUEUE = 8192
-TRACE_EXPORT_BATCH = 2048
 SCHEDULER_WAIT_SLACK = 0.1  # Redis ends a blocking wait up to 1/hz (100 ms at hz 10) late
 # Task groups: what app.aggregate gives a group unless told, batches one claim takes at
 # most, how long an aggregated task (whose id is its batch's) is kept at least after it

@@ -30,7 +30,7 @@ from obsq._version import __version__
 from obsq.errors import ConfigurationError
 from obsq.fanout import EVENT_HEADER
 from obsq.producer_chain import sync_safe
-from obsq.settings import TRACE_EXPORT_BATCH, TRACE_EXPORT_QUEUE, env_flag
+from obsq.settings import env_flag
 from obsq.task import Task, TaskInfo, TaskMessage
 
 log = logging.getLogger("obsq")
@@ -180,14 +180,8 @@ def setup_tracing(service_name: str = "obsq-worker") -> bool:
         "OTEL_RESOURCE_ATTRIBUTES", "")
     resource = Resource.create({} if named else {"service.name": service_name})
     provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
-    # obsq's queue and batch sizes (settings.py), unless OTEL_BSP_* give them: the SDK reads
-    # those when none is passed here
-    batching: dict[str, int] = {}
-    if not (env.get("OTEL_BSP_MAX_QUEUE_SIZE") or env.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE")):
-        batching = {"max_queue_size": TRACE_EXPORT_QUEUE,
-                    "max_export_batch_size": TRACE_EXPORT_BATCH}
     for name in exporters:
-        provider.add_span_processor(BatchSpanProcessor(_exporter(name), **batching))
+        provider.add_span_processor(BatchSpanProcessor(_exporter(name)))
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:  # another thread won the race
         provider.shutdown()
