@@ -22,6 +22,7 @@ from typing import Any
 from obsq.app import App
 from obsq.broker import Batch, Broker
 from obsq.client import Client
+from obsq.errors import BrokerError
 from obsq.loop import BackgroundLoop
 from obsq.settings import (
     AGGREGATE_BACKOFF_BASE,
@@ -39,14 +40,17 @@ class AggregationLoop(BackgroundLoop):
     name = "aggregator"
 
     def __init__(self, app: App, broker: Broker, owner: str, queues: Sequence[str],
-                 interval: float, lease: float) -> None:
+                 interval: float, lease: float, allow_eviction: bool = False) -> None:
+        """`allow_eviction`: the worker's (it checked Redis's policy at start)."""
         super().__init__(interval)
         self.app = app
         self.broker = broker
         self.owner = owner
         self.queues = list(queues)
         self.lease = lease
-        self.client = Client(app=app, broker=broker)  # the App's producer hooks apply
+        # the App's producer hooks apply to the aggregated tasks
+        self.client = Client(namespace=broker.namespace, app=app, broker=broker,
+                             allow_eviction=allow_eviction)
 
     async def tick(self) -> float | None:
         claimable = [(a.pattern, a.max_size, a.max_delay, a.grace_period)
@@ -72,7 +76,7 @@ class AggregationLoop(BackgroundLoop):
             return
         tasks = [Task(id=t.id, type=batch.type, queue=batch.queue, raw_payload=t.payload,
                       raw_headers=t.headers, retry_count=0, max_retry=0, timeout=0,
-                      retention=0) for t in batch.tasks]
+                      retention=0, binary=t.binary) for t in batch.tasks]
         try:
             if inspect.iscoroutinefunction(entry.aggregator):
                 made = await entry.aggregator(batch.group, tasks)
@@ -80,6 +84,8 @@ class AggregationLoop(BackgroundLoop):
                 made = await asyncio.to_thread(entry.aggregator, batch.group, tasks)
             job = _aggregated_job(made, batch)
             await self.client.enqueue_many([job])  # a duplicate: enqueued by an earlier claim
+        except BrokerError:
+            raise  # Redis away, not the aggregator: its claim runs out, it is taken again
         except Exception as exc:
             retry_in = min(AGGREGATE_BACKOFF_BASE * 2 ** batch.failures, AGGREGATE_BACKOFF_CAP)
             log.warning("aggregator of %r failed for group %r of queue %s (%d task(s), "

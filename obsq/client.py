@@ -90,9 +90,6 @@ class Client:
         (app.aggregate), and takes no option but queue, task_id and headers. The enqueues
         of concurrent callers share round trips (EnqueueCoalescer)."""
         if group is not None:
-            if isinstance(payload, (bytes, bytearray, memoryview)):
-                raise TypeError("a grouped task's payload must be JSON (its aggregator reads "
-                                "it), not bytes")
             check_grouped(group, {"max_retry": max_retry, "timeout": timeout, "delay": delay,
                                   "eta": eta, "unique_for": unique_for,
                                   "retention": retention, "ordering_key": ordering_key})

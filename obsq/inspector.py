@@ -115,6 +115,7 @@ class WorkerInfo:
     last_heartbeat: datetime | None
     version: str
     draining: bool
+    subscriptions: list[str] = field(default_factory=list)  # "<event>@<subscriber>" it serves
 
 
 @dataclass
@@ -211,7 +212,8 @@ class Inspector:
                 busy=int(d.get("busy", 0)), processed=int(d.get("processed") or 0),
                 started_at=datetime.fromtimestamp(started, tz=timezone.utc) if started
                 else None, last_heartbeat=timestamp_to_datetime(beat),
-                version=str(d.get("version", "")), draining=bool(d.get("draining"))))
+                version=str(d.get("version", "")), draining=bool(d.get("draining")),
+                subscriptions=[str(x) for x in d.get("subscriptions") or ()]))
         return sorted(workers, key=lambda w: w.id)
 
     async def schedules(self) -> list[ScheduleInfo]:

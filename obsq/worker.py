@@ -80,6 +80,8 @@ class Worker:
         self.app = app
         self.namespace = settings.namespace or app.namespace
         self.queues = settings.queues or dict.fromkeys(app.queues, 1)
+        # the event subscribers of the App whose queue it serves: it registers them in Redis
+        self.subscriptions = [s for s in app.subscriptions.values() if s.queue in self.queues]
         self.concurrency = settings.concurrency
         self.handle_signals = handle_signals
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -126,8 +128,7 @@ class Worker:
         await self.broker.register_queues(self.queues)
         self.executor = Executor(self.app, self.concurrency, self._update_state)
         self.settler = Settler(self.broker, self.id, self.app.outcome_hooks)
-        subscriptions = [(sub.event, sub.name, sub.queue)
-                         for sub in self.app.subscriptions.values() if sub.queue in self.queues]
+        subscriptions = [(sub.event, sub.name, sub.queue) for sub in self.subscriptions]
         self._heartbeat = Heartbeat(self.broker, self.id, self.describe,
                                     s.heartbeat_interval, s.heartbeat_ttl,
                                     s.policy_check_interval, policy, subscriptions,
@@ -147,7 +148,8 @@ class Worker:
         ]
         if self.app.aggregations:
             self._loops.append(AggregationLoop(self.app, self.broker, self.id, list(self.queues),
-                                               s.aggregate_interval, s.aggregate_lease))
+                                               s.aggregate_interval, s.aggregate_lease,
+                                               s.allow_eviction))
         for loop in self._loops:
             loop.start()
         self.started_at = time.time()
@@ -174,6 +176,7 @@ class Worker:
                 "queues": self.queues, "concurrency": self.concurrency, "busy": self._busy,
                 "started": self.started_at, "version": __version__,
                 "processed": self.processed, "draining": self.draining,
+                "subscriptions": [sub.task_type for sub in self.subscriptions],
                 "maxmemory_policy": self._heartbeat.memory_policy if self._heartbeat else None}
 
     def health(self) -> WorkerHealth:

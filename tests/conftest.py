@@ -18,23 +18,29 @@ from typing import Any
 
 import pytest
 import redis
-from support import SHORT_INTERVALS, missing_tool, sync_redis, wait_until
+from support import SHORT_INTERVALS, missing_tool, newest_redis_server, sync_redis, wait_until
 
 import obsq
+from obsq.broker.acl import acl_rule
 from obsq.observability import run_scheduler, run_worker
 from obsq.redis_server import RedisServer
 from obsq.scheduler import Scheduler
-from obsq.settings import SchedulerSettings
+from obsq.settings import SchedulerSettings, env_flag
 
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
+    """The tests' Redis. With OBSQ_TEST_ACL=1 obsq connects as a user restricted to the rule
+    of `obsq acl` (for every test namespace, t*), on the newest redis-server (7: the start-up
+    probe runs), and no command may be denied all session; the tests' own reads go through
+    `admin_redis_url`."""
     if os.environ.get("OBSQ_TEST_REDIS_URL"):
-        yield os.environ["OBSQ_TEST_REDIS_URL"]
+        yield from _as_restricted_user(os.environ["OBSQ_TEST_REDIS_URL"])
         return
     if shutil.which("redis-server"):
-        server = RedisServer().start()
-        yield server.url
+        acl = env_flag(ACL_ENV)
+        server = RedisServer(executable=newest_redis_server() if acl else "redis-server").start()
+        yield from _as_restricted_user(server.url)
         server.close()
         return
     try:
@@ -42,10 +48,42 @@ def redis_url() -> Iterator[str]:
 
         with RedisContainer("redis:7") as container:
             host = container.get_container_host_ip()
-            yield f"redis://{host}:{container.get_exposed_port(6379)}/0"
+            yield from _as_restricted_user(
+                f"redis://{host}:{container.get_exposed_port(6379)}/0")
     except Exception as exc:  # no Docker engine: DockerException, or the import
         missing_tool(f"no Redis for the tests: set OBSQ_TEST_REDIS_URL, install redis-server "
                      f"or run Docker ({exc})")
+
+
+ACL_ENV = "OBSQ_TEST_ACL"
+ACL_USER = "obsq-tests"
+ADMIN_URLS: dict[str, str] = {}  # restricted URL -> the URL of the admin of that Redis
+
+
+def _as_restricted_user(admin_url: str) -> Iterator[str]:
+    """`admin_url`, or under OBSQ_TEST_ACL the URL of a user restricted to the rule; at the
+    end, Redis's ACL LOG must hold nothing but what obsq tries and goes without."""
+    if not env_flag(ACL_ENV):
+        yield admin_url
+        return
+    admin = redis.Redis.from_url(admin_url)
+    admin.execute_command("ACL", "SETUSER", ACL_USER, "reset", "on", ">tests",
+                          *acl_rule("t*").split())
+    admin.acl_log_reset()
+    url = admin_url.replace("://", f"://{ACL_USER}:tests@", 1)
+    ADMIN_URLS[url] = admin_url
+    yield url
+    denied = [(e["object"], e["reason"], e["count"]) for e in admin.acl_log(count=100)
+              if e["username"] == ACL_USER
+              and e["object"].split("|")[0] not in ("config", "client")]
+    admin.close()
+    assert denied == [], f"commands denied to the user of `obsq acl`'s rule: {denied}"
+
+
+@pytest.fixture
+def admin_redis_url(redis_url: str) -> str:
+    """The tests' own access to Redis (reads, cleanup, breaking things): the admin's."""
+    return ADMIN_URLS.get(redis_url, redis_url)
 
 
 @pytest.fixture
@@ -59,10 +97,10 @@ def private_redis() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def namespace(redis_url: str) -> Iterator[str]:
+def namespace(admin_redis_url: str) -> Iterator[str]:
     ns = f"t{uuid.uuid4().hex[:10]}"
     yield ns
-    r = sync_redis(redis_url)
+    r = sync_redis(admin_redis_url)
     with contextlib.suppress(redis.RedisError):
         keys = list(r.scan_iter(match=f"{ns}:*", count=1000))
         for start in range(0, len(keys), 1000):  # one command a key: a cluster's keys
@@ -86,8 +124,8 @@ async def client(redis_url: str, namespace: str, app: obsq.App) -> AsyncIterator
 
 
 @pytest.fixture
-def raw_redis(redis_url: str) -> Iterator[redis.Redis]:
-    r = sync_redis(redis_url)
+def raw_redis(admin_redis_url: str) -> Iterator[redis.Redis]:
+    r = sync_redis(admin_redis_url)
     yield r
     r.close()
 

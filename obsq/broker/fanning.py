@@ -28,7 +28,7 @@ class Fanning(RedisCalls):
         k = self.keys(queue)
         args: list[Any] = [0, task_type, group]
         for m in messages:
-            args += (m.id, m.payload, "payload", m.encoded_headers())
+            args += (m.id, m.payload, "bin" if m.binary else "payload", m.encoded_headers())
         statuses = await self._script("group", (k.group_types, k.grouped), args)
         return [Enqueued(not s) for s in statuses]
 

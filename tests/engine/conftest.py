@@ -29,7 +29,7 @@ async def broker(redis_url: str, namespace: str) -> AsyncIterator[Broker]:
 
 
 @pytest.fixture
-def spawn_worker(redis_url: str, namespace: str, tmp_path: Path
+def spawn_worker(redis_url: str, admin_redis_url: str, namespace: str, tmp_path: Path
                  ) -> Iterator[Callable[..., ObsqProcess]]:
     """`spawn_worker("--lease-seconds", "60")`: a worker subprocess serving
     tests.engine.apps:app (or `app=`) on the test's namespace, with the given OBSQ_*
@@ -38,7 +38,7 @@ def spawn_worker(redis_url: str, namespace: str, tmp_path: Path
 
     def spawn(*extra: str, concurrency: int = 4, app: str = "tests.engine.apps:app",
               **environ: str) -> ObsqProcess:
-        env = {**os.environ, "OBSQ_ENGINE_RECORD_URL": redis_url,
+        env = {**os.environ, "OBSQ_ENGINE_RECORD_URL": admin_redis_url,
                "OBSQ_ENGINE_RECORD_PREFIX": namespace, "PYTHONUNBUFFERED": "1"}
         env = {k: v for k, v in env.items() if not k.startswith("OBSQ_") or
                k.startswith("OBSQ_ENGINE_")} | short_interval_env() | environ
@@ -58,7 +58,7 @@ def spawn_worker(redis_url: str, namespace: str, tmp_path: Path
 
 
 @pytest.fixture
-def spawn_scheduler(redis_url: str, namespace: str, tmp_path: Path
+def spawn_scheduler(redis_url: str, admin_redis_url: str, namespace: str, tmp_path: Path
                     ) -> Iterator[Callable[..., ObsqProcess]]:
     """`spawn_scheduler(OBSQ_LOCK_TTL="1")`: an `obsq scheduler` subprocess of
     tests.engine.schedule_apps:app on the test's namespace, with the given environment
@@ -67,7 +67,8 @@ def spawn_scheduler(redis_url: str, namespace: str, tmp_path: Path
 
     def spawn(http_port: int = -1, **environ: str) -> ObsqProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OBSQ_")}
-        env.update({"OBSQ_ENGINE_RECORD_URL": redis_url, "OBSQ_ENGINE_RECORD_PREFIX": namespace,
+        env.update({"OBSQ_ENGINE_RECORD_URL": admin_redis_url,
+                    "OBSQ_ENGINE_RECORD_PREFIX": namespace,
                     "PYTHONUNBUFFERED": "1", **environ})
         args = ["scheduler", "tests.engine.schedule_apps:app", "--redis-url", redis_url,
                 "--namespace", namespace, "--http-port", str(http_port)]

@@ -80,8 +80,6 @@ async def test_unique_locks_keep_bytes_and_json_of_the_same_text_apart(client) -
 async def test_bytes_payloads_are_refused_where_json_is_needed(client, app) -> None:
     with pytest.raises(TypeError, match="bytes cannot be given to a schedule"):
         await client.schedule("nightly", "@every 1h", "blob", b"\x00")
-    with pytest.raises(TypeError, match="grouped task's payload must be JSON"):
-        await client.enqueue("blob", b"\x00", group="g")
     app.max_payload = 10
     with pytest.raises(obsq.TaskTooLarge):
         await client.enqueue("blob", b"x" * 11)

@@ -123,12 +123,13 @@ async def test_unknown_queues_and_tasks_fail_in_one_line(client, obsq_cli) -> No
     assert "(its queues: mail)" in out
 
 
-async def test_an_empty_namespace_names_the_ones_that_exist(client, redis_url, namespace,
-                                                           capsys, monkeypatch) -> None:
+async def test_an_empty_namespace_names_the_ones_that_exist(client, admin_redis_url,
+                                                           namespace, capsys,
+                                                           monkeypatch) -> None:
     await client.enqueue("t")
     monkeypatch.delenv("OBSQ_NAMESPACE", raising=False)
-    capsys.readouterr()
-    code = await asyncio.to_thread(cli.main, ["queues", "--redis-url", redis_url])
+    capsys.readouterr()  # the default namespace, outside a test user's rule: as the admin
+    code = await asyncio.to_thread(cli.main, ["queues", "--redis-url", admin_redis_url])
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("no queues in namespace 'obsq'")
     assert namespace in out and "(--namespace NS)" in out

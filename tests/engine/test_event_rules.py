@@ -10,6 +10,7 @@ from support import wait_until
 
 import obsq
 from obsq.broker import EventKeys, QueueKeys
+from obsq.inspector import Inspector
 
 from .helpers import collides, queue_key_names
 
@@ -33,6 +34,9 @@ async def test_each_subscriber_gets_its_copy(app, redis_url, namespace, start_wo
             assert await producer.publish("order.created", {"order": 0}) == []
         assert caplog.text.count("no live subscriber") == 1
         await start_worker()
+        async with Inspector(redis_url, namespace) as inspector:
+            [worker] = await inspector.workers()
+        assert worker.subscriptions == ["order.created@billing", "order.created@email"]
         infos = await producer.publish("order.created", {"order": 1}, event_id="ev-1")
         assert sorted((i.type, i.queue, i.id) for i in infos) == [
             ("order.created@billing", "default", "ev-1.billing"),

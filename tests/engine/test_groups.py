@@ -55,7 +55,8 @@ async def test_grouped_tasks_aggregate_once_across_workers(spawn_worker, broker,
     by_group = collections.Counter(b["group"] for b in found.values())
     assert set(by_group) == set(GROUPS)
     assert (await depth(broker))["aggregating"] == 0
-    assert not raw_redis.zcard(f"{namespace}:{{default}}:batches")
+    await wait_until(lambda: not raw_redis.zcard(f"{namespace}:{{default}}:batches"),
+                     what="every batch ended (a batch's task may run before it ends)")
     assert all(w.poll() is None for w in workers)
 
 

@@ -109,6 +109,22 @@ async def test_a_worker_allowed_to_starts_and_warns(evicting_redis, app, start_w
     assert any(f"maxmemory-policy {EVICTING}" in m for m in caplog.messages)
 
 
+async def test_an_allowed_worker_enqueues_its_aggregated_tasks(evicting_redis, app,
+                                                               start_worker) -> None:
+    ran: list[int] = []
+
+    @app.task("sum")
+    async def total(task: obsq.Task) -> None:
+        ran.append(task.payload)
+
+    app.aggregate("add", lambda group, tasks: ("sum", len(tasks)), grace_period=0.1)
+    await start_worker(redis_url=evicting_redis.url, allow_eviction=True)
+    async with obsq.Client(evicting_redis.url, app=app, allow_eviction=True) as client:
+        for n in range(3):
+            await client.enqueue("add", n, group="g")
+    await wait_until(lambda: ran == [3])
+
+
 async def test_scheduler_allowed_by_its_settings(evicting_redis, app) -> None:
     refused = Scheduler(app, evicting_redis.url, handle_signals=False)
     with pytest.raises(ConfigurationError, match=EVICTING):

@@ -27,6 +27,8 @@ async def test_a_100_mb_payload_is_one_line_before_anything_is_written(
     assert isinstance(refused.value, ValueError)  # a bad argument, as the others are
     with pytest.raises(obsq.TaskTooLarge):  # any JSON value, measured encoded
         await client.enqueue("upload", {"rows": ["y" * 1024] * (HUNDRED_MB // 1024)})
+    with pytest.raises(obsq.TaskTooLarge):  # bytes, measured as they are
+        await client.enqueue("upload", b"z" * HUNDRED_MB)
     assert namespace_keys(raw_redis, namespace) == []
     info = await client.enqueue("upload", "x" * (MAX_PAYLOAD_BYTES - 2))  # with its quotes
     assert info.state == "pending"
