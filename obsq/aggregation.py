@@ -22,6 +22,7 @@ from typing import Any
 from obsq.app import App
 from obsq.broker import Batch, Broker
 from obsq.client import Client
+from obsq.errors import BrokerError
 from obsq.loop import BackgroundLoop
 from obsq.settings import (
     AGGREGATE_BACKOFF_BASE,
@@ -82,7 +83,10 @@ class AggregationLoop(BackgroundLoop):
             else:  # a plain function must not stall the worker's event loop
                 made = await asyncio.to_thread(entry.aggregator, batch.group, tasks)
             job = _aggregated_job(made, batch)
+            job.origins = [t.headers for t in tasks]
             await self.client.enqueue_many([job])  # a duplicate: enqueued by an earlier claim
+        except BrokerError:
+            raise  # Redis away, not the aggregator: its claim runs out, it is taken again
         except Exception as exc:
             retry_in = min(AGGREGATE_BACKOFF_BASE * 2 ** batch.failures, AGGREGATE_BACKOFF_CAP)
             log.warning("aggregator of %r failed for group %r of queue %s (%d task(s), "

@@ -102,13 +102,7 @@ class RedisCalls:
         """Stop with one line when the Redis user may not run what obsq needs (acl.py)."""
         key = f"{self.namespace}:{{acl-probe}}"
         try:
-            try:
-                denied = await self.redis.evalsha(ACL_PROBE.sha, 1, key, *probed_commands())
-            except ResponseError as exc:
-                if not is_noscript(exc):
-                    raise
-                await self.redis.script_load(ACL_PROBE.source)
-                denied = await self.redis.evalsha(ACL_PROBE.sha, 1, key, *probed_commands())
+            denied = await _evalsha(self.redis, ACL_PROBE, [key], probed_commands())
         except ResponseError as exc:
             if "noperm" not in str(exc).lower() and "no permissions" not in str(exc).lower():
                 return  # not a matter of permissions: the real calls will tell
@@ -206,16 +200,8 @@ class RedisCalls:
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any],
                       redis: Any = None) -> Any:
-        script = SCRIPTS[name]
-        redis = redis or self.redis
         try:
-            try:
-                return await redis.evalsha(script.sha, len(keys), *keys, *args)
-            except ResponseError as exc:
-                if not is_noscript(exc):
-                    raise
-                await redis.script_load(script.source)
-                return await redis.evalsha(script.sha, len(keys), *keys, *args)
+            return await _evalsha(redis or self.redis, SCRIPTS[name], keys, args)
         except (RedisError, OSError) as exc:
             raise self._failed(name, exc) from exc
 
@@ -288,6 +274,18 @@ class RedisCalls:
             return results
         except (RedisError, OSError) as exc:
             raise self._failed(calls[0][0], exc) from exc
+
+
+async def _evalsha(redis: Any, script: Script, keys: Sequence[str], args: Sequence[Any]
+                   ) -> Any:
+    """A script by its SHA, loaded first when Redis has not got it (NOSCRIPT)."""
+    try:
+        return await redis.evalsha(script.sha, len(keys), *keys, *args)
+    except ResponseError as exc:
+        if not is_noscript(exc):
+            raise
+        await redis.script_load(script.source)
+        return await redis.evalsha(script.sha, len(keys), *keys, *args)
 
 
 def eviction_problem(where: str, policy: str) -> str:

@@ -114,10 +114,12 @@ class Control:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("system", choices=sorted(systems.SYSTEMS))
-    p.add_argument("role", choices=["worker", "enqueue", "pickup"])
+    p.add_argument("role", choices=["worker", "enqueue", "pickup", "ping"])
     p.add_argument("--url", required=True)
     p.add_argument("--n", type=int, default=0)
-    p.add_argument("--mode", choices=["single", "bulk"], default="single")
+    p.add_argument("--mode", choices=["single", "bulk", "sync", "concurrent", "async"],
+                   default="single")
+    p.add_argument("--task", choices=["noop", "io"], default="noop")
     p.add_argument("--rate", type=float, default=200.0)
     p.add_argument("--concurrency", type=int, default=10)
     p.add_argument("--metrics", action="store_true")
@@ -142,7 +144,10 @@ def main() -> None:
                 **status(),
             )
         elif a.role == "enqueue":
-            elapsed = system.enqueue(a.url, a.n, a.mode)
+            elapsed = system.enqueue(a.url, a.n, a.mode, a.task)
+            emit("result", elapsed=elapsed, n=a.n)
+        elif a.role == "ping":
+            elapsed = systems.ping(a.url, a.n, a.mode)
             emit("result", elapsed=elapsed, n=a.n)
         else:
             elapsed = system.pickup(a.url, a.n, a.rate)

@@ -77,10 +77,20 @@ def backlog(system: str, r) -> int:
 # ------------------------------------------------------------------------ workloads
 
 
-def enqueue(system: str, rs: RedisServer, n: int, mode: str) -> dict:
+def enqueue(system: str, rs: RedisServer, n: int, mode: str, task: str = "noop") -> dict:
     cpu0 = rs.cpu_seconds()
-    res = run_child([system, "enqueue", "--url", rs.url, "--n", str(n), "--mode", mode],
-                    label=f"{system} enqueue {mode}")
+    res = run_child([system, "enqueue", "--url", rs.url, "--n", str(n), "--mode", mode,
+                     "--task", task], label=f"{system} enqueue {mode}")
+    cpu1 = rs.cpu_seconds()
+    return {"n": n, "seconds": res["elapsed"], "rate": n / res["elapsed"],
+            "redis_cpu_us": (cpu1 - cpu0) * 1e6 / n}
+
+
+def ping(rs: RedisServer, n: int, mode: str) -> dict:
+    """redis-py PING one at a time (`sync` or `async`) on the same server: the limit."""
+    cpu0 = rs.cpu_seconds()
+    res = run_child(["obsq", "ping", "--url", rs.url, "--n", str(n), "--mode", mode],
+                    label=f"{mode} ping")
     cpu1 = rs.cpu_seconds()
     return {"n": n, "seconds": res["elapsed"], "rate": n / res["elapsed"],
             "redis_cpu_us": (cpu1 - cpu0) * 1e6 / n}
@@ -97,12 +107,15 @@ def worker_args(system: str, rs: RedisServer, opts: dict) -> list[str]:
 
 def drain(system: str, rs: RedisServer, n: int, *, opts: dict | None = None,
           env: dict | None = None, pickup_n: int = 0, rate: float = 200.0,
-          profile: str | None = None, out: dict | None = None) -> dict:
-    """Fill the queue with n tasks (the timed bulk enqueue), start one worker, time the
-    drain; then, optionally, the pickup latency of the same worker once idle."""
+          profile: str | None = None, out: dict | None = None, task: str = "noop",
+          name: str = "drain") -> dict:
+    """Fill the queue with n tasks of `task` (the timed bulk enqueue), start one worker,
+    time the drain (as out[name]); then, optionally, the pickup latency of the same worker
+    once idle."""
     opts = opts or {}
     out = {} if out is None else out  # filled as figures arrive, so a failure keeps them
-    out["enqueue_bulk"] = enqueue(system, rs, n, "bulk")
+    out["enqueue_bulk" if name == "drain" else f"{name}_fill"] = enqueue(system, rs, n,
+                                                                         "bulk", task)
     r = rs.client
     have = backlog(system, r)
     if have != n:
@@ -145,7 +158,7 @@ def drain(system: str, rs: RedisServer, n: int, *, opts: dict | None = None,
         w.send("MARK")
         mark = w.expect("mark", 30)
         handled = mark["handled"] - go["handled"]
-        out["drain"] = {
+        out[name] = {
             "n": n, "seconds": seconds, "rate": n / seconds,
             "redis_cpu_us": (cpu1 - cpu0) * 1e6 / n,
             "worker_cpu_us": (mark["cpu"] - go["cpu"]) * 1e6 / n,
@@ -154,7 +167,7 @@ def drain(system: str, rs: RedisServer, n: int, *, opts: dict | None = None,
             "polls": polls + 1, "poll_redis_cpu_us": (polls + 1) * poll_cost * 1e6 / n,
         }
         if handled != n:
-            out["drain"]["warning"] = f"handler ran {handled} times for {n} tasks"
+            out[name]["warning"] = f"handler ran {handled} times for {n} tasks"
 
         if pickup_n:
             time.sleep(1.0)  # let the worker go idle (blocked / polling)
@@ -172,7 +185,7 @@ def drain(system: str, rs: RedisServer, n: int, *, opts: dict | None = None,
                 "received": len(lat), "p50_ms": percentile(lat, 50),
                 "p99_ms": percentile(lat, 99), "max_ms": max(lat) if lat else float("nan"),
             }
-        out["drain"]["peak_rss_mb"] = max(out["drain"]["peak_rss_mb"], ex["peak_rss_mb"])
+        out[name]["peak_rss_mb"] = max(out[name]["peak_rss_mb"], ex["peak_rss_mb"])
     finally:
         if spy:
             spy.stop()
@@ -185,6 +198,11 @@ def bench_system(system: str, binary: str, args) -> dict:
     with RedisServer(binary) as rs:
         try:
             res["enqueue_single"] = enqueue(system, rs, args.single, "single")
+            if system == "obsq":  # its other producer paths, and the limits beside them
+                res["enqueue_sync"] = enqueue(system, rs, args.single, "sync")
+                res["enqueue_concurrent"] = enqueue(system, rs, args.tasks, "concurrent")
+                res["ping_sync"] = ping(rs, args.single, "sync")
+                res["ping_async"] = ping(rs, args.single, "async")
             rs.flush()
             opts = {"metrics": args.metrics, "tracing": args.tracing} if system == "obsq" else {}
             with OtlpSink() as sink:
@@ -195,6 +213,15 @@ def bench_system(system: str, binary: str, args) -> dict:
                     res["otlp"] = {
                         "requests": sink.requests, "bytes": sink.bytes, "spans": sink.spans
                     }
+            rs.flush()
+            drain(system, rs, args.tasks, opts=opts, env=env, out=res, task="io",
+                  name="drain_io")
+            if system == "obsq" and not args.tracing:  # the same drain, traced at 100%
+                rs.flush()
+                with OtlpSink() as sink:
+                    drain(system, rs, args.tasks, opts={**opts, "tracing": True},
+                          env=sink.env, out=res, name="drain_traced")
+                    res["drain_traced"]["spans"] = sink.spans
         except ChildError as e:
             res["error"] = str(e)
             print(f"!! {system} failed:\n{e}", file=sys.stderr)
@@ -301,6 +328,73 @@ def targets(res: dict) -> list[tuple[str, str, str, bool | None]]:
     return out
 
 
+def _ratio(a, b):
+    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+
+def producer_rows(res: dict) -> list[tuple[str, str, str, str, str, bool | None]]:
+    """Issue rows: (path, value, the limit beside it, ratio, target, met), all measured in
+    this run on the same server."""
+    o = res.get("obsq", {})
+    rows = []
+
+    def add(path, value, limit, ratio, target, ok):
+        rows.append((path, value, limit, "-" if ratio is None else f"{ratio:.2f}x", target,
+                     None if ratio is None else ok))
+
+    sync, single = get(res, "obsq", "enqueue_sync", "rate"), get(res, "obsq",
+                                                                 "enqueue_single", "rate")
+    ping_s, ping_a = get(res, "obsq", "ping_sync", "rate"), get(res, "obsq", "ping_async",
+                                                                 "rate")
+    x = _ratio(sync, ping_s)
+    add("SyncClient.enqueue, one at a time", fmt(sync, "/s"), f"sync PING {fmt(ping_s, '/s')}",
+        x, ">= 0.8x", x is not None and x >= 0.8)
+    send = get(res, "dramatiq", "enqueue_single", "rate")
+    x = _ratio(sync, send)
+    add("  beside dramatiq's send", fmt(sync, "/s"), f"dramatiq send {fmt(send, '/s')}", x,
+        "> 1x", x is not None and x > 1)
+    x = _ratio(single, ping_a)
+    add("Client.enqueue, one await at a time", fmt(single, "/s"),
+        f"async PING {fmt(ping_a, '/s')}", x, ">= 0.7x", x is not None and x >= 0.7)
+    kiq = get(res, "taskiq", "enqueue_single", "rate")
+    x = _ratio(single, kiq)
+    add("  beside taskiq's kiq", fmt(single, "/s"), f"taskiq kiq {fmt(kiq, '/s')}", x, "> 1x",
+        x is not None and x > 1)
+    conc = get(res, "obsq", "enqueue_concurrent", "rate")
+    x = _ratio(conc, 30000)
+    add("1,000 concurrent Client.enqueue", fmt(conc, "/s"), "30,000/s", x, ">= 1x",
+        x is not None and x >= 1)
+    bulk = get(res, "obsq", "enqueue_bulk", "rate")
+    x = _ratio(conc, bulk)
+    add("  beside enqueue_many", fmt(conc, "/s"), f"enqueue_many {fmt(bulk, '/s')}", x,
+        "(report)", None if x is None else True)
+    cpu, ping_cpu = (get(res, "obsq", "enqueue_single", "redis_cpu_us"),
+                     get(res, "obsq", "ping_async", "redis_cpu_us"))
+    x = _ratio(cpu, ping_cpu)
+    add("Redis CPU per single enqueue", fmt(cpu, "us"), f"a PING's {fmt(ping_cpu, 'us')}", x,
+        "<= 1.6x", x is not None and x <= 1.6)
+    plain, traced = o.get("drain", {}), o.get("drain_traced", {})
+    x = _ratio(traced.get("rate"), plain.get("rate"))
+    add("drain traced at 100%, exported", fmt(traced.get("rate"), "/s"),
+        f"untraced {fmt(plain.get('rate'), '/s')}", x, ">= 0.5x", x is not None and x >= 0.5)
+    extra = None
+    if "worker_cpu_us" in traced and "worker_cpu_us" in plain:
+        extra = traced["worker_cpu_us"] - plain["worker_cpu_us"]
+    rows.append(("  worker CPU per traced task", f"+{fmt(extra, 'us')}",
+                 f"untraced {fmt(plain.get('worker_cpu_us'), 'us')}", "-", "<= +60 us",
+                 None if extra is None else extra <= 60))
+    for key, label, target in (("drain_io", "drain, one awaited Redis call/task", "(report)"),
+                               ("drain", "drain, no-op handler", ">= 7x")):
+        mine = get(res, "obsq", key, "rate")
+        peers = [(get(res, s, key, "rate"), s) for s in res if s != "obsq"]
+        peers = [(r, s) for r, s in peers if r]
+        best, who = max(peers) if peers else (None, "peers")
+        x = _ratio(mine, best)
+        add(label, fmt(mine, "/s"), f"{who} {fmt(best, '/s')}", x, target,
+            (x is not None and x >= 7) if target == ">= 7x" else (None if x is None else True))
+    return rows
+
+
 def report(res: dict, systems, args) -> None:
     n = args.tasks
     blocks = [
@@ -319,6 +413,11 @@ def report(res: dict, systems, args) -> None:
             ("  Redis CPU us/task", "enqueue_single", "redis_cpu_us"),
             ("bulk, tasks/s", "enqueue_bulk", "rate"),
             ("  Redis CPU us/task", "enqueue_bulk", "redis_cpu_us"),
+        ], res, systems),
+        table(f"3b. drain: {n:,} tasks whose handler makes one awaited Redis call (INCR)", [
+            ("tasks/s (higher is better)", "drain_io", "rate"),
+            ("worker CPU us/task", "drain_io", "worker_cpu_us"),
+            ("Redis CPU us/task", "drain_io", "redis_cpu_us"),
         ], res, systems),
         table(f"4. pickup latency of an idle worker: {args.pickup:,} tasks at 200/s", [
             ("p50 ms", "pickup", "p50_ms"),
@@ -355,6 +454,18 @@ def report(res: dict, systems, args) -> None:
             f"{fmt(o['spans'])} spans (drain + pickup: {args.tasks + args.pickup:,} tasks)"
         )
     if "obsq" in systems:
+        print("\n== obsq's producer and tracing vs their limits, measured in this run ==")
+        print(f"{'path':<38} {'value':>12}   {'limit beside it':<26} {'ratio':>7}   "
+              f"{'target':<10} verdict")
+        for path, value, limit, ratio, want, ok in producer_rows(res):
+            verdict = "-" if ok is None else ("PASS" if ok else "MISS")
+            print(f"{path:<38} {value:>12}   {limit:<26} {ratio:>7}   {want:<10} {verdict}")
+        print("one at a time: sync = SyncClient / dramatiq send; async = Client / taskiq kiq; "
+              "the PINGs are redis-py's, one at a time, on obsq's server")
+        traced = res.get("obsq", {}).get("drain_traced")
+        if traced:
+            print(f"traced drain: the bench's OTLP receiver got {fmt(traced.get('spans'))} "
+                  f"spans for {traced['n']:,} tasks (one process span each)")
         print("\n== obsq vs targets ==")
         for name, want, value, ok in targets(res):
             verdict = "-" if ok is None else ("PASS" if ok else "MISS")

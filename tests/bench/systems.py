@@ -2,12 +2,18 @@
 
 - ``worker(url, concurrency, ctl, ready, ...)``: build one worker process' worker, call
   ``ready()``, wait for GO, run until STOP, then return.
-- ``enqueue(url, n, mode)``: enqueue ``n`` no-op tasks one at a time (``single``) or with
-  the system's bulk path (``bulk``); returns the elapsed seconds.
+- ``enqueue(url, n, mode, task)``: enqueue ``n`` tasks of ``task`` (``noop`` or ``io``)
+  one at a time (``single``), with the system's bulk path (``bulk``), and for obsq also
+  with its blocking client (``sync``: SyncClient) and as batches of 1,000 concurrent
+  calls (``concurrent``: ``asyncio.gather`` of ``Client.enqueue``); returns the elapsed
+  seconds.
 - ``pickup(url, n, rate)``: enqueue ``n`` ``lat`` tasks at ``rate`` per second, one at a
   time, each carrying ``time.time()``; returns the elapsed seconds.
 
-Handlers: ``noop`` does nothing but count; ``lat`` records ``time.time() - t``.
+Handlers: ``noop`` does nothing but count; ``io`` makes one awaited Redis call (INCR on
+the same server), as a realistic handler does; ``lat`` records ``time.time() - t``.
+``ping(url, n, mode)``: the round-trip limit beside them, redis-py PING one at a time,
+``sync`` or ``async``.
 Parent-side knowledge (which keys tell that a queue is drained) lives in run.py.
 """
 
@@ -15,11 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import threading
 import time
 
 NAMESPACE = "bench"
+CONCURRENT = 1000  # enqueue calls in flight at once in the `concurrent` mode
 
 
 class State:
@@ -29,6 +35,7 @@ class State:
         self.latencies: list[float] = []  # pickup latencies in seconds
         self.lock = threading.Lock()
         self.tracing_exporter: bool | None = None  # obsq: did setup_tracing() install one
+        self.url = ""  # of the Redis the worker serves (the `io` handler calls it)
 
 
 STATE = State()
@@ -53,40 +60,35 @@ class Obsq:
             STATE.latencies.append(time.time() - task.payload["t"])
             STATE.handled += 1
 
+        @app.task("io")
+        async def io(task):
+            await io_redis(STATE.url).incr("bench:io")
+            STATE.handled += 1
+
         return app
 
     @classmethod
     def worker(cls, url, concurrency, ctl, ready, metrics=False, tracing=False, http_port=0):
         import obsq
-        from obsq.observability import setup_tracing, shutdown_tracing
+        from obsq.observability import run_worker, setup_tracing, shutdown_tracing
 
+        STATE.url = url
         if tracing:  # as `obsq worker` does: an SDK provider exporting per OTEL_* variables
             STATE.tracing_exporter = setup_tracing("obsq-bench")
         app = cls._app()
-        kwargs = dict(
-            redis_url=url, queues={"default": 1}, concurrency=concurrency,
-            metrics=metrics, tracing=tracing,
-        )
-        params = inspect.signature(obsq.Worker).parameters
-        if http_port and "http_port" in params:
-            kwargs["http_port"] = http_port
-        worker = obsq.Worker(app, **kwargs)
+        worker = obsq.Worker(app, redis_url=url, queues={"default": 1},
+                             concurrency=concurrency, handle_signals=False)
 
         async def main():
             loop = asyncio.get_running_loop()
             ready()
             if not await loop.run_in_executor(None, ctl.wait_go):
                 return
-
-            pending = []
-
-            def stop():
-                r = worker.stop()
-                if inspect.isawaitable(r):
-                    pending.append(asyncio.ensure_future(r))
-
-            ctl.on_stop(lambda: loop.call_soon_threadsafe(stop))
-            await worker.run()
+            ctl.on_stop(lambda: loop.call_soon_threadsafe(worker.stop))
+            # as `obsq worker` runs it: metrics and tracing through the App's hooks
+            await run_worker(worker, metrics=metrics, tracing=tracing,
+                             http_port=http_port if metrics and http_port else None,
+                             http_host="127.0.0.1")
 
         try:
             asyncio.run(main())
@@ -94,19 +96,33 @@ class Obsq:
             shutdown_tracing()
 
     @staticmethod
-    def enqueue(url, n, mode):
+    def enqueue(url, n, mode, task="noop"):
         import obsq
+
+        if mode == "sync":
+            client = obsq.SyncClient(url, namespace=NAMESPACE)
+            client.enqueue(task, {"i": -1})  # the queue registered, the script loaded
+            t0 = time.perf_counter()
+            for i in range(1, n):
+                client.enqueue(task, {"i": i})
+            elapsed = time.perf_counter() - t0
+            client.close()
+            return elapsed * n / (n - 1)
 
         async def main():
             client = obsq.Client(url, namespace=NAMESPACE)
             t0 = time.perf_counter()
             if mode == "single":
                 for i in range(n):
-                    await client.enqueue("noop", {"i": i})
+                    await client.enqueue(task, {"i": i})
+            elif mode == "concurrent":
+                for start in range(0, n, CONCURRENT):
+                    await asyncio.gather(*(client.enqueue(task, {"i": i})
+                                           for i in range(start, min(n, start + CONCURRENT))))
             else:
                 for start in range(0, n, 1000):
                     await client.enqueue_many(
-                        [obsq.Job("noop", {"i": i}) for i in range(start, min(n, start + 1000))]
+                        [obsq.Job(task, {"i": i}) for i in range(start, min(n, start + 1000))]
                     )
             elapsed = time.perf_counter() - t0
             await client.close()
@@ -160,13 +176,19 @@ class Dramatiq:
                 STATE.latencies.append(now - t)
                 STATE.handled += 1
 
-        return broker, noop, lat
+        @dramatiq.actor(actor_name="io", queue_name="default", max_retries=0)
+        def io(i):
+            sync_io_redis(url).incr("bench:io")
+            with STATE.lock:
+                STATE.handled += 1
+
+        return broker, {"noop": noop, "io": io}, lat
 
     @classmethod
     def worker(cls, url, concurrency, ctl, ready, **_):
         import dramatiq
 
-        broker, _noop, _lat = cls._broker(url)
+        broker, _actors, _lat = cls._broker(url)
         worker = dramatiq.Worker(broker, worker_threads=concurrency)
         ready()
         if not ctl.wait_go():
@@ -177,22 +199,23 @@ class Dramatiq:
         broker.close()
 
     @classmethod
-    def enqueue(cls, url, n, mode):
-        broker, noop, _lat = cls._broker(url)
+    def enqueue(cls, url, n, mode, task="noop"):
+        broker, actors, _lat = cls._broker(url)
+        actor = actors[task]
         t0 = time.perf_counter()
         if mode == "single":
             for i in range(n):
-                noop.send(i)
+                actor.send(i)
         else:  # no bulk API: broker.enqueue in a loop
             for i in range(n):
-                broker.enqueue(noop.message(i))
+                broker.enqueue(actor.message(i))
         elapsed = time.perf_counter() - t0
         broker.close()
         return elapsed
 
     @classmethod
     def pickup(cls, url, n, rate):
-        broker, _noop, lat = cls._broker(url)
+        broker, _actors, lat = cls._broker(url)
         t0 = time.perf_counter()
         for i in range(n):
             delay = t0 + i / rate - time.perf_counter()
@@ -226,13 +249,18 @@ class Taskiq:
             STATE.latencies.append(time.time() - t)
             STATE.handled += 1
 
-        return broker, noop, lat
+        @broker.task(task_name="io")
+        async def io(i: int) -> None:
+            await io_redis(url).incr("bench:io")
+            STATE.handled += 1
+
+        return broker, {"noop": noop, "io": io}, lat
 
     @classmethod
     def worker(cls, url, concurrency, ctl, ready, **_):
         from taskiq.api import run_receiver_task
 
-        broker, _noop, _lat = cls._broker(url)
+        broker, _tasks, _lat = cls._broker(url)
 
         async def main():
             loop = asyncio.get_running_loop()
@@ -253,14 +281,14 @@ class Taskiq:
         asyncio.run(main())
 
     @classmethod
-    def enqueue(cls, url, n, mode):
-        broker, noop, _lat = cls._broker(url)
+    def enqueue(cls, url, n, mode, task="noop"):
+        broker, tasks, _lat = cls._broker(url)
 
         async def main():
             await broker.startup()
             t0 = time.perf_counter()
             for i in range(n):  # no bulk API: kiq in a loop for both modes
-                await noop.kiq(i)
+                await tasks[task].kiq(i)
             elapsed = time.perf_counter() - t0
             await broker.shutdown()
             return elapsed
@@ -269,7 +297,7 @@ class Taskiq:
 
     @classmethod
     def pickup(cls, url, n, rate):
-        broker, _noop, lat = cls._broker(url)
+        broker, _tasks, lat = cls._broker(url)
 
         async def main():
             await broker.startup()
@@ -287,3 +315,57 @@ class Taskiq:
 
 
 SYSTEMS = {"obsq": Obsq, "dramatiq": Dramatiq, "taskiq": Taskiq}
+
+# ------------------------------------------------------------- shared by the systems
+
+_io_clients: dict = {}
+
+
+def io_redis(url):
+    """The asyncio redis-py client the `io` handlers call (one per worker process)."""
+    client = _io_clients.get(("async", url))
+    if client is None:
+        import redis.asyncio
+
+        client = _io_clients["async", url] = redis.asyncio.Redis.from_url(url)
+    return client
+
+
+def sync_io_redis(url):
+    """The blocking redis-py client of dramatiq's `io` actor (thread safe)."""
+    client = _io_clients.get(("sync", url))
+    if client is None:
+        import redis
+
+        client = _io_clients["sync", url] = redis.Redis.from_url(url)
+    return client
+
+
+def ping(url, n, mode):
+    """`n` PINGs one at a time with redis-py (`sync` or `async`): the round trip every
+    enqueue pays, the limit the producers are measured against."""
+    if mode == "sync":
+        import redis
+
+        r = redis.Redis.from_url(url)
+        r.ping()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            r.ping()
+        elapsed = time.perf_counter() - t0
+        r.close()
+        return elapsed
+
+    async def main():
+        import redis.asyncio
+
+        r = redis.asyncio.Redis.from_url(url)
+        await r.ping()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            await r.ping()
+        elapsed = time.perf_counter() - t0
+        await r.aclose()
+        return elapsed
+
+    return asyncio.run(main())

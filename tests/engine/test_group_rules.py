@@ -7,6 +7,8 @@ import pytest
 from support import depth, wait_until
 
 import obsq
+from obsq.broker import Broker
+from obsq.errors import BrokerError
 
 
 async def test_a_full_group_becomes_one_task(app, client, start_worker, broker) -> None:
@@ -136,3 +138,32 @@ async def test_bytes_payloads_stay_bytes_in_groups_and_events(app, client, start
     await client.publish("blob.stored", b"\x00raw\xff")
     await wait_until(lambda: len(got) == 2)
     assert sorted(got) == sorted([b"".join(parts), b"\x00raw\xff"])
+
+
+async def test_redis_away_while_enqueueing_an_aggregated_task_is_no_failure(
+        app, client, start_worker, monkeypatch) -> None:
+    """The aggregator did its part: its batch is not postponed nor counted failed, its
+    claim runs out and it is aggregated again."""
+    outcomes: list[str] = []
+    app.on_aggregation(lambda queue, pattern, outcome: outcomes.append(outcome))
+    ran: list[int] = []
+
+    @app.task("sum")
+    async def total(task: obsq.Task) -> None:
+        ran.append(task.payload)
+
+    app.aggregate("add", lambda group, tasks: ("sum", len(tasks)), grace_period=0.1)
+    real, calls = Broker.enqueue, []
+
+    async def away_once(self, queue, messages):
+        calls.append(queue)
+        if len(calls) == 1:
+            raise BrokerError("enqueue", ConnectionError("Redis away"))
+        return await real(self, queue, messages)
+
+    monkeypatch.setattr(Broker, "enqueue", away_once)
+    for n in range(2):
+        await client.enqueue("add", n, group="g")
+    await start_worker(aggregate_lease=1)
+    await wait_until(lambda: ran == [2] and outcomes == ["success"])
+    assert len(calls) == 2

@@ -6,13 +6,13 @@ last minute), and the rules file loads and evaluates cleanly.
 The worker serves two queues. The workload gives every series the queries read: the
 outcomes success, retry, dead and lease_lost, both lease recovery reasons (expired, and
 worker_lost from a third queue), a paused queue with pending tasks, a dead-letter set, a
-failed Redis call, a group of tasks aggregated into one, an event delivered to its
-subscriber, and a scheduler in the same process firing an entry every second, whose next
-fire is set back a minute in each wave, as after an outage of the schedulers, to miss fires.
-It runs in two waves with a scrape in between, so the counters and histograms grow while
-Prometheus watches and `rate()` has something to measure (a series first seen at its final
-value has a rate of 0, and a histogram quantile or a failure ratio of 0/0 is NaN, not
-data).
+failed Redis call, a group of tasks aggregated into one (after a failed try), an event
+delivered to its subscriber, and a scheduler in the same process firing an entry every
+second, whose next fire is set back a minute in each wave, as after an outage of the
+schedulers, to miss fires. It runs in two waves with a scrape in between, so the counters
+and histograms grow while Prometheus watches and `rate()` has something to measure (a
+series first seen at its final value has a rate of 0, and a histogram quantile or a
+failure ratio of 0/0 is NaN, not data).
 
 No query is exempt.
 """
@@ -198,8 +198,16 @@ async def test_every_dashboard_query_and_alert_returns_data(
     async def merged(task):
         assert len(task.payload) == 2
 
-    app.aggregate("rows:", lambda group, tasks: ("merged", [t.payload for t in tasks]),
-                  max_size=2, grace_period=0.1)
+    failed_once: set[str] = set()
+
+    def merge(group, tasks):
+        """Fails its first run for each group (the batch is tried again a second later)."""
+        if group not in failed_once:
+            failed_once.add(group)
+            raise RuntimeError("not yet")
+        return "merged", [t.payload for t in tasks]
+
+    app.aggregate("rows:", merge, max_size=2, grace_period=0.1)
 
     @app.subscribe("e2e.paid", name="ledger", queue=main)
     async def ledger(task):
@@ -299,8 +307,9 @@ async def test_every_dashboard_query_and_alert_returns_data(
         for (task, outcome), runs in OUTCOMES.items():
             await until_counted(runs * n, "obsq_tasks_processed_total", queue=main, task=task,
                                 outcome=outcome)
-        await until_counted(n, "obsq_aggregations_total", queue=main, task="rows:",
-                            outcome="success")
+        for outcome in ("failed", "success"):
+            await until_counted(n, "obsq_aggregations_total", queue=main, task="rows:",
+                                outcome=outcome)
         await until_counted(n, "obsq_lease_recoveries_total", queue=main, reason="expired")
         await until_counted(n, "obsq_lease_recoveries_total", queue=away, reason="worker_lost")
 

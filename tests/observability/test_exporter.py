@@ -28,7 +28,7 @@ async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
         assert value(s, "obsq_queue_depth", queue="alpha", state="pending") == 1
         assert value(s, "obsq_queue_depth", queue="beta", state="pending") == 1
         assert value(s, "obsq_queue_depth", queue="beta", state="scheduled") == 1
-        assert len(pick(s, "obsq_queue_depth")) == 14  # 2 queues x 7 states
+        assert len(pick(s, "obsq_queue_depth")) == 16  # 2 queues x 8 states
         assert value(s, "obsq_queue_paused", queue="alpha") == 0
         assert 0 <= value(s, "obsq_queue_latency_seconds", queue="alpha") < 60
         assert value(s, "obsq_workers") == 0

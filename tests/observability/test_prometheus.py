@@ -40,7 +40,7 @@ async def test_prometheus_scrapes_a_worker(app, redis_url, namespace, spans, pro
         ("ok",): 5, ("fail",): 1}
     assert prom.values(f'obsq_queue_depth{{queue="{queue}"}}', "state") == {
         ("pending",): 0, ("active",): 0, ("scheduled",): 0, ("retry",): 0, ("dead",): 1,
-        ("completed",): 0, ("cancelled",): 0}
+        ("completed",): 0, ("cancelled",): 0, ("aggregating",): 0}
     assert prom.values("obsq_workers") == {(): 1}
     assert prom.values(f'obsq_queue_paused{{queue="{queue}"}}') == {(): 0}
     assert prom.values("obsq_worker_concurrency") == {(): 10}
