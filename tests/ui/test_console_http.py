@@ -271,12 +271,20 @@ def test_obsq_ui_stops_with_status_0_on_sigterm(redis_url, namespace, tmp_path) 
     assert code == 0, (tmp_path / "ui.log").read_text()
 
 
-async def test_grouped_tasks_show_as_aggregating(client, console) -> None:
+async def test_grouped_tasks_and_subscribers_show(app, client, console,
+                                                  start_worker) -> None:
+    @app.subscribe("order.created", name="billing", queue="mail")
+    async def billing(task: obsq.Task) -> None:
+        return None
+
+    await start_worker(queues="mail")
+    workers = (await console.get("/workers")).text
+    assert "events: order.created@billing" in workers
     info = await client.enqueue("rows:add", 1, queue="mail", group="sensor-1")
     page = (await console.get("/")).text
     assert "Aggregating</th>" in page
     assert re.search(r'data-label="Aggregating"><span class="count aggregating">1</span>', page)
-    assert "1 aggregating" in page
+    assert "1 in groups · 0 due later" in page
     task = (await console.get(f"/tasks/{info.id}")).text
     assert "aggregating" in task
     metrics = (await console.get("/metrics")).text
