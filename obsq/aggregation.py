@@ -83,6 +83,7 @@ class AggregationLoop(BackgroundLoop):
             else:  # a plain function must not stall the worker's event loop
                 made = await asyncio.to_thread(entry.aggregator, batch.group, tasks)
             job = _aggregated_job(made, batch)
+            job.origins = [t.headers for t in tasks]
             await self.client.enqueue_many([job])  # a duplicate: enqueued by an earlier claim
         except BrokerError:
             raise  # Redis away, not the aggregator: its claim runs out, it is taken again

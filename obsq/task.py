@@ -77,6 +77,8 @@ class Job:
     retention: float | None = None
     headers: dict[str, str] = field(default_factory=dict)
     ordering_key: str | None = None  # tasks sharing it run one at a time, in enqueue order
+    # the headers of the tasks this one is made of (an aggregation): its trace links to theirs
+    origins: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -97,6 +99,7 @@ class TaskMessage:
     ordering_key: str = ""
     binary: bool = False  # the payload was given as bytes and stays bytes
     id_chosen: bool = False  # the producer named the id: Redis must check that it is free
+    origins: list[dict[str, str]] = field(default_factory=list)  # Job.origins; not stored
 
     def encoded_headers(self) -> bytes:
         return orjson.dumps(self.headers) if self.headers else b""
@@ -156,7 +159,7 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
                        payload=payload, headers=headers, max_retry=max_retry, timeout=timeout,
                        retention=retention, delay=delay, unique_key=unique_key,
                        unique_for=unique_for, ordering_key=ordering_key, binary=binary,
-                       id_chosen=job.task_id is not None)
+                       id_chosen=job.task_id is not None, origins=list(job.origins))
 
 
 def _within(task_type: str, what: str, size: int, limit: int) -> None:

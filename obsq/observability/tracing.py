@@ -39,6 +39,7 @@ SYSTEM = "obsq"
 SPAN_KEY = "obsq.span"  # where the process span waits in task.context for the outcome
 RECORDED_KEY = "obsq.span.error"
 LINK_ENV = "OBSQ_TRACE_LINK"
+MAX_LINKS = 128  # the SDK keeps 128 links a span by default
 
 
 def _tracer() -> trace.Tracer:
@@ -122,7 +123,7 @@ class SendTracing:
                 "messaging.destination.name": m.queue,
                 "messaging.message.id": m.id,
                 "obsq.task.type": m.type,
-            })
+            }, _origin_links(m.origins) if m.origins else None)
             propagate.inject(m.headers, trace.set_span_in_context(span, parent))
             spans.append(span)
         try:
@@ -139,6 +140,19 @@ class SendTracing:
                 span.set_attribute("obsq.task.duplicate", True)
             span.end()
         return infos
+
+
+def _origin_links(origins: list[dict[str, str]]) -> list[Link]:
+    """Links to the traces of the tasks a task was made of (an aggregation's batch), as
+    the messaging conventions link a batch; at most MAX_LINKS."""
+    links = []
+    for headers in origins:
+        context = trace.get_current_span(propagate.extract(headers)).get_span_context()
+        if context.is_valid:
+            links.append(Link(context))
+            if len(links) == MAX_LINKS:
+                break
+    return links
 
 
 # -- exporting ---------------------------------------------------------------------------

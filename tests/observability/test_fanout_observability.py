@@ -92,3 +92,38 @@ async def test_each_event_copy_starts_a_trace_linked_to_its_send(app, redis_url,
     assert [link.context.span_id for link in process.links] == [send.context.span_id]
     assert process.attributes["obsq.task.type"] == "invoice.paid@ledger"
     assert info.headers["obsq-subscriber"] == "ledger"
+
+
+async def test_an_aggregated_task_links_to_the_traces_of_its_grouped_tasks(
+        app, redis_url, namespace, spans, start_worker) -> None:
+    queue = f"agg-{namespace}"
+
+    @app.task("parts:joined", queue=queue)
+    async def joined(task: obsq.Task) -> None:
+        return None
+
+    app.aggregate("parts:add", lambda group, tasks: ("parts:joined", len(tasks)),
+                  max_size=2, grace_period=30)
+    await start_worker(queues={queue: 1}, tracing=True)  # its App's producers trace too
+    client = obsq.Client(redis_url, namespace=namespace, app=app)
+    try:
+        for n in range(2):
+            with tracer.start_as_current_span(f"request {n}"):
+                await client.enqueue("parts:add", n, queue=queue, group="g")
+    finally:
+        await client.close()
+
+    def finished(name: str) -> list:
+        return [s for s in spans.get_finished_spans() if s.name == name]
+
+    await wait_until(lambda: finished(f"process {queue}"), what="the aggregated task ran")
+    grouped, made = [], None
+    for span in finished(f"send {queue}"):
+        if span.attributes["obsq.task.type"] == "parts:add":
+            grouped.append(span)
+        else:
+            made = span
+    assert made is not None and len(grouped) == 2
+    assert {link.context.span_id for link in made.links} == {
+        s.context.span_id for s in grouped}
+    assert made.context.trace_id not in {s.context.trace_id for s in grouped}
