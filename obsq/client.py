@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from obsq.app import App, ProducerHook
 from obsq.broker import Broker, Enqueued
 from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
-from obsq.errors import BrokerError, DuplicateTask, TaskNotFound, TaskRunning
+from obsq.errors import BrokerError, ConfigurationError, DuplicateTask, TaskNotFound, TaskRunning
 from obsq.fanout import check_event, check_grouped, event_jobs
 from obsq.producer_chain import ProducerChain
 from obsq.results import ResultWaiter
@@ -47,15 +47,32 @@ T = TypeVar("T")
 class Client:
     def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str | None = None, *,
                  app: App | None = None, broker: Broker | None = None,
-                 allow_eviction: bool | None = None) -> None:
+                 allow_eviction: bool | None = None, durable_replicas: int | None = None,
+                 memory_share: float | None = None) -> None:
         """`app` supplies the namespace (unless `namespace` is given), each route's default
         queue, max_retry and timeout, and its producer hooks (the outermost). The first
         enqueue refuses a Redis whose maxmemory-policy may evict task data (ConfigurationError)
-        unless `allow_eviction` (None: OBSQ_ALLOW_EVICTION) says to accept it."""
+        unless `allow_eviction` (None: OBSQ_ALLOW_EVICTION) says to accept it.
+
+        `durable_replicas=N`: an enqueue returns once N replicas have its tasks (WAIT), and
+        raises BrokerError when they do not within DURABLE_WAIT_TIMEOUT, so a failover
+        cannot lose an acknowledged task. `memory_share`: enqueues are refused (BrokerError,
+        `out_of_memory`) once Redis uses more than this share of its maxmemory (default
+        ENQUEUE_MEMORY_SHARE; 1: only Redis's own limit), keeping the rest for workers."""
         namespace = namespace or (app.namespace if app is not None else DEFAULT_NAMESPACE)
         self.namespace = validate_name("namespace", namespace)
         self.app = app
         self.broker = broker or Broker(redis_url, self.namespace)
+        if durable_replicas:
+            if durable_replicas < 0 or self.broker.is_cluster:
+                raise ConfigurationError("durable_replicas must be a number of replicas, and "
+                                         "is not available on a Redis Cluster")
+            self.broker.durable_replicas = durable_replicas
+        if memory_share is not None:
+            if not 0 < memory_share <= 1:
+                raise ConfigurationError(f"memory_share must be above 0 and at most 1, got "
+                                         f"{memory_share!r}")
+            self.broker.memory_share = memory_share
         self.allow_eviction = env_flag("OBSQ_ALLOW_EVICTION") if allow_eviction is None \
             else allow_eviction
         self.results = ResultWaiter(self.broker)

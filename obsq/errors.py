@@ -83,9 +83,9 @@ class BrokerError(ObsqError):
         self.operation = operation
         self.out_of_memory = "maxmemory" in str(cause)  # Redis refuses writes: it is full
         if self.out_of_memory:
-            super().__init__(f"Redis call {operation!r} refused: Redis is full (used memory "
-                             f"is above its maxmemory; tasks already queued are kept and "
-                             f"run, and writes succeed again as workers drain them): {cause}")
+            super().__init__(f"Redis call {operation!r} refused: Redis is full (tasks "
+                             f"already queued are kept and run, and enqueues succeed again "
+                             f"as workers drain them): {cause}")
         else:
             super().__init__(f"Redis call {operation!r} failed: {cause}")
 

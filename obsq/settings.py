@@ -20,6 +20,13 @@ DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRY = 25
 DEFAULT_TIMEOUT = 1800.0
 ENQUEUE_BATCH = 500  # tasks per enqueue script call: bounds how long one call holds Redis
+# Producers are refused once Redis's used memory passes this share of its maxmemory, so they
+# cannot take the memory workers write to as they drain the queues (leases, results,
+# retries); 1 turns the check off (Redis still refuses enqueues at maxmemory itself).
+ENQUEUE_MEMORY_SHARE = 0.9
+# Client(durable_replicas=N): how long an enqueue waits for N replicas to have its tasks
+# before it is refused (the tasks are then on the master only).
+DURABLE_WAIT_TIMEOUT = 2.0
 # What one task may carry, encoded: a larger one is refused before anything is written (a
 # 100 MB payload would hold Redis and a connection for seconds, and fill its memory). The
 # payload's limit can be changed per App and per route; task ids and the other names are

@@ -59,8 +59,9 @@ class SyncClient:
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         app_hooks, hooks = self._client.producer_hooks
-        if not all(map(is_sync_safe, (*app_hooks, *hooks))):
-            return self._run(self._client.enqueue_many(jobs))
+        if self._client.broker.durable_replicas or not all(map(is_sync_safe,
+                                                              (*app_hooks, *hooks))):
+            return self._run(self._client.enqueue_many(jobs))  # WAIT rides on the async path
         messages = self._client._messages(jobs)
         return _run_now(self._chain(app_hooks, hooks)(messages)) if messages else []
 

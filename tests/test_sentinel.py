@@ -66,3 +66,20 @@ async def test_a_worker_and_a_client_run_through_sentinel_and_follow_a_failover(
     await wait_until(served_again, timeout=30, interval=0.5)
     assert redis.Redis(port=replica.port).info("replication")["role"] == "master"
     await client.close()
+
+
+async def test_durable_replicas_waits_for_the_replica_and_refuses_without_it(sentinel,
+                                                                           namespace):
+    _, master, replica = sentinel
+    client = obsq.Client(master.url, namespace=namespace, durable_replicas=1)
+    wait_for(lambda: redis.Redis(port=replica.port).info("replication")["master_link_status"]
+             == "up", timeout=30, what="the replica in sync")
+    try:
+        info = await client.enqueue("echo", {"n": 1})
+        assert redis.Redis(port=replica.port).exists(f"{namespace}:{{default}}:t:{info.id}")
+        replica.stop()
+        client.broker.durable_timeout = 0.3
+        with pytest.raises(obsq.BrokerError, match="reached 0 of the 1 replica"):
+            await client.enqueue("echo", {"n": 2})
+    finally:
+        await client.close()

@@ -19,14 +19,14 @@ from obsq.broker.scripts import SCRIPT_DIR
 # falls back to INFO, and CONFIG GET would reveal the server's secrets.
 BROKER_COMMANDS = ("blpop", "del", "evalsha", "exists", "expire", "get", "hexists", "hget",
                    "hgetall", "info", "lpop", "rpush", "scan", "script|load", "set",
-                   "sismember", "smembers", "unlink", "zrange", "zrem", "zscore")
+                   "sismember", "smembers", "unlink", "wait", "zrange", "zrem", "zscore")
 # A command's name is the first argument of redis.call, redis.pcall or the prelude's
 # call_sliced, always a string literal (tests/test_acl.py holds the scripts to it).
 SCRIPT_CALL = re.compile(r"""(?:redis\.p?call|call_sliced)\(\s*(['"])(\w+)\1""")
 # What a Cluster client asks each node on connecting: the slots, and the commands' key specs.
 CLUSTER_COMMANDS = ("cluster|slots", "command")
 # Not callable inside a script: exercised by the probe itself, or not at all.
-NOT_IN_SCRIPTS = {"blpop", "evalsha", "script|load"}
+NOT_IN_SCRIPTS = {"blpop", "evalsha", "script|load", "wait"}
 
 PROBE = """#!lua flags=no-writes
 -- Each command of ARGV, called on KEYS[1] with as few arguments as its arity allows (Redis

@@ -45,7 +45,7 @@ class BlockingProducer:
     def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:
         """Write the messages of one queue in one script call (at most ENQUEUE_BATCH)."""
         reply = self._script("enqueue", self.broker.enqueue_keys(queue),
-                             enqueue_args(messages))
+                             enqueue_args(messages, self.broker.memory_share))
         return enqueue_statuses(reply, len(messages))
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:

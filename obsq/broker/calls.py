@@ -24,7 +24,12 @@ from obsq.broker.connection import create_client, kept_connection_client
 from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import Script, is_noscript, load_scripts
 from obsq.errors import BrokerError, ConfigurationError
-from obsq.settings import REDIS_TLS_VARIABLES, SAFE_MEMORY_POLICY
+from obsq.settings import (
+    DURABLE_WAIT_TIMEOUT,
+    ENQUEUE_MEMORY_SHARE,
+    REDIS_TLS_VARIABLES,
+    SAFE_MEMORY_POLICY,
+)
 
 log = logging.getLogger("obsq")
 
@@ -53,6 +58,9 @@ class RedisCalls:
         # per call); None where a kept connection would not follow a failover
         self.producer_redis = kept_connection_client(self.redis)
         self._producer_busy = False
+        self.memory_share = ENQUEUE_MEMORY_SHARE  # enqueues refused above it (enqueue.lua)
+        self.durable_replicas = 0  # replicas each enqueue waits for (WAIT)
+        self.durable_timeout = DURABLE_WAIT_TIMEOUT
         self.global_keys = GlobalKeys(namespace)
         self.schedule_keys = ScheduleKeys(namespace)
         self.event_keys = EventKeys(namespace)
@@ -201,6 +209,8 @@ class RedisCalls:
                                ) -> Any:
         """A script call on the connection kept for producing when it is free, else on one
         from the pool (another queue's batch is using it)."""
+        if self.durable_replicas:  # a pipeline from the pool: the kept client has no room
+            return await self._script_replicated(name, keys, args)
         if self.producer_redis is None or self._producer_busy:
             return await self._script(name, keys, args)
         self._producer_busy = True
@@ -211,6 +221,34 @@ class RedisCalls:
             return await self._script(name, keys, args, self.producer_redis)
         finally:
             self._producer_busy = False
+
+    async def _script_replicated(self, name: str, keys: Sequence[str], args: Sequence[Any]
+                                 ) -> Any:
+        """The script, then WAIT on the same connection: it answers once `durable_replicas`
+        replicas have the script's writes, else after `durable_timeout`, which refuses the
+        call (the writes are then on the master only, and a failover may lose them)."""
+        script, redis = SCRIPTS[name], self.redis
+        try:
+            for _ in range(2):  # again after loading the script (NOSCRIPT)
+                pipe = redis.pipeline(transaction=False)
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.execute_command("WAIT", self.durable_replicas,
+                                     max(int(self.durable_timeout * 1000), 1))
+                reply, replicas = await pipe.execute(raise_on_error=False)
+                if not is_noscript(reply):
+                    break
+                await redis.script_load(script.source)
+            for result in (reply, replicas):
+                if isinstance(result, Exception):
+                    raise result
+        except (RedisError, OSError) as exc:
+            raise self._failed(name, exc) from exc
+        if replicas < self.durable_replicas:
+            raise self._failed(name, RedisError(
+                f"the write reached {replicas} of the {self.durable_replicas} replica(s) "
+                f"durable_replicas asks for within {self.durable_timeout:g} s; it is on the "
+                "master only, where a failover may lose it"))
+        return reply
 
     async def _scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Several script calls (name, keys, args) in one round trip."""

@@ -26,7 +26,7 @@ class Producing(RedisCalls):
     async def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:
         """Write the messages of one queue in one script call (at most ENQUEUE_BATCH)."""
         reply = await self._producer_script("enqueue", self.enqueue_keys(queue),
-                                            enqueue_args(messages))
+                                            enqueue_args(messages, self.memory_share))
         return enqueue_statuses(reply, len(messages))
 
     def enqueue_keys(self, queue: str) -> tuple[str, str, str]:
@@ -117,9 +117,10 @@ class Producing(RedisCalls):
         await self._guard("read_inbox", pipe.execute())
 
 
-def enqueue_args(messages: Sequence[TaskMessage]) -> list[Any]:
-    """enqueue.lua's arguments: Redis's clock, then 11 plain values per message."""
-    args: list[Any] = [0]
+def enqueue_args(messages: Sequence[TaskMessage], memory_share: float) -> list[Any]:
+    """enqueue.lua's arguments: Redis's clock, the producers' share of maxmemory, then 11
+    plain values per message."""
+    args: list[Any] = [0, memory_share]
     for m in messages:
         args += (m.id, "1" if m.id_chosen else "", m.type, m.payload,
                  "bin" if m.binary else "payload", m.encoded_headers(),

@@ -168,6 +168,16 @@ class Producer:
             if pause:
                 await asyncio.sleep(pause)
 
+    async def latency(self, count: int) -> float:
+        """Seconds per enqueue of `count` tasks enqueued one at a time (counted too)."""
+        began = time.monotonic()
+        for n in range(self.next, self.next + count):
+            sent = time.monotonic()
+            await self.client.enqueue("work", n)
+            self.acked[n] = sent
+        self.next += count
+        return (time.monotonic() - began) / count
+
     async def close(self) -> None:
         await self.client.close()
 

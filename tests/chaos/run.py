@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +42,8 @@ async def main() -> int:
                         help="the short version: short heartbeat intervals and faults")
     args = parser.parse_args()
     outcomes: list[Outcome] = []
+    version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True)
+    print(f"{version.stdout.strip()}; load average {os.getloadavg()[0]:.1f}", flush=True)
     print(HEADER, flush=True)
     for name in args.scenario or list(SCENARIOS):
         with tempfile.TemporaryDirectory(prefix=f"obsq-chaos-{name}-") as workdir:

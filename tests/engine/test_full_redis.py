@@ -111,3 +111,27 @@ async def test_a_worker_starts_on_a_full_redis_and_drains_it(full_redis, namespa
     finally:
         raw.close()
         await client.close()
+
+
+async def test_producers_are_refused_above_their_share_of_maxmemory(full_redis, namespace,
+                                                                    app) -> None:
+    """Producers stop at their share, leaving the rest to the workers; a Client allowed the
+    whole of it goes on until Redis itself refuses."""
+    raw = redis.Redis.from_url(full_redis.url)
+    half = obsq.Client(full_redis.url, namespace, app=app, memory_share=0.5)
+    whole = obsq.Client(full_redis.url, namespace, app=app, memory_share=1)
+    try:
+        with pytest.raises(obsq.BrokerError) as refused:
+            while True:
+                await half.enqueue_many([obsq.Job("t", {"pad": "x" * 300})] * 50)
+        assert refused.value.out_of_memory
+        assert "above the 50% producers may fill" in str(refused.value), refused.value
+        memory = raw.info("memory")
+        assert memory["used_memory"] < 0.6 * memory["maxmemory"]
+        await whole.enqueue("t", {"pad": "x"})  # room is left above the share
+        with pytest.raises(ValueError, match="memory_share"):
+            obsq.Client(full_redis.url, namespace, memory_share=1.5)
+    finally:
+        raw.close()
+        await half.close()
+        await whole.close()

@@ -1,7 +1,8 @@
 -- prelude: now_ms, task_key, call_sliced, wake
 -- Enqueue a batch of tasks into one queue.
 -- KEYS: pending, scheduled, wake
--- ARGV: now, then 11 plain values per task (no document to decode, no escaping):
+-- ARGV: now, the share of maxmemory producers may fill (1: no limit), then 11 plain values
+--       per task (no document to decode, no escaping):
 --       id, '1' when the producer chose the id (else '': a generated id is 128 random bits,
 --       free without looking), type, payload, payload field ('payload' for JSON, 'bin' for
 --       bytes), headers ('' for none), options ('' for none), delay_ms, unique digest ('' when
@@ -11,11 +12,25 @@
 -- Returns only the refusals, flat: the task's position in the batch (1-based), then 'id'
 -- (the id exists) or 'unique:<id of the holder>'. An empty reply: all were enqueued.
 local STRIDE = 11
+-- Refused before any write above the producers' share of maxmemory: the rest is for what
+-- the workers draining the queues write (their calls are never refused for memory). A user
+-- whose ACL denies INFO goes without this check (an error table, not the text).
+local share = tonumber(ARGV[2])
+local memory = share < 1 and redis.pcall('INFO', 'memory')
+if type(memory) == 'string' then
+  local limit = tonumber(string.match(memory, 'maxmemory:(%d+)'))
+  local used = tonumber(string.match(memory, 'used_memory:(%d+)'))
+  if limit and used and limit > 0 and used > share * limit then
+    return redis.error_reply(string.format(
+      'OBSQFULL used memory is %d%% of maxmemory, above the %d%% producers may fill',
+      math.floor(used * 100 / limit), math.floor(share * 100 + 0.5)))
+  end
+end
 local now = now_ms()
 local out = {}
 local pending = {}
 local position = 0
-for i = 2, #ARGV, STRIDE do
+for i = 3, #ARGV, STRIDE do
   position = position + 1
   local id = ARGV[i]
   local key = task_key(id)
