@@ -3,6 +3,7 @@ client follows a failover to the new master."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -50,9 +51,12 @@ async def test_a_worker_and_a_client_run_through_sentinel_and_follow_a_failover(
         return task.payload
 
     client = obsq.Client(url, namespace=namespace)
+    sync = obsq.SyncClient(url, namespace=namespace)  # enqueues on its own blocking client
     await start_worker(app, redis_url=url)
     first = await client.enqueue("echo", {"n": 1}, retention=60)
     assert await client.result(first, timeout=10) == {"n": 1}
+    sent = await asyncio.to_thread(sync.enqueue, "echo", {"n": 3}, retention=60)
+    assert await client.result(sent, timeout=10) == {"n": 3}
 
     master.stop()  # the sentinel promotes the replica within a few seconds
 
@@ -65,6 +69,16 @@ async def test_a_worker_and_a_client_run_through_sentinel_and_follow_a_failover(
 
     await wait_until(served_again, timeout=30, interval=0.5)
     assert redis.Redis(port=replica.port).info("replication")["role"] == "master"
+
+    async def sync_served_again() -> bool:
+        try:
+            info = await asyncio.to_thread(sync.enqueue, "echo", {"n": 4}, retention=60)
+            return await client.result(info, timeout=3) == {"n": 4}
+        except (obsq.BrokerError, TimeoutError):
+            return False
+
+    await wait_until(sync_served_again, timeout=30, interval=0.5)
+    await asyncio.to_thread(sync.close)
     await client.close()
 
 

@@ -14,6 +14,7 @@ callers that see the same new queue at once share that one call too.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -30,7 +31,7 @@ class _Lane:
 
     def __init__(self) -> None:
         self.busy = False
-        self.waiting: list[tuple[list[TaskMessage], asyncio.Future[list[Enqueued]]]] = []
+        self.waiting: deque[tuple[list[TaskMessage], asyncio.Future[list[Enqueued]]]] = deque()
         self.flusher: asyncio.Task[None] | None = None
 
 
@@ -73,7 +74,7 @@ class EnqueueCoalescer:
             while lane.waiting:
                 taken, size = [], 0
                 while lane.waiting and size < self._batch:
-                    messages, future = lane.waiting.pop(0)
+                    messages, future = lane.waiting.popleft()
                     if not future.done():  # its caller gave up before it was sent
                         taken.append((messages, future))
                         size += len(messages)

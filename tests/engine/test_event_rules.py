@@ -66,3 +66,14 @@ def test_event_keys_do_not_collide_with_a_queue_named_events() -> None:
             events.subscribers("e")[len(events.prefix):-1]]
     assert mine == ["subscribed", "sub:"]
     assert [name for name in mine if collides(name, taken)] == []
+
+
+def test_the_sync_client_groups_and_publishes(redis_url, namespace, raw_redis) -> None:
+    with obsq.SyncClient(redis_url, namespace) as client:
+        info = client.enqueue("rows:add", {"n": 1}, group="g", queue="rows")
+        assert (info.state, client.info(info.id).state) == ("aggregating", "aggregating")
+        subscribers = EventKeys(namespace).subscribers("paid")  # as a worker registers one
+        raw_redis.zadd(subscribers, {"ledger rows": 2 ** 50})
+        [copy] = client.publish("paid", b"\x00", event_id="p-1")
+        assert (copy.id, copy.type, copy.queue) == ("p-1.ledger", "paid@ledger", "rows")
+        assert client.info(copy.id).payload == b"\x00"

@@ -202,6 +202,23 @@ def test_sync_client_enqueues_in_the_callers_thread(redis_url, namespace, raw_re
     assert raw_redis.hget(keys.task(info.id), "payload") == b'{"n":1}'
 
 
+def test_sync_client_enqueues_on_a_cluster(redis_cluster, namespace) -> None:
+    raw = sync_redis(redis_cluster)
+    try:
+        with obsq.SyncClient(redis_cluster, namespace=namespace) as client:
+            infos = [client.enqueue("job", i, queue=("alpha", "beta")[i % 2])
+                     for i in range(10)]
+            listed = client.enqueue_many([obsq.Job("job", q, queue=q) for q in
+                                          ("alpha", "beta", "delta")])
+            with pytest.raises(obsq.DuplicateTask):
+                client.enqueue("job", queue="beta", task_id=infos[1].id)
+        assert [info.queue for info in listed] == ["alpha", "beta", "delta"]
+        for queue, count in (("alpha", 6), ("beta", 6), ("delta", 1)):
+            assert raw.llen(QueueKeys(namespace, queue).pending) == count
+    finally:
+        raw.close()
+
+
 def test_sync_client_enqueues_from_many_threads_and_waits_for_results(
         redis_url, namespace, app) -> None:
     @app.task("double")
