@@ -200,3 +200,37 @@ async def test_sync_client_sends_from_the_callers_context(app, redis_url, namesp
     assert send.parent.span_id == box["root"].span_id
     assert send.context.trace_id == box["root"].trace_id
     assert box["info"].headers["traceparent"].split("-")[2] == f"{send.context.span_id:016x}"
+
+
+async def test_coalesced_enqueues_each_keep_their_callers_trace(app, redis_url, namespace,
+                                                               spans) -> None:
+    """Enqueues that ride in one script call still each get a send span that is a child of
+    their own caller's span, and that caller's trace in their headers; a SyncClient, which
+    enqueues in the caller's thread, too."""
+    instrument_app(app)
+    client = obsq.Client(redis_url, namespace=namespace, app=app)
+    await client.enqueue("warm-up")
+
+    async def request(n: int) -> tuple[trace.SpanContext, obsq.TaskInfo]:
+        with tracer.start_as_current_span(f"request {n}") as caller:
+            return caller.get_span_context(), await client.enqueue("job", n)
+
+    results = await asyncio.gather(*(request(n) for n in range(100)))
+    sends = {s.attributes["messaging.message.id"]: s for s in named(spans, "send default")}
+    for caller, info in results:
+        send = sends[info.id]
+        assert send.parent.span_id == caller.span_id
+        assert send.context.trace_id == caller.trace_id
+        assert info.headers["traceparent"].startswith(
+            f"00-{caller.trace_id:032x}-{send.context.span_id:016x}-")
+    await client.close()
+
+    def sync_request() -> tuple[trace.SpanContext, obsq.TaskInfo]:
+        with obsq.SyncClient(redis_url, namespace=namespace, app=app) as sync, \
+                tracer.start_as_current_span("sync request") as caller:
+            return caller.get_span_context(), sync.enqueue("job", "sync")
+
+    caller, info = await asyncio.to_thread(sync_request)
+    (send,) = [s for s in named(spans, "send default")
+               if s.attributes["messaging.message.id"] == info.id]
+    assert send.parent.span_id == caller.span_id and send.context.trace_id == caller.trace_id
