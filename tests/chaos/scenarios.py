@@ -33,9 +33,6 @@ from .harness import (
 
 NS = "chaos"
 PRODUCTION_TTL = 10.0  # the default heartbeat TTL: how long a killed worker's tasks wait
-# Workers slower than the producers, so that a backlog is queued when Redis fails: 2 x 10
-# slots of 100 ms tasks take 200 tasks/s.
-SLOW: dict[str, Any] = {"OBSQ_CHAOS_WORK_SECONDS": "0.1", "concurrency": 10}
 
 
 async def workers(tasks: int, workdir: Path, quick: bool) -> list[Outcome]:
@@ -81,7 +78,7 @@ async def redis_restart(tasks: int, workdir: Path, quick: bool,
                                                               "appendfsync": mode}
         run_dir = workdir / f"restart-{mode}"
         server = RedisServer(config=config).start()
-        pool = Workers(server.url, NS, run_dir, quick=quick, **SLOW)
+        pool = Workers(server.url, NS, run_dir, quick=quick, **_slow(quick))
         producer = Producer(server.url, NS)
         ledger = Ledger(run_dir / "ledger")
         try:
@@ -90,7 +87,7 @@ async def redis_restart(tasks: int, workdir: Path, quick: bool,
                 server.start()
 
             killed = await _fault_under_load(pool, producer, ledger, tasks, quick,
-                                             3 if quick else 10, crash_and_restart)
+                                             2 if quick else 10, crash_and_restart)
             name = "appendonly no" if mode == "no" else f"appendfsync {mode}"
             outcomes.append(outcome(f"redis-restart ({name})", producer.acked, ledger,
                                     _flowing_again(ledger, killed),
@@ -119,7 +116,7 @@ async def _failover_once(tasks: int, run_dir: Path, quick: bool, replicas: int) 
     replica = RedisServer(config={"replicaof": f"127.0.0.1 {master.port}",
                                   "repl-diskless-sync-delay": 0}).start()
     sentinels = Sentinels(master.port, run_dir)
-    pool = Workers(sentinels.url, NS, run_dir, quick=quick, **SLOW)
+    pool = Workers(sentinels.url, NS, run_dir, quick=quick, **_slow(quick))
     producer = Producer(sentinels.url, NS, **({"durable_replicas": replicas} if replicas else {}))
     ledger = Ledger(run_dir / "ledger")
     try:
@@ -281,18 +278,26 @@ SCENARIOS = {"workers": workers, "redis-restart": redis_restart, "failover": fai
 async def _fault_under_load(pool: Workers, producer: Producer, ledger: Ledger, tasks: int,
                             quick: bool, seconds: float, fault: Any) -> float:
     """Two workers, `tasks` enqueued over `seconds` in batches of 10, `await fault()` after
-    2 s (5 s long) of it; then the rest enqueued and the queue settled. -> when the fault
+    1.5 s (5 s long) of it; then the rest enqueued and the queue settled. -> when the fault
     began."""
     pool.start(2)
     await pool.ready()
     producing = asyncio.create_task(
         producer.run(tasks, batch=10, pause=_pace(tasks, 10, seconds)))
-    await asyncio.sleep(2 if quick else 5)
+    await asyncio.sleep(1.5 if quick else 5)
     began = time.monotonic()
     await fault()
     await producing
     await settle(ledger, producer.acked, quiet=_quiet(quick), deadline=120)
     return began
+
+
+def _slow(quick: bool) -> dict[str, Any]:
+    """Workers slower than the producers, so that a backlog is queued when Redis fails (2 x
+    10 slots of 100 ms tasks take 200 tasks/s), with leases shorter than the settling's
+    quiet time: a fetch whose reply a crash lost leaves its tasks leased until then."""
+    return {"OBSQ_CHAOS_WORK_SECONDS": "0.1", "concurrency": 10,
+            "OBSQ_LEASE_SECONDS": "3" if quick else "10"}
 
 
 def _quiet(quick: bool) -> float:

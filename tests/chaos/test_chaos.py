@@ -30,7 +30,7 @@ async def test_workers_sigkilled_again_and_again_lose_nothing(tmp_path: Path) ->
 
 
 async def test_a_redis_restart_loses_nothing_with_appendfsync_always(tmp_path: Path) -> None:
-    kept, reference = await redis_restart(1000, tmp_path, quick=True, modes=("always", "no"))
+    kept, reference = await redis_restart(800, tmp_path, quick=True, modes=("always", "no"))
     assert kept.lost == 0 and kept.recovery is not None, kept
     assert reference.lost > 0, reference  # a Redis that keeps nothing: the test sees losses
 
