@@ -162,7 +162,7 @@ class Producer:
                                        str(exc)[:200])
                 if until_accepted:
                     self.next = numbers.start
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(max(pause, 0.05))  # the pace holds through an outage
                 continue
             self.acked.update(dict.fromkeys(numbers, sent))
             if pause:

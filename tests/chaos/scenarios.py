@@ -85,16 +85,12 @@ async def redis_restart(tasks: int, workdir: Path, quick: bool,
         producer = Producer(server.url, NS)
         ledger = Ledger(run_dir / "ledger")
         try:
-            pool.start(2)
-            await pool.ready()
-            producing = asyncio.create_task(
-                producer.run(tasks, batch=10, pause=_pace(tasks, 10, 3 if quick else 10)))
-            await asyncio.sleep(2 if quick else 5)
-            killed = time.monotonic()
-            server.stop()
-            server.start()
-            await producing
-            await settle(ledger, producer.acked, quiet=_quiet(quick), deadline=120)
+            async def crash_and_restart(server: RedisServer = server) -> None:
+                server.stop()
+                server.start()
+
+            killed = await _fault_under_load(pool, producer, ledger, tasks, quick,
+                                             3 if quick else 10, crash_and_restart)
             name = "appendonly no" if mode == "no" else f"appendfsync {mode}"
             outcomes.append(outcome(f"redis-restart ({name})", producer.acked, ledger,
                                     _flowing_again(ledger, killed),
@@ -129,18 +125,18 @@ async def _failover_once(tasks: int, run_dir: Path, quick: bool, replicas: int) 
     try:
         await _until(lambda: _sentinels_ready(sentinels), 30, "the Sentinels to agree")
         one_at_a_time = await producer.latency(200)
-        pool.start(2)
-        await pool.ready()
-        producing = asyncio.create_task(
-            producer.run(tasks, batch=10, pause=_pace(tasks, 10, 6 if quick else 12)))
-        await asyncio.sleep(2 if quick else 5)
-        killed = time.monotonic()
-        master.stop()
-        await _until(lambda: _promoted(sentinels, replica.port), 60, "the promotion")
-        promoted = time.monotonic() - killed
-        master.start()  # back, empty: the Sentinels make it the new master's replica
-        await producing
-        await settle(ledger, producer.acked, quiet=_quiet(quick), deadline=120)
+        promoted = 0.0
+
+        async def fail_over() -> None:
+            nonlocal promoted
+            began = time.monotonic()
+            master.stop()
+            await _until(lambda: _promoted(sentinels, replica.port), 60, "the promotion")
+            promoted = time.monotonic() - began
+            master.start()  # back, empty: the Sentinels make it the new master's replica
+
+        killed = await _fault_under_load(pool, producer, ledger, tasks, quick,
+                                         6 if quick else 12, fail_over)
         return outcome(f"failover (durable_replicas={replicas})", producer.acked, ledger,
                        _flowing_again(ledger, killed),
                        promoted_after=round(promoted, 2),
@@ -280,6 +276,23 @@ async def skew(tasks: int, workdir: Path, quick: bool, offset: str = "+30s"
 
 SCENARIOS = {"workers": workers, "redis-restart": redis_restart, "failover": failover,
              "hang": hang, "full": full, "skew": skew}
+
+
+async def _fault_under_load(pool: Workers, producer: Producer, ledger: Ledger, tasks: int,
+                            quick: bool, seconds: float, fault: Any) -> float:
+    """Two workers, `tasks` enqueued over `seconds` in batches of 10, `await fault()` after
+    2 s (5 s long) of it; then the rest enqueued and the queue settled. -> when the fault
+    began."""
+    pool.start(2)
+    await pool.ready()
+    producing = asyncio.create_task(
+        producer.run(tasks, batch=10, pause=_pace(tasks, 10, seconds)))
+    await asyncio.sleep(2 if quick else 5)
+    began = time.monotonic()
+    await fault()
+    await producing
+    await settle(ledger, producer.acked, quiet=_quiet(quick), deadline=120)
+    return began
 
 
 def _quiet(quick: bool) -> float:
