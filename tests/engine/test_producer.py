@@ -150,6 +150,26 @@ async def test_a_cancelled_enqueue_that_waits_for_the_next_round_trip_is_not_wri
     assert b'"waiting"' not in payloads and b'"after"' in payloads
 
 
+async def test_an_enqueue_cancelled_in_flight_leaves_the_next_ones_their_own_replies(
+        private_client, counted, namespace) -> None:
+    """Cancelled at every point of its round trip, an enqueue may or may not be written,
+    but no later call reads its reply in place of its own."""
+    await private_client.enqueue("warm-up")
+    keys = QueueKeys(namespace, "default")
+    for steps in range(12):
+        first = asyncio.ensure_future(private_client.enqueue("job", task_id=f"c{steps}"))
+        for _ in range(steps):
+            await asyncio.sleep(0)
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        taken = await private_client.enqueue("job", "taken", task_id=f"t{steps}")
+        assert taken.id == f"t{steps}" and not taken.duplicate
+        with pytest.raises(obsq.DuplicateTask):  # a refusal reaches its own caller
+            await private_client.enqueue("job", task_id=f"t{steps}")
+        fresh = await private_client.enqueue("job", steps)
+        assert counted.hget(keys.task(fresh.id), "payload") == str(steps).encode()
+
+
 async def test_1000_concurrent_enqueues_on_a_cluster_take_a_handful_of_script_calls(
         redis_cluster, namespace) -> None:
     app = obsq.App(namespace=namespace)
