@@ -168,6 +168,7 @@ class Worker:
         """Begin a graceful drain; a second call stops waiting for running handlers."""
         if self._stopped.is_set():
             self._hurry.set()
+        self.draining = True  # readiness fails from now, not when the run loop gets to it
         self._stopped.set()
 
     def describe(self) -> dict[str, Any]:

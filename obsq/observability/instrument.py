@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 # What each App and Client already has, so that instrumenting twice adds nothing (a second
 # Worker on the same App must not count its tasks twice).
 _apps: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
-_clients: weakref.WeakSet[Any] = weakref.WeakSet()
+_clients: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
 def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
@@ -31,9 +31,7 @@ def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
     linked to the producer's (default: OBSQ_TRACE_LINK; the copies of a published event
     always start their own trace, linked to the publisher's)."""
     done = _apps.setdefault(app, set())
-    if "producers" not in done:
-        _instrument_producers(app.producer_hooks, app)
-        done.add("producers")
+    _instrument_producers(app.producer_hooks, app, done, metrics=metrics, tracing=tracing)
     if metrics:
         from obsq.observability.metrics import TaskMetrics, set_concurrency, start_at_zero
 
@@ -62,21 +60,33 @@ def instrument_client(client: Client) -> Client:
     """Add `send {queue}` spans (with trace context in the task headers) and the
     obsq_tasks_enqueued_total count to `client` (a Client built with an instrumented App
     has them already); idempotent. Returns the client."""
-    if client not in _clients and not (client.app is not None and "producers" in
-                                       _apps.get(client.app, ())):
-        counting = _instrument_producers(client.hooks, client.app)
+    if client not in _clients:
+        _clients[client] = set(_apps.get(client.app, ())) if client.app is not None else set()
+    counting = _instrument_producers(client.hooks, client.app, _clients[client],
+                                     metrics=True, tracing=True)
+    if counting is not None:
         client.broker.on_error.append(counting.on_redis_error)
-    _clients.add(client)
     return client
 
 
-def _instrument_producers(hooks: list[Any], app: App | None) -> Any:
-    """Put the producer hooks first in `hooks`; returns the enqueue counter."""
-    from obsq.observability.metrics import EnqueueMetrics, start_at_zero
-    from obsq.observability.tracing import SendTracing
+def _instrument_producers(hooks: list[Any], app: App | None, done: set[str], *,
+                          metrics: bool, tracing: bool) -> Any:
+    """Put the producer hooks that `done` lacks first in `hooks` (the send span before the
+    count); returns the enqueue counter it added, if any. Nothing of tracing is
+    added with tracing off: a worker run with --no-tracing puts no trace context in the
+    tasks its handlers enqueue, even where a tracer provider is set."""
+    counting = None
+    if metrics and "enqueued" not in done:
+        from obsq.observability.metrics import EnqueueMetrics, start_at_zero
 
-    if app is not None:
-        start_at_zero(app, {r.queue or DEFAULT_QUEUE for r in app.routes}, worker=False)
-    counting = EnqueueMetrics(app)
-    hooks[:0] = [SendTracing().hook, counting.hook]
+        if app is not None:
+            start_at_zero(app, {r.queue or DEFAULT_QUEUE for r in app.routes}, worker=False)
+        counting = EnqueueMetrics(app)
+        hooks.insert(0, counting.hook)
+        done.add("enqueued")
+    if tracing and "send" not in done:
+        from obsq.observability.tracing import SendTracing
+
+        hooks.insert(0, SendTracing().hook)
+        done.add("send")
     return counting

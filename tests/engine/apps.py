@@ -10,6 +10,8 @@ namespace fixture cleans it up), at the URL in $OBSQ_ENGINE_RECORD_URL:
   <prefix>:rec:attempts:<id>  attempt counter of one task
   <prefix>:rec:span      list of "<start µs> <end µs> <id> <payload>", one per attempt that
                          returned (routes with limits and ordering keys)
+  <prefix>:rec:admitted  list of the times (ms, Redis's clock) a rate-limited attempt was
+                         let start: its lease's expiry less the lease (30 s by default)
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ async def limited(task: obsq.Task) -> None:
 @app.task("paced", rate_limit="200/s")
 async def paced(task: obsq.Task) -> None:
     """At most 200 starts a second across all workers."""
+    lease = f"{os.environ['OBSQ_ENGINE_RECORD_PREFIX']}:{{{task.queue}}}:lease"
+    expiry = await recorder().zscore(lease, task.id)
+    await recorder().rpush(key("admitted"), expiry - 30_000)
     await span(task, 0)
 
 

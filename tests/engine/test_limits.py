@@ -72,11 +72,20 @@ async def test_a_rate_limit_holds_across_three_workers(client, broker, raw_redis
     await client.enqueue_many([obsq.Job("paced", i) for i in range(1000)])
     await wait_until(lambda: raw_redis.llen(record_key(namespace, "span")) == 1000, timeout=60,
                      what="1,000 paced tasks done")
+    # Checked where the limit is applied, on Redis's clock as each task is taken: the
+    # handlers start later by however long delivery took, which varies by a tenth of a
+    # second on a busy host. A task reserved for a later start is taken when the forwarder
+    # has moved it back to pending, a few ms after its turn.
+    admitted = sorted(float(t) / 1000 for t in
+                      raw_redis.lrange(record_key(namespace, "admitted"), 0, -1))
+    windows = [sum(1 for t in admitted if s <= t < s + 1) for s in admitted
+               if s + 1 <= admitted[-1]]
     starts = [s for s, _, _, _ in spans(raw_redis, namespace)]
-    windows = [sum(1 for t in starts if s <= t < s + 1) for s in starts if s + 1 <= starts[-1]]
     print(f"\n1,000 starts at 200/s over 3 workers: {len(starts) / (starts[-1] - starts[0]):.1f}"
-          f"/s overall; per 1-s window {min(windows)} to {max(windows)}")
+          f"/s overall; let through per 1-s window of Redis's clock {min(windows)} to "
+          f"{max(windows)}")
     assert max(windows) <= 220  # within 10 % of the limit, in every window
+    assert len(starts) / (starts[-1] - starts[0]) <= 220  # within 10 % as the handlers see it
     assert (await depth(broker))["scheduled"] == 0
 
 

@@ -15,6 +15,7 @@ from support import wait_until
 import obsq
 from obsq.broker import QueueKeys
 from obsq.observability import instrument_app
+from obsq.observability.metrics import EnqueueMetrics
 
 from .helpers import parse, scrape, value
 
@@ -179,6 +180,19 @@ async def test_span_ends_when_the_lease_was_lost(app, redis_url, namespace, span
                 if s.attributes["obsq.task.outcome"] == "lease_lost")
     assert [e.name for e in lost.events] == ["lease_lost"]
     await client.close()
+
+
+async def test_a_worker_without_tracing_adds_no_trace_context(app, client, start_worker,
+                                                              spans) -> None:
+    """--no-tracing means none: with a tracer provider set in the process, the enqueues of
+    the App's clients carry no traceparent and make no send span, and are still counted."""
+    await start_worker(metrics=True, tracing=False)
+    with tracer.start_as_current_span("request"):
+        info = await client.enqueue("anything", {})
+    assert "traceparent" not in info.headers
+    assert not named(spans, "send default")
+    app_hooks, _ = client.producer_hooks
+    assert [type(hook.__self__) for hook in app_hooks] == [EnqueueMetrics]
 
 
 async def test_sync_client_sends_from_the_callers_context(app, redis_url, namespace, spans):
