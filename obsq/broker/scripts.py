@@ -10,7 +10,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, ResponseError
 
-from obsq.settings import INBOX_TTL, LUA_SLICE, WAKE_CAP
+from obsq.settings import INBOX_TTL, LUA_SLICE, MEMORY_LOOK_MS, WAKE_CAP
 
 SCRIPT_DIR = resources.files("obsq.broker") / "scripts"
 
@@ -32,7 +32,8 @@ def load_scripts() -> dict[str, Script]:
     preludes = sorted((p for p in SCRIPT_DIR.iterdir() if p.name.startswith("_")),
                       key=lambda p: p.name)  # _prelude.lua, then the ones built on it
     prelude = _Constants("\n".join(p.read_text() for p in preludes)).substitute(
-        LUA_SLICE=LUA_SLICE, WAKE_CAP=WAKE_CAP, INBOX_TTL=INBOX_TTL)
+        LUA_SLICE=LUA_SLICE, WAKE_CAP=WAKE_CAP, INBOX_TTL=INBOX_TTL,
+        MEMORY_LOOK_MS=MEMORY_LOOK_MS)
     scripts = {}
     for path in SCRIPT_DIR.iterdir():
         if path.name.endswith(".lua") and not path.name.startswith("_"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ import obsq
 from obsq.broker import QueueKeys
 from obsq.producer_chain import sync_safe
 from obsq.redis_server import RedisServer
+from obsq.settings import MEMORY_LOOK_MS
 
 
 def calls(r: Any, command: str) -> int:
@@ -114,13 +116,41 @@ async def test_a_failed_round_trip_fails_the_callers_that_rode_in_it(
 
 
 async def test_the_script_checks_an_id_only_when_the_producer_chose_it(
+        private_url, namespace, counted) -> None:
+    # without the memory check, whose reading is kept in a key it looks for
+    async with obsq.Client(private_url, namespace=namespace, memory_share=1) as client:
+        await client.enqueue("warm-up")
+        before = calls(counted, "exists")
+        await client.enqueue_many([obsq.Job("job", i) for i in range(20)])
+        assert calls(counted, "exists") == before  # 128 random bits: free without looking
+        await client.enqueue("job", task_id="mine")
+        assert calls(counted, "exists") == before + 1
+
+
+async def test_the_memory_check_reads_redis_memory_once_in_a_while(
         private_client, counted) -> None:
+    """INFO memory costs an enqueue half again its Redis CPU: with no maxmemory, or far
+    below the producers' share of it, one reading serves the enqueues of MEMORY_LOOK_MS."""
+    async def looks_at_memory(enqueues: int) -> tuple[int, float]:
+        """INFO calls of the enqueues (not the one reading the count), and the most there
+        would be with one reading per MEMORY_LOOK_MS."""
+        before, started = calls(counted, "info"), time.monotonic()
+        for i in range(enqueues):
+            await private_client.enqueue("job", i)
+        most = (time.monotonic() - started) * 1000 / MEMORY_LOOK_MS + 1
+        return calls(counted, "info") - before - 1, most
+
     await private_client.enqueue("warm-up")
-    before = calls(counted, "exists")
-    await private_client.enqueue_many([obsq.Job("job", i) for i in range(20)])
-    assert calls(counted, "exists") == before  # 128 random bits: free without looking
-    await private_client.enqueue("job", task_id="mine")
-    assert calls(counted, "exists") == before + 1
+    looks, most = await looks_at_memory(200)  # no maxmemory
+    assert looks <= most
+    counted.config_set("maxmemory", str(50 * 2**20))  # used memory far below 90 % of it
+    looks, most = await looks_at_memory(200)
+    assert looks <= most
+    used = counted.info("memory")["used_memory"]
+    counted.config_set("maxmemory", str(int(used / 0.6)))  # 60 %: above half the share
+    await asyncio.sleep(MEMORY_LOOK_MS / 1000)
+    looks, _ = await looks_at_memory(20)
+    assert looks == 20  # near the share: read on every enqueue
 
 
 async def test_enqueues_of_several_queues_at_once_each_reach_their_queue(

@@ -47,6 +47,9 @@ local function hmget_sliced(key, fields)
   return out
 end
 
+-- How long enqueue.lua trusts a reading of used memory far below the producers' share.
+local MEMORY_LOOK_MS = @MEMORY_LOOK_MS
+
 -- Wake tokens let idle workers block on BLPOP instead of polling; capped so a queue
 -- nobody is waiting on does not grow them without bound.
 local WAKE_CAP = @WAKE_CAP

@@ -14,16 +14,23 @@
 local STRIDE = 11
 -- Refused before any write above the producers' share of maxmemory: the rest is for what
 -- the workers draining the queues write (their calls are never refused for memory). A user
--- whose ACL denies INFO goes without this check (an error table, not the text).
+-- whose ACL denies INFO goes without this check (an error table, not the text). A reading
+-- far below the share is kept in `memok` for MEMORY_LOOK_MS, so that Redis is not asked on
+-- every call; the key's SET cannot be refused, as memory is then under half of maxmemory.
 local share = tonumber(ARGV[2])
-local memory = share < 1 and redis.pcall('INFO', 'memory')
-if type(memory) == 'string' then
-  local limit = tonumber(string.match(memory, 'maxmemory:(%d+)'))
-  local used = tonumber(string.match(memory, 'used_memory:(%d+)'))
-  if limit and used and limit > 0 and used > share * limit then
-    return redis.error_reply(string.format(
-      'OBSQFULL used memory is %d%% of maxmemory, above the %d%% producers may fill',
-      math.floor(used * 100 / limit), math.floor(share * 100 + 0.5)))
+if share < 1 and redis.call('EXISTS', prefix .. 'memok') == 0 then
+  local memory = redis.pcall('INFO', 'memory')
+  if type(memory) == 'string' then
+    local limit = tonumber(string.match(memory, 'maxmemory:(%d+)')) or 0
+    local used = tonumber(string.match(memory, 'used_memory:(%d+)')) or 0
+    if limit > 0 and used > share * limit then
+      return redis.error_reply(string.format(
+        'OBSQFULL used memory is %d%% of maxmemory, above the %d%% producers may fill',
+        math.floor(used * 100 / limit), math.floor(share * 100 + 0.5)))
+    end
+    if limit == 0 or used < share * limit / 2 then
+      redis.call('SET', prefix .. 'memok', '1', 'PX', MEMORY_LOOK_MS)
+    end
   end
 end
 local now = now_ms()
