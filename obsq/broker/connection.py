@@ -34,6 +34,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.retry import Retry as SyncRetry
 from redis.sentinel import Sentinel as SyncSentinel
+from redis.sentinel import SentinelConnectionPool as SyncSentinelPool
 
 from obsq.errors import ConfigurationError
 from obsq.settings import (
@@ -128,6 +129,17 @@ def kept_connection_client(client: Any) -> Any:
     own = aioredis.ConnectionPool(connection_class=pool.connection_class, max_connections=1,
                                   **pool.connection_kwargs)
     return aioredis.Redis(connection_pool=own, single_connection_client=True)
+
+
+def kept_connection(client: Any) -> Any:
+    """For a blocking client: one connection made like its pool's, for the caller to keep
+    (a SyncClient's enqueues skip the pool's checkout, a third of a PING's time), or None
+    on a Cluster or Sentinel, as for kept_connection_client."""
+    if not isinstance(client, redis.Redis) or isinstance(client.connection_pool,
+                                                          SyncSentinelPool):
+        return None
+    pool = client.connection_pool
+    return pool.connection_class(**pool.connection_kwargs)
 
 
 class _BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):

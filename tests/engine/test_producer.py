@@ -252,6 +252,32 @@ def test_sync_client_enqueues_in_the_callers_thread(redis_url, namespace, raw_re
     assert raw_redis.hget(keys.task(info.id), "payload") == b'{"n":1}'
 
 
+def test_sync_client_keeps_one_connection_and_makes_it_again_after_a_restart(
+        private_redis, namespace) -> None:
+    """One thread's enqueues take the connection kept beside the pool; a Redis restarted
+    while it sat idle, or one that forgot its scripts, costs the next enqueue nothing; a
+    Redis that is away fails the enqueue with a BrokerError and the next one, once it is
+    back, succeeds."""
+    raw = redis.Redis.from_url(private_redis.url)
+    with obsq.SyncClient(private_redis.url, namespace=namespace) as client:
+        client.enqueue("job", 0)
+        before = raw.info("clients")["connected_clients"]
+        for i in range(50):
+            client.enqueue("job", i)
+        assert raw.info("clients")["connected_clients"] == before
+        raw.script_flush()
+        client.enqueue("job", "after SCRIPT FLUSH")
+        private_redis.stop()
+        private_redis.start()
+        client.enqueue("job", "after a restart")  # the kept connection was closed idle
+        private_redis.stop()
+        with pytest.raises(obsq.BrokerError):
+            client.enqueue("job", "while Redis is away")
+        private_redis.start()
+        client.enqueue("job", "back")
+    raw.close()
+
+
 def test_sync_client_enqueues_on_a_cluster(redis_cluster, namespace) -> None:
     raw = sync_redis(redis_cluster)
     try:
