@@ -15,14 +15,13 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from obsq.broker.calls import SCRIPTS, RedisCalls
 from obsq.broker.connection import create_client, kept_connection
 from obsq.broker.producing import enqueue_args, enqueue_statuses
 from obsq.broker.records import Enqueued
-from obsq.broker.scripts import Script, is_noscript
+from obsq.broker.scripts import call_on_blocking, is_noscript
 from obsq.task import TaskMessage
 
 
@@ -62,7 +61,7 @@ class BlockingProducer:
                 try:
                     kept = self._kept_connection()
                     if kept is not None:
-                        return _evalsha_on(kept, script, keys, args)
+                        return call_on_blocking(kept, script, keys, args)
                 finally:
                     self._kept_free.release()
             try:
@@ -89,29 +88,3 @@ class BlockingProducer:
         if self._redis is not None:
             self._redis.close()
 
-
-def _evalsha_on(connection: Any, script: Script, keys: Sequence[str],
-                args: Sequence[Any]) -> Any:
-    """The script on a bare connection; one that failed halfway is closed (it is made
-    again at the next call), as is one the server closed while it sat idle (a restart)."""
-    try:
-        try:
-            stale = connection.can_read()  # an idle connection has nothing to read but EOF
-        except RedisConnectionError:
-            stale = True
-        if stale:
-            connection.disconnect()
-        for attempt in range(2):
-            try:
-                connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                return connection.read_response()
-            except ResponseError as exc:
-                if attempt or not is_noscript(exc):
-                    raise
-                connection.send_command("SCRIPT", "LOAD", script.source)
-                connection.read_response()
-    except ResponseError:
-        raise
-    except BaseException:
-        connection.disconnect()
-        raise

@@ -20,9 +20,9 @@ from redis.exceptions import (
 )
 
 from obsq.broker.acl import PROBE, probed_commands
-from obsq.broker.connection import create_client, kept_connection_client
+from obsq.broker.connection import create_client, kept_connection
 from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
-from obsq.broker.scripts import Script, is_noscript, load_scripts
+from obsq.broker.scripts import Script, call_on, is_noscript, load_scripts
 from obsq.errors import BrokerError, ConfigurationError
 from obsq.settings import (
     DURABLE_WAIT_TIMEOUT,
@@ -56,7 +56,7 @@ class RedisCalls:
         self.is_cluster = isinstance(self.redis, RedisCluster)
         # enqueues go over one connection kept for them while it is free (no pool checkout
         # per call); None where a kept connection would not follow a failover
-        self.producer_redis = kept_connection_client(self.redis)
+        self.producer_connection = kept_connection(self.redis)
         self._producer_busy = False
         self.memory_share = ENQUEUE_MEMORY_SHARE  # enqueues refused above it (enqueue.lua)
         self.durable_replicas = 0  # replicas each enqueue waits for (WAIT)
@@ -158,8 +158,8 @@ class RedisCalls:
 
     async def close(self) -> None:
         with contextlib.suppress(RedisError, OSError):
-            if self.producer_redis is not None:
-                await self.producer_redis.aclose(close_connection_pool=True)
+            if self.producer_connection is not None:
+                await self.producer_connection.disconnect()
             await self.redis.aclose()
 
     def _failed(self, operation: str, exc: BaseException) -> BrokerError:
@@ -211,14 +211,13 @@ class RedisCalls:
         from the pool (another queue's batch is using it)."""
         if self.durable_replicas:  # a pipeline from the pool: the kept client has no room
             return await self._script_replicated(name, keys, args)
-        if self.producer_redis is None or self._producer_busy:
+        if self.producer_connection is None or self._producer_busy:
             return await self._script(name, keys, args)
         self._producer_busy = True
         try:
-            kept = self.producer_redis.connection
-            if kept is not None and kept.is_connected and await _unread_or_closed(kept):
-                await kept.disconnect()  # closed by the server (a restart): made again on send
-            return await self._script(name, keys, args, self.producer_redis)
+            return await call_on(self.producer_connection, SCRIPTS[name], keys, args)
+        except (RedisError, OSError) as exc:
+            raise self._failed(name, exc) from exc
         finally:
             self._producer_busy = False
 
@@ -319,12 +318,6 @@ def _hint(url: str, exc: BaseException) -> str:
         return ("; if Redis asks clients for a certificate (tls-auth-clients), give "
                 "ssl_certfile and ssl_keyfile in the URL, or OBSQ_REDIS_TLS_CERT and _KEY")
     return ""
-
-
-def _unread_or_closed(connection: Any) -> Awaitable[bool]:
-    """The check a redis-py pool makes before lending a connection (renamed in redis-py 8)."""
-    check = getattr(connection, "can_read", None) or connection.can_read_destructive
-    return check()
 
 
 def _safe(url: str) -> str:
