@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from obsq.app import App
 from obsq.broker import TASK_STATES, Broker
-from obsq.broker.inspection import PURGEABLE, REVIVABLE
+from obsq.broker.inspection import PURGEABLE, REVIVABLE, PageRow
 from obsq.client import Client, read_schedules
 from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound
+from obsq.group_view import BatchInfo, GroupInfo, GroupPage, group_page
 from obsq.schedule import ScheduleInfo
 from obsq.settings import DEFAULT_REDIS_URL
 from obsq.task import (
@@ -172,24 +174,32 @@ class Inspector:
         than TYPE_SCAN_CAP tasks; `next_offset` goes on from there."""
         if state not in TASK_STATES:
             raise ValueError(f"state must be one of {', '.join(TASK_STATES)}, got {state!r}")
-        if not 1 <= limit <= MAX_PAGE or offset < 0:
-            raise ValueError(f"limit must be 1 to {MAX_PAGE} and offset not negative")
+        _check_page(limit, offset)
         await self._known(queue)
         total, next_offset, rows = await self.broker.task_page(
             queue, state, offset, limit, type or "", TYPE_SCAN_CAP)
-        tasks = []
-        for (task_id, score, task_type, retried, enq, due, done, error, payload,
-             owner, binary_size) in rows:
-            tasks.append(TaskSummary(
-                id=task_id, queue=queue, state=state, type=task_type, retry_count=retried,
-                enqueued_at=timestamp_to_datetime(enq),
-                due_at=timestamp_to_datetime(score if state in ("scheduled", "retry")
-                                             else due),
-                finished_at=timestamp_to_datetime(done), error=error,
-                payload=payload.decode(errors="replace") if binary_size is None else
-                bytes_preview(payload, binary_size),
-                worker=owner.partition(":")[2] or None))
-        return TaskPage(queue, state, tasks, total, offset, limit, next_offset, type or None)
+        return TaskPage(queue, state, _summaries(queue, state, rows), total, offset, limit,
+                        next_offset, type or None)
+
+    async def groups(self, queue: str, limit: int = 20, offset: int = 0,
+                     batch_offset: int = 0, *, app: App | None = None) -> GroupPage:
+        """A page of the queue's task groups (by type, each type's oldest first) and a page
+        of its batches (claimed, or waiting again after their aggregator failed), `limit`
+        of each. Given the App, each group says when its aggregator's rules make it due."""
+        _check_page(limit, offset, batch_offset)
+        await self._known(queue)
+        listing = await self.broker.group_listing(queue, offset, limit, batch_offset, limit)
+        return group_page(queue, listing, offset, limit, batch_offset, app)
+
+    async def group_tasks(self, queue: str, type: str, group: str, limit: int = 20,
+                          offset: int = 0) -> TaskPage:
+        """A page of the tasks waiting in one group, oldest first (state "aggregating")."""
+        _check_page(limit, offset)
+        await self._known(queue)
+        total, next_offset, rows = await self.broker.group_page(queue, type, group, offset,
+                                                                limit)
+        return TaskPage(queue, "aggregating", _summaries(queue, "aggregating", rows), total,
+                        offset, limit, next_offset, type)
 
     async def task(self, task_id: str, queue: str | None = None) -> TaskDetail:
         """Everything about one task; raises TaskNotFound."""
@@ -304,6 +314,24 @@ class Inspector:
         return done, left
 
 
+def _check_page(limit: int, *offsets: int) -> None:
+    if not 1 <= limit <= MAX_PAGE or min(offsets) < 0:
+        raise ValueError(f"limit must be 1 to {MAX_PAGE} and offset not negative")
+
+
+def _summaries(queue: str, state: str, rows: list[PageRow]) -> list[TaskSummary]:
+    return [TaskSummary(
+        id=task_id, queue=queue, state=state, type=task_type, retry_count=retried,
+        enqueued_at=timestamp_to_datetime(enq),
+        due_at=timestamp_to_datetime(score if state in ("scheduled", "retry") else due),
+        finished_at=timestamp_to_datetime(done), error=error,
+        payload=payload.decode(errors="replace") if binary_size is None else
+        bytes_preview(payload, binary_size),
+        worker=owner.partition(":")[2] or None)
+        for (task_id, score, task_type, retried, enq, due, done, error, payload, owner,
+             binary_size) in rows]
+
+
 def _rates(now_ms: int, minutes: list[list[int]]) -> tuple[Rate, Rate, list[Rate]]:
     """Sliding windows over per-minute buckets (the current minute first): the current
     minute plus the part of the oldest one the window still covers."""
@@ -353,5 +381,5 @@ def as_data(value: Any) -> Any:
     return value
 
 
-__all__ = ["Inspector", "QueueInfo", "Rate", "Requeued", "ScheduleInfo", "TaskDetail",
-           "TaskPage", "TaskSummary", "WorkerInfo", "as_data"]
+__all__ = ["BatchInfo", "GroupInfo", "GroupPage", "Inspector", "QueueInfo", "Rate", "Requeued",
+           "ScheduleInfo", "TaskDetail", "TaskPage", "TaskSummary", "WorkerInfo", "as_data"]

@@ -12,6 +12,7 @@ from obsq.broker.keys import (
 from obsq.broker.records import (
     Attempt,
     Batch,
+    BatchRecord,
     Claimed,
     Completion,
     Completions,
@@ -21,6 +22,8 @@ from obsq.broker.records import (
     Fetched,
     FetchedTask,
     GroupedTask,
+    GroupListing,
+    GroupRecord,
     QueueStats,
     ScheduleRecord,
 )
@@ -30,6 +33,7 @@ __all__ = [
     "TASK_STATES",
     "Attempt",
     "Batch",
+    "BatchRecord",
     "Broker",
     "Claimed",
     "Completion",
@@ -41,6 +45,8 @@ __all__ = [
     "Fetched",
     "FetchedTask",
     "GlobalKeys",
+    "GroupListing",
+    "GroupRecord",
     "GroupedTask",
     "QueueKeys",
     "QueueStats",

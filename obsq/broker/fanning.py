@@ -61,6 +61,19 @@ class Fanning(RedisCalls):
             (0, batch.id, batch.fence, "done" if error is None else "failed", error or "",
              int(retry_in * 1000))))
 
+    async def release_batches(self, owner: str, batches: Sequence[Batch]) -> int:
+        """Hand back batches `owner` claims and will not end (it is stopping), so that
+        another worker takes them at once; only the claims it still holds, by their fence
+        (release_batches.lua). Returns how many were released."""
+        by_queue: dict[str, list[Any]] = {}
+        for batch in batches:
+            by_queue.setdefault(batch.queue, []).extend((batch.id, batch.fence))
+        released = 0
+        for queue, args in by_queue.items():
+            released += await self._script("release_batches", (self.keys(queue).batches,),
+                                           (0, owner, *args))
+        return released
+
     # -- event subscriptions --------------------------------------------------------------
 
     async def subscribe(self, subscriptions: Sequence[tuple[str, str, str]],

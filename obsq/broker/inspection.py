@@ -1,8 +1,9 @@
 """What the Inspector (obsq/inspector.py) asks of Redis: bounded pages of one state of a
-queue, one task with everything kept for it, workers with their last heartbeat, the
-repairs (requeue, delete, purge) one bounded step per call, and the per-minute outcome
-counters the workers keep. A base of Broker, so it shares its connection and its way of
-calling scripts; broker.py keeps the hot path."""
+queue or of one task group, the groups and batches of a queue, one task with everything
+kept for it, workers with their last heartbeat, the repairs (requeue, delete, purge) one
+bounded step per call, and the per-minute outcome counters the workers keep. A base of
+Broker, so it shares its connection and its way of calling scripts; broker.py keeps the
+hot path."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import orjson
 
 from obsq.broker.calls import RedisCalls
+from obsq.broker.records import BatchRecord, GroupListing, GroupRecord
 
 # How each state's page is ordered: what runs next first (pending: oldest first, from the
 # right end of the list; scheduled/retry: soonest due; active: soonest lease expiry), what
@@ -41,16 +43,32 @@ class Inspection(RedisCalls):
         """(tasks in the state, offset of the next page or None, rows); with a type filter
         at most `scan_cap` ids are looked at."""
         k = self.keys(queue)
-        reply = await self._script("page", (k.by_state(state),),
-                                   (0, PAGE_ORDER[state], offset, limit, task_type, scan_cap))
-        total, next_offset = reply[0], reply[1]
-        rows: list[PageRow] = []
-        for i in range(2, len(reply), 11):
-            r = reply[i:i + 11]
-            rows.append((_text(r[0]), _number(r[1]), _text(r[2]), _number(r[3]) or 0,
-                         _number(r[4]), _number(r[5]), _number(r[6]), _text(r[7]), r[8],
-                         _text(r[9]), _number(r[10])))
-        return total, (next_offset if next_offset >= 0 else None), rows
+        return _page(await self._script(
+            "page", (k.by_state(state),),
+            (0, PAGE_ORDER[state], offset, limit, task_type, scan_cap)))
+
+    async def group_page(self, queue: str, task_type: str, group: str, offset: int,
+                         limit: int) -> tuple[int, int | None, list[PageRow]]:
+        """A page of one group's waiting tasks, oldest first (as task_page)."""
+        k = self.keys(queue)
+        return _page(await self._script(
+            "page", (k.group_types, k.group(task_type, group)),
+            (0, "head", offset, limit, "", limit)))
+
+    async def group_listing(self, queue: str, offset: int, limit: int, batch_offset: int,
+                            batch_limit: int) -> GroupListing:
+        """A page of the queue's groups (by type, oldest first) and one of its batches (by
+        the end of their claim), read together (groups.lua)."""
+        k = self.keys(queue)
+        now, total, next_offset, batch_total, next_batch, groups, batches = await self._script(
+            "groups", (k.group_types, k.batches),
+            (0, offset, limit, batch_offset, batch_limit))
+        return GroupListing(
+            now, total, next_offset if next_offset >= 0 else None, batch_total,
+            next_batch if next_batch >= 0 else None,
+            [GroupRecord(_text(t), _text(g), _number(size) or 0, _number(first), _number(last))
+             for t, g, size, first, last in groups],
+            [_batch_record(b) for b in batches])
 
     async def task_record(self, queue: str, task_id: str
                           ) -> tuple[dict[bytes, bytes], bytes | None, str, int | None]:
@@ -130,6 +148,27 @@ class Inspection(RedisCalls):
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._guard("namespaces", scan()), seconds)
         return sorted(found)
+
+
+def _page(reply: list[Any]) -> tuple[int, int | None, list[PageRow]]:
+    """page.lua's reply: (total, next offset or None, rows)."""
+    total, next_offset = reply[0], reply[1]
+    rows: list[PageRow] = []
+    for i in range(2, len(reply), 11):
+        r = reply[i:i + 11]
+        rows.append((_text(r[0]), _number(r[1]), _text(r[2]), _number(r[3]) or 0,
+                     _number(r[4]), _number(r[5]), _number(r[6]), _text(r[7]), r[8],
+                     _text(r[9]), _number(r[10])))
+    return total, (next_offset if next_offset >= 0 else None), rows
+
+
+def _batch_record(raw: list[Any]) -> BatchRecord:
+    """A batch of groups.lua's reply; fields written by hand read as empty or 0."""
+    if len(raw) < 8:  # its hash is not a hash
+        return BatchRecord(_text(raw[0]), _number(raw[1]), "", "", [], "", 0, "", False)
+    batch_id, claim_end, task_type, group, ids, owner, failures, error = raw
+    return BatchRecord(_text(batch_id), _number(claim_end), _text(task_type), _text(group),
+                       _text(ids).split(), _text(owner), _number(failures) or 0, _text(error))
 
 
 def _delete_keys(k: Any) -> tuple[str, ...]:

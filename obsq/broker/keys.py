@@ -64,6 +64,9 @@ class QueueKeys:
     def inbox(self, client_id: str) -> str:
         return self.prefix + "inbox:" + client_id  # list of watched tasks' ends for a client
 
+    def group(self, task_type: str, group: str) -> str:
+        return self.prefix + "grp:" + task_type + " " + group  # list of a group's ids
+
     def by_state(self, state: str) -> str:
         return self.lease if state == "active" else getattr(self, state)
 

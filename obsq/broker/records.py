@@ -130,3 +130,40 @@ class Claimed(NamedTuple):
 
     batches: list[Batch]
     next_due: float | None
+
+
+class GroupRecord(NamedTuple):
+    """One group of a listing (groups.lua)."""
+
+    type: str
+    group: str
+    size: int
+    first_ms: int | None  # its oldest task's enqueue time, Redis's clock
+    last_ms: int | None  # its newest task's
+
+
+class BatchRecord(NamedTuple):
+    """One batch of a listing (groups.lua); `readable` is False when its hash is not a hash
+    (written by hand), and its other fields are then empty."""
+
+    id: str
+    claim_end_ms: int | None
+    type: str
+    group: str
+    task_ids: list[str]
+    owner: str  # the worker holding its claim; "" after a failure or a release
+    failures: int
+    error: str
+    readable: bool = True
+
+
+class GroupListing(NamedTuple):
+    """A page of a queue's groups and a page of its batches, read in one step."""
+
+    now_ms: int
+    total: int  # groups
+    next_offset: int | None
+    batch_total: int
+    next_batch_offset: int | None
+    groups: list[GroupRecord]
+    batches: list[BatchRecord]

@@ -2,8 +2,10 @@
 -- One page of the tasks of a queue in one state, for the Inspector. Bounded whatever the
 -- size of the state: it reads a window by rank (LRANGE/ZRANGE) and looks at no more than
 -- ARGV[6] ids, so a page of a queue of millions costs what a page of ten does.
--- KEYS: the state's list (pending) or sorted set
--- ARGV: now, order ('list': oldest first from the right end of pending; 'asc'; 'desc'),
+-- KEYS: the state's list (pending) or sorted set; or any key of the queue, then a group's
+--       list (grp:<type> <group>) to read instead
+-- ARGV: now, order ('list': oldest first from the right end of pending; 'head': oldest
+--       first from the left end of a group; 'asc'; 'desc'),
 --       offset, limit, type ('' any; a route pattern: a type, a prefix ending in ':' or
 --       '.', or '*'), scan cap
 -- Returns {total, next offset or -1, then per task: id, score, type, retried, enq, due,
@@ -11,11 +13,12 @@
 -- the size of a bytes payload ('' for JSON)}.
 local order, offset, limit, want, cap = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]),
     ARGV[5], tonumber(ARGV[6])
+local source = KEYS[2] or KEYS[1]
 local total
-if order == 'list' then
-  total = redis.call('LLEN', KEYS[1])
+if order == 'list' or order == 'head' then
+  total = redis.call('LLEN', source)
 else
-  total = redis.call('ZCARD', KEYS[1])
+  total = redis.call('ZCARD', source)
 end
 local function matches(task_type)
   return want == '' or (task_type and covers(want, task_type))
@@ -23,8 +26,15 @@ end
 
 local function window(start, n)
   local ids, scores = {}, {}
+  if order == 'head' then
+    ids = redis.call('LRANGE', source, start, start + n - 1)
+    for i = 1, #ids do
+      scores[i] = ''
+    end
+    return ids, scores
+  end
   if order == 'list' then
-    local raw = redis.call('LRANGE', KEYS[1], -(start + n), -(start + 1))
+    local raw = redis.call('LRANGE', source, -(start + n), -(start + 1))
     for i = #raw, 1, -1 do
       ids[#ids + 1] = raw[i]
       scores[#scores + 1] = ''
@@ -33,9 +43,9 @@ local function window(start, n)
   end
   local raw  -- each command named literally: `obsq acl` reads them from the source
   if order == 'asc' then
-    raw = redis.call('ZRANGE', KEYS[1], start, start + n - 1, 'WITHSCORES')
+    raw = redis.call('ZRANGE', source, start, start + n - 1, 'WITHSCORES')
   else
-    raw = redis.call('ZREVRANGE', KEYS[1], start, start + n - 1, 'WITHSCORES')
+    raw = redis.call('ZREVRANGE', source, start, start + n - 1, 'WITHSCORES')
   end
   for i = 1, #raw, 2 do
     ids[#ids + 1] = raw[i]
