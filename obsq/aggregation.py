@@ -9,6 +9,11 @@ ends, so a batch claimed again after a crash between the enqueue and the end of 
 is refused by Redis as a duplicate and then ended: each batch gives one task. An
 aggregator that raises or returns junk loses nothing: the batch keeps its tasks and the
 error and is claimed again after a backoff.
+
+A stopping worker claims no more batches, cancels the aggregations it is running and
+releases their claims at once (release_batches.lua checks that each claim is still its
+own), so another worker takes them over now rather than when the claims run out; a batch
+whose task was enqueued before the cancel is refused as a duplicate there and ended.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ class AggregationLoop(BackgroundLoop):
         self.owner = owner
         self.queues = list(queues)
         self.lease = lease
+        self._running: set[asyncio.Task[None]] = set()  # aggregations under way
+        self._abandoned: list[Batch] = []  # claimed, their aggregation cancelled by stop()
         # the App's producer hooks apply to the aggregated tasks
         self.client = Client(namespace=broker.namespace, app=app, broker=broker,
                              allow_eviction=allow_eviction)
@@ -57,18 +64,54 @@ class AggregationLoop(BackgroundLoop):
                      for a in self.app.aggregations]
         waits = [self.interval]
         for queue in self.queues:
+            if self._stopping.is_set():
+                return None
             claimed = await self.broker.claim_batches(queue, self.owner, self.lease,
                                                       claimable, AGGREGATE_BATCHES)
-            ran = await asyncio.gather(*(self.aggregate(b) for b in claimed.batches),
-                                       return_exceptions=True)
-            failed = next((r for r in ran if isinstance(r, BaseException)), None)
-            if failed is not None:  # Redis away: the batches' claims run out, and are
-                raise failed  # taken again
+            if self._stopping.is_set():  # stopped while claiming: stop() releases these
+                self._abandoned.extend(claimed.batches)
+                return None
+            runs = [asyncio.create_task(self.aggregate(b)) for b in claimed.batches]
+            self._running.update(runs)
+            try:
+                ran = await asyncio.gather(*runs, return_exceptions=True)
+            finally:
+                self._running.difference_update(runs)
+            # Redis away: the batches' claims run out, and are taken again (a cancelled
+            # run is no failure: stop() releases its batch)
+            failed = next((r for r in ran if isinstance(r, Exception)), None)
+            if failed is not None:
+                raise failed
             if claimed.next_due is not None:
                 waits.append(claimed.next_due)
         return min(waits)
 
+    async def stop(self) -> None:
+        """Stop claiming, cancel the aggregations under way and release their batches."""
+        self._stopping.set()
+        for run in list(self._running):
+            run.cancel()
+        await super().stop()
+        abandoned, self._abandoned = self._abandoned, []
+        if abandoned:
+            try:
+                released = await self.broker.release_batches(self.owner, abandoned)
+            except BrokerError as exc:
+                log.warning("could not release %d batch claim(s) (%s): they run out in "
+                            "%g s", len(abandoned), exc, self.lease)
+            else:
+                log.info("released %d of %d batch claim(s) for other workers", released,
+                         len(abandoned))
+
     async def aggregate(self, batch: Batch) -> None:
+        """Aggregate a claimed batch; one cancelled by stop() is left for it to release."""
+        try:
+            await self._aggregate(batch)
+        except asyncio.CancelledError:
+            self._abandoned.append(batch)
+            raise
+
+    async def _aggregate(self, batch: Batch) -> None:
         """Run the batch's aggregator and enqueue its task, then end the batch; a failure
         hands the batch back with its error, to be claimed again after a backoff."""
         entry = self.app.aggregation(batch.type)

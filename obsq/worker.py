@@ -3,10 +3,11 @@ and shut down without losing any.
 
 Fetching is obsq/fetching.py's; the worker owns the slots and the prefetch buffer the
 fetcher fills, the background loops (heartbeat, leases, sweeps), and the drain: on
-SIGTERM/SIGINT it stops fetching, lets running handlers finish within `shutdown_timeout`,
-hands the rest back to pending at once and deregisters. It knows nothing of metrics,
-tracing or HTTP: obsq.observability wires those on through the App's hooks, and asks the
-worker how it is through `health()` and `describe()`.
+SIGTERM/SIGINT it releases the batches of grouped tasks it claimed, stops fetching, lets
+running handlers finish within `shutdown_timeout`, hands the rest back to pending at once
+and deregisters. It knows nothing of metrics, tracing or HTTP: obsq.observability wires
+those on through the App's hooks, and asks the worker how it is through `health()` and
+`describe()`.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ class Worker:
         self._running: dict[asyncio.Task[None], Task] = {}
         self._handling: set[asyncio.Task[None]] = set()
         self._loops: list[BackgroundLoop] = []
+        self._aggregation: AggregationLoop | None = None  # stopped first when draining
         self._heartbeat: Heartbeat | None = None
 
     # -- public ---------------------------------------------------------------------------
@@ -147,9 +149,10 @@ class Worker:
                           self._cancel),
         ]
         if self.app.aggregations:
-            self._loops.append(AggregationLoop(self.app, self.broker, self.id, list(self.queues),
-                                               s.aggregate_interval, s.aggregate_lease,
-                                               s.allow_eviction))
+            self._aggregation = AggregationLoop(self.app, self.broker, self.id,
+                                                list(self.queues), s.aggregate_interval,
+                                                s.aggregate_lease, s.allow_eviction)
+            self._aggregation.start()
         for loop in self._loops:
             loop.start()
         self.started_at = time.time()
@@ -303,6 +306,8 @@ class Worker:
     async def _drain(self, fetching: asyncio.Task[None]) -> None:
         self.draining = True
         self._stopped.set()
+        if self._aggregation is not None:  # its batches go to other workers at once
+            await self._aggregation.stop()
         self._slot_free.set()  # a fetcher waiting for room sees the stop and ends
         # Not cancelled: a fetch cut short would strand the completions it carries (their
         # handlers would wait for them until the shutdown timeout) and the tasks it took.

@@ -81,3 +81,61 @@ async def test_sigkill_mid_aggregation_loses_and_doubles_nothing(
                      what="no batch left claimed")
     runs = raw_redis.llen(aggregated)
     print(f"{len(found)} batches, {runs} aggregator runs")  # runs > batches: claimed again
+
+
+async def test_sigterm_hands_claimed_batches_to_another_worker_at_once(
+        spawn_worker, broker, redis_url, namespace, raw_redis) -> None:
+    """A's aggregator blocks; on SIGTERM, A releases its claim and B aggregates the batch
+    before A's claim (60 s) would have run out."""
+    lease = {"OBSQ_AGGREGATE_LEASE": "60"}
+    first = spawn_worker(app=APP, OBSQ_ENGINE_AGGREGATE_SLEEP="3600", **lease)
+    await wait_until(lambda: len(raw_redis.keys(f"{namespace}:worker:*")) == 1, timeout=30)
+    aggregated = record_key(namespace, "aggregated")
+    batches_key = f"{namespace}:{{default}}:batches"
+    async with obsq.Client(redis_url, namespace=namespace) as client:
+        ids = {(await client.enqueue("ingest:row", {"n": n}, group="g")).id for n in range(10)}
+    await wait_until(lambda: raw_redis.llen(aggregated) == 1, timeout=30,
+                     what="A's aggregator under way")
+    [(batch_id, claim_end)] = raw_redis.zrange(batches_key, 0, -1, withscores=True)
+    held_by = raw_redis.hget(f"{namespace}:{{default}}:batch:{batch_id.decode()}", "owner")
+    second = spawn_worker(app=APP, **lease)
+    await wait_until(lambda: len(raw_redis.keys(f"{namespace}:worker:*")) == 2, timeout=30)
+    assert batches(raw_redis, namespace) == {}  # B leaves A's claim alone
+
+    first.signal(signal.SIGTERM)
+    assert first.wait() == 0
+    await wait_until(lambda: batches(raw_redis, namespace), timeout=45,
+                     what="B aggregated the batch A released")
+    [(seconds, micros)] = [raw_redis.time()]
+    assert seconds * 1000 + micros // 1000 < claim_end  # before A's claim would have ended
+    assert held_by.decode() in first.log() and "released 1 of 1 batch claim(s)" in first.log()
+    found = batches(raw_redis, namespace)
+    assert list(found) == [batch_id.decode()]  # the same batch, aggregated once
+    assert_each_task_in_one_batch(found, ids)
+    assert raw_redis.llen(aggregated) == 2  # A's run (cancelled), then B's
+    assert second.poll() is None
+
+
+async def test_a_release_by_a_stale_claimant_changes_nothing(client, broker, raw_redis,
+                                                             namespace) -> None:
+    rules = [("ingest:row", 3, 60.0, 60.0)]
+    for n in range(3):
+        await client.enqueue("ingest:row", n, group="g")
+    [stale] = (await broker.claim_batches("default", "worker-a", 60, rules, 5)).batches
+    await broker.end_batch(stale, "RuntimeError: boom", retry_in=0)  # A's claim is over
+    [current] = (await broker.claim_batches("default", "worker-b", 60, rules, 5)).batches
+    assert (current.id, current.fence > stale.fence) == (stale.id, True)
+
+    def snapshot() -> tuple:
+        return (raw_redis.hgetall(f"{namespace}:{{default}}:batch:{current.id}"),
+                raw_redis.zrange(f"{namespace}:{{default}}:batches", 0, -1, withscores=True))
+
+    before = snapshot()
+    assert await broker.release_batches("worker-a", [stale]) == 0  # another fence
+    assert await broker.release_batches("worker-a", [current]) == 0  # another owner
+    assert snapshot() == before
+    assert (await broker.claim_batches("default", "worker-c", 60, rules, 5)).batches == []
+
+    assert await broker.release_batches("worker-b", [current]) == 1  # its own claim
+    [taken] = (await broker.claim_batches("default", "worker-c", 60, rules, 5)).batches
+    assert (taken.id, taken.failures, len(taken.tasks)) == (current.id, 1, 3)
