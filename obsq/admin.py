@@ -1,29 +1,32 @@
-"""The operator's commands, on obsq.Inspector: `obsq stats|queues|tasks|task|workers|
-schedules` to look (each with --json for scripts), `obsq requeue|delete|purge|pause|
-unpause` to repair, and `obsq ui`, the web console. Tables are aligned for people and
-coloured only on a terminal (never with NO_COLOR); an unknown queue or task is one line on
-stderr, exit 1."""
+"""The operator's commands, on obsq.Inspector: `obsq stats|queues|tasks|task|groups|
+workers|schedules` to look (each with --json for scripts), `obsq requeue|delete|purge|pause|
+unpause` to repair, and `obsq ui`, the web console. They write through obsq/terminal.py;
+an unknown queue or task is one line on stderr, exit 1."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
+from obsq.app import load_app
 from obsq.broker import DEPTH_STATES, TASK_STATES
 from obsq.broker.inspection import PURGEABLE, REVIVABLE
 from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound, TaskRunning
-from obsq.inspector import Inspector, QueueInfo, ScheduleInfo, TaskDetail, WorkerInfo, as_data
-from obsq.task import bytes_preview
+from obsq.inspector import Inspector, QueueInfo
+from obsq.terminal import (
+    Output,
+    first_line,
+    groups_table,
+    print_tasks,
+    schedules_table,
+    task_text,
+    when,
+    workers_table,
+)
 
 Command = Callable[[str, str, Callable[[argparse.Namespace], int]], argparse.ArgumentParser]
-COLOURS = {"dead": "31", "retry": "33", "active": "36", "completed": "32", "paused": "33",
-           "error": "31", "dim": "2", "bold": "1"}
 
 
 def add_commands(command: Command, handler: Callable[[argparse.Namespace], int]) -> None:
@@ -45,6 +48,15 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
     task = looking("task", "everything about one task: payload, error, traceback, worker")
     task.add_argument("id")
     task.add_argument("--queue", help="its queue (default: looked up)")
+    groups = looking("groups", "task groups waiting for their aggregator, and batches "
+                     "claimed or failing; with --type and --group, one group's tasks")
+    groups.add_argument("queue")
+    groups.add_argument("--limit", type=int, default=20)
+    groups.add_argument("--offset", type=int, default=0)
+    groups.add_argument("--type", help="with --group: list the tasks of this group")
+    groups.add_argument("--group")
+    groups.add_argument("--app", metavar="MODULE:APP",
+                        help="the App, to show when each group is due by its aggregator")
     looking("workers", "live workers: host, pid, queues, busy slots, last heartbeat")
     looking("schedules", "schedule entries: spec, timezone, missed policy, next and last fire")
     requeue = command("requeue", "put dead (or retry/scheduled) tasks back to pending now",
@@ -101,39 +113,6 @@ async def run(command: str, redis_url: str, namespace: str, args: argparse.Names
         await inspector.close()
 
 
-class Output:
-    """Where a command writes: JSON, or text coloured when stdout is a terminal."""
-
-    def __init__(self, as_json: bool) -> None:
-        self.as_json = as_json
-        self.colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and \
-            os.environ.get("TERM") != "dumb"
-        self.status = 0
-
-    def data(self, value: Any) -> None:
-        print(json.dumps(as_data(value), indent=2, ensure_ascii=False))
-
-    def paint(self, text: str, style: str | None) -> str:
-        code = COLOURS.get(style or "")
-        return f"\x1b[{code}m{text}\x1b[0m" if self.colour and code and text else text
-
-    def table(self, header: list[str], rows: list[list[Any]]) -> str:
-        """Aligned columns; a cell is text or (text, style)."""
-        cells = [[c if isinstance(c, tuple) else (str(c), None) for c in row]
-                 for row in rows]
-        widths = [max(len(c[0]) for c in column)
-                  for column in zip([(h, None) for h in header], *cells)]
-        lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
-        for row in cells:
-            lines.append("  ".join(self.paint(t.ljust(w), s) for (t, s), w
-                                   in zip(row, widths)).rstrip())
-        return "\n".join(lines)
-
-    def fail(self, message: str) -> None:
-        print(message, file=sys.stderr)
-        self.status = 1
-
-
 async def stats(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
     queues, workers = await inspector.queues(), await inspector.workers()
     if out.as_json:
@@ -144,7 +123,7 @@ async def stats(inspector: Inspector, args: argparse.Namespace, out: Output) -> 
           else await _empty(inspector))
     print(f"\n{len(workers)} live worker(s)")
     if workers:
-        print(_workers_table(out, workers))
+        print(workers_table(out, workers))
 
 
 async def queues(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
@@ -170,27 +149,53 @@ async def tasks(inspector: Inspector, args: argparse.Namespace, out: Output) -> 
         print(f"no {args.state} tasks{kind} in {args.queue}" +
               (f" at offset {args.offset}" if args.offset else ""))
         return
-    print(out.table(["id", "type", "retries", "time (UTC)", "error"], [
-        [t.id, t.type, str(t.retry_count), _when(t.due_at if args.state in (
-            "scheduled", "retry") else t.finished_at or t.enqueued_at),
-         (t.error.splitlines()[0][:80] if t.error else "", "error")] for t in page.tasks]))
-    more = f"; next page: --offset {page.next_offset}" if page.next_offset is not None else ""
-    print(out.paint(f"\n{len(page.tasks)} shown, {page.total:,} {args.state} in "
-                    f"{args.queue}{more}", "dim"))
+    print_tasks(out, page, f"{args.state} in {args.queue}")
+
+
+async def groups(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
+    if args.group or args.type:
+        if not (args.group and args.type):
+            raise ValueError("--type and --group go together: they name one group")
+        page = await inspector.group_tasks(args.queue, args.type, args.group, args.limit,
+                                           args.offset)
+        if out.as_json:
+            return out.data(page)
+        if page.tasks:
+            return print_tasks(out, page, f"in group {args.group} of {args.type}")
+        return print(f"no tasks in group {args.group} of {args.type} in {args.queue}")
+    app = load_app(args.app) if args.app else None
+    found = await inspector.groups(args.queue, args.limit, args.offset, app=app)
+    if out.as_json:
+        return out.data(found)
+    print(groups_table(out, found, app is not None) if found.groups
+          else f"no task groups in {args.queue}")
+    more = f"; next page: --offset {found.next_offset}" if found.next_offset else ""
+    if found.total:
+        print(out.paint(f"\n{len(found.groups)} shown of {found.total:,} group(s){more}",
+                        "dim"))
+    print(f"\n{found.batch_total} batch(es) claimed or failing" +
+          (f", the first {len(found.batches)}:" if found.batch_total > len(found.batches)
+           else ""))
+    if found.batches:
+        print(out.table(["batch", "type", "group", "tasks", "claim until (UTC)", "failures",
+                         "worker", "error"], [
+            [b.id, b.type, b.group, str(b.size), when(b.claim_expires_at),
+             (str(b.failures), "retry" if b.failures else None), b.worker or "",
+             (first_line(b.error or ""), "error")] for b in found.batches]))
 
 
 async def task(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
     detail = await inspector.task(args.id, args.queue)
     if out.as_json:
         return out.data(detail)
-    print(_task_text(out, detail))
+    print(task_text(out, detail))
 
 
 async def workers(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
     found = await inspector.workers()
     if out.as_json:
         return out.data(found)
-    print(_workers_table(out, found) if found else "no live workers")
+    print(workers_table(out, found) if found else "no live workers")
 
 
 async def schedules(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
@@ -201,7 +206,7 @@ async def schedules(inspector: Inspector, args: argparse.Namespace, out: Output)
         print(f"no schedules in namespace {inspector.namespace!r} (those of an App's code "
               "appear once its scheduler runs)")
         return
-    print(_schedules_table(out, found))
+    print(schedules_table(out, found))
     for s in found:
         if s.error:
             print(out.paint(f"{s.error}; the scheduler skips it", "error"), file=sys.stderr)
@@ -248,7 +253,7 @@ async def pause(inspector: Inspector, args: argparse.Namespace, out: Output) -> 
     print(f"queue {args.queue} {args.command}d")
 
 
-HANDLERS = {"stats": stats, "queues": queues, "tasks": tasks, "task": task,
+HANDLERS = {"stats": stats, "queues": queues, "tasks": tasks, "task": task, "groups": groups,
             "workers": workers, "schedules": schedules, "requeue": requeue, "cancel": cancel,
             "delete": delete, "purge": purge, "pause": pause, "unpause": pause}
 
@@ -278,65 +283,3 @@ def _rate_cells(q: QueueInfo) -> list[Any]:
             str(q.last_hour.processed), (str(q.last_hour.failed),
                                          "error" if q.last_hour.failed else None)]
 
-
-def _workers_table(out: Output, found: list[WorkerInfo]) -> str:
-    now = time.time()
-    return out.table(["worker", "host", "pid", "queues", "busy", "processed", "up",
-                      "heartbeat", "version"], [
-        [w.id, w.host, str(w.pid), ",".join(w.queues), f"{w.busy}/{w.concurrency}",
-         str(w.processed), _age(now, w.started_at), _age(now, w.last_heartbeat) + " ago",
-         w.version + (" (draining)" if w.draining else "")] for w in found])
-
-
-def _schedules_table(out: Output, found: list[ScheduleInfo]) -> str:
-    return out.table(["schedule", "spec", "timezone", "task", "if-missed", "next (UTC)",
-                      "last (UTC)", "fired", "missed", "from"], [
-        [s.name, s.spec, s.timezone, s.type, s.missed,
-         _when(s.next_fire_at) if not s.error else ("not valid", "error"),
-         _when(s.last_fire_at), str(s.fire_count),
-         (str(s.missed_count), "retry" if s.missed_count else None), s.source]
-        for s in found])
-
-
-def _task_text(out: Output, d: TaskDetail) -> str:
-    max_retry = "the route's default" if d.max_retry is None else d.max_retry
-    fields = [("id", d.id), ("queue", d.queue), ("type", d.type),
-              ("state", out.paint(d.state, d.state)),
-              ("retries", f"{d.retry_count} of {max_retry}"),
-              ("enqueued", _when(d.enqueued_at)), ("due", _when(d.due_at)),
-              ("finished", _when(d.completed_at)), ("worker", d.worker or ""),
-              ("lease until", _when(d.lease_expires_at)), ("recoveries", str(d.recoveries)),
-              ("unique", d.unique_key or ""), ("headers", _json(d.headers) if d.headers else ""),
-              ("options", _json(d.options) if d.options else ""),
-              ("error", out.paint(d.error or "", "error")),
-              ("progress", _json(d.progress) if d.progress is not None else ""),
-              ("result", _json(d.result) if d.result is not None else "")]
-    lines = [f"{out.paint(name.ljust(12), 'bold')}{value}" for name, value in fields]
-    payload = bytes_preview(d.payload) if isinstance(d.payload, bytes) else json.dumps(
-        d.payload, indent=2, ensure_ascii=False)
-    lines += [out.paint("payload", "bold"), _indent(payload)]
-    if d.traceback:
-        lines += [out.paint("traceback", "bold"), _indent(d.traceback.rstrip())]
-    return "\n".join(lines)
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
-
-
-def _indent(text: str) -> str:
-    return "\n".join("  " + line for line in text.splitlines())
-
-
-def _when(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
-
-
-def _age(now: float, value: datetime | None) -> str:
-    if value is None:
-        return "-"
-    seconds = max(now - value.timestamp(), 0)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"

@@ -1,0 +1,143 @@
+"""How the `obsq` commands write: JSON for scripts, or aligned tables and blocks of text for
+people, coloured only on a terminal (never with NO_COLOR or TERM=dumb)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+from obsq.inspector import (
+    GroupPage,
+    ScheduleInfo,
+    TaskDetail,
+    TaskPage,
+    WorkerInfo,
+    as_data,
+)
+from obsq.task import bytes_preview
+
+COLOURS = {"dead": "31", "retry": "33", "active": "36", "completed": "32", "paused": "33",
+           "error": "31", "dim": "2", "bold": "1"}
+
+
+class Output:
+    """Where a command writes: JSON, or text coloured when stdout is a terminal."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR") and \
+            os.environ.get("TERM") != "dumb"
+        self.status = 0
+
+    def data(self, value: Any) -> None:
+        print(json.dumps(as_data(value), indent=2, ensure_ascii=False))
+
+    def paint(self, text: str, style: str | None) -> str:
+        code = COLOURS.get(style or "")
+        return f"\x1b[{code}m{text}\x1b[0m" if self.colour and code and text else text
+
+    def table(self, header: list[str], rows: list[list[Any]]) -> str:
+        """Aligned columns; a cell is text or (text, style)."""
+        cells = [[c if isinstance(c, tuple) else (str(c), None) for c in row]
+                 for row in rows]
+        widths = [max(len(c[0]) for c in column)
+                  for column in zip([(h, None) for h in header], *cells)]
+        lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+        for row in cells:
+            lines.append("  ".join(self.paint(t.ljust(w), s) for (t, s), w
+                                   in zip(row, widths)).rstrip())
+        return "\n".join(lines)
+
+    def fail(self, message: str) -> None:
+        print(message, file=sys.stderr)
+        self.status = 1
+
+
+def print_tasks(out: Output, page: TaskPage, where: str) -> None:
+    print(out.table(["id", "type", "retries", "time (UTC)", "error"], [
+        [t.id, t.type, str(t.retry_count), when(t.due_at if page.state in (
+            "scheduled", "retry") else t.finished_at or t.enqueued_at),
+         (first_line(t.error), "error")] for t in page.tasks]))
+    more = f"; next page: --offset {page.next_offset}" if page.next_offset is not None else ""
+    print(out.paint(f"\n{len(page.tasks)} shown, {page.total:,} {where}{more}", "dim"))
+
+
+def groups_table(out: Output, page: GroupPage, with_due: bool) -> str:
+    """Groups with their ages; the due time only when the App was given (--app)."""
+    return out.table(["type", "group", "size", "oldest", "idle",
+                      *(["due (UTC)"] if with_due else [])], [
+        [g.type, g.group, str(g.size), duration(g.age), duration(g.idle),
+         *([when(g.due_at) or "no aggregator"] if with_due else [])] for g in page.groups])
+
+
+def first_line(text: str) -> str:
+    return text.splitlines()[0][:80] if text else ""
+
+
+def workers_table(out: Output, found: list[WorkerInfo]) -> str:
+    now = time.time()
+    return out.table(["worker", "host", "pid", "queues", "busy", "processed", "up",
+                      "heartbeat", "version"], [
+        [w.id, w.host, str(w.pid), ",".join(w.queues), f"{w.busy}/{w.concurrency}",
+         str(w.processed), age(now, w.started_at), age(now, w.last_heartbeat) + " ago",
+         w.version + (" (draining)" if w.draining else "")] for w in found])
+
+
+def schedules_table(out: Output, found: list[ScheduleInfo]) -> str:
+    return out.table(["schedule", "spec", "timezone", "task", "if-missed", "next (UTC)",
+                      "last (UTC)", "fired", "missed", "from"], [
+        [s.name, s.spec, s.timezone, s.type, s.missed,
+         when(s.next_fire_at) if not s.error else ("not valid", "error"),
+         when(s.last_fire_at), str(s.fire_count),
+         (str(s.missed_count), "retry" if s.missed_count else None), s.source]
+        for s in found])
+
+
+def task_text(out: Output, d: TaskDetail) -> str:
+    max_retry = "the route's default" if d.max_retry is None else d.max_retry
+    fields = [("id", d.id), ("queue", d.queue), ("type", d.type),
+              ("state", out.paint(d.state, d.state)),
+              ("retries", f"{d.retry_count} of {max_retry}"),
+              ("enqueued", when(d.enqueued_at)), ("due", when(d.due_at)),
+              ("finished", when(d.completed_at)), ("worker", d.worker or ""),
+              ("lease until", when(d.lease_expires_at)), ("recoveries", str(d.recoveries)),
+              ("unique", d.unique_key or ""),
+              ("headers", json_text(d.headers) if d.headers else ""),
+              ("options", json_text(d.options) if d.options else ""),
+              ("error", out.paint(d.error or "", "error")),
+              ("progress", json_text(d.progress) if d.progress is not None else ""),
+              ("result", json_text(d.result) if d.result is not None else "")]
+    lines = [f"{out.paint(name.ljust(12), 'bold')}{value}" for name, value in fields]
+    payload = bytes_preview(d.payload) if isinstance(d.payload, bytes) else json.dumps(
+        d.payload, indent=2, ensure_ascii=False)
+    lines += [out.paint("payload", "bold"), indent(payload)]
+    if d.traceback:
+        lines += [out.paint("traceback", "bold"), indent(d.traceback.rstrip())]
+    return "\n".join(lines)
+
+
+def json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+
+
+def indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def when(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else ""
+
+
+def age(now: float, value: datetime | None) -> str:
+    return "-" if value is None else duration(max(now - value.timestamp(), 0))
+
+
+def duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
