@@ -1,5 +1,6 @@
-"""The console's HTTP application: the pages (overview, queue, task, workers, schedules), the
-actions (POST only, with a CSRF token or a bearer token), and /metrics, /healthz, /readyz.
+"""The console's HTTP application: the pages (overview, queue with its task groups, a group's
+tasks, task, workers, schedules), the actions (POST only, with a CSRF token or a bearer
+token), and /metrics, /healthz, /readyz.
 
 Every page refreshes itself: console.js fetches the same URL every few seconds with the
 header X-Obsq-Fragment and swaps in the live part of the page, which the template renders
@@ -53,6 +54,7 @@ def create_app(inspector: Inspector, *, token: str | None = None, read_only: boo
     routes = [
         Route("/", c.overview, name="overview"),
         Route("/queues/{queue}", c.queue, name="queue"),
+        Route("/queues/{queue}/group", c.group, name="group"),
         Route("/tasks/{task_id}", c.task, name="task"),
         Route("/workers", c.workers, name="workers"),
         Route("/schedules", c.schedules, name="schedules"),
@@ -123,7 +125,21 @@ class Console:
         task_type = request.query_params.get("type", "").strip() or None
         info = await self.inspector.queue(name)
         tasks = await self.inspector.tasks(name, state, PAGE_SIZE, offset, task_type)
-        return self.page(request, "queue", queue=info, tasks=tasks, state=state)
+        groups = await self.inspector.groups(
+            name, PAGE_SIZE, _int(request.query_params.get("goffset"), "goffset"),
+            _int(request.query_params.get("boffset"), "boffset"))
+        return self.page(request, "queue", queue=info, tasks=tasks, state=state, groups=groups)
+
+    async def group(self, request: Request) -> Response:
+        """The tasks waiting in one group, a page at a time."""
+        name, params = request.path_params["queue"], request.query_params
+        task_type, group = params.get("type", ""), params.get("group", "")
+        if not task_type or not group:
+            raise ValueError("a group is named by its task type and name (?type=&group=)")
+        info = await self.inspector.queue(name)
+        tasks = await self.inspector.group_tasks(name, task_type, group, PAGE_SIZE,
+                                                 _int(params.get("offset"), "offset"))
+        return self.page(request, "group", queue=info, tasks=tasks, group=group)
 
     async def task(self, request: Request) -> Response:
         detail = await self.inspector.task(request.path_params["task_id"],

@@ -283,9 +283,49 @@ async def test_grouped_tasks_and_subscribers_show(app, client, console,
     info = await client.enqueue("rows:add", 1, queue="mail", group="sensor-1")
     page = (await console.get("/")).text
     assert "Aggregating</th>" in page
-    assert re.search(r'data-label="Aggregating"><span class="count aggregating">1</span>', page)
+    assert re.search(r'data-label="Aggregating"><a class="count aggregating" '
+                     r'href="/queues/mail#groups">1</a>', page)
     assert "1 in groups · 0 due later" in page
     task = (await console.get(f"/tasks/{info.id}")).text
     assert "aggregating" in task
     metrics = (await console.get("/metrics")).text
     assert 'obsq_queue_depth{queue="mail",state="aggregating"} 1.0' in metrics
+
+
+async def test_the_queue_page_shows_groups_and_failing_batches(app, client, console,
+                                                               start_worker) -> None:
+    hostile = "<img/src=x/onerror=alert(1)>"
+
+    async def store_down(group: str, tasks: list[obsq.Task]):
+        raise RuntimeError(f"<script>window.__xss = {len(tasks)}</script>")
+
+    app.aggregate("rows:", store_down, max_size=2, max_delay=600, grace_period=600)
+    ids = [(await client.enqueue("rows:add", n, queue="mail", group=hostile)).id
+           for n in range(2)]
+    waiting = [(await client.enqueue("rows:add", n, queue="mail", group=f"g{n:02d}")).id
+               for n in range(30)]
+    await start_worker(queues="mail")
+    await wait_until(lambda: _batch_failed(console))
+    body = (await console.get("/queues/mail")).text
+    assert "<script>window" not in body and "<img/src" not in body
+    assert "&lt;script&gt;window.__xss = 2&lt;/script&gt;" in body  # the aggregator's error
+    assert 'id="groups"' in body and "30 waiting for their aggregator" in body
+    assert "1 claimed or failing" in body and "1\u201325 of 30" in body
+    assert "goffset=25" in body
+    second = (await console.get("/queues/mail?goffset=25")).text
+    assert "26\u201330 of 30" in second and ">g29</a>" in second and ">g00</a>" not in second
+
+    link = re.search(r'href="(/queues/mail/group\?type=rows%3Aadd&amp;group=g00)"', body)
+    group = (await console.get(link.group(1).replace("&amp;", "&"))).text
+    assert waiting[0] in group and "1 of 1 waiting in the group" in group
+    claimed = (await console.get("/queues/mail/group", params={"type": "rows:add",
+                                                                "group": hostile})).text
+    assert "<img/src" not in claimed and "&lt;img/src=x/onerror=alert(1)&gt;" in claimed
+    assert not any(i in claimed for i in ids)  # in their batch now, not in the group
+    missing = await console.get("/queues/mail/group", params={"type": "rows:add"})
+    assert missing.status_code == 400
+    assert (await console.get("/queues/nosuch/group?type=a&group=b")).status_code == 404
+
+
+async def _batch_failed(console: httpx.AsyncClient) -> bool:
+    return "&lt;script&gt;window.__xss" in (await console.get("/queues/mail")).text
