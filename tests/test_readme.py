@@ -194,6 +194,21 @@ def schedules(command: str, redis_url: str) -> None:
     assert out.startswith(("schedule ", "no schedules in namespace 'myproject'"))
 
 
+def groups(command: str, redis_url: str) -> None:
+    """`obsq groups` as written, on the test's Redis, with a task waiting in a group of the
+    README's namespace (taken out again, so the groups section's run finds none)."""
+    args = shlex.split(command)
+    with obsq.SyncClient(redis_url, namespace=args[args.index("--namespace") + 1]) as client:
+        info = client.enqueue("readings:add", 7, group="sensor-9")
+        try:
+            out = run(args, cwd=ROOT, env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout
+        finally:
+            client.delete(info.id)
+    header, row = out.splitlines()[:2]
+    assert header.split() == ["type", "group", "size", "oldest", "idle"]
+    assert row.split()[:3] == ["readings:add", "sensor-9", "1"]
+
+
 def console(command: str, redis_url: str) -> None:
     """`obsq ui` as written, on a free port of the test's Redis, until it serves a page."""
     import httpx
@@ -284,6 +299,7 @@ HANDLERS: dict[str, Callable[[str, str], None]] = {
     "obsq worker ": worker,
     "obsq scheduler ": scheduler,
     "obsq schedules ": schedules,
+    "obsq groups ": groups,
     "obsq ui ": console,
     "export OTEL_": export_otel,
     "kubectl ": kubectl,
