@@ -239,7 +239,8 @@ def cpu_of(pid: int) -> float:
 
 
 class PySpy:
-    """py-spy attached to a running process; writes its flame graph on stop()."""
+    """py-spy attached to a running process; writes its flame graph on stop() (its
+    collapsed stacks, one line each, to a path ending in .txt)."""
 
     def __init__(self, pid: int, out: str):
         exe = shutil.which("py-spy")
@@ -247,7 +248,7 @@ class PySpy:
             raise SystemExit("py-spy is not installed (pip install py-spy)")
         self.out = out
         self.proc = subprocess.Popen(
-            [exe, "record", "--pid", str(pid), "-o", out, "--format", "flamegraph",
+            [exe, "record", "--pid", str(pid), "-o", out, "--format", "raw" if out.endswith(".txt") else "flamegraph",
              "--nonblocking", "--rate", "250"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
