@@ -248,8 +248,8 @@ class PySpy:
             raise SystemExit("py-spy is not installed (pip install py-spy)")
         self.out = out
         self.proc = subprocess.Popen(
-            [exe, "record", "--pid", str(pid), "-o", out, "--format", "raw" if out.endswith(".txt") else "flamegraph",
-             "--nonblocking", "--rate", "250"],
+            [exe, "record", "--pid", str(pid), "-o", out, "--format",
+             "raw" if out.endswith(".txt") else "flamegraph", "--nonblocking", "--rate", "250"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         time.sleep(1.0)  # let it attach before the clock starts
