@@ -34,6 +34,30 @@ async def test_a_full_group_becomes_one_task(app, client, start_worker, broker) 
     assert (await depth(broker))["aggregating"] == 1
 
 
+async def test_a_damaged_batch_stops_no_other_aggregation(app, client, start_worker, broker,
+                                                          raw_redis) -> None:
+    """A batch key that is not a hash (a hand edit) stays for an operator to see, and the
+    queue's other groups are still aggregated."""
+    seen: list = []
+
+    @app.task("sum")
+    async def total(task: obsq.Task) -> None:
+        seen.append(task.payload)
+
+    app.aggregate("add", lambda group, tasks: ("sum", sum(t.payload for t in tasks)),
+                  max_size=3, max_delay=30, grace_period=30)
+    keys = broker.keys("default")
+    for n in range(3):
+        raw_redis.set(f"{keys.prefix}batch:damaged-{n}", "not a hash")
+        raw_redis.zadd(keys.batches, {f"damaged-{n}": 0})
+    for i in range(3):
+        await client.enqueue("add", i, group="g")
+    await start_worker()
+    await wait_until(lambda: seen == [3])
+    assert raw_redis.zcard(keys.batches) == 3  # still there, each looked at a lease later
+    assert raw_redis.get(f"{keys.prefix}batch:damaged-0") == b"not a hash"
+
+
 async def test_grace_period_and_bad_input(app, client, start_worker, broker) -> None:
     seen: list = []
 

@@ -73,8 +73,12 @@ end
 local limit = #fresh
 for _, batch in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)) do
   local key = prefix .. 'batch:' .. batch
-  local f = redis.call('HMGET', key, 'type', 'group', 'ids', 'failures')
-  if not f[1] then
+  local f = redis.pcall('HMGET', key, 'type', 'group', 'ids', 'failures')
+  if f.err then
+    -- not a hash (a hand edit): left for an operator to see (obsq groups), looked at again
+    -- a lease later, so that it neither stops nor crowds out the queue's other batches
+    redis.call('ZADD', KEYS[1], now + lease, batch)
+  elseif not f[1] then
     redis.call('ZREM', KEYS[1], batch)  -- its hash is gone (a hand edit): nothing to do
   elseif settings_of(f[1]) then
     local ids = {}
