@@ -13,7 +13,7 @@ from typing import Any
 from obsq._version import __version__
 from obsq.admin import add_commands as add_admin_commands
 from obsq.app import load_app
-from obsq.errors import ConfigurationError
+from obsq.errors import BrokerError, ConfigurationError
 from obsq.settings import (
     DEFAULT_NAMESPACE,
     EXPORTER_HTTP_PORT,
@@ -213,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except ConfigurationError as exc:
-        logging.basicConfig(format="%(message)s")
+    except (ConfigurationError, BrokerError) as exc:
+        if isinstance(exc, BrokerError) and not exc.permission_denied:
+            raise  # Redis away: its traceback says where
+        logging.basicConfig(format="%(message)s")  # a permission: Redis 6.2, no probe at start
         log.error("obsq %s: %s", args.command, exc)
         return 2
     except KeyboardInterrupt:

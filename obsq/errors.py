@@ -79,15 +79,28 @@ class BrokerError(ObsqError):
 
     Loops retry with backoff; producers get it raised and may retry."""
 
-    def __init__(self, operation: str, cause: BaseException) -> None:
+    def __init__(self, operation: str, cause: BaseException, message: str | None = None
+                 ) -> None:
+        """`message`: said instead of the call's name and its cause (the broker's own
+        wording of a failed first contact, or of a permission the Redis user lacks)."""
         self.operation = operation
         self.out_of_memory = "maxmemory" in str(cause)  # Redis refuses writes: it is full
-        if self.out_of_memory:
+        self.permission_denied = denied_by_acl(cause)  # an operator must change the ACL
+        if message is not None:
+            super().__init__(message)
+        elif self.out_of_memory:
             super().__init__(f"Redis call {operation!r} refused: Redis is full (tasks "
                              f"already queued are kept and run, and enqueues succeed again "
                              f"as workers drain them): {cause}")
         else:
             super().__init__(f"Redis call {operation!r} failed: {cause}")
+
+
+def denied_by_acl(cause: BaseException | str) -> bool:
+    """Redis refused a command or a key to the user's ACL: NOPERM, or, inside a script on
+    Redis 6.2, "can't run this command"."""
+    text = str(cause).lower()
+    return "noperm" in text or "no permissions" in text or "can't run" in text
 
 
 class ConfigurationError(ObsqError, ValueError):

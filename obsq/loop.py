@@ -13,29 +13,40 @@ from collections.abc import Callable
 
 from obsq.broker import Broker
 from obsq.errors import BrokerError
-from obsq.settings import redis_retry_delay
+from obsq.settings import REDIS_RETRY_MAX, redis_retry_delay
 
 log = logging.getLogger("obsq")
 
 
 class RedisRetry:
     """Failed attempts in a row to reach Redis: the first is logged, and each gives the
-    pause before the next try; a success after failures is logged once."""
+    pause before the next try; a success after failures is logged once. A call the Redis
+    user may not run is no outage: each such refusal is logged once, as an error, and
+    retried at the longest pause until an operator changes the ACL."""
 
     def __init__(self, what: str) -> None:
         self.what = what
         self.failures = 0
+        self._away = False  # Redis failed to answer since the last success: logged
+        self._refusals: set[str] = set()  # those logged
 
     def failed(self, exc: BaseException) -> float:
         self.failures += 1
-        if self.failures == 1:
+        if isinstance(exc, BrokerError) and exc.permission_denied:
+            if str(exc) not in self._refusals:
+                self._refusals.add(str(exc))
+                log.error("%s: %s", self.what, exc)
+            return REDIS_RETRY_MAX
+        if not self._away:
             log.warning("%s: %s; retrying", self.what, exc)
+            self._away = True
         return redis_retry_delay(self.failures)
 
     def succeeded(self) -> None:
-        if self.failures:
+        if self._away:
             log.info("%s: Redis reachable again", self.what)
         self.failures = 0
+        self._away = False
 
 
 class BackgroundLoop:

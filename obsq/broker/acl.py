@@ -5,8 +5,9 @@ behind them.
 
 At start, on Redis 7 or newer, a read-only probe script tries each command of the rule on a
 key of the namespace: Redis checks the ACL before it refuses a write in a `no-writes`
-script, so a denied command is found without anything being written, and the process stops
-with one line instead of failing with a Lua error in the middle of its work."""
+script, so a denied command is found without anything being written; the few commands a
+script may not call (BLPOP, WAIT, SCRIPT LOAD) are sent beside it, each doing nothing. The
+process then stops with one line instead of failing in the middle of its work."""
 
 from __future__ import annotations
 
@@ -14,20 +15,23 @@ import re
 
 from obsq.broker.scripts import SCRIPT_DIR
 
-# What the broker sends outside its scripts (calls.py, inspection.py, producing.py,
-# upkeep.py, working.py, scheduling.py). CONFIG is left out: reading maxmemory-policy
-# falls back to INFO, and CONFIG GET would reveal the server's secrets.
+# What the broker sends outside its scripts, by the commands' names (tests/test_acl.py reads
+# the redis-py calls of obsq/broker and holds them to this list and the two below).
 BROKER_COMMANDS = ("blpop", "del", "evalsha", "exists", "expire", "get", "hexists", "hget",
                    "hgetall", "info", "lpop", "rpush", "scan", "script|load", "set",
                    "sismember", "smembers", "unlink", "wait", "zrange", "zrem", "zscore")
+# Sent, and not granted: CONFIG GET, tried once per process for maxmemory-policy (INFO
+# answers instead, and CONFIG GET would reveal the server's secrets); HELLO, the version
+# where INFO is denied (Redis lets every user run it).
+UNGRANTED_COMMANDS = ("config|get", "hello")
+# Granted, and gone without where denied: INFO (the eviction check warns once, enqueues go
+# without the memory share), so the start-up check does not ask for it.
+OPTIONAL_COMMANDS = ("info",)
 # A command's name is the first argument of redis.call, redis.pcall or the prelude's
 # call_sliced, always a string literal (tests/test_acl.py holds the scripts to it).
 SCRIPT_CALL = re.compile(r"""(?:redis\.p?call|call_sliced)\(\s*(['"])(\w+)\1""")
 # What a Cluster client asks each node on connecting: the slots, and the commands' key specs.
 CLUSTER_COMMANDS = ("cluster|slots", "command")
-# Not callable inside a script: exercised by the probe itself, or not at all.
-NOT_IN_SCRIPTS = {"blpop", "evalsha", "script|load", "wait"}
-
 PROBE = """#!lua flags=no-writes
 -- Each command of ARGV, called on KEYS[1] with as few arguments as its arity allows (Redis
 -- checks the arity, then the ACL, then refuses a write here): returns those denied.
@@ -73,5 +77,19 @@ def acl_rule(namespace: str, cluster: bool = False) -> str:
     return f"resetkeys ~{namespace}:* resetchannels -@all {commands}"
 
 
+def outside_probes(key: str, cluster: bool) -> dict[str, tuple[object, ...]]:
+    """The commands of the rule a script may not call, each as the start-up check sends it
+    beside the probe script (which is the EVALSHA), doing nothing: SCRIPT LOAD of the probe,
+    BLPOP of a key never written for a millisecond, WAIT for no replica (not on a Cluster,
+    where nothing waits for replicas)."""
+    probes: dict[str, tuple[object, ...]] = {
+        "script|load": ("SCRIPT", "LOAD", PROBE), "blpop": ("BLPOP", key, 0.001)}
+    if not cluster:
+        probes["wait"] = ("WAIT", 0, 0)
+    return probes
+
+
 def probed_commands() -> list[str]:
-    return [c for c in required_commands() if c not in NOT_IN_SCRIPTS]
+    """The commands the probe script calls: the rule's, less those called beside it."""
+    outside = {*outside_probes("", cluster=False), "evalsha", *OPTIONAL_COMMANDS}
+    return [c for c in required_commands() if c not in outside]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
@@ -19,15 +18,15 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from obsq.broker.acl import PROBE, probed_commands
+from obsq.broker.acl import PROBE, outside_probes, probed_commands
 from obsq.broker.connection import create_client, kept_connection
+from obsq.broker.diagnosis import acl_advice, hint, reason, safe
 from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import Script, call_on, is_noscript, load_scripts
-from obsq.errors import BrokerError, ConfigurationError
+from obsq.errors import BrokerError, ConfigurationError, denied_by_acl
 from obsq.settings import (
     DURABLE_WAIT_TIMEOUT,
     ENQUEUE_MEMORY_SHARE,
-    REDIS_TLS_VARIABLES,
     SAFE_MEMORY_POLICY,
 )
 
@@ -46,8 +45,6 @@ COMMANDS = ("delete_namespace", "deregister", "find_queue", "forget_workers",
             "schedule_entries", "set_progress", "task_info",
             "wait_for_work", "wait_schedule_change", "workers")
 OPERATIONS = tuple(sorted({*SCRIPTS, *COMMANDS}))
-
-
 class RedisCalls:
     def __init__(self, url: str, namespace: str, *, client: Any = None) -> None:
         self.url = url
@@ -79,42 +76,63 @@ class RedisCalls:
     async def check(self) -> str:
         """Fail at start with one clear error for a wrong URL, password or Redis version."""
         try:
-            info = await self.redis.info("server")
-        except AuthenticationError as exc:
-            raise ConfigurationError(f"Redis at {_safe(self.url)} refused the credentials: "
-                                     f"{exc}") from None
+            version = await self._version()
         except (RedisError, RedisClusterException, OSError) as exc:  # the last: no node
-            raise ConfigurationError(f"cannot reach Redis at {_safe(self.url)}: "
-                                     f"{str(exc).rstrip('.')}{_hint(self.url, exc)}"
-                                     ) from None
-        if "redis_version" not in info:  # a cluster answers per node
-            info = next(iter(info.values()))
-        version = str(info["redis_version"])
+            raise ConfigurationError(self._contact_failure(exc)) from None
         release = tuple(int(p) for p in version.split(".")[:2])
         if release < MIN_REDIS_VERSION:
-            raise ConfigurationError(f"obsq needs Redis 6.2 or newer; {_safe(self.url)} runs "
+            raise ConfigurationError(f"obsq needs Redis 6.2 or newer; {safe(self.url)} runs "
                                      f"{version}")
         if release >= ACL_PROBE_VERSION:
             await self._check_acl()
         return version
 
+    async def _version(self) -> str:
+        """From INFO server, else (a user denied INFO) from HELLO, which every user may run."""
+        try:
+            info = await self.redis.info("server")
+        except ResponseError as exc:
+            if not denied_by_acl(exc):
+                raise
+            hello = await self.redis.execute_command("HELLO")
+            return str(_field(hello, "version"))
+        if "redis_version" not in info:  # a cluster answers per node
+            info = next(iter(info.values()))
+        return str(info["redis_version"])
+
+    def _contact_failure(self, exc: BaseException) -> str:
+        """A first call's failure, said as where and why, without redis-py's wrapping."""
+        if isinstance(exc, AuthenticationError):
+            return f"Redis at {safe(self.url)} refused the credentials: {exc}"
+        return (f"cannot reach Redis at {safe(self.url)}: {reason(exc)}"
+                f"{hint(self.url, exc, self.namespace)}")
+
     async def _check_acl(self) -> None:
         """Stop with one line when the Redis user may not run what obsq needs (acl.py)."""
         key = f"{self.namespace}:{{acl-probe}}"
         try:
-            denied = await _evalsha(self.redis, ACL_PROBE, [key], probed_commands())
+            denied = [name for name, command in outside_probes(key, self.is_cluster).items()
+                      if await self._refused(command)]
+            if "script|load" not in denied:  # else the probe may not be there to run
+                denied += await _evalsha(self.redis, ACL_PROBE, [key], probed_commands())
         except ResponseError as exc:
-            if "noperm" not in str(exc).lower() and "no permissions" not in str(exc).lower():
+            if not denied_by_acl(exc):
                 return  # not a matter of permissions: the real calls will tell
             denied = [f"scripts on the keys of namespace {self.namespace} ({exc})"]
         except (RedisError, OSError) as exc:
-            raise ConfigurationError(f"cannot reach Redis at {_safe(self.url)}: {exc}"
-                                     ) from None
+            raise ConfigurationError(self._contact_failure(exc)) from None
         if denied:
             names = ", ".join(d.decode() if isinstance(d, bytes) else d for d in denied)
-            raise ConfigurationError(
-                f"the Redis user of {_safe(self.url)} may not run {names}: `obsq acl "
-                f"--namespace {self.namespace}` prints the ACL rule obsq needs")
+            raise ConfigurationError(f"the Redis user of {safe(self.url)} may not run "
+                                     f"{names}: {acl_advice(self.namespace)}")
+
+    async def _refused(self, command: Sequence[object]) -> bool:
+        """Whether Redis refuses `command` to the user's ACL."""
+        try:
+            await self.redis.execute_command(*command)
+        except ResponseError as exc:
+            return denied_by_acl(exc)
+        return False
 
     async def memory_policy(self) -> str | None:
         """Redis's maxmemory-policy (the worst of a Cluster's nodes): CONFIG GET, else the
@@ -130,8 +148,9 @@ class RedisCalls:
             return _worst_policy(await self.redis.info("memory"), "maxmemory_policy")
         except ResponseError:
             return None
-        except (RedisError, OSError) as exc:
-            raise self._failed("memory_policy", exc) from exc
+        except (RedisError, OSError) as exc:  # the first call of a Client: say where
+            raise self._failed("memory_policy", exc, None if self._policy_checked
+                               else self._contact_failure(exc)) from exc
 
     async def check_memory_policy(self, *, refuse: bool) -> str | None:
         """At start: a Redis that may evict task data is refused with one ConfigurationError
@@ -144,15 +163,15 @@ class RedisCalls:
             if self._start_policy is None:
                 log.warning("cannot read Redis's maxmemory-policy at %s (CONFIG GET and INFO "
                             "denied); make sure it is %s, or tasks may be evicted",
-                            _safe(self.url), SAFE_MEMORY_POLICY)
+                            safe(self.url), SAFE_MEMORY_POLICY)
             elif self._start_policy != SAFE_MEMORY_POLICY and not refuse:
-                log.warning("%s; set it to %s", eviction_problem(_safe(self.url),
+                log.warning("%s; set it to %s", eviction_problem(safe(self.url),
                                                                   self._start_policy),
                             SAFE_MEMORY_POLICY)
         policy = self._start_policy
         if refuse and policy is not None and policy != SAFE_MEMORY_POLICY:
             raise ConfigurationError(
-                f"{eviction_problem(_safe(self.url), policy)}; set it to {SAFE_MEMORY_POLICY}, "
+                f"{eviction_problem(safe(self.url), policy)}; set it to {SAFE_MEMORY_POLICY}, "
                 "or accept losing tasks with --allow-eviction (OBSQ_ALLOW_EVICTION=true)")
         return policy
 
@@ -162,10 +181,14 @@ class RedisCalls:
                 await self.producer_connection.disconnect()
             await self.redis.aclose()
 
-    def _failed(self, operation: str, exc: BaseException) -> BrokerError:
+    def _failed(self, operation: str, exc: BaseException, message: str | None = None
+                ) -> BrokerError:
         for hook in self.on_error:
             hook(operation, exc)
-        return BrokerError(operation, exc)
+        if message is None and denied_by_acl(exc):
+            message = (f"Redis call {operation!r} refused to the Redis user: {exc}; "
+                       f"{acl_advice(self.namespace)}")
+        return BrokerError(operation, exc, message)
 
     async def _guard(self, operation: str, call: Awaitable[Any]) -> Any:
         try:
@@ -305,24 +328,9 @@ def _worst_policy(reply: Any, field: str) -> str | None:
     return known[0] if known else None
 
 
-def _hint(url: str, exc: BaseException) -> str:
-    """What a failed connection (TLS, or a user's permissions) most likely lacks."""
-    if "NOPERM" in str(exc):
-        return "; `obsq acl --namespace NS` prints the ACL rule obsq needs"
-    if not url.startswith("rediss"):
-        return ""
-    if "CERTIFICATE_VERIFY_FAILED" in str(exc):
-        return ("; the server's certificate is not signed by the CA given (ssl_ca_certs in "
-                "the URL, or OBSQ_REDIS_TLS_CA)")
-    if "ssl_certfile" not in url and not os.environ.get(REDIS_TLS_VARIABLES["ssl_certfile"]):
-        return ("; if Redis asks clients for a certificate (tls-auth-clients), give "
-                "ssl_certfile and ssl_keyfile in the URL, or OBSQ_REDIS_TLS_CERT and _KEY")
-    return ""
-
-
-def _safe(url: str) -> str:
-    """The URL without its password, for messages."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.rpartition("@")[2]
-    return scheme + sep + rest
+def _field(reply: Any, name: str) -> Any:
+    """A field of HELLO's reply: a map, or a flat list of names and values (RESP2)."""
+    if not isinstance(reply, dict):
+        reply = dict(zip(reply[::2], reply[1::2]))
+    value = reply.get(name, reply.get(name.encode()))
+    return value.decode() if isinstance(value, bytes) else value
