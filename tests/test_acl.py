@@ -1,8 +1,10 @@
 """Least privilege: the Redis ACL rule of `obsq acl --namespace NS` grants every command obsq
-sends and every command its Lua scripts call (read here from the scripts, independently of
-obsq.broker.acl), and nothing else; the engine's work runs as a user restricted to it with
-no command denied (Redis's ACL LOG stays empty); a user without it stops every process at
-start with one line."""
+sends and every command its Lua scripts call (read here from the scripts and from the
+broker's redis-py calls, independently of obsq.broker.acl), and nothing else; the engine's
+work runs as a user restricted to it with no command denied (Redis's ACL LOG stays empty); a
+user without it stops every process at start with one line, on Redis 6.2 too, and one
+whose permission is taken away at run time is told so once, not retried as an outage; a
+user denied INFO runs, with a warning."""
 
 from __future__ import annotations
 
@@ -21,13 +23,14 @@ from support import (
     newest_redis_server,
     obsq_env,
     one_clear_line,
+    redis_6_2_server,
     run_obsq,
     short_interval_env,
     wait_until,
 )
 
 import obsq
-from obsq.broker.acl import BROKER_COMMANDS, acl_rule, script_commands
+from obsq.broker.acl import BROKER_COMMANDS, UNGRANTED_COMMANDS, acl_rule, script_commands
 from obsq.redis_server import RedisServer
 from obsq.scheduler import Scheduler
 from obsq.settings import SchedulerSettings
@@ -35,6 +38,14 @@ from obsq.settings import SchedulerSettings
 SCRIPTS = ROOT / "obsq" / "broker" / "scripts"
 CALL = re.compile(r"\b(redis\.p?call|call_sliced)\(([^,)]*)")
 LITERAL = re.compile(r"""\s*(['"])([A-Za-z]+)\1\s*$""")
+# The broker's redis-py calls: a method of its client or of a pipeline, or a command sent by
+# name (a container command with its subcommand).
+METHOD = re.compile(r"\b(?:redis|pipe)\.(\w+)\(")
+BY_NAME = re.compile(
+    r"""(?:execute_command|send_command|pack_command)\(\(?"([A-Z]+)"(?:, "([A-Z]+)")?""")
+NOT_COMMANDS = {"pipeline", "execute", "aclose", "close", "execute_command"}
+RENAMED = {"scan_iter": "scan", "config_get": "config|get", "script_load": "script|load",
+           "delete": "del"}
 
 
 def commands_of_the_scripts() -> set[str]:
@@ -88,6 +99,24 @@ def dry_run(admin: redis.Redis, user: str, command: str, key: str) -> str:
             continue
         return reply.decode() if isinstance(reply, bytes) else str(reply)
     return "no arity fits"
+
+
+def commands_the_broker_sends() -> set[str]:
+    """Every command of a redis-py call in obsq/broker, but for acl.py (whose probes send
+    only what the rule lists: test_a_user_without_the_rule_is_one_line_at_start)."""
+    found = set()
+    for path in sorted((ROOT / "obsq" / "broker").glob("*.py")):
+        if path.name != "acl.py":
+            source = path.read_text()
+            found |= {RENAMED.get(m, m) for m in METHOD.findall(source)} - NOT_COMMANDS
+            found |= {"|".join(filter(None, c)).lower() for c in BY_NAME.findall(source)}
+    return found
+
+
+def test_the_rule_lists_every_command_the_broker_sends() -> None:
+    found = commands_the_broker_sends()
+    assert {"blpop", "hgetall", "scan", "wait", "script|load", "config|get", "hello"} <= found
+    assert found == set(BROKER_COMMANDS) | set(UNGRANTED_COMMANDS)
 
 
 def test_the_scripts_name_each_command_literally() -> None:
@@ -246,12 +275,75 @@ async def _state(source: object, task_id: str, state: str) -> bool:
      "may not run"),
     ("resetkeys ~elsewhere:* +@all", "scripts on the keys of namespace"),
     ("resetkeys ~{ns}:* -@all +info +@read +@write", "may not run"),
+    ("{rule} -blpop", "may not run blpop"),  # none of these three can be called in a script
+    ("{rule} -wait", "may not run wait"),
+    ("{rule} -script|load", "may not run script|load"),
 ])
 def test_a_user_without_the_rule_is_one_line_at_start(admin, namespace, rules, says) -> None:
-    url = make_user(admin, f"partial-{namespace}", rules.format(ns=namespace))
+    url = make_user(admin, f"partial-{namespace}",
+                    rules.format(ns=namespace, rule=acl_rule(namespace)))
     for args in (["worker", "tests.engine.apps:app", "--http-port", "-1"],
                  ["scheduler", "tests.engine.schedule_apps:app", "--http-port", "-1"],
                  ["stats"]):
         line = one_clear_line(run_obsq(*args, "--redis-url", url, "--namespace", namespace),
                               says, f"obsq acl --namespace {namespace}")
         assert ":pw@" not in line
+
+
+@pytest.mark.parametrize("args, rule_without", [
+    (["worker", "tests.engine.apps:app", "--http-port", "-1"], "evalsha"),
+    (["stats"], "smembers"),
+])
+def test_a_user_without_the_rule_is_one_line_at_start_on_redis_6_2(
+        namespace, args, rule_without) -> None:
+    """Redis 6.2 has no ACL DRYRUN, so no probe: the first refused call says it."""
+    server = RedisServer(executable=redis_6_2_server()).start()
+    try:
+        with redis.Redis(port=server.port) as admin:
+            url = make_user(admin, "old", f"{acl_rule(namespace)} -{rule_without}")
+        line = one_clear_line(run_obsq(*args, "--redis-url", url, "--namespace", namespace),
+                              "refused to the Redis user", rule_without,
+                              f"obsq acl --namespace {namespace}")
+        assert ":pw@" not in line
+    finally:
+        server.close()
+
+
+async def test_a_user_denied_info_warns_once_and_runs(admin, namespace, start_worker,
+                                                      caplog) -> None:
+    """INFO only tells the memory policy, the version (HELLO does too) and the memory
+    share: a user without it runs, with one warning of the policy it cannot read."""
+    caplog.set_level(logging.WARNING, "obsq")
+    url = make_user(admin, "no-info", f"{acl_rule(namespace)} -info")
+    app = obsq.App(namespace=namespace)
+    app.task("ok")(lambda task: task.payload)
+    await start_worker(app, redis_url=url)
+    admin_url = url.replace("no-info:pw@", "")
+    async with obsq.Client(admin_url, app=app) as client:
+        assert await client.result(await client.enqueue("ok", 7), timeout=10) == 7
+    await asyncio.sleep(SHORT_INTERVALS["heartbeat_interval"] * 3)
+    assert [m for m in caplog.messages if "maxmemory-policy" in m] == [
+        f"cannot read Redis's maxmemory-policy at {url.replace('no-info:pw', '***')} "
+        "(CONFIG GET and INFO denied); make sure it is noeviction, or tasks may be evicted"]
+    assert run_obsq("stats", "--redis-url", url, "--namespace", namespace).returncode == 0
+
+
+async def test_a_permission_taken_at_run_time_is_told_once(admin, namespace, start_worker,
+                                                          caplog) -> None:
+    """A refused BLPOP is no outage: one error naming `obsq acl`, no "reachable again"
+    after each fetch that works between two waits that do not."""
+    caplog.set_level(logging.INFO, "obsq")
+    url = make_user(admin, "revoked", acl_rule(namespace))
+    app = obsq.App(namespace=namespace)
+    app.task("ok")(lambda task: task.payload)
+    await start_worker(app, redis_url=url)
+    admin.execute_command("ACL", "SETUSER", "revoked", "-blpop")
+    await asyncio.sleep(5)
+    refused = [r.getMessage() for r in caplog.records if "refused to the Redis user" in
+               r.getMessage()]
+    assert refused and all(f"obsq acl --namespace {namespace}" in m for m in refused)
+    assert len(refused) == len(set(refused)), refused  # each once
+    assert not [m for m in caplog.messages if "reachable again" in m or "; retrying" in m]
+    admin.execute_command("ACL", "SETUSER", "revoked", "+blpop")
+    async with obsq.Client(url, app=app) as client:
+        assert await client.result(await client.enqueue("ok", 1), timeout=10) == 1
