@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from support import missing_tool, wait_for, wait_until
+from support import missing_tool, one_clear_line, run_obsq, wait_for, wait_until
 
 import obsq
 from obsq.redis_server import RedisServer, free_port
@@ -97,3 +97,13 @@ async def test_durable_replicas_waits_for_the_replica_and_refuses_without_it(sen
             await client.enqueue("echo", {"n": 2})
     finally:
         await client.close()
+
+
+def test_sentinels_that_do_not_answer_are_one_readable_line() -> None:
+    ports = free_port(), free_port()
+    result = run_obsq("stats", "--redis-url",
+                      f"redis+sentinel://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}/obsqmaster/0")
+    line = one_clear_line(result, "cannot reach Redis", "No master found for 'obsqmaster'",
+                          f"no answer from the Sentinels at 127.0.0.1:{ports[0]} "
+                          f"(ConnectionError), 127.0.0.1:{ports[1]} (ConnectionError)")
+    assert "<redis" not in line and len(line) < 300

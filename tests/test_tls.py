@@ -162,3 +162,12 @@ def test_no_client_certificate_is_one_line_at_start(tls_redis, pki) -> None:
     result = run_obsq("worker", "tests.engine.apps:app", "--http-port", "-1", "--redis-url",
                       tls_url(tls_redis, pki, client_cert=False))
     one_clear_line(result, "cannot reach Redis", "give ssl_certfile and ssl_keyfile")
+
+
+def test_tls_to_a_plain_server_names_the_likely_cause(redis_url, pki) -> None:
+    """A plain Redis lets the TLS handshake time out: say so, not "give a certificate"."""
+    url = redis_url.replace("redis://", "rediss://", 1).partition("?")[0]
+    result = run_obsq("stats", "--redis-url", f"{url}?ssl_ca_certs={pki['ca.crt']}")
+    line = one_clear_line(result, "cannot reach Redis", "does not answer the TLS handshake",
+                          "plain Redis (redis://)")
+    assert "ssl_certfile" not in line

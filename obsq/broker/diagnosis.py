@@ -31,9 +31,9 @@ def reason(exc: BaseException) -> str:
     failure without the repr of each Sentinel's client."""
     text = str(exc)
     failed = CONNECT_FAILURE.match(text)
-    if failed:
-        errno = int(failed.group(1))
-        return os.strerror(errno) if errno > 0 else failed.group(2)
+    if failed:  # asyncio's "Connect call failed (address)" says why by its errno alone
+        errno, said = int(failed.group(1)), failed.group(2)
+        return os.strerror(errno) if said.startswith("Connect call failed") else said
     sentinels = SENTINEL_FAILURE.findall(text)
     if isinstance(exc, MasterNotFoundError) and sentinels:
         answers = ", ".join(f"{host}:{port} ({error})" for host, port, error in sentinels)

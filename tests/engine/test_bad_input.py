@@ -196,6 +196,16 @@ async def test_worker_run_against_unreachable_redis_raises_configuration_error(a
         await asyncio.wait_for(worker.run(), timeout=20)
 
 
+async def test_a_client_against_an_unreachable_redis_says_where_and_why() -> None:
+    """Its first call reads the memory policy: named by the URL, not the operation."""
+    port = free_port()
+    async with obsq.Client(f"redis://me:secret@127.0.0.1:{port}/0") as client:
+        with pytest.raises(obsq.BrokerError) as raised:
+            await client.enqueue("echo")
+    assert str(raised.value) == (f"cannot reach Redis at redis://***@127.0.0.1:{port}/0: "
+                                 "Connection refused")
+
+
 def _run_worker_cli(redis_url: str, *extra: str,
                     app: str = "tests.engine.apps:app") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
