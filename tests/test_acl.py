@@ -30,7 +30,15 @@ from support import (
 )
 
 import obsq
-from obsq.broker.acl import BROKER_COMMANDS, UNGRANTED_COMMANDS, acl_rule, script_commands
+from obsq.broker.acl import (
+    BROKER_COMMANDS,
+    OPTIONAL_COMMANDS,
+    UNGRANTED_COMMANDS,
+    acl_rule,
+    required_commands,
+    script_commands,
+)
+from obsq.broker.calls import RedisCalls
 from obsq.redis_server import RedisServer
 from obsq.scheduler import Scheduler
 from obsq.settings import SchedulerSettings
@@ -43,7 +51,7 @@ LITERAL = re.compile(r"""\s*(['"])([A-Za-z]+)\1\s*$""")
 METHOD = re.compile(r"\b(?:redis|pipe)\.(\w+)\(")
 BY_NAME = re.compile(
     r"""(?:execute_command|send_command|pack_command)\(\(?"([A-Z]+)"(?:, "([A-Z]+)")?""")
-NOT_COMMANDS = {"pipeline", "execute", "aclose", "close", "execute_command"}
+NOT_COMMANDS = {"pipeline", "execute", "aclose", "close", "execute_command", "get_default_node"}
 RENAMED = {"scan_iter": "scan", "config_get": "config|get", "script_load": "script|load",
            "delete": "del"}
 
@@ -288,6 +296,25 @@ def test_a_user_without_the_rule_is_one_line_at_start(admin, namespace, rules, s
         line = one_clear_line(run_obsq(*args, "--redis-url", url, "--namespace", namespace),
                               says, f"obsq acl --namespace {namespace}")
         assert ":pw@" not in line
+
+
+async def test_the_start_up_check_finds_each_command_of_the_rule_missing(admin, namespace
+                                                                         ) -> None:
+    """Each command, taken from the rule in turn, is named, whether a script calls it or
+    the broker sends it itself (and so a script may not: BLPOP, WAIT, SCRIPT LOAD)."""
+    missed = {}
+    for command in sorted(set(required_commands()) - set(OPTIONAL_COMMANDS)):
+        url = make_user(admin, "one-less", f"{acl_rule(namespace)} -{command}")
+        calls = RedisCalls(url, namespace)
+        try:
+            await calls.check()
+            missed[command] = "started"
+        except obsq.ConfigurationError as exc:
+            if command not in str(exc):
+                missed[command] = str(exc)
+        finally:
+            await calls.close()
+    assert missed == {}
 
 
 @pytest.mark.parametrize("args, rule_without", [

@@ -24,6 +24,9 @@ BROKER_COMMANDS = ("blpop", "del", "evalsha", "exists", "expire", "get", "hexist
 # answers instead, and CONFIG GET would reveal the server's secrets); HELLO, the version
 # where INFO is denied (Redis lets every user run it).
 UNGRANTED_COMMANDS = ("config|get", "hello")
+# Not callable in a script: the start-up check sends them beside its probe script (which is
+# the EVALSHA), each doing nothing (RedisCalls._outside_probes).
+OUTSIDE_SCRIPTS = ("blpop", "script|load", "wait")
 # Granted, and gone without where denied: INFO (the eviction check warns once, enqueues go
 # without the memory share), so the start-up check does not ask for it.
 OPTIONAL_COMMANDS = ("info",)
@@ -77,19 +80,7 @@ def acl_rule(namespace: str, cluster: bool = False) -> str:
     return f"resetkeys ~{namespace}:* resetchannels -@all {commands}"
 
 
-def outside_probes(key: str, cluster: bool) -> dict[str, tuple[object, ...]]:
-    """The commands of the rule a script may not call, each as the start-up check sends it
-    beside the probe script (which is the EVALSHA), doing nothing: SCRIPT LOAD of the probe,
-    BLPOP of a key never written for a millisecond, WAIT for no replica (not on a Cluster,
-    where nothing waits for replicas)."""
-    probes: dict[str, tuple[object, ...]] = {
-        "script|load": ("SCRIPT", "LOAD", PROBE), "blpop": ("BLPOP", key, 0.001)}
-    if not cluster:
-        probes["wait"] = ("WAIT", 0, 0)
-    return probes
-
-
 def probed_commands() -> list[str]:
     """The commands the probe script calls: the rule's, less those called beside it."""
-    outside = {*outside_probes("", cluster=False), "evalsha", *OPTIONAL_COMMANDS}
+    outside = {*OUTSIDE_SCRIPTS, "evalsha", *OPTIONAL_COMMANDS}
     return [c for c in required_commands() if c not in outside]

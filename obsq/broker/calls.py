@@ -18,7 +18,7 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from obsq.broker.acl import PROBE, outside_probes, probed_commands
+from obsq.broker.acl import PROBE, probed_commands
 from obsq.broker.connection import create_client, kept_connection
 from obsq.broker.diagnosis import acl_advice, hint, reason, safe
 from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
@@ -45,6 +45,8 @@ COMMANDS = ("delete_namespace", "deregister", "find_queue", "forget_workers",
             "schedule_entries", "set_progress", "task_info",
             "wait_for_work", "wait_schedule_change", "workers")
 OPERATIONS = tuple(sorted({*SCRIPTS, *COMMANDS}))
+
+
 class RedisCalls:
     def __init__(self, url: str, namespace: str, *, client: Any = None) -> None:
         self.url = url
@@ -94,8 +96,8 @@ class RedisCalls:
         except ResponseError as exc:
             if not denied_by_acl(exc):
                 raise
-            hello = await self.redis.execute_command("HELLO")
-            return str(_field(hello, "version"))
+            node = {"target_nodes": self.redis.get_default_node()} if self.is_cluster else {}
+            return str(_field(await self.redis.execute_command("HELLO", **node), "version"))
         if "redis_version" not in info:  # a cluster answers per node
             info = next(iter(info.values()))
         return str(info["redis_version"])
@@ -111,8 +113,8 @@ class RedisCalls:
         """Stop with one line when the Redis user may not run what obsq needs (acl.py)."""
         key = f"{self.namespace}:{{acl-probe}}"
         try:
-            denied = [name for name, command in outside_probes(key, self.is_cluster).items()
-                      if await self._refused(command)]
+            denied = [name for name, call in self._outside_probes(key).items()
+                      if await _refused(call())]
             if "script|load" not in denied:  # else the probe may not be there to run
                 denied += await _evalsha(self.redis, ACL_PROBE, [key], probed_commands())
         except ResponseError as exc:
@@ -126,13 +128,16 @@ class RedisCalls:
             raise ConfigurationError(f"the Redis user of {safe(self.url)} may not run "
                                      f"{names}: {acl_advice(self.namespace)}")
 
-    async def _refused(self, command: Sequence[object]) -> bool:
-        """Whether Redis refuses `command` to the user's ACL."""
-        try:
-            await self.redis.execute_command(*command)
-        except ResponseError as exc:
-            return denied_by_acl(exc)
-        return False
+    def _outside_probes(self, key: str) -> dict[str, Callable[[], Awaitable[Any]]]:
+        """acl.OUTSIDE_SCRIPTS, as the start-up check sends them, doing nothing: SCRIPT LOAD
+        of the probe, BLPOP of a key never written for a millisecond, WAIT for no replica
+        (not on a Cluster, where nothing waits for replicas)."""
+        probes = {"script|load": lambda: self.redis.script_load(PROBE),
+                  "blpop": lambda: self.redis.blpop([key], timeout=0.001),
+                  "wait": lambda: self.redis.wait(0, 0)}
+        if self.is_cluster:
+            del probes["wait"]
+        return probes
 
     async def memory_policy(self) -> str | None:
         """Redis's maxmemory-policy (the worst of a Cluster's nodes): CONFIG GET, else the
@@ -326,6 +331,15 @@ def _worst_policy(reply: Any, field: str) -> str | None:
     policies = [_worst_policy(node, field) for node in reply.values()]
     known = sorted({p for p in policies if p is not None}, key=lambda p: p == SAFE_MEMORY_POLICY)
     return known[0] if known else None
+
+
+async def _refused(call: Awaitable[Any]) -> bool:
+    """Whether Redis refuses the call to the user's ACL."""
+    try:
+        await call
+    except ResponseError as exc:
+        return denied_by_acl(exc)
+    return False
 
 
 def _field(reply: Any, name: str) -> Any:
