@@ -8,9 +8,16 @@ a temporary one if unset), which the supervisor cleans at start and serves, merg
 the queue-wide gauges it reads from Redis on an event loop of its own. A child that dies
 is restarted with backoff (its live gauges are dropped); a child that exits with a
 configuration error (status 2) stops the whole pod with that status, as a single worker
-would. SIGTERM and SIGINT are forwarded to the children (which run in a session of their
-own, so a terminal's Ctrl-C reaches them once, through here); the supervisor waits for
-their drain, then exits 0. /healthz: every child is running; /readyz: Redis answers.
+would. /healthz: every child is running; /readyz: Redis answers.
+
+Stopping: the children run in a session of their own, so a signal to the supervisor's
+process group (a terminal's Ctrl-C, systemd's KillMode=control-group, `timeout`) reaches
+only the supervisor, which forwards each SIGTERM or SIGINT it receives exactly once: the
+first is one graceful drain in every child, a second one means "stop now", as for a single
+worker. It then waits for their drain and exits 0. A child signals no one else's group,
+and would outlive a supervisor that was SIGKILLed, so each holds the read end of a pipe
+whose write end only the supervisor has: the end of the supervisor, however it came,
+closes that pipe, and the child drains (`watch_supervisor`).
 """
 
 from __future__ import annotations
@@ -25,17 +32,21 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from obsq._version import __version__
 from obsq.app import load_app
 from obsq.settings import RESTART_MAX, RESTART_MIN, STABLE_AFTER, STOP_MARGIN, WorkerSettings
+
+if TYPE_CHECKING:
+    from obsq.worker import Worker
 
 log = logging.getLogger("obsq")
 
 POLL = 0.2
 CONFIG_ERROR = 2  # the exit status of `obsq` for a configuration error
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+LIFELINE_FLAG = "--supervisor-fd"  # hidden `obsq worker` flag: the child's end of the pipe
 
 
 class _Child:
@@ -46,6 +57,7 @@ class _Child:
         self.failures = 0
         self.restart_at: float | None = 0.0  # monotonic time of the next start; None: none
         self.restarts = 0
+        self.signalled = False  # a stop signal was forwarded to this process
 
     @property
     def alive(self) -> bool:
@@ -68,6 +80,7 @@ class Supervisor:
         self._stop_watch: asyncio.Event | None = None
         self._watch: Any = None
         self._watching: Any = None
+        self._lifeline = (-1, -1)  # (read, write): see watch_supervisor
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -79,6 +92,7 @@ class Supervisor:
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGTERM, signal.SIGINT)}
         status = 0
+        self._lifeline = os.pipe()
         try:
             if self.settings.http_port is not None:
                 self._start_http(namespace)
@@ -91,6 +105,8 @@ class Supervisor:
             self._stop_http()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            for fd in self._lifeline:
+                os.close(fd)
             if self._own_dir:
                 from obsq.observability.metrics import remove_multiprocess_dir
 
@@ -120,6 +136,7 @@ class Supervisor:
         self._stopping = True
         for child in self.children:  # a second signal makes the children hurry
             if child.alive:
+                child.signalled = True
                 with contextlib.suppress(OSError):
                     child.process.send_signal(sig)  # type: ignore[union-attr]
         self._wake.set()
@@ -147,14 +164,20 @@ class Supervisor:
         })
         if s.namespace:
             env["OBSQ_NAMESPACE"] = s.namespace
+        if s.route_concurrency:  # the flag's, which wins over an inherited variable
+            env["OBSQ_ROUTE_CONCURRENCY"] = ",".join(
+                f"{pattern}={n}" for pattern, n in s.route_concurrency.items())
         if s.queues:  # else each child serves its App's queues, as a single worker does
             env["OBSQ_QUEUES"] = ",".join(f"{q}={w}" for q, w in s.queues.items())
         return env
 
     def _spawn(self, child: _Child) -> None:
+        lifeline = self._lifeline[0]
+        child.signalled = False
         child.process = subprocess.Popen(
-            [sys.executable, "-m", "obsq", "worker", self.app_spec, "--processes", "1"],
-            env=self._child_env(), start_new_session=True)
+            [sys.executable, "-m", "obsq", "worker", self.app_spec, "--processes", "1",
+             LIFELINE_FLAG, str(lifeline)],
+            env=self._child_env(), start_new_session=True, pass_fds=(lifeline,))
         child.started = time.monotonic()
         child.restart_at = None
         log.info("worker process %d started: pid %d", child.index, child.process.pid)
@@ -194,10 +217,11 @@ class Supervisor:
         from prometheus_client.multiprocess import mark_process_dead
 
         running = [c.process for c in self.children if c.alive]
-        for process in running:
-            if process is not None:
+        for child in self.children:  # those a forwarded signal has not stopped already
+            if child.alive and not child.signalled:
+                child.signalled = True
                 with contextlib.suppress(OSError):
-                    process.send_signal(signal.SIGTERM)
+                    child.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         deadline = time.monotonic() + self.settings.shutdown_timeout + STOP_MARGIN
         for process in running:
             if process is None:
@@ -273,6 +297,20 @@ class Supervisor:
             self._loop_thread.join(timeout=5)
         loop.close()
         self._loop = None
+
+
+def watch_supervisor(worker: Worker, fd: int) -> None:
+    """In a child, on its event loop: drain `worker` once the supervisor is gone. Nothing
+    is ever written to the pipe, so `fd` becomes readable only at end of file, when the
+    supervisor's write end closed with it (killed with SIGKILL too)."""
+    loop = asyncio.get_running_loop()
+
+    def gone() -> None:
+        loop.remove_reader(fd)
+        log.warning("the supervisor of worker %s is gone: draining", worker.id)
+        worker.stop()
+
+    loop.add_reader(fd, gone)
 
 
 def _describe_exit(code: int) -> str:
