@@ -140,7 +140,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from obsq.demo import run_demo
 
     return asyncio.run(run_demo(args.redis_url or os.environ.get("OBSQ_REDIS_URL"),
-                                args.duration, args.http_port))
+                                args.duration, args.http_port,
+                                args.namespace or os.environ.get("OBSQ_NAMESPACE")))
 
 
 def cmd_acl(args: argparse.Namespace) -> int:
@@ -207,8 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     exporter.add_argument("--http-port", type=int,
                           help=f"OBSQ_HTTP_PORT, {EXPORTER_HTTP_PORT}; 0: any free port")
 
-    demo = command("demo", "a worker, a producer and the HTTP endpoint in one process",
-                   cmd_demo)
+    demo = command("demo", "a worker, a producer and the HTTP endpoint in one process, in a "
+                   "namespace of its own (obsq-demo-<random> unless --namespace names an "
+                   "unused one) whose keys it removes at the end", cmd_demo)
     demo.add_argument("--duration", type=float, default=12.0, help="seconds to run (12)")
     demo.add_argument("--http-port", type=int, default=WORKER_HTTP_PORT,
                       help=f"{WORKER_HTTP_PORT} (another free one when taken; 0: any free port)")
