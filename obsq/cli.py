@@ -85,16 +85,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
         setup_tracing()
     from obsq.worker import Worker
 
-    async def serve(worker: Worker) -> None:
-        if args.supervisor_fd is not None:  # a child of `--processes N`
-            from obsq.supervisor import watch_supervisor
+    supervised = args.supervisor_fd is not None  # a child of `--processes N`
 
-            watch_supervisor(worker, args.supervisor_fd)
+    async def serve(worker: Worker) -> None:
+        if supervised:
+            from obsq.supervisor import serve_supervised
+
+            serve_supervised(worker, args.supervisor_fd)
         await run_worker(worker, http_port=settings.http_port, http_host=settings.http_host,
                          metrics=settings.metrics, tracing=settings.tracing)
 
     try:
-        asyncio.run(serve(Worker(app, settings=settings)))
+        asyncio.run(serve(Worker(app, settings=settings, handle_signals=not supervised)))
     finally:
         shutdown_tracing()
     return 0

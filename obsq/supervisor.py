@@ -10,14 +10,17 @@ is restarted with backoff (its live gauges are dropped); a child that exits with
 configuration error (status 2) stops the whole pod with that status, as a single worker
 would. /healthz: every child is running; /readyz: Redis answers.
 
-Stopping: the children run in a session of their own, so a signal to the supervisor's
-process group (a terminal's Ctrl-C, systemd's KillMode=control-group, `timeout`) reaches
-only the supervisor, which forwards each SIGTERM or SIGINT it receives exactly once: the
-first is one graceful drain in every child, a second one means "stop now", as for a single
-worker. It then waits for their drain and exits 0. A child signals no one else's group,
-and would outlive a supervisor that was SIGKILLed, so each holds the read end of a pipe
-whose write end only the supervisor has: the end of the supervisor, however it came,
-closes that pipe, and the child drains (`watch_supervisor`).
+Stopping, as a single worker does: the first SIGTERM or SIGINT is one graceful drain in
+every child, a second one means "stop now"; the supervisor then waits for their drain and
+exits 0. The children run in a session of their own, so a signal to the supervisor's
+process group (a terminal's Ctrl-C, `timeout`) reaches only the supervisor, which
+forwards its first signal. They may still get the same signal as the supervisor
+(systemd's KillMode=control-group signals every process of the unit, and so may an
+operator), so a child does not count signals: any number of them is one drain
+(`serve_supervised`). "Stop now" comes from the supervisor alone, as a byte on a pipe of
+each child whose write end only the supervisor holds; the end of that pipe, when the
+supervisor dies however it dies (SIGKILL too), drains the child, which would otherwise
+outlive it in its own session.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from obsq._version import __version__
 from obsq.app import load_app
+from obsq.loop import on_stop_signals
 from obsq.settings import RESTART_MAX, RESTART_MIN, STABLE_AFTER, STOP_MARGIN, WorkerSettings
 
 if TYPE_CHECKING:
@@ -47,6 +51,7 @@ POLL = 0.2
 CONFIG_ERROR = 2  # the exit status of `obsq` for a configuration error
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LIFELINE_FLAG = "--supervisor-fd"  # hidden `obsq worker` flag: the child's end of the pipe
+STOP_NOW = b"!"  # written to the pipe of each child on the supervisor's second stop signal
 
 
 class _Child:
@@ -58,6 +63,7 @@ class _Child:
         self.restart_at: float | None = 0.0  # monotonic time of the next start; None: none
         self.restarts = 0
         self.signalled = False  # a stop signal was forwarded to this process
+        self.lifeline: int | None = None  # the write end of its pipe
 
     @property
     def alive(self) -> bool:
@@ -80,7 +86,6 @@ class Supervisor:
         self._stop_watch: asyncio.Event | None = None
         self._watch: Any = None
         self._watching: Any = None
-        self._lifeline = (-1, -1)  # (read, write): see watch_supervisor
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -92,7 +97,6 @@ class Supervisor:
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGTERM, signal.SIGINT)}
         status = 0
-        self._lifeline = os.pipe()
         try:
             if self.settings.http_port is not None:
                 self._start_http(namespace)
@@ -105,8 +109,6 @@ class Supervisor:
             self._stop_http()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            for fd in self._lifeline:
-                os.close(fd)
             if self._own_dir:
                 from obsq.observability.metrics import remove_multiprocess_dir
 
@@ -130,11 +132,17 @@ class Supervisor:
         self._dir = path
 
     def _on_signal(self, sig: int, frame: Any) -> None:
-        if not self._stopping:
-            log.info("received %s: stopping %d worker processes", signal.Signals(sig).name,
-                     len(self.children))
+        name = signal.Signals(sig).name
+        if self._stopping:
+            log.info("received %s: stopping %d worker processes now", name, len(self.children))
+            for child in self.children:
+                if child.alive and child.lifeline is not None:
+                    with contextlib.suppress(OSError):
+                        os.write(child.lifeline, STOP_NOW)
+            return
+        log.info("received %s: stopping %d worker processes", name, len(self.children))
         self._stopping = True
-        for child in self.children:  # a second signal makes the children hurry
+        for child in self.children:
             if child.alive:
                 child.signalled = True
                 with contextlib.suppress(OSError):
@@ -172,12 +180,16 @@ class Supervisor:
         return env
 
     def _spawn(self, child: _Child) -> None:
-        lifeline = self._lifeline[0]
+        self._close_lifeline(child)  # a restarted child's old pipe
+        read, child.lifeline = os.pipe()
         child.signalled = False
-        child.process = subprocess.Popen(
-            [sys.executable, "-m", "obsq", "worker", self.app_spec, "--processes", "1",
-             LIFELINE_FLAG, str(lifeline)],
-            env=self._child_env(), start_new_session=True, pass_fds=(lifeline,))
+        try:
+            child.process = subprocess.Popen(
+                [sys.executable, "-m", "obsq", "worker", self.app_spec, "--processes", "1",
+                 LIFELINE_FLAG, str(read)],
+                env=self._child_env(), start_new_session=True, pass_fds=(read,))
+        finally:
+            os.close(read)
         child.started = time.monotonic()
         child.restart_at = None
         log.info("worker process %d started: pid %d", child.index, child.process.pid)
@@ -234,8 +246,15 @@ class Supervisor:
                 process.kill()
                 process.wait()
         for child in self.children:
+            self._close_lifeline(child)
             if child.process is not None:
                 mark_process_dead(child.process.pid, self._dir)
+
+    @staticmethod
+    def _close_lifeline(child: _Child) -> None:
+        fd, child.lifeline = child.lifeline, None  # first: a signal handler may write to it
+        if fd is not None:
+            os.close(fd)
 
     # -- the pod's HTTP endpoint ----------------------------------------------------------
 
@@ -299,18 +318,27 @@ class Supervisor:
         self._loop = None
 
 
-def watch_supervisor(worker: Worker, fd: int) -> None:
-    """In a child, on its event loop: drain `worker` once the supervisor is gone. Nothing
-    is ever written to the pipe, so `fd` becomes readable only at end of file, when the
-    supervisor's write end closed with it (killed with SIGKILL too)."""
+def serve_supervised(worker: Worker, fd: int) -> None:
+    """In a child, on its event loop, for a Worker that does not handle signals itself: any
+    number of SIGTERM and SIGINT is one drain; a byte on the pipe `fd` (the supervisor's
+    second signal) stops now; its end of file (the supervisor is gone) drains."""
     loop = asyncio.get_running_loop()
 
-    def gone() -> None:
-        loop.remove_reader(fd)
-        log.warning("the supervisor of worker %s is gone: draining", worker.id)
-        worker.stop()
+    def drain(why: str) -> None:
+        if not worker.draining:
+            log.info("%s: draining", why)
+            worker.stop()
 
-    loop.add_reader(fd, gone)
+    def from_supervisor() -> None:
+        if os.read(fd, 1):
+            log.info("the supervisor says: stop now")
+            worker.stop(now=True)
+        else:
+            loop.remove_reader(fd)
+            drain(f"the supervisor of worker {worker.id} is gone")
+
+    on_stop_signals(lambda sig: drain(f"received {sig.name}"))
+    loop.add_reader(fd, from_supervisor)
 
 
 def _describe_exit(code: int) -> str:

@@ -1,7 +1,7 @@
 """The `obsq worker` command line as a user meets it, on real processes and Redis: the
 stop signals of `--processes N` when they reach the whole process group (a terminal's
-Ctrl-C, systemd's KillMode=control-group, `timeout`) and when the supervisor is killed,
-and `--route-concurrency`."""
+Ctrl-C, `timeout`) or every process (systemd's KillMode=control-group), and when the
+supervisor is killed; and `--route-concurrency`."""
 
 from __future__ import annotations
 
@@ -89,21 +89,35 @@ async def held(redis_url, namespace, tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
-async def test_a_signal_to_the_process_group_drains_every_child_once(held, tmp_path):
+async def drained_once(held, tmp_path, sig: signal.Signals) -> None:
+    """Both children drain, their tasks finish in their first and only run, all exit 0."""
     supervisor, client, infos, _ = held
-    os.killpg(supervisor.pid, signal.SIGINT)
     await wait_until(lambda: supervisor.log().count("draining: 2 task(s) running") == 2,
                      what="both children draining")
     (tmp_path / "release").touch()
     code = await asyncio.to_thread(supervisor.wait, 60)
     log = supervisor.log()
     assert code == 0, log
-    assert log.count("received SIGINT: draining") == 2, log
-    assert "stopping now" not in log and "handed" not in log, log
+    assert log.count(f"received {sig.name}: draining") == 2, log
+    assert "stop now" not in log and "processes now" not in log and "handed" not in log, log
     assert log.count("stopped: 2 task(s) processed") == 2, log
     for info in infos:  # each finished, in its first and only run
         assert (await client.info(info.id)).state == "completed"
     assert sorted(runs(tmp_path)) == sorted(i.id for i in infos)
+
+
+async def test_a_signal_to_the_process_group_drains_every_child_once(held, tmp_path):
+    os.killpg(held[0].pid, signal.SIGINT)
+    await drained_once(held, tmp_path, signal.SIGINT)
+
+
+async def test_a_signal_to_every_process_drains_every_child_once(held, tmp_path):
+    """As systemd's KillMode=control-group stops a unit: the children get the signal the
+    supervisor forwards and their own."""
+    supervisor, _, _, children = held
+    for pid in [supervisor.pid, *children]:
+        os.kill(pid, signal.SIGTERM)
+    await drained_once(held, tmp_path, signal.SIGTERM)
 
 
 async def test_a_second_ctrl_c_stops_the_children_now(held, tmp_path):
@@ -115,7 +129,8 @@ async def test_a_second_ctrl_c_stops_the_children_now(held, tmp_path):
     code = await asyncio.to_thread(supervisor.wait, 60)
     log = supervisor.log()
     assert code == 0, log
-    assert log.count("received SIGINT: stopping now") == 2, log
+    assert "received SIGINT: stopping 2 worker processes now" in log, log
+    assert log.count("the supervisor says: stop now") == 2, log
     assert log.count("handed 2 unfinished task(s) back to pending") == 2, log
     for info in infos:
         assert (await client.info(info.id)).state == "pending"
