@@ -88,6 +88,25 @@ async def test_an_unknown_task_type_is_retried_then_dead(app, client, start_work
     assert await client.result(known_info, timeout=5) == "ok"
 
 
+async def test_a_type_the_apps_client_cannot_handle_is_warned_of_once(app, client, caplog
+                                                                       ) -> None:
+    @app.task("known")
+    async def known(task: obsq.Task):
+        pass
+
+    app.aggregate("ingest", lambda group, tasks: ("known", len(tasks)), max_size=10)
+    for _ in range(2):
+        await client.enqueue("knwon", 1)  # a typo
+        await client.enqueue_many([obsq.Job("knwon", 2), obsq.Job("known", 3)])
+        await client.enqueue("other", 1, group="g")  # no aggregator covers it
+        await client.enqueue("ingest", 1, group="g")
+    warned = [r.getMessage() for r in caplog.records if "in the App of this Client" in
+              r.getMessage()]
+    assert len(warned) == 2
+    assert "'knwon' has no handler" in warned[0]
+    assert "'other' has no aggregator" in warned[1]
+
+
 async def test_a_result_that_is_not_json_never_runs_the_handler_again(
         app, client, start_worker, broker, caplog) -> None:
     """The handler did its work (an email sent, a card charged): a result that cannot be
