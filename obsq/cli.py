@@ -22,6 +22,7 @@ from obsq.settings import (
     SchedulerSettings,
     WorkerSettings,
 )
+from obsq.supervisor import LIFELINE_FLAG
 
 log = logging.getLogger("obsq")
 ALLOW_EVICTION = ("--allow-eviction",)
@@ -59,7 +60,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = WorkerSettings.from_env(
         redis_url=args.redis_url, namespace=args.namespace, queues=args.queues,
-        concurrency=args.concurrency, processes=args.processes, http_port=args.http_port,
+        route_concurrency=args.route_concurrency, concurrency=args.concurrency,
+        processes=args.processes, http_port=args.http_port,
         lease_seconds=args.lease_seconds, shutdown_timeout=args.shutdown_timeout,
         strict_priority=args.strict_priority, max_recoveries=args.max_recoveries,
         log_format=args.log_format, log_level=args.log_level,
@@ -83,10 +85,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
         setup_tracing()
     from obsq.worker import Worker
 
+    supervised = args.supervisor_fd is not None  # a child of `--processes N`
+
+    async def serve(worker: Worker) -> None:
+        if supervised:
+            from obsq.supervisor import serve_supervised
+
+            serve_supervised(worker, args.supervisor_fd)
+        await run_worker(worker, http_port=settings.http_port, http_host=settings.http_host,
+                         metrics=settings.metrics, tracing=settings.tracing)
+
     try:
-        asyncio.run(run_worker(Worker(app, settings=settings), http_port=settings.http_port,
-                               http_host=settings.http_host, metrics=settings.metrics,
-                               tracing=settings.tracing))
+        asyncio.run(serve(Worker(app, settings=settings, handle_signals=not supervised)))
     finally:
         shutdown_tracing()
     return 0
@@ -132,7 +142,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from obsq.demo import run_demo
 
     return asyncio.run(run_demo(args.redis_url or os.environ.get("OBSQ_REDIS_URL"),
-                                args.duration, args.http_port))
+                                args.duration, args.http_port,
+                                args.namespace or os.environ.get("OBSQ_NAMESPACE")))
 
 
 def cmd_acl(args: argparse.Namespace) -> int:
@@ -166,7 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("app", metavar="MODULE:APP")
     worker.add_argument("--queues", help="critical=6,default=3 (OBSQ_QUEUES)")
     worker.add_argument("--concurrency", type=int, help="task slots (OBSQ_CONCURRENCY, 50)")
+    worker.add_argument("--route-concurrency", metavar="PATTERN=N,...",
+                        help="this worker's limit per task type or prefix, the most specific "
+                        "applying: pdf:render=2,pdf:=5,*=20 (OBSQ_ROUTE_CONCURRENCY)")
     worker.add_argument("--processes", type=int, help="worker processes (OBSQ_PROCESSES, 1)")
+    worker.add_argument(LIFELINE_FLAG, type=int, help=argparse.SUPPRESS)
     worker.add_argument("--http-port", type=int,
                         help=f"metrics and probes (OBSQ_HTTP_PORT, {WORKER_HTTP_PORT}; "
                         "0: any free port, -1: none)")
@@ -195,8 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     exporter.add_argument("--http-port", type=int,
                           help=f"OBSQ_HTTP_PORT, {EXPORTER_HTTP_PORT}; 0: any free port")
 
-    demo = command("demo", "a worker, a producer and the HTTP endpoint in one process",
-                   cmd_demo)
+    demo = command("demo", "a worker, a producer and the HTTP endpoint in one process, in a "
+                   "namespace of its own (obsq-demo-<random> unless --namespace names an "
+                   "unused one) whose keys it removes at the end", cmd_demo)
     demo.add_argument("--duration", type=float, default=12.0, help="seconds to run (12)")
     demo.add_argument("--http-port", type=int, default=WORKER_HTTP_PORT,
                       help=f"{WORKER_HTTP_PORT} (another free one when taken; 0: any free port)")

@@ -1,5 +1,9 @@
 """`obsq demo`: a worker, a producer and the HTTP endpoint in one process, so a new user
-sees tasks run, fail, retry and die, and the metrics they leave, with no setup at all."""
+sees tasks run, fail, retry and die, and the metrics they leave, with no setup at all.
+
+Each run has a namespace of its own, `obsq-demo-<random>` unless given one, and removes
+its keys at the end: demos sharing a Redis neither take each other's tasks nor wipe them.
+A namespace given that already holds keys is refused, as the demo would delete them."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import secrets
 import socket
 import time
 import urllib.request
@@ -18,7 +23,7 @@ from obsq.errors import BrokerError, ConfigurationError
 from obsq.observability import run_worker
 from obsq.redis_server import start_private_redis
 
-NAMESPACE = "obsq-demo"
+NAMESPACE = "obsq-demo"  # the prefix of each run's own namespace
 app = obsq.App(namespace=NAMESPACE)
 
 
@@ -47,13 +52,15 @@ async def charge(task: obsq.Task) -> None:
     raise ValueError("card declined")  # fails every time: two retries, then dead
 
 
-async def run_demo(redis_url: str | None, duration: float, http_port: int) -> int:
+async def run_demo(redis_url: str | None, duration: float, http_port: int,
+                   namespace: str | None = None) -> int:
     logging.basicConfig(level=logging.ERROR)  # the demo prints each outcome itself
+    namespace = namespace or f"{NAMESPACE}-{secrets.token_hex(3)}"
     server = None
     if redis_url is None:
         redis_url = "redis://127.0.0.1:6379/0"
         if await _reachable(redis_url):
-            print(f"Using the Redis at {redis_url} (namespace {NAMESPACE!r}).")
+            print(f"Using the Redis at {redis_url} (namespace {namespace!r}).")
         else:
             server = await asyncio.to_thread(start_private_redis)
             if server is None:
@@ -66,19 +73,27 @@ async def run_demo(redis_url: str | None, duration: float, http_port: int) -> in
     elif not await _reachable(redis_url):
         print(f"Cannot reach Redis at {redis_url}.")
         return 1
+    else:
+        print(f"Using the Redis at {redis_url} (namespace {namespace!r}).")
+    if server is None and await _holds_keys(redis_url, namespace):
+        print(f"Namespace {namespace!r} already holds keys at {redis_url}, and the demo "
+              "removes its namespace's keys at the end: give it an unused one.")
+        return 2
     try:
-        return await _demo(redis_url, duration, _port_or_free(http_port) if http_port else 0)
+        return await _demo(redis_url, namespace, duration,
+                           _port_or_free(http_port) if http_port else 0)
     finally:
         if server is not None:
             server.close()
         else:  # your own Redis: leave nothing of the demo behind
-            await _clean_up(redis_url)
+            await _clean_up(redis_url, namespace)
 
 
-async def _demo(redis_url: str, duration: float, port: int) -> int:
+async def _demo(redis_url: str, namespace: str, duration: float, port: int) -> int:
     app.outcome_hooks.append(_print_outcome)
     worker = obsq.Worker(app, redis_url=redis_url, queues={"critical": 6, "default": 3},
-                         concurrency=10, shutdown_timeout=5, handle_signals=True)
+                         namespace=namespace, concurrency=10, shutdown_timeout=5,
+                         handle_signals=True)
     endpoint: list[Any] = []
     running = asyncio.create_task(run_worker(worker, http_port=port, serving=endpoint.append))
     while not worker.started_at and not running.done():
@@ -86,7 +101,7 @@ async def _demo(redis_url: str, duration: float, port: int) -> int:
     if running.done():
         running.result()  # raises the worker's start-up error
     port = endpoint[0].port
-    client = obsq.Client(redis_url, app=app)
+    client = obsq.Client(redis_url, namespace, app=app)
     print(f"Worker {worker.id} serving queues critical and default; metrics and probes on "
           f"http://127.0.0.1:{port}/metrics, /healthz, /readyz\n")
     jobs = [obsq.Job("email:send", {"to": f"user{i}@example.com"}) for i in range(8)]
@@ -111,13 +126,23 @@ async def _demo(redis_url: str, duration: float, port: int) -> int:
     return 0
 
 
-async def _clean_up(redis_url: str) -> None:
-    broker = Broker(redis_url, NAMESPACE)
+async def _clean_up(redis_url: str, namespace: str) -> None:
+    broker = Broker(redis_url, namespace)
     try:
         removed = await broker.delete_namespace()
-        print(f"Removed the demo's {removed} key(s) (namespace {NAMESPACE!r}) from {redis_url}.")
+        print(f"Removed the demo's {removed} key(s) (namespace {namespace!r}) from {redis_url}.")
     except BrokerError as exc:
-        print(f"Could not remove the demo's keys (namespace {NAMESPACE!r}): {exc}")
+        print(f"Could not remove the demo's keys (namespace {namespace!r}): {exc}")
+    finally:
+        await broker.close()
+
+
+async def _holds_keys(redis_url: str, namespace: str) -> bool:
+    broker = Broker(redis_url, namespace)
+    try:
+        async for _ in broker.redis.scan_iter(match=f"{namespace}:*", count=1000):
+            return True
+        return False
     finally:
         await broker.close()
 

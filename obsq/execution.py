@@ -66,6 +66,7 @@ class Executor:
         self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="obsq-handler")
         self.update_state = update_state
         self.chain = app.wrap(self._invoke)
+        self._warned_results: set[str] = set()  # types whose result could not be encoded
 
     def build_task(self, queue: str, raw: FetchedTask, redis_now_ms: int) -> Task:
         route = self.app.route(raw.type)
@@ -101,7 +102,20 @@ class Executor:
         try:
             return Verdict("success", orjson.dumps(result))
         except orjson.JSONEncodeError as exc:
-            return self.failure(task, TypeError(f"the result is not JSON-serializable: {exc}"))
+            return self._unencodable_result(task, exc)
+
+    def _unencodable_result(self, task: Task, exc: orjson.JSONEncodeError) -> Verdict:
+        """The handler ran to its end, so it is never run again for its result: without
+        retention the result is dropped (a warning once per type); a task asked to keep
+        its result ends dead with the reason, as what was asked cannot be kept."""
+        problem = f"the result of task type {task.type!r} is not JSON-serializable: {exc}"
+        if task.retention:
+            return Verdict("dead", error=SkipRetry(f"{problem}; the handler ran and is not "
+                                                   "run again"))
+        if task.type not in self._warned_results:
+            self._warned_results.add(task.type)
+            log.warning("%s; it is not kept (return JSON, or nothing)", problem)
+        return Verdict("success")
 
     def failure(self, task: Task, exc: BaseException) -> Verdict:
         if isinstance(exc, (SkipRetry, PayloadError)) or task.retry_count >= task.max_retry:

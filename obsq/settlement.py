@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from obsq.app import OutcomeHook
 from obsq.broker import Attempt, Broker, Completion, Completions
-from obsq.errors import BrokerError
+from obsq.errors import BrokerError, Retry
 from obsq.execution import Verdict
 from obsq.loop import RedisRetry
 from obsq.task import Task
@@ -81,6 +81,9 @@ class Settler:
                         "refused", task.id, task.type, verdict.outcome)
         elif recorded and verdict.outcome == "cancelled":
             log.info("task %s (%s) cancelled while it ran", task.id, task.type)
+        elif recorded and verdict.outcome == "retry" and type(verdict.error) is Retry:
+            log.info("task %s (%s) asked to run again in %.1f s", task.id, task.type,
+                     verdict.delay)  # task.retry_in(): the handler's choice, no failure
         elif recorded and verdict.outcome != "success":
             then = (f"will retry in {verdict.delay:.1f} s" if verdict.outcome == "retry"
                     else "moved to dead")

@@ -8,9 +8,19 @@ a temporary one if unset), which the supervisor cleans at start and serves, merg
 the queue-wide gauges it reads from Redis on an event loop of its own. A child that dies
 is restarted with backoff (its live gauges are dropped); a child that exits with a
 configuration error (status 2) stops the whole pod with that status, as a single worker
-would. SIGTERM and SIGINT are forwarded to the children (which run in a session of their
-own, so a terminal's Ctrl-C reaches them once, through here); the supervisor waits for
-their drain, then exits 0. /healthz: every child is running; /readyz: Redis answers.
+would. /healthz: every child is running; /readyz: Redis answers.
+
+Stopping, as a single worker does: the first SIGTERM or SIGINT is one graceful drain in
+every child, a second one means "stop now"; the supervisor then waits for their drain and
+exits 0. The children run in a session of their own, so a signal to the supervisor's
+process group (a terminal's Ctrl-C, `timeout`) reaches only the supervisor, which
+forwards its first signal. They may still get the same signal as the supervisor
+(systemd's KillMode=control-group signals every process of the unit, and so may an
+operator), so a child does not count signals: any number of them is one drain
+(`serve_supervised`). "Stop now" comes from the supervisor alone, as a byte on a pipe of
+each child whose write end only the supervisor holds; the end of that pipe, when the
+supervisor dies however it dies (SIGKILL too), drains the child, which would otherwise
+outlive it in its own session.
 """
 
 from __future__ import annotations
@@ -25,17 +35,23 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from obsq._version import __version__
 from obsq.app import load_app
+from obsq.loop import on_stop_signals
 from obsq.settings import RESTART_MAX, RESTART_MIN, STABLE_AFTER, STOP_MARGIN, WorkerSettings
+
+if TYPE_CHECKING:
+    from obsq.worker import Worker
 
 log = logging.getLogger("obsq")
 
 POLL = 0.2
 CONFIG_ERROR = 2  # the exit status of `obsq` for a configuration error
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+LIFELINE_FLAG = "--supervisor-fd"  # hidden `obsq worker` flag: the child's end of the pipe
+STOP_NOW = b"!"  # written to the pipe of each child on the supervisor's second stop signal
 
 
 class _Child:
@@ -46,6 +62,8 @@ class _Child:
         self.failures = 0
         self.restart_at: float | None = 0.0  # monotonic time of the next start; None: none
         self.restarts = 0
+        self.signalled = False  # a stop signal was forwarded to this process
+        self.lifeline: int | None = None  # the write end of its pipe
 
     @property
     def alive(self) -> bool:
@@ -114,12 +132,19 @@ class Supervisor:
         self._dir = path
 
     def _on_signal(self, sig: int, frame: Any) -> None:
-        if not self._stopping:
-            log.info("received %s: stopping %d worker processes", signal.Signals(sig).name,
-                     len(self.children))
+        name = signal.Signals(sig).name
+        if self._stopping:
+            log.info("received %s: stopping %d worker processes now", name, len(self.children))
+            for child in self.children:
+                if child.alive and child.lifeline is not None:
+                    with contextlib.suppress(OSError):
+                        os.write(child.lifeline, STOP_NOW)
+            return
+        log.info("received %s: stopping %d worker processes", name, len(self.children))
         self._stopping = True
-        for child in self.children:  # a second signal makes the children hurry
+        for child in self.children:
             if child.alive:
+                child.signalled = True
                 with contextlib.suppress(OSError):
                     child.process.send_signal(sig)  # type: ignore[union-attr]
         self._wake.set()
@@ -147,14 +172,24 @@ class Supervisor:
         })
         if s.namespace:
             env["OBSQ_NAMESPACE"] = s.namespace
+        if s.route_concurrency:  # the flag's, which wins over an inherited variable
+            env["OBSQ_ROUTE_CONCURRENCY"] = ",".join(
+                f"{pattern}={n}" for pattern, n in s.route_concurrency.items())
         if s.queues:  # else each child serves its App's queues, as a single worker does
             env["OBSQ_QUEUES"] = ",".join(f"{q}={w}" for q, w in s.queues.items())
         return env
 
     def _spawn(self, child: _Child) -> None:
-        child.process = subprocess.Popen(
-            [sys.executable, "-m", "obsq", "worker", self.app_spec, "--processes", "1"],
-            env=self._child_env(), start_new_session=True)
+        self._close_lifeline(child)  # a restarted child's old pipe
+        read, child.lifeline = os.pipe()
+        child.signalled = False
+        try:
+            child.process = subprocess.Popen(
+                [sys.executable, "-m", "obsq", "worker", self.app_spec, "--processes", "1",
+                 LIFELINE_FLAG, str(read)],
+                env=self._child_env(), start_new_session=True, pass_fds=(read,))
+        finally:
+            os.close(read)
         child.started = time.monotonic()
         child.restart_at = None
         log.info("worker process %d started: pid %d", child.index, child.process.pid)
@@ -194,10 +229,11 @@ class Supervisor:
         from prometheus_client.multiprocess import mark_process_dead
 
         running = [c.process for c in self.children if c.alive]
-        for process in running:
-            if process is not None:
+        for child in self.children:  # those a forwarded signal has not stopped already
+            if child.alive and not child.signalled:
+                child.signalled = True
                 with contextlib.suppress(OSError):
-                    process.send_signal(signal.SIGTERM)
+                    child.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
         deadline = time.monotonic() + self.settings.shutdown_timeout + STOP_MARGIN
         for process in running:
             if process is None:
@@ -210,8 +246,15 @@ class Supervisor:
                 process.kill()
                 process.wait()
         for child in self.children:
+            self._close_lifeline(child)
             if child.process is not None:
                 mark_process_dead(child.process.pid, self._dir)
+
+    @staticmethod
+    def _close_lifeline(child: _Child) -> None:
+        fd, child.lifeline = child.lifeline, None  # first: a signal handler may write to it
+        if fd is not None:
+            os.close(fd)
 
     # -- the pod's HTTP endpoint ----------------------------------------------------------
 
@@ -273,6 +316,29 @@ class Supervisor:
             self._loop_thread.join(timeout=5)
         loop.close()
         self._loop = None
+
+
+def serve_supervised(worker: Worker, fd: int) -> None:
+    """In a child, on its event loop, for a Worker that does not handle signals itself: any
+    number of SIGTERM and SIGINT is one drain; a byte on the pipe `fd` (the supervisor's
+    second signal) stops now; its end of file (the supervisor is gone) drains."""
+    loop = asyncio.get_running_loop()
+
+    def drain(why: str) -> None:
+        if not worker.draining:
+            log.info("%s: draining", why)
+            worker.stop()
+
+    def from_supervisor() -> None:
+        if os.read(fd, 1):
+            log.info("the supervisor says: stop now")
+            worker.stop(now=True)
+        else:
+            loop.remove_reader(fd)
+            drain(f"the supervisor of worker {worker.id} is gone")
+
+    on_stop_signals(lambda sig: drain(f"received {sig.name}"))
+    loop.add_reader(fd, from_supervisor)
 
 
 def _describe_exit(code: int) -> str:

@@ -131,8 +131,8 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
         raise ValueError("give delay or eta, not both")
     delay = _duration("delay", job.delay, minimum=0.0)
     if job.eta is not None:  # the only place the producer's clock counts: eta means its "now"
-        eta = job.eta if job.eta.tzinfo else job.eta.replace(tzinfo=timezone.utc)
-        delay = max(eta.timestamp() - (time.time() if now is None else now), 0.0)
+        # a naive datetime is local time, as Python's datetime.now() makes and reads it
+        delay = max(job.eta.timestamp() - (time.time() if now is None else now), 0.0)
     retention = _duration("retention", job.retention)
     unique_for = _duration("unique_for", job.unique_for)
     if job.task_id is not None:

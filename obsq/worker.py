@@ -167,9 +167,10 @@ class Worker:
                           stopped=self._stopped)
         return asyncio.create_task(fetcher.run(), name="obsq-fetch")
 
-    def stop(self) -> None:
-        """Begin a graceful drain; a second call stops waiting for running handlers."""
-        if self._stopped.is_set():
+    def stop(self, now: bool = False) -> None:
+        """Begin a graceful drain; a second call, or `now`, stops waiting for running
+        handlers (they are handed back)."""
+        if self._stopped.is_set() or now:
             self._hurry.set()
         self.draining = True  # readiness fails from now, not when the run loop gets to it
         self._stopped.set()

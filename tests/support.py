@@ -205,15 +205,17 @@ def stop_process(process: subprocess.Popen[Any], timeout: float = 30) -> int:
 
 class ObsqProcess:
     """One `python -m obsq ARGS` subprocess, its output in a log file (print `log()` when a
-    test fails). `stop()` is a graceful SIGTERM; `close()` kills what is left."""
+    test fails). `stop()` is a graceful SIGTERM; `close()` kills what is left. With
+    `session=True` it runs in a session (and process group) of its own, as `setsid obsq`
+    does, for a test to signal that group as a terminal's Ctrl-C would."""
 
     def __init__(self, args: list[str], env: dict[str, str], cwd: Path | str,
-                 log_path: Path) -> None:
+                 log_path: Path, *, session: bool = False) -> None:
         self.log_path = Path(log_path)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen([sys.executable, "-m", "obsq", *args], cwd=cwd,
                                         env=env, stdin=subprocess.DEVNULL, stdout=self._log,
-                                        stderr=subprocess.STDOUT)
+                                        stderr=subprocess.STDOUT, start_new_session=session)
 
     @property
     def pid(self) -> int:

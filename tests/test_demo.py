@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+import uuid
 
 import redis
 from support import missing_tool
@@ -12,11 +14,23 @@ from support import missing_tool
 from obsq.redis_server import EmbeddedRedis, start_private_redis
 
 
-def test_the_demo_runs_tasks_and_shows_metrics(redis_url):
-    result = subprocess.run(
+def run_demo(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "obsq", "demo", "--duration", "4", "--http-port", "0",
-         "--redis-url", redis_url],
-        capture_output=True, text=True, timeout=60)
+         "--redis-url", redis_url, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_the_demo_runs_tasks_and_shows_metrics(redis_url, admin_redis_url):
+    """In a namespace of its own: another demo's keys (once in the same namespace, which
+    each demo deleted at its end) are left alone."""
+    raw = redis.Redis.from_url(admin_redis_url)
+    another = f"obsq-demo:{uuid.uuid4().hex}"
+    raw.set(another, "another demo's")
+    try:
+        result = run_demo(redis_url)
+        assert raw.get(another) == b"another demo's"
+    finally:
+        raw.delete(another)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "metrics and probes on http://127.0.0.1:" in out
@@ -24,8 +38,29 @@ def test_the_demo_runs_tasks_and_shows_metrics(redis_url):
                  "dead     payment:charge", "obsq_tasks_processed_total{", "obsq_workers 1.0",
                  "Removed the demo's"):
         assert line in out, line
-    leftovers = list(redis.Redis.from_url(redis_url).scan_iter(match="obsq-demo:*"))
+    own = re.search(r"Using the Redis at \S+ \(namespace '(obsq-demo-[0-9a-f]+)'\)", out)
+    assert own, out
+    assert f"(namespace {own[1]!r})" in out.splitlines()[-1]
+    leftovers = list(raw.scan_iter(match=f"{own[1]}:*"))
     assert leftovers == [], "the demo left keys in the user's Redis"
+
+
+def test_the_demo_takes_an_unused_namespace_and_refuses_one_in_use(
+        redis_url, admin_redis_url, namespace):
+    raw = redis.Redis.from_url(admin_redis_url)
+    raw.set(f"{namespace}:kept", "1")
+    own = f"{namespace}-demo"
+    result = run_demo(redis_url, "--namespace", own)
+    assert result.returncode == 0, result.stderr
+    assert f"Using the Redis at {redis_url} (namespace {own!r})." in result.stdout
+    assert "dead     payment:charge" in result.stdout
+    assert f"(namespace {own!r})" in result.stdout.splitlines()[-1]
+    assert list(raw.scan_iter(match=f"{own}:*")) == []
+    refused = run_demo(redis_url, "--namespace", namespace)
+    assert refused.returncode == 2, refused.stderr
+    assert f"Namespace {namespace!r} already holds keys" in refused.stdout
+    assert "enqueued" not in refused.stdout
+    assert raw.get(f"{namespace}:kept") == b"1"
 
 
 def test_a_private_redis_server_starts_when_none_is_reachable():

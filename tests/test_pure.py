@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -35,6 +36,19 @@ def test_an_eta_becomes_a_delay_on_the_producers_clock() -> None:
     assert build_message(obsq.Job("t", eta=eta), now=now).delay == pytest.approx(30)
     assert build_message(obsq.Job("t", eta=eta - timedelta(hours=1)), now=now).delay == 0
     assert build_message(obsq.Job("t", delay=2.5)).delay == 2.5
+
+
+@pytest.mark.parametrize("zone", ["Asia/Tokyo", "America/Los_Angeles", "UTC"])
+def test_a_naive_eta_is_local_time(monkeypatch, zone: str) -> None:
+    """`datetime.now() + timedelta(minutes=5)` means in five minutes wherever it runs."""
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        eta = datetime.now() + timedelta(minutes=5)
+        assert build_message(obsq.Job("t", eta=eta)).delay == pytest.approx(300, abs=2)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
 
 
 @pytest.mark.parametrize("job, error", [

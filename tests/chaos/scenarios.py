@@ -26,6 +26,7 @@ from .harness import (
     Workers,
     libfaketime,
     outcome,
+    redis_server,
     settle,
     started_again_unkilled,
     takeover_times,
@@ -39,7 +40,7 @@ async def workers(tasks: int, workdir: Path, quick: bool) -> list[Outcome]:
     """4 worker processes; every 2 s (0.5 s quick) one is SIGKILLed and another started,
     while the tasks are enqueued and drained. Recovery: the longest a killed worker's task
     waited until it ran again."""
-    server = RedisServer().start()
+    server = redis_server().start()
     pool = Workers(server.url, NS, workdir, quick=quick, OBSQ_CHAOS_WORK_SECONDS="0.02",
                    concurrency=10)
     producer = Producer(server.url, NS)
@@ -77,7 +78,7 @@ async def redis_restart(tasks: int, workdir: Path, quick: bool,
         config = {"appendonly": "no"} if mode == "no" else {"appendonly": "yes",
                                                               "appendfsync": mode}
         run_dir = workdir / f"restart-{mode}"
-        server = RedisServer(config=config).start()
+        server = redis_server(config=config).start()
         pool = Workers(server.url, NS, run_dir, quick=quick, **_slow(quick))
         producer = Producer(server.url, NS)
         ledger = Ledger(run_dir / "ledger")
@@ -112,8 +113,8 @@ async def failover(tasks: int, workdir: Path, quick: bool,
 
 async def _failover_once(tasks: int, run_dir: Path, quick: bool, replicas: int) -> Outcome:
     run_dir.mkdir(parents=True)
-    master = RedisServer(config={"repl-diskless-sync-delay": 0}).start()
-    replica = RedisServer(config={"replicaof": f"127.0.0.1 {master.port}",
+    master = redis_server(config={"repl-diskless-sync-delay": 0}).start()
+    replica = redis_server(config={"replicaof": f"127.0.0.1 {master.port}",
                                   "repl-diskless-sync-delay": 0}).start()
     sentinels = Sentinels(master.port, run_dir)
     pool = Workers(sentinels.url, NS, run_dir, quick=quick, **_slow(quick))
@@ -153,7 +154,7 @@ async def hang(tasks: int, workdir: Path, quick: bool, seconds: float = 5.0
     production heartbeat TTL and leases: no task may start twice, and /readyz must say
     Redis is not answering. Recovery: from the end of the freeze until a task fetched
     after it completes."""
-    server = RedisServer().start()
+    server = redis_server().start()
     pool = Workers(server.url, NS, workdir, quick=quick, OBSQ_HEARTBEAT_INTERVAL="1",
                    OBSQ_HEARTBEAT_TTL=str(PRODUCTION_TTL), OBSQ_LEASE_SECONDS="30")
     producer = Producer(server.url, NS)
@@ -192,7 +193,7 @@ async def full(tasks: int, workdir: Path, quick: bool) -> list[Outcome]:
     """Redis at maxmemory with noeviction: producers fill it until refused; workers then
     start on the full Redis and drain it while producers keep trying. Recovery: from the
     workers' start until an enqueue is accepted again."""
-    server = RedisServer(config={"maxmemory": "3mb" if quick else "16mb",
+    server = redis_server(config={"maxmemory": "3mb" if quick else "16mb",
                                  "maxmemory-policy": "noeviction"}).start()
     pool = Workers(server.url, NS, workdir, quick=quick)
     producer = Producer(server.url, NS)
@@ -230,7 +231,7 @@ async def skew(tasks: int, workdir: Path, quick: bool, offset: str = "+30s"
     library = libfaketime()
     if library is None:
         raise FileNotFoundError("libfaketime is not installed (Debian package faketime)")
-    server = RedisServer().start()
+    server = redis_server().start()
     pool = Workers(server.url, NS, workdir, quick=quick, OBSQ_CHAOS_WORK_SECONDS="0.2")
     producer = Producer(server.url, NS)
     ledger = Ledger(workdir / "ledger")

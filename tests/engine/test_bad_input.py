@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from support import ROOT, missing_tool, one_clear_line, wait_until
+from support import ROOT, depth, missing_tool, one_clear_line, wait_until
 
 import obsq
 from obsq.broker import QueueKeys
@@ -88,17 +88,48 @@ async def test_an_unknown_task_type_is_retried_then_dead(app, client, start_work
     assert await client.result(known_info, timeout=5) == "ok"
 
 
-async def test_a_result_that_is_not_json_fails_the_task(app, client, start_worker) -> None:
+async def test_a_type_the_apps_client_cannot_handle_is_warned_of_once(app, client, caplog
+                                                                       ) -> None:
+    @app.task("known")
+    async def known(task: obsq.Task):
+        pass
+
+    app.aggregate("ingest", lambda group, tasks: ("known", len(tasks)), max_size=10)
+    for _ in range(2):
+        await client.enqueue("knwon", 1)  # a typo
+        await client.enqueue_many([obsq.Job("knwon", 2), obsq.Job("known", 3)])
+        await client.enqueue("other", 1, group="g")  # no aggregator covers it
+        await client.enqueue("ingest", 1, group="g")
+    warned = [r.getMessage() for r in caplog.records if "in the App of this Client" in
+              r.getMessage()]
+    assert len(warned) == 2
+    assert "'knwon' has no handler" in warned[0]
+    assert "'other' has no aggregator" in warned[1]
+
+
+async def test_a_result_that_is_not_json_never_runs_the_handler_again(
+        app, client, start_worker, broker, caplog) -> None:
+    """The handler did its work (an email sent, a card charged): a result that cannot be
+    kept is no reason to run it again. Asked to keep it, the task ends dead at once with
+    the reason; otherwise the result is dropped with one warning per type."""
+    runs: list[str] = []
+
     @app.task("weird")
     async def weird(task: obsq.Task):
-        return {"a set": {1, 2}}
+        runs.append(task.id)
+        return b"bytes, not JSON"
 
     await start_worker()
-    info = await client.enqueue("weird", max_retry=0, retention=60)
+    kept = await client.enqueue("weird", retention=60)  # the default: 25 retries
     with pytest.raises(obsq.TaskFailed, match="not JSON-serializable"):
-        await client.result(info, timeout=10)
-    dead = await client.info(info.id)
-    assert dead.error.startswith("TypeError: the result is not JSON-serializable")
+        await client.result(kept, timeout=10)
+    dead = await client.info(kept.id)
+    assert dead.state == "dead" and dead.retry_count == 0
+    assert dead.error.startswith("SkipRetry: the result of task type 'weird' is not JSON")
+    dropped = [await client.enqueue("weird") for _ in range(3)]
+    await wait_until(lambda: _settled(broker))
+    assert runs == [kept.id, *(i.id for i in dropped)]  # each handler ran once
+    assert sum("it is not kept" in r.getMessage() for r in caplog.records) == 1
 
 
 async def test_a_task_hash_deleted_behind_obsqs_back_is_skipped(app, client, start_worker,
@@ -256,6 +287,12 @@ def test_worker_cli_exits_with_one_line_for_a_wrong_password(redis_with_password
     assert "wrong" not in line  # the password is not printed
     line = one_clear_line(_run_worker_cli(f"redis://127.0.0.1:{port}/0"))
     assert "Redis" in line and "auth" in line.lower()
+
+
+async def _settled(broker) -> bool:
+    """Nothing of the queue waits, runs or retries."""
+    counts = await depth(broker)
+    return counts["pending"] == counts["active"] == counts["retry"] == 0
 
 
 async def _in_state(client: obsq.Client, task_id: str, state: str) -> obsq.TaskInfo | None:

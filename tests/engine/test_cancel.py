@@ -11,11 +11,12 @@ import threading
 import time
 
 import pytest
-from support import wait_until
+from support import depth, wait_until
 
 import obsq
 from obsq import cli
 from obsq.broker import QueueKeys
+from obsq.inspector import Inspector
 
 from .helpers import decoded, record_key
 
@@ -115,6 +116,28 @@ async def test_cancelling_in_an_ordering_key_lets_the_next_one_run(app, client,
     assert await client.cancel(infos[0].id) == "running"  # the first, while it runs
     await wait_until(lambda: ran == [0, 1, 3], what="the rest of the key, in order")
     assert await _state(client, infos[2].id) == "cancelled"
+
+
+async def test_purging_ended_tasks_of_an_ordering_key_leaves_the_depth_true(
+        app, client, broker, start_worker, redis_url, namespace) -> None:
+    """Tasks that ended leave their key's list; deleting or purging them afterwards must
+    not count them out of the waiting tasks again (the pending depth went below 0)."""
+    @app.task("ordered")
+    async def ordered(task: obsq.Task):
+        pass
+
+    infos = [await client.enqueue("ordered", n, ordering_key="k", retention=600)
+             for n in range(5)]
+    await start_worker()
+    await wait_until(lambda: _all_completed(client, infos), what="the key's tasks done")
+    async with Inspector(redis_url, namespace) as inspector:
+        await inspector.delete(infos[0].id)
+        assert await inspector.purge("default", "completed") == 4
+    assert (await depth(broker))["pending"] == 0
+
+
+async def _all_completed(client: obsq.Client, infos: list[obsq.TaskInfo]) -> bool:
+    return all([await _state_is(client, i.id, "completed") for i in infos])
 
 
 async def test_a_held_task_is_cancelled_where_it_waits(app, client, broker, start_worker

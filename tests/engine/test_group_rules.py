@@ -58,6 +58,42 @@ async def test_a_damaged_batch_stops_no_other_aggregation(app, client, start_wor
     assert raw_redis.get(f"{keys.prefix}batch:damaged-0") == b"not a hash"
 
 
+async def test_a_failing_batchs_tasks_stay_counted_until_it_ends(app, client, start_worker,
+                                                                  broker) -> None:
+    """Tasks whose aggregator keeps failing are still waiting: the aggregating depth shows
+    them (an operator would otherwise see nothing), and they leave it when the batch ends;
+    one deleted from the failing batch leaves it when the batch is claimed again."""
+    fixed = {"yes": False}
+    seen: list = []
+
+    @app.task("sum")
+    async def total(task: obsq.Task) -> None:
+        seen.append(task.payload)
+
+    def aggregator(group: str, tasks: list[obsq.Task]):
+        if not fixed["yes"]:
+            raise RuntimeError("a bad deploy")
+        return "sum", sorted(t.payload for t in tasks)
+
+    app.aggregate("add", aggregator, max_size=4, max_delay=30, grace_period=30)
+    infos = [await client.enqueue("add", i, group="g") for i in range(4)]
+    await start_worker()
+    await wait_until(lambda: _failed_once(broker))
+    assert (await depth(broker))["aggregating"] == 4
+    assert await client.cancel(infos[0].id) == "aggregating"  # its aggregator has it
+    assert await client.delete(infos[0].id) == "aggregating"  # the way out of a bad batch
+    fixed["yes"] = True
+    await wait_until(lambda: seen == [[1, 2, 3]], timeout=20)
+    assert (await depth(broker))["aggregating"] == 0
+
+
+async def _failed_once(broker: Broker) -> bool:
+    keys = broker.keys("default")
+    batches = await broker.redis.zrange(keys.batches, 0, -1)
+    return any([await broker.redis.hget(f"{keys.prefix}batch:{b.decode()}", "failures")
+                for b in batches])
+
+
 async def test_grace_period_and_bad_input(app, client, start_worker, broker) -> None:
     seen: list = []
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -125,11 +126,12 @@ async def test_skip_retry_goes_straight_to_dead(app, client, start_worker) -> No
     assert (dead.state, dead.retry_count) == ("dead", 0)
 
 
-async def test_retry_in_reschedules_the_task(app, client, start_worker) -> None:
+async def test_retry_in_reschedules_the_task(app, client, start_worker, caplog) -> None:
     @app.task("poll")
     async def poll(task: obsq.Task):
         await task.retry_in(60)
 
+    caplog.set_level(logging.INFO, logger="obsq")
     await start_worker()
     before = time.time()
     info = await client.enqueue("poll", max_retry=5)
@@ -137,6 +139,9 @@ async def test_retry_in_reschedules_the_task(app, client, start_worker) -> None:
     assert retrying.retry_count == 1
     assert before + 59 <= retrying.next_run_at.timestamp() <= time.time() + 61
     assert "retry requested in 60 s" in retrying.error
+    logged = [r for r in caplog.records if info.id in r.getMessage()]
+    assert [(r.levelname, r.getMessage().split(": ")[0]) for r in logged] == [
+        ("INFO", f"task {info.id} (poll) asked to run again in 60.0 s")]  # no failure
 
 
 async def test_retry_in_runs_the_task_again(app, client, start_worker) -> None:

@@ -73,7 +73,9 @@ local function release_successor(id, key, now)
   end
   local list = prefix .. 'ord:' .. key
   local was_first = redis.call('LINDEX', list, 0) == id
-  redis.call('LREM', list, 1, id)
+  if redis.call('LREM', list, 1, id) == 0 then
+    return  -- it left its key's list when it ended before (a purge of finished tasks)
+  end
   local next_id = redis.call('LINDEX', list, 0)
   if not (was_first and next_id) then
     if not was_first then

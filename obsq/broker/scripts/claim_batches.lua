@@ -57,6 +57,15 @@ local function live(ids, batch)
   return found
 end
 
+-- The tasks of a batch stay counted in `grouped` (the depth's aggregating) until it ends
+-- (end_batch.lua), a failing one included; those cancelled or deleted leave the count
+-- when the batch is claimed without them.
+local function uncount(n)
+  if n > 0 then
+    redis.call('DECRBY', KEYS[2], n)
+  end
+end
+
 local function record(batch, task_type, group, tasks, failures)
   local fence = redis.call('INCR', prefix .. 'fence')
   local ids = {}
@@ -86,6 +95,7 @@ for _, batch in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT'
       ids[#ids + 1] = id
     end
     local tasks = live(ids, batch)
+    uncount(#ids - #tasks)
     if #tasks == 0 then
       redis.call('DEL', key)
       redis.call('ZREM', KEYS[1], batch)
@@ -131,7 +141,6 @@ local function claim_groups(task_type, t)
       end
       local ids = redis.call('LRANGE', list, 0, max_size - 1)
       redis.call('LTRIM', list, #ids, -1)
-      redis.call('DECRBY', KEYS[2], #ids)
       local left = redis.call('LLEN', list)
       if left == 0 then
         redis.call('ZREM', size_key, group)
@@ -146,6 +155,7 @@ local function claim_groups(task_type, t)
       used = used + 1
       local batch = fresh[used]
       local tasks = live(ids, batch)
+      uncount(#ids - #tasks)
       if #tasks > 0 then
         record(batch, task_type, group, tasks, 0)
       end

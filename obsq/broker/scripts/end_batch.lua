@@ -1,6 +1,7 @@
 -- prelude: now_ms, task_key
 -- End a claimed batch. 'done' (its aggregated task is enqueued, under the batch's id)
--- deletes the batch and its grouped tasks (a task cancelled meanwhile stays cancelled),
+-- deletes the batch and its grouped tasks (a task cancelled meanwhile stays cancelled)
+-- and counts them out of `grouped`,
 -- whichever claim says so: the aggregated task exists, so a claim that took over after
 -- this one's ran out can only find it a duplicate, and a slow aggregator cannot keep its
 -- batch from ending. 'failed' (the aggregator raised or returned junk), only from the
@@ -24,10 +25,17 @@ if ARGV[4] == 'failed' then
 end
 redis.call('ZREM', KEYS[1], batch)
 redis.call('DEL', key)
+local ended = 0
 for id in string.gmatch(f[2] or '', '%S+') do
+  ended = ended + 1
   local task = task_key(id)
   if redis.call('HGET', task, 'state') == 'aggregating' then
     redis.call('DEL', task)
   end
+end
+-- its tasks were counted as aggregating until now (at least 0: a batch claimed by an
+-- earlier version was counted out when it was claimed)
+if redis.call('DECRBY', prefix .. 'grouped', ended) < 0 then
+  redis.call('SET', prefix .. 'grouped', 0)
 end
 return 1
