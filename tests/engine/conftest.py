@@ -5,11 +5,12 @@ for the whole session."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
 import subprocess
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ import redis
 from redis.cluster import RedisCluster
 from support import ROOT, ObsqProcess, missing_tool, short_interval_env, wait_for
 
+from obsq import cli
 from obsq.broker import Broker
+from obsq.inspector import Inspector
 from obsq.redis_server import RedisServer, free_port
 
 
@@ -26,6 +29,27 @@ async def broker(redis_url: str, namespace: str) -> AsyncIterator[Broker]:
     b = Broker(redis_url, namespace)
     yield b
     await b.close()
+
+
+@pytest.fixture
+async def inspector(redis_url: str, namespace: str) -> AsyncIterator[Inspector]:
+    async with Inspector(redis_url, namespace) as i:
+        yield i
+
+
+@pytest.fixture
+def obsq_cli(redis_url: str, namespace: str, capsys
+             ) -> Callable[..., Awaitable[tuple[int, str]]]:
+    """`code, output = await obsq_cli("stats")`: the `obsq` command on the test's namespace,
+    run in a thread, its stdout and stderr together."""
+    async def run(*argv: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = await asyncio.to_thread(cli.main, [*argv, "--redis-url", redis_url,
+                                                  "--namespace", namespace])
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+
+    return run
 
 
 @pytest.fixture

@@ -15,18 +15,6 @@ import obsq
 from obsq import cli
 
 
-@pytest.fixture
-def obsq_cli(redis_url, namespace, capsys):
-    async def run(*argv: str) -> tuple[int, str]:
-        capsys.readouterr()
-        code = await asyncio.to_thread(cli.main, [*argv, "--redis-url", redis_url,
-                                                  "--namespace", namespace])
-        captured = capsys.readouterr()
-        return code, captured.out + captured.err
-
-    return run
-
-
 async def test_stats_tasks_requeue_pause_and_unpause(app, client, start_worker, namespace,
                                                      obsq_cli) -> None:
     attempts: list[int] = []

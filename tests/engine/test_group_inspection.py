@@ -11,28 +11,9 @@ from datetime import timedelta
 import pytest
 
 import obsq
-from obsq import cli
 from obsq.inspector import MAX_PAGE, Inspector
 
 RULES = [("ingest:", 3, 600.0, 600.0)]  # (pattern, max_size, max_delay, grace) for claims
-
-
-@pytest.fixture
-async def inspector(redis_url: str, namespace: str):
-    async with Inspector(redis_url, namespace) as i:
-        yield i
-
-
-@pytest.fixture
-def obsq_cli(redis_url, namespace, capsys):
-    async def run(*argv: str) -> tuple[int, str]:
-        capsys.readouterr()
-        code = await asyncio.to_thread(cli.main, [*argv, "--redis-url", redis_url,
-                                                  "--namespace", namespace])
-        captured = capsys.readouterr()
-        return code, captured.out + captured.err
-
-    return run
 
 
 async def test_2000_groups_come_in_bounded_pages(client, inspector: Inspector) -> None:

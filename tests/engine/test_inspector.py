@@ -15,12 +15,6 @@ import obsq
 from obsq.inspector import STEP, Inspector
 
 
-@pytest.fixture
-async def inspector(redis_url: str, namespace: str):
-    async with Inspector(redis_url, namespace) as i:
-        yield i
-
-
 async def test_a_task_shows_everything_kept_for_it(app, client, start_worker,
                                                    inspector: Inspector) -> None:
     release = asyncio.Event()
