@@ -122,30 +122,33 @@ class Client:
         """Enqueue many tasks in few round trips. Every job is checked before anything is
         written. A duplicate is not an error here: its TaskInfo has `duplicate=True` and the
         id of the task that holds the id or the unique lock."""
-        for job in jobs:
-            self._warn_if_unhandled(job.type)
+        self._warn_if_unhandled(jobs)
         return await self._enqueue_jobs(jobs)
 
     async def _enqueue_jobs(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         messages = self._messages(jobs)
         return await self._chain(*self.producer_hooks)(messages) if messages else []
 
-    def _warn_if_unhandled(self, task_type: str, group: bool = False) -> None:
+    def _warn_if_unhandled(self, jobs: Sequence[Job], group: bool = False) -> None:
         """A typo in a task type otherwise shows only as retries of UnknownTaskType for
-        hours, and a grouped task with no aggregator waits for good: say so once, where
-        the App given to the Client registers handlers (one that only names the namespace
-        says nothing about types)."""
+        hours, and a grouped task with no aggregator waits for good: say so once per type,
+        where the App given to the Client registers handlers (one that only names the
+        namespace says nothing about types)."""
         app = self.app
-        if app is None or not app.routes or task_type in self._unhandled:
+        if app is None or not app.routes:
             return
-        if group:  # the aggregated task is what runs: the grouped type needs no handler
-            missing = "aggregator (app.aggregate)" if app.aggregation(task_type) is None else ""
-        else:
-            missing = "handler" if app.route(task_type) is None else ""
-        if missing:
-            self._unhandled.add(task_type)
-            log.warning("task type %r has no %s in the App of this Client: its tasks wait "
-                        "or fail until a worker's App has one", task_type, missing)
+        for job in jobs:
+            if job.type in self._unhandled:
+                continue
+            if group:  # the aggregated task is what runs: the grouped type needs no handler
+                missing = ("aggregator (app.aggregate)" if app.aggregation(job.type) is None
+                           else "")
+            else:
+                missing = "handler" if app.route(job.type) is None else ""
+            if missing:
+                self._unhandled.add(job.type)
+                log.warning("task type %r has no %s in the App of this Client: its tasks "
+                            "wait or fail until a worker's App has one", job.type, missing)
 
     def _messages(self, jobs: Sequence[Job]) -> list[TaskMessage]:
         """The jobs checked and encoded, with their route's defaults."""
@@ -198,7 +201,7 @@ class Client:
             return [TaskInfo(id=m.id, type=m.type, queue=m.queue, state="aggregating",
                              headers=m.headers, duplicate=not status.created)]
 
-        self._warn_if_unhandled(job.type, group=True)
+        self._warn_if_unhandled([job], group=True)
         write = ProducerChain(store)(*self.producer_hooks)
         info = (await write([self._message(job, time.time())]))[0]
         if info.duplicate:

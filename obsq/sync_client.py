@@ -62,8 +62,7 @@ class SyncClient:
         if self._client.broker.durable_replicas or not all(map(is_sync_safe,
                                                               (*app_hooks, *hooks))):
             return self._run(self._client.enqueue_many(jobs))  # WAIT rides on the async path
-        for job in jobs:
-            self._client._warn_if_unhandled(job.type)
+        self._client._warn_if_unhandled(jobs)
         messages = self._client._messages(jobs)
         return _run_now(self._chain(app_hooks, hooks)(messages)) if messages else []
 
