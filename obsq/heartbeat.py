@@ -68,7 +68,7 @@ class Heartbeat(BackgroundLoop):
         before, self.memory_policy = self.memory_policy, policy
         if policy != SAFE_MEMORY_POLICY:
             log.warning("%s (changed at run time from %s)",
-                        eviction_problem(self.broker.url.rpartition("@")[2], policy), before)
+                        eviction_problem(self.broker.safe_url, policy), before)
         else:
             log.info("Redis's maxmemory-policy is %s again", policy)
 

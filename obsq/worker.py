@@ -159,7 +159,7 @@ class Worker:
         self.started.set()
         log.info("worker %s started: queues %s, concurrency %d, Redis %s", self.id,
                  ",".join(f"{q}={w}" for q, w in self.queues.items()), self.concurrency,
-                 self.broker.url.rpartition("@")[2])
+                 self.broker.safe_url)
         fetcher = Fetcher(self.broker, self.settler, self.id, queues=self.queues,
                           strict_priority=s.strict_priority, lease_seconds=s.lease_seconds,
                           wait_timeout=s.wait_timeout, room=self._room, take=self._take,

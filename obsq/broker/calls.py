@@ -50,6 +50,7 @@ OPERATIONS = tuple(sorted({*SCRIPTS, *COMMANDS}))
 class RedisCalls:
     def __init__(self, url: str, namespace: str, *, client: Any = None) -> None:
         self.url = url
+        self.safe_url = safe(url)  # the URL without its password, for messages and logs
         self.namespace = namespace
         self.redis = client if client is not None else create_client(url)
         self.is_cluster = isinstance(self.redis, RedisCluster)
@@ -83,7 +84,7 @@ class RedisCalls:
             raise ConfigurationError(self._contact_failure(exc)) from None
         release = tuple(int(p) for p in version.split(".")[:2])
         if release < MIN_REDIS_VERSION:
-            raise ConfigurationError(f"obsq needs Redis 6.2 or newer; {safe(self.url)} runs "
+            raise ConfigurationError(f"obsq needs Redis 6.2 or newer; {self.safe_url} runs "
                                      f"{version}")
         if release >= ACL_PROBE_VERSION:
             await self._check_acl()
@@ -105,8 +106,8 @@ class RedisCalls:
     def _contact_failure(self, exc: BaseException) -> str:
         """A first call's failure, said as where and why, without redis-py's wrapping."""
         if isinstance(exc, AuthenticationError):
-            return f"Redis at {safe(self.url)} refused the credentials: {exc}"
-        return (f"cannot reach Redis at {safe(self.url)}: {reason(exc)}"
+            return f"Redis at {self.safe_url} refused the credentials: {exc}"
+        return (f"cannot reach Redis at {self.safe_url}: {reason(exc)}"
                 f"{hint(self.url, exc, self.namespace)}")
 
     async def _check_acl(self) -> None:
@@ -125,7 +126,7 @@ class RedisCalls:
             raise ConfigurationError(self._contact_failure(exc)) from None
         if denied:
             names = ", ".join(d.decode() if isinstance(d, bytes) else d for d in denied)
-            raise ConfigurationError(f"the Redis user of {safe(self.url)} may not run "
+            raise ConfigurationError(f"the Redis user of {self.safe_url} may not run "
                                      f"{names}: {acl_advice(self.namespace)}")
 
     def _outside_probes(self, key: str) -> dict[str, Callable[[], Awaitable[Any]]]:
@@ -168,15 +169,15 @@ class RedisCalls:
             if self._start_policy is None:
                 log.warning("cannot read Redis's maxmemory-policy at %s (CONFIG GET and INFO "
                             "denied); make sure it is %s, or tasks may be evicted",
-                            safe(self.url), SAFE_MEMORY_POLICY)
+                            self.safe_url, SAFE_MEMORY_POLICY)
             elif self._start_policy != SAFE_MEMORY_POLICY and not refuse:
-                log.warning("%s; set it to %s", eviction_problem(safe(self.url),
+                log.warning("%s; set it to %s", eviction_problem(self.safe_url,
                                                                   self._start_policy),
                             SAFE_MEMORY_POLICY)
         policy = self._start_policy
         if refuse and policy is not None and policy != SAFE_MEMORY_POLICY:
             raise ConfigurationError(
-                f"{eviction_problem(safe(self.url), policy)}; set it to {SAFE_MEMORY_POLICY}, "
+                f"{eviction_problem(self.safe_url, policy)}; set it to {SAFE_MEMORY_POLICY}, "
                 "or accept losing tasks with --allow-eviction (OBSQ_ALLOW_EVICTION=true)")
         return policy
 

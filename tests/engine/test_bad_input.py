@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 import shutil
 import socket
 import subprocess
@@ -287,6 +288,15 @@ def test_worker_cli_exits_with_one_line_for_a_wrong_password(redis_with_password
     assert "wrong" not in line  # the password is not printed
     line = one_clear_line(_run_worker_cli(f"redis://127.0.0.1:{port}/0"))
     assert "Redis" in line and "auth" in line.lower()
+
+
+async def test_the_start_line_hides_the_password(redis_with_password, start_worker,
+                                                 caplog) -> None:
+    port, password = redis_with_password
+    caplog.set_level(logging.INFO, logger="obsq")
+    await start_worker(redis_url=f"redis://:{password}@127.0.0.1:{port}/0")
+    started = [r.getMessage() for r in caplog.records if "started: queues" in r.getMessage()]
+    assert started and started[0].endswith(f"Redis redis://***@127.0.0.1:{port}/0")
 
 
 async def _settled(broker) -> bool:
