@@ -24,8 +24,8 @@ ENQUEUE_BATCH = 500  # tasks per enqueue script call: bounds how long one call h
 # cannot take the memory workers write to as they drain the queues (leases, results,
 # retries); 1 turns the check off (Redis still refuses enqueues at maxmemory itself).
 ENQUEUE_MEMORY_SHARE = 0.9
-# INFO memory costs an enqueue half again its Redis CPU, so a reading of no maxmemory, or of
-# used memory under half the share, is trusted this long (ms) by every enqueue of a queue.
+# INFO memory costs more Redis time than a small enqueue, so a reading's budget (half the
+# room below the share) serves the enqueues of a queue at most this long (ms).
 MEMORY_LOOK_MS = 100
 # Client(durable_replicas=N): how long an enqueue waits for N replicas to have its tasks
 # before it is refused (the tasks are then on the master only).

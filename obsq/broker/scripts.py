@@ -5,6 +5,7 @@ a producer keeps beside its pool (asyncio and blocking alike)."""
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from importlib import resources
 from string import Template
@@ -32,17 +33,53 @@ class _Constants(Template):
     delimiter = "@"  # Lua uses $ in patterns, never @
 
 
+_DEFINITION = re.compile(r"^local (?:function )?(\w+)", re.M)
+_COMMENT = re.compile(r"--.*$", re.M)
+
+
+def _prelude_blocks(prelude: str) -> list[tuple[str, str]]:
+    """The prelude's top-level definitions, in order, as (name, text): a `local function`
+    runs to the `end` at the start of a line, any other `local` is one line."""
+    blocks = []
+    lines = prelude.splitlines()
+    i = 0
+    while i < len(lines):
+        found = _DEFINITION.match(lines[i])
+        if not found:
+            i += 1
+            continue
+        end = i
+        if lines[i].startswith("local function"):
+            while lines[end] != "end":
+                end += 1
+        blocks.append((found[1], "\n".join(lines[i:end + 1])))
+        i = end + 1
+    return blocks
+
+
+def _prelude_for(body: str, blocks: list[tuple[str, str]]) -> str:
+    """Only the definitions `body` uses, and the ones those use: Redis runs a script's
+    prelude on every call, and all of it costs an enqueue several µs of server time."""
+    uses = _COMMENT.sub("", body)
+    needed = []
+    for name, text in reversed(blocks):  # a definition uses only the ones above it
+        if re.search(rf"\b{name}\b", uses):
+            needed.append(text)
+            uses += _COMMENT.sub("", text)
+    return "\n".join(reversed(needed))
+
+
 def load_scripts() -> dict[str, Script]:
     preludes = sorted((p for p in SCRIPT_DIR.iterdir() if p.name.startswith("_")),
                       key=lambda p: p.name)  # _prelude.lua, then the ones built on it
-    prelude = _Constants("\n".join(p.read_text() for p in preludes)).substitute(
+    blocks = _prelude_blocks(_Constants("\n".join(p.read_text() for p in preludes)).substitute(
         LUA_SLICE=LUA_SLICE, WAKE_CAP=WAKE_CAP, INBOX_TTL=INBOX_TTL,
-        MEMORY_LOOK_MS=MEMORY_LOOK_MS)
+        MEMORY_LOOK_MS=MEMORY_LOOK_MS))
     scripts = {}
     for path in SCRIPT_DIR.iterdir():
         if path.name.endswith(".lua") and not path.name.startswith("_"):
-            name = path.name[:-4]
-            scripts[name] = Script(name, prelude + "\n" + path.read_text())
+            name, body = path.name[:-4], path.read_text()
+            scripts[name] = Script(name, _prelude_for(body, blocks) + "\n" + body)
     return scripts
 
 

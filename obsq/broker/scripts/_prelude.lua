@@ -1,4 +1,7 @@
--- Prepended to every script; each script names on its first line the helpers it uses.
+-- Definitions a script may use: each script gets the ones it uses, and the ones those use,
+-- prepended (Redis runs them on every call); it names on its first line the helpers it calls.
+-- A definition is a `local function` (to the `end` at the start of a line) or a one-line
+-- `local`, and uses only definitions above it.
 -- Constants marked with an at sign come from obsq.settings, written in at load time.
 -- KEYS[1] is always a key of one queue ("<ns>:{<queue>}:<name>") or another single key, so
 -- every key a script builds is derived from it and shares its hash tag (one cluster slot).
@@ -47,8 +50,11 @@ local function hmget_sliced(key, fields)
   return out
 end
 
--- How long enqueue.lua trusts a reading of used memory far below the producers' share.
+-- enqueue.lua's budget of memory below the producers' share: how long a reading lasts, what
+-- a task takes beside its strings, and the budget when there is no maxmemory or no INFO.
 local MEMORY_LOOK_MS = @MEMORY_LOOK_MS
+local TASK_BYTES = 256
+local UNCHECKED_BUDGET = 1099511627776  -- 2^40, an integer as Lua writes it (not 1e+15)
 
 -- Wake tokens let idle workers block on BLPOP instead of polling; capped so a queue
 -- nobody is waiting on does not grow them without bound.

@@ -12,25 +12,41 @@
 -- Returns only the refusals, flat: the task's position in the batch (1-based), then 'id'
 -- (the id exists) or 'unique:<id of the holder>'. An empty reply: all were enqueued.
 local STRIDE = 11
--- Refused before any write above the producers' share of maxmemory: the rest is for what
--- the workers draining the queues write (their calls are never refused for memory). A user
--- whose ACL denies INFO goes without this check (an error table, not the text). A reading
--- far below the share is kept in `memok` for MEMORY_LOOK_MS, so that Redis is not asked on
--- every call; the key's SET cannot be refused, as memory is then under half of maxmemory.
+-- Refused above the producers' share of maxmemory (ARGV[2]), before the batch is written:
+-- the rest is for what the workers draining the queues write (their calls are never
+-- refused for memory). INFO memory costs more Redis time than a small enqueue, so a reading
+-- leaves in `memok` a budget of half the room it found below the share, which each enqueue
+-- draws down by what it will write (TASK_BYTES a task, plus its strings), for
+-- MEMORY_LOOK_MS at most (workers and other clients fill memory too); Redis is read again
+-- when the budget is spent, so producers however fast never write past the share. The
+-- DECRBY is the first write: it cannot be refused below maxmemory, and past it the call is
+-- refused as Redis full. A user whose ACL denies INFO goes without the check (an error
+-- table, not the text).
 local share = tonumber(ARGV[2])
-if share < 1 and redis.call('EXISTS', prefix .. 'memok') == 0 then
-  local memory = redis.pcall('INFO', 'memory')
-  if type(memory) == 'string' then
-    local limit = tonumber(string.match(memory, 'maxmemory:(%d+)')) or 0
-    local used = tonumber(string.match(memory, 'used_memory:(%d+)')) or 0
-    if limit > 0 and used > share * limit then
-      return redis.error_reply(string.format(
-        'OBSQFULL used memory is %d%% of maxmemory, above the %d%% producers may fill',
-        math.floor(used * 100 / limit), math.floor(share * 100 + 0.5)))
+if share < 1 then
+  local cost = 0
+  for i = 3, #ARGV, STRIDE do
+    cost = cost + TASK_BYTES + #ARGV[i] + #ARGV[i + 2] + #ARGV[i + 3] + #ARGV[i + 5]
+      + #ARGV[i + 6]
+  end
+  local memok = prefix .. 'memok'
+  if redis.call('DECRBY', memok, cost) < 0 then
+    local budget = UNCHECKED_BUDGET
+    local memory = redis.pcall('INFO', 'memory')
+    if type(memory) == 'string' then
+      local limit = tonumber(string.match(memory, 'maxmemory:(%d+)')) or 0
+      local used = tonumber(string.match(memory, 'used_memory:(%d+)')) or 0
+      if limit > 0 and used > share * limit then
+        redis.call('DEL', memok)
+        return redis.error_reply(string.format(
+          'OBSQFULL used memory is %d%% of maxmemory, above the %d%% producers may fill',
+          math.floor(used * 100 / limit), math.floor(share * 100 + 0.5)))
+      end
+      if limit > 0 then
+        budget = math.floor((share * limit - used) / 2) - cost
+      end
     end
-    if limit == 0 or used < share * limit / 2 then
-      redis.call('SET', prefix .. 'memok', '1', 'PX', MEMORY_LOOK_MS)
-    end
+    redis.call('SET', memok, budget, 'PX', MEMORY_LOOK_MS)
   end
 end
 local now = now_ms()
