@@ -160,6 +160,34 @@ async def test_a_held_task_is_cancelled_where_it_waits(app, client, broker, star
     assert await _state(client, second.id) == "cancelled"
 
 
+async def test_purging_pending_takes_the_tasks_held_back_and_waiting_on_a_key(
+        app, client, broker, redis_url, namespace, start_worker) -> None:
+    """Held tasks and those behind an ordering key count as pending (obsq stats), so an
+    operator purging pending expects them gone: only the running task is left to finish."""
+    gate = asyncio.Event()
+    ran = []
+
+    @app.task("one", concurrency=1)
+    async def one(task: obsq.Task):
+        ran.append(task.payload)
+        await gate.wait()
+
+    held = [await client.enqueue("one", i) for i in range(6)]
+    keyed = [await client.enqueue("one", 10 + i, ordering_key="k") for i in range(4)]
+    await start_worker()
+    await wait_until(lambda: broker.redis.llen(broker.keys("default").prefix + "held:one"),
+                     what="tasks held back")
+    async with Inspector(redis_url, namespace) as inspector:
+        assert await inspector.purge("default", "pending") == 5 + 4
+    assert (await depth(broker))["pending"] == 0
+    gate.set()
+    await wait_until(lambda: _depth_zero(broker), what="the running task done")
+    assert ran == [0]
+    for info in held[1:] + keyed:
+        with pytest.raises(obsq.TaskNotFound):
+            await client.info(info.id)
+
+
 async def _state_is(client: obsq.Client, task_id: str, state: str) -> bool:
     return await _state(client, task_id) == state
 

@@ -2,8 +2,9 @@
 -- Delete tasks with everything kept for them (data, progress, unique lock): one task by id
 -- in any state but running (obsq delete), or a batch of one state's tasks (obsq purge,
 -- repeated by the caller until the state is empty).
--- A task held back by a route limit leaves its held list, and one with an ordering key lets
--- the next of its key run.
+-- A task held back by a route limit leaves its held list (purging pending takes the held
+-- tasks too: they count as pending), and one with an ordering key lets the next of its key
+-- run (a purge takes that one in a later step).
 -- KEYS: pending, scheduled, retry, dead, completed, cancelled, active
 -- ARGV: now, 'id' or the state to purge, the id or the batch size
 -- Returns for an id: the state it was in, 'running' (refused) or '' (no such task);
@@ -57,7 +58,17 @@ local key = sets[ARGV[2]]
 local batch = tonumber(ARGV[3])
 local ids
 if key == KEYS[1] then
+  -- pending, then the tasks held back by a route limit (they count as pending); forget()
+  -- takes a held one out of its list
   ids = redis.call('RPOP', key, batch) or {}
+  for _, pattern in ipairs(redis.call('SMEMBERS', prefix .. 'holding')) do
+    local held = prefix .. 'held:' .. pattern
+    if #ids < batch then
+      for _, id in ipairs(redis.call('LRANGE', held, -(batch - #ids), -1)) do
+        ids[#ids + 1] = id
+      end
+    end
+  end
 else
   ids = {}
   local popped = redis.call('ZPOPMIN', key, batch)
@@ -71,6 +82,9 @@ end
 local left
 if key == KEYS[1] then
   left = redis.call('LLEN', key)
+  for _, pattern in ipairs(redis.call('SMEMBERS', prefix .. 'holding')) do
+    left = left + redis.call('LLEN', prefix .. 'held:' .. pattern)
+  end
 else
   left = redis.call('ZCARD', key)
 end
