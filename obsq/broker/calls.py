@@ -17,6 +17,8 @@ from redis.exceptions import (
     RedisError,
     ResponseError,
 )
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from obsq.broker.acl import PROBE, probed_commands
 from obsq.broker.connection import create_client, kept_connection
@@ -45,6 +47,7 @@ COMMANDS = ("delete_namespace", "deregister", "find_queue", "forget_workers",
             "schedule_entries", "set_progress", "task_info",
             "wait_for_work", "wait_schedule_change", "workers")
 OPERATIONS = tuple(sorted({*SCRIPTS, *COMMANDS}))
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)  # said as "cannot reach"
 
 
 class RedisCalls:
@@ -194,6 +197,9 @@ class RedisCalls:
         if message is None and denied_by_acl(exc):
             message = (f"Redis call {operation!r} refused to the Redis user: {exc}; "
                        f"{acl_advice(self.namespace)}")
+        elif message is None and isinstance(exc, UNREACHABLE):
+            message = (f"Redis call {operation!r} failed: cannot reach Redis at "
+                       f"{self.safe_url}: {reason(exc)}")
         return BrokerError(operation, exc, message)
 
     async def _guard(self, operation: str, call: Awaitable[Any]) -> Any:

@@ -238,6 +238,20 @@ async def test_a_client_against_an_unreachable_redis_says_where_and_why() -> Non
                                  "Connection refused")
 
 
+async def test_a_client_whose_redis_goes_away_says_where_and_which_call() -> None:
+    server = RedisServer().start()
+    try:
+        async with obsq.Client(server.url) as client:
+            await client.enqueue("echo")
+            server.close()
+            with pytest.raises(obsq.BrokerError) as raised:
+                await client.enqueue("echo")
+    finally:
+        server.close()
+    assert str(raised.value).startswith(
+        f"Redis call 'enqueue' failed: cannot reach Redis at {server.url}: ")
+
+
 def _run_worker_cli(redis_url: str, *extra: str,
                     app: str = "tests.engine.apps:app") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
