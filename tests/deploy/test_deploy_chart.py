@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import tarfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from deploytools import (
     run,
 )
 from promql import unknown_metrics
+from support import ObsqProcess, obsq_env, wait_for
 
 API_FLAGS = [f"--api-versions={a}" for a in CRD_APIS]
 
@@ -66,6 +68,7 @@ EXPECTED_KINDS = {
         "Service",
         "Service",
         "Service",
+        "Service",
         "ServiceAccount",
         "ServiceMonitor",
     ],
@@ -82,6 +85,7 @@ EXPECTED_KINDS = {
         "Service",
         "Service",
         "Service",
+        "Service",
         "ServiceAccount",
         "ServiceMonitor",
     ],
@@ -94,6 +98,7 @@ EXPECTED_KINDS = {
         "PodDisruptionBudget",
         "PrometheusRule",
         "ScaledObject",
+        "Service",
         "Service",
         "Service",
         "Service",
@@ -359,6 +364,127 @@ def test_scheduler_probes_can_be_turned_off(helm: str) -> None:
     assert c["ports"][0]["containerPort"] == 9300
 
 
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels and `In` expressions) selects `labels`."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    return all(
+        labels.get(e["key"]) in e["values"]
+        for e in selector.get("matchExpressions", [])
+        if e["operator"] == "In"
+    )
+
+
+def scrape_targets(render: Render, suffix: str) -> dict[str, tuple[int, str]]:
+    """How the rendered chart has Prometheus reach one Deployment's pods: by the
+    ServiceMonitor (through a Service) and by the prometheus.io annotations, each as
+    (container port, path)."""
+    deployment = render.one("Deployment", suffix)
+    pod = deployment["spec"]["template"]
+    ports = {p["name"]: p["containerPort"] for p in container(deployment)["ports"]}
+    found = {}
+    monitors = render.all("ServiceMonitor")
+    for service in render.all("Service"):
+        if not service["spec"]["selector"].items() <= pod["metadata"]["labels"].items():
+            continue
+        for monitor in monitors:
+            if not _selects(monitor["spec"]["selector"], service["metadata"]["labels"]):
+                continue
+            for endpoint in monitor["spec"]["endpoints"]:
+                for port in service["spec"]["ports"]:
+                    if port["name"] == endpoint["port"] and port["targetPort"] in ports:
+                        found["serviceMonitor"] = (ports[port["targetPort"]], endpoint["path"])
+    annotations = pod["metadata"].get("annotations", {})
+    if annotations.get("prometheus.io/scrape") == "true":
+        found["annotations"] = (int(annotations["prometheus.io/port"]),
+                                annotations["prometheus.io/path"])
+    return found
+
+
+def test_scheduler_is_scraped_like_the_workers(render_all: Render) -> None:
+    # obsq_scheduler_fires_total and obsq_scheduler_missed_total come only from the
+    # scheduler's /metrics: the chart must scrape it as it scrapes the workers.
+    worker = scrape_targets(render_all, "-worker")
+    scheduler = scrape_targets(render_all, "-scheduler")
+    assert worker == {"serviceMonitor": (9191, "/metrics"), "annotations": (9191, "/metrics")}
+    assert scheduler == worker
+    service = render_all.one("Service", "-scheduler")
+    assert service["metadata"]["labels"]["app.kubernetes.io/component"] == "scheduler"
+    assert service["metadata"]["annotations"] == {"example.com/scrape": "true"}
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    # Its Service selects the scheduler pods only.
+    for suffix in ("-worker", "-exporter", "-ui"):
+        labels = render_all.one("Deployment", suffix)["spec"]["template"]["metadata"]["labels"]
+        assert not service["spec"]["selector"].items() <= labels.items(), suffix
+    # The NetworkPolicy lets the scrapes through to the scheduler's metrics port.
+    labels = render_all.one("Deployment", "-scheduler")["spec"]["template"]["metadata"]["labels"]
+    policy = render_all.one("NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    (rule,) = [r for r in policy["ingress"] if r["ports"][0]["port"] == "http-metrics"]
+    assert rule["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"}
+
+
+def test_production_example_scrapes_the_scheduler(helm: str) -> None:
+    render = helm_template(
+        helm, *SCENARIOS["production-example"], "--set", "metrics.podAnnotations=true"
+    )
+    assert scrape_targets(render, "-scheduler") == {
+        "serviceMonitor": (9191, "/metrics"), "annotations": (9191, "/metrics")}
+
+
+def test_scheduler_scrape_follows_the_values(helm: str) -> None:
+    # No annotations unless metrics.podAnnotations; no Service without metrics.service.
+    plain = helm_template(helm, "--set", "scheduler.enabled=true,metrics.port=9300")
+    assert scrape_targets(plain, "-scheduler") == {}
+    assert plain.one("Service", "-scheduler")["spec"]["ports"][0]["port"] == 9300
+    no_service = helm_template(
+        helm, "--set", "scheduler.enabled=true,metrics.service.enabled=false")
+    assert [d["metadata"]["name"] for d in no_service.all("Service")] == []
+    assert "jobs-obsq-scheduler" not in [d["metadata"]["name"] for d in helm_template(helm).docs]
+
+
+def test_rendered_scheduler_serves_its_metrics_where_the_chart_scrapes(
+    helm: str, redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    # A real `obsq scheduler` started with the rendered command and environment answers
+    # at the port and path that the ServiceMonitor and the annotations point at.
+    from obsq.redis_server import free_port
+
+    (tmp_path / "schedapp.py").write_text(
+        "import obsq\n\n"
+        f"app = obsq.App(namespace={namespace!r})\n"
+        'app.periodic("@every 1s", "tick")\n'
+    )
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "app": "schedapp:app",
+        "obsq": {"namespace": namespace, "logFormat": "text"},
+        "redis": {"url": redis_url},
+        "scheduler": {"enabled": True},
+        "metrics": {"port": free_port(), "podAnnotations": True,
+                    "serviceMonitor": {"enabled": True}},
+    }))
+    render = helm_template(helm, "-f", str(values), *API_FLAGS)
+    targets = scrape_targets(render, "-scheduler")
+    assert set(targets) == {"serviceMonitor", "annotations"}
+    c = container(render.one("Deployment", "-scheduler"))
+    env = {k: v for k, v in env_of(c).items() if isinstance(v, str) and k.startswith("OBSQ_")}
+    log = tmp_path / "scheduler.log"
+    scheduler = ObsqProcess(c["args"], obsq_env(**env), tmp_path, log)
+    try:
+        for port, path in set(targets.values()):
+            def fires(port: int = port, path: str = path) -> bool:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                    body = r.read().decode()
+                return 'obsq_scheduler_fires_total{entry="tick"}' in body
+            wait_for(fires, timeout=20, what=f"scheduler fires on :{port}{path}")
+    finally:
+        code = scheduler.stop()
+        scheduler.close()
+    assert code == 0, log.read_text()
+
+
 # --- the exporter Deployment ------------------------------------------------------------
 
 
@@ -441,7 +567,8 @@ def test_exporter_is_scraped_by_the_service_monitor(render_all: Render) -> None:
         )
 
     services = {d["metadata"]["name"]: d for d in render_all.all("Service")}
-    assert set(services) == {"jobs-obsq-metrics", "jobs-obsq-exporter", "jobs-obsq-ui"}
+    assert set(services) == {"jobs-obsq-metrics", "jobs-obsq-exporter", "jobs-obsq-scheduler",
+                             "jobs-obsq-ui"}
     assert not selects(services.pop("jobs-obsq-ui")["metadata"]["labels"])  # the console
     for service in services.values():
         assert selects(service["metadata"]["labels"]), service["metadata"]["name"]
