@@ -649,8 +649,10 @@ def test_keda_scaled_object(render_all: Render) -> None:
     assert trigger["type"] == "prometheus"
     assert trigger["metricType"] == "Value"
     query = trigger["metadata"]["query"]
+    selector = 'namespace="jobs", queue=~"critical|default\\\\.v2|low"'
     assert query == (
-        'max(obsq_queue_latency_seconds{namespace="jobs", queue=~"critical|default\\\\.v2|low"})'
+        f"max(obsq_queue_latency_seconds{{{selector}}}"
+        f" unless on (namespace, queue) (obsq_queue_paused{{{selector}}} == 1))"
     )
     assert not unknown_metrics(query)
     assert trigger["metadata"]["threshold"] == "20"
@@ -663,7 +665,9 @@ def test_keda_on_queue_depth(helm: str) -> None:
     assert trigger["metricType"] == "AverageValue"
     assert trigger["metadata"]["query"] == (
         "sum(max by (queue) (obsq_queue_depth"
-        '{namespace="jobs", queue=~"critical|default", state="pending"}))'
+        '{namespace="jobs", queue=~"critical|default", state="pending"}'
+        ' unless on (namespace, queue) (obsq_queue_paused{namespace="jobs",'
+        ' queue=~"critical|default"} == 1)))'
     )
 
 
@@ -678,6 +682,82 @@ def test_keda_queries_parse(helm: str, promtool: str, tmp_path: Path) -> None:
     path = tmp_path / "keda.rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "keda", "rules": rules}]}))
     proc = run([promtool, "check", "rules", str(path)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# Two scraped processes (a worker and the exporter) export the same queue gauges, as in
+# a cluster; `low` is paused with a growing backlog, another installation (namespace
+# `other`) has a busier `critical` queue, and a paused `critical` there must not hide
+# this one's.
+KEDA_SERIES = [
+    *[
+        {"series": f'{name}{{namespace="jobs", instance="{instance}", queue="{queue}"{extra}}}',
+         "values": values}
+        for instance in ("worker-a", "exporter")
+        for name, extra, queue, values in [
+            ("obsq_queue_latency_seconds", "", "critical", "5+0x10"),
+            ("obsq_queue_latency_seconds", "", "default.v2", "12+0x10"),
+            ("obsq_queue_latency_seconds", "", "low", "600+60x10"),
+            ("obsq_queue_depth", ', state="pending"', "critical", "3+0x10"),
+            ("obsq_queue_depth", ', state="pending"', "default.v2", "4+0x10"),
+            ("obsq_queue_depth", ', state="pending"', "low", "500+100x10"),
+            ("obsq_queue_paused", "", "critical", "0+0x10"),
+            ("obsq_queue_paused", "", "default.v2", "0+0x10"),
+            ("obsq_queue_paused", "", "low", "1+0x10"),
+        ]
+    ],
+    {"series": 'obsq_queue_latency_seconds{namespace="other", instance="x", queue="critical"}',
+     "values": "9000+0x10"},
+    {"series": 'obsq_queue_paused{namespace="other", instance="x", queue="critical"}',
+     "values": "1+0x10"},
+]
+
+
+def test_keda_queries_leave_out_paused_queues(helm: str, promtool: str, tmp_path: Path) -> None:
+    # `obsq pause low`: its latency and backlog keep growing, but no worker may take its
+    # tasks, so it must not drive the replicas (to maxReplicaCount).
+    queries = {}
+    for metric in ("latency", "depth"):
+        render = helm_template(
+            helm, "-f", str(HERE / "values-all.yaml"), "--set", f"keda.metric={metric}",
+            *API_FLAGS,
+        )
+        (trigger,) = render.one("ScaledObject")["spec"]["triggers"]
+        queries[metric] = trigger["metadata"]["query"]
+    all_paused = [
+        {**s, "values": "1+0x10"} if s["series"].startswith("obsq_queue_paused") else s
+        for s in KEDA_SERIES
+    ]
+    tests = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": KEDA_SERIES,
+                "promql_expr_test": [
+                    # the oldest task of the queues workers may take: default.v2's 12 s
+                    {"expr": queries["latency"], "eval_time": "5m",
+                     "exp_samples": [{"labels": "{}", "value": 12}]},
+                    # pending tasks of critical and default.v2 only
+                    {"expr": queries["depth"], "eval_time": "5m",
+                     "exp_samples": [{"labels": "{}", "value": 7}]},
+                ],
+            },
+            {
+                # every queue paused: no sample, which KEDA reads as 0 (ignoreNullValues)
+                "interval": "1m",
+                "input_series": all_paused,
+                "promql_expr_test": [
+                    {"expr": queries["latency"], "eval_time": "5m", "exp_samples": []},
+                    {"expr": queries["depth"], "eval_time": "5m", "exp_samples": []},
+                ],
+            },
+        ],
+    }
+    path = tmp_path / "keda.test.yml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    proc = run([promtool, "test", "rules", str(path)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
