@@ -134,7 +134,7 @@ async def queues(inspector: Inspector, args: argparse.Namespace, out: Output) ->
         print(await _empty(inspector))
         return
     print(out.table(
-        ["queue", *DEPTH_STATES, "latency", "paused", "done/min", "failed/min", "done/h",
+        ["queue", *DEPTH_STATES, "latency", "paused", "runs/min", "failed/min", "runs/h",
          "failed/h"],
         [[q.name, *(_count(q.depth[s], s) for s in DEPTH_STATES), f"{q.latency:.1f}s",
           ("yes", "paused") if q.paused else "", *_rate_cells(q)] for q in found]))

@@ -9,10 +9,12 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from support import ObsqProcess, obsq_env, one_clear_line, run_obsq, wait_until
+from support import ROOT, ObsqProcess, obsq_env, one_clear_line, run_obsq, wait_until
 
 import obsq
 
@@ -183,3 +185,13 @@ async def test_route_concurrency_limits_each_worker_process(redis_url, namespace
         supervisor.close()
     assert code == 0, supervisor.log()
     assert at_once == [1] * 8, supervisor.log()
+
+
+def test_output_cut_short_by_its_reader_ends_quietly() -> None:
+    """`obsq acl | head -1`: the reader leaves before obsq writes; no traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "obsq", "acl"], cwd=ROOT, env=obsq_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    proc.stdout.close()  # before the interpreter has even started
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and not err, err

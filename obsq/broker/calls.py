@@ -9,6 +9,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
@@ -109,6 +110,9 @@ class RedisCalls:
     def _contact_failure(self, exc: BaseException) -> str:
         """A first call's failure, said as where and why, without redis-py's wrapping."""
         if isinstance(exc, AuthenticationError):
+            if urlsplit(self.url).password is None:
+                return (f"Redis at {self.safe_url} requires a password, and the URL gives "
+                        "none: redis://[USER]:PASSWORD@HOST:PORT/DB")
             return f"Redis at {self.safe_url} refused the credentials: {exc}"
         return (f"cannot reach Redis at {self.safe_url}: {reason(exc)}"
                 f"{hint(self.url, exc, self.namespace)}")

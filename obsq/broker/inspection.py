@@ -19,7 +19,8 @@ from obsq.broker.records import BatchRecord, GroupListing, GroupRecord
 
 # How each state's page is ordered: what runs next first (pending: oldest first, from the
 # right end of the list; scheduled/retry: soonest due; active: soonest lease expiry), what
-# ended last first (dead, completed, cancelled).
+# ended last first (dead, cancelled; completed by when it is removed, its end plus its
+# retention, which is the order of their ends where tasks keep the same retention).
 PAGE_ORDER = {"pending": "list", "active": "asc", "scheduled": "asc", "retry": "asc",
               "dead": "desc", "completed": "desc", "cancelled": "desc"}
 REVIVABLE = ("dead", "cancelled", "retry", "scheduled")

@@ -214,13 +214,17 @@ class Console:
         queue = _field(form, "queue") or None
         back = str(request.url_for("task", task_id=task_id)) + (
             "?" + urlencode({"queue": queue}) if queue else "")
+        after = back
 
         async def run(form: FormData) -> str:
+            nonlocal after
             detail = await i.task(task_id, queue)
             if action == "requeue":
                 if detail.state not in REVIVABLE or (await i.requeue(
                         detail.queue, detail.state, [task_id])).missing:
                     raise ValueError(f"task {task_id} is {detail.state}: it cannot be requeued")
+                if not detail.options.get("retention"):  # gone once it runs: see its queue
+                    after = str(request.url_for("queue", queue=detail.queue)) + "?state=pending"
                 return f"Task {task_id} moved from {detail.state} to pending."
             if action == "delete":
                 await i.delete(task_id, detail.queue)
@@ -232,12 +236,13 @@ class Console:
                             state, f"Task {task_id} had ended already ({state}).")
             raise ValueError(f"no action {action!r} on a task")
 
-        return await self.act(request, run, back)
+        return await self.act(request, run, lambda: after)
 
     async def act(self, request: Request, run: Callable[[FormData], Awaitable[str]],
-                  back: str) -> Response:
+                  back: str | Callable[[], str]) -> Response:
         """Run an action if the request may: POST from this site with the session's CSRF
-        token, or with the bearer token. The outcome is shown on the page it returns to."""
+        token, or with the bearer token. The outcome is shown on the page it returns to
+        (`back`, or what it says once the action ran)."""
         form = await request.form()
         origin = request.headers.get("origin")
         if not self.auth.can_act:
@@ -245,14 +250,20 @@ class Console:
                                "(obsq ui --token, or OBSQ_UI_TOKEN) and no --read-only.")
         if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
             return self.refuse(request, "Actions are only accepted from the console itself.")
-        if not (self.auth.bearer_ok(request.headers.get("authorization")) or
+        by_script = self.auth.bearer_ok(request.headers.get("authorization"))
+        if not (by_script or
                 self.auth.csrf_ok(request.cookies.get(SESSION_COOKIE), _field(form, "csrf"))):
             return self.refuse(request, "Sign in with the console's token to do this.")
         try:
             kind, message = "ok", await run(form)
         except Refused as exc:
+            if by_script:  # a script reads the status, not a page it is sent back to
+                return JSONResponse({"status": "error", "message": str(exc)},
+                                    _refusal_status(exc))
             kind, message = "error", str(exc)
-        response = RedirectResponse(_next(form, back), 303)
+        if by_script:
+            return JSONResponse({"status": "ok", "message": message})
+        response = RedirectResponse(_next(form, back() if callable(back) else back), 303)
         response.set_cookie(FLASH_COOKIE, quote(f"{kind}:{message}"), max_age=60,
                             httponly=True, samesite="strict")
         return response
@@ -320,6 +331,12 @@ class Console:
 def _field(form: FormData, name: str) -> str:
     value = form.get(name)
     return value.strip() if isinstance(value, str) else ""
+
+
+def _refusal_status(exc: Exception) -> int:
+    if isinstance(exc, (QueueNotFound, TaskNotFound)):
+        return 404
+    return 409 if isinstance(exc, TaskRunning) else 400
 
 
 def _next(source: Any, default: str = "/") -> str:

@@ -300,8 +300,8 @@ def test_worker_cli_exits_with_one_line_for_a_wrong_password(redis_with_password
     line = one_clear_line(_run_worker_cli(f"redis://:wrong@127.0.0.1:{port}/0"),
                            "refused the credentials")
     assert "wrong" not in line  # the password is not printed
-    line = one_clear_line(_run_worker_cli(f"redis://127.0.0.1:{port}/0"))
-    assert "Redis" in line and "auth" in line.lower()
+    one_clear_line(_run_worker_cli(f"redis://127.0.0.1:{port}/0"),
+                   "requires a password, and the URL gives none")
 
 
 async def test_the_start_line_hides_the_password(redis_with_password, start_worker,

@@ -178,6 +178,10 @@ async def test_purging_pending_takes_the_tasks_held_back_and_waiting_on_a_key(
     await wait_until(lambda: broker.redis.llen(broker.keys("default").prefix + "held:one"),
                      what="tasks held back")
     async with Inspector(redis_url, namespace) as inspector:
+        # listed as pending too, in pages: those held back after the pending list
+        listed = [t.id for offset in (0, 3, 6)
+                  for t in (await inspector.tasks("default", "pending", 3, offset)).tasks]
+        assert sorted(listed) == sorted(i.id for i in held[1:] + keyed[:1])
         assert await inspector.purge("default", "pending") == 5 + 4
     assert (await depth(broker))["pending"] == 0
     gate.set()

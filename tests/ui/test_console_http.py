@@ -105,9 +105,17 @@ async def test_actions_need_a_post_with_the_csrf_token_of_a_session(client, cons
     console.cookies.clear()  # a script with the token as a bearer needs no session
     assert (await console.post("/queues/mail/unpause",
                                headers={"authorization": "Bearer nope"})).status_code == 403
-    done = await console.post("/queues/mail/unpause",
-                              headers={"authorization": f"Bearer {TOKEN}"})
-    assert done.status_code == 303 and not raw_redis.exists(paused)
+    bearer = {"authorization": f"Bearer {TOKEN}"}
+    done = await console.post("/queues/mail/unpause", headers=bearer)
+    assert done.status_code == 200 and not raw_redis.exists(paused)
+    assert done.json() == {"status": "ok", "message": "Queue mail unpaused."}
+    # a script is told by the status when an action is refused, not sent to a page
+    for path, data, status in (("/queues/nosuch/pause", None, 404),
+                               ("/tasks/nosuch/cancel", None, 404),
+                               ("/queues/mail/purge", {"state": "bogus"}, 400)):
+        refused = await console.post(path, data=data, headers=bearer)
+        assert refused.status_code == status, (path, refused.text)
+        assert refused.json()["status"] == "error" and refused.json()["message"]
 
 
 async def test_the_token_is_compared_in_constant_time(console, monkeypatch) -> None:
@@ -145,7 +153,9 @@ async def test_requeue_and_delete_from_the_task_page(client, console, raw_redis,
     assert "Requeue now" in page.text and "scheduled" in page.text
     done = await console.post(f"/tasks/{info.id}/requeue",
                               data={"csrf": csrf, "queue": "default"})
+    # kept for no retention, it is gone once it runs: the console goes on to its queue
     assert done.status_code == 303
+    assert done.headers["location"] == "http://console.test/queues/default?state=pending"
     page = await console.get(done.headers["location"])
     assert f"Task {info.id} moved from scheduled to pending." in page.text
     again = await console.post(f"/tasks/{info.id}/requeue", data={"csrf": csrf})

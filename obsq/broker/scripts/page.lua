@@ -4,8 +4,8 @@
 -- ARGV[6] ids, so a page of a queue of millions costs what a page of ten does.
 -- KEYS: the state's list (pending) or sorted set; or any key of the queue, then a group's
 --       list (grp:<type> <group>) to read instead
--- ARGV: now, order ('list': oldest first from the right end of pending; 'head': oldest
---       first from the left end of a group; 'asc'; 'desc'),
+-- ARGV: now, order ('list': oldest first from the right end of pending, then of each list
+--       of held tasks; 'head': oldest first from the left end of a group; 'asc'; 'desc'),
 --       offset, limit, type ('' any; a route pattern: a type, a prefix ending in ':' or
 --       '.', or '*'), scan cap
 -- Returns {total, next offset or -1, then per task: id, score, type, retried, enq, due,
@@ -14,9 +14,22 @@
 local order, offset, limit, want, cap = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]),
     ARGV[5], tonumber(ARGV[6])
 local source = KEYS[2] or KEYS[1]
-local total
+-- pending is read as one list made of the pending list, then the lists of the tasks held
+-- back by a route limit (they count as pending), each oldest first
+local segments, lengths = {source}, {}
+if order == 'list' then
+  local patterns = redis.call('SMEMBERS', prefix .. 'holding')
+  table.sort(patterns)  -- the same order on every page
+  for _, pattern in ipairs(patterns) do
+    segments[#segments + 1] = prefix .. 'held:' .. pattern
+  end
+end
+local total = 0
 if order == 'list' or order == 'head' then
-  total = redis.call('LLEN', source)
+  for i, key in ipairs(segments) do
+    lengths[i] = redis.call('LLEN', key)
+    total = total + lengths[i]
+  end
 else
   total = redis.call('ZCARD', source)
 end
@@ -34,10 +47,22 @@ local function window(start, n)
     return ids, scores
   end
   if order == 'list' then
-    local raw = redis.call('LRANGE', source, -(start + n), -(start + 1))
-    for i = #raw, 1, -1 do
-      ids[#ids + 1] = raw[i]
-      scores[#scores + 1] = ''
+    local skip = start
+    for s, key in ipairs(segments) do
+      if #ids >= n then
+        break
+      end
+      if skip >= lengths[s] then
+        skip = skip - lengths[s]
+      else
+        local take = math.min(n - #ids, lengths[s] - skip)
+        local raw = redis.call('LRANGE', key, -(skip + take), -(skip + 1))
+        for i = #raw, 1, -1 do
+          ids[#ids + 1] = raw[i]
+          scores[#scores + 1] = ''
+        end
+        skip = 0
+      end
     end
     return ids, scores
   end
