@@ -203,11 +203,17 @@ class Inspector:
 
     async def task(self, task_id: str, queue: str | None = None) -> TaskDetail:
         """Everything about one task; raises TaskNotFound."""
+        given = queue
         queue = queue or await self.broker.find_queue(task_id)
         if queue is not None:
             fields, progress, owner, lease = await self.broker.task_record(queue, task_id)
             if fields:
                 return _detail(task_id, queue, fields, progress, owner, lease)
+        if given is not None:
+            elsewhere = await self.broker.find_queue(task_id)
+            if elsewhere is not None:
+                raise TaskNotFound(f"no task {task_id!r} in queue {given!r}: it is in queue "
+                                   f"{elsewhere!r}")
         raise TaskNotFound(f"no task {task_id!r} in namespace {self.namespace!r} (tasks "
                            "without retention are removed when they complete)")
 

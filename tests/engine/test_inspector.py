@@ -252,3 +252,11 @@ async def test_the_inspector_works_on_a_redis_cluster(redis_cluster: str) -> Non
             == "scheduled"
         for queue in ("a", "c"):
             await inspector.purge(queue, "scheduled")
+
+
+async def test_a_task_looked_up_in_the_wrong_queue_says_where_it_is(client, inspector
+                                                                    ) -> None:
+    info = await client.enqueue("t", queue="mail")
+    with pytest.raises(obsq.TaskNotFound, match="in queue 'default': it is in queue 'mail'"):
+        await inspector.task(info.id, "default")
+    assert (await inspector.task(info.id, "mail")).queue == "mail"
