@@ -36,9 +36,10 @@ DURABLE_WAIT_TIMEOUT = 2.0
 # bounded by obsq.names.MAX_NAME_LENGTH.
 MAX_PAYLOAD_BYTES = 1024 * 1024
 MAX_HEADERS_BYTES = 64 * 1024
-# Outcome counts for the Inspector: flushed by each worker this often, kept per minute for
+# Outcome counts for the Inspector: flushed by each worker this often (one script call a
+# second; a SIGKILLed worker's last second of counts is what is lost), kept per minute for
 # an hour and some slack for the minute being read.
-THROUGHPUT_FLUSH_INTERVAL = 5.0
+THROUGHPUT_FLUSH_INTERVAL = 1.0
 THROUGHPUT_BUCKET_TTL = 3900.0
 # Default retry backoff: base * 2**retries, capped, then jittered to 50-100 %.
 BACKOFF_BASE = 2.0

@@ -1,7 +1,7 @@
 """Throughput and failure counts per queue, kept in Redis for the Inspector and the console.
 
 Each worker counts the outcomes of its attempts in memory through the public outcome hook
-(`app.on_outcome`) and adds them every few seconds to per-minute buckets in Redis (one
+(`app.on_outcome`) and adds them every second to per-minute buckets in Redis (one
 small hash per queue and minute, on the server's clock, expiring after a little over an
 hour): a few HINCRBYs per queue every THROUGHPUT_FLUSH_INTERVAL, whatever the task rate.
 """
