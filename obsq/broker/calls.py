@@ -108,7 +108,7 @@ class RedisCalls:
         return str(info["redis_version"])
 
     def _contact_failure(self, exc: BaseException) -> str:
-        """A first call's failure, said as where and why, without redis-py's wrapping."""
+        """A failed connection, said as where and why, without redis-py's wrapping."""
         if isinstance(exc, AuthenticationError):
             if urlsplit(self.url).password is None:
                 return (f"Redis at {self.safe_url} requires a password, and the URL gives "
@@ -202,8 +202,7 @@ class RedisCalls:
             message = (f"Redis call {operation!r} refused to the Redis user: {exc}; "
                        f"{acl_advice(self.namespace)}")
         elif message is None and isinstance(exc, UNREACHABLE):
-            message = (f"Redis call {operation!r} failed: cannot reach Redis at "
-                       f"{self.safe_url}: {reason(exc)}")
+            message = f"Redis call {operation!r} failed: {self._contact_failure(exc)}"
         return BrokerError(operation, exc, message)
 
     async def _guard(self, operation: str, call: Awaitable[Any]) -> Any:
