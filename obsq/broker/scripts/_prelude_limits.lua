@@ -46,6 +46,18 @@ local function unhold(pattern)
   wake(prefix .. 'wake', 1)
 end
 
+-- The lists of the tasks held back, one per route pattern, in the order of the patterns
+-- (the same on every call, so that pages of them hold still): they count as pending.
+local function held_lists()
+  local patterns = redis.call('SMEMBERS', prefix .. 'holding')
+  table.sort(patterns)
+  local lists = {}
+  for i, pattern in ipairs(patterns) do
+    lists[i] = prefix .. 'held:' .. pattern
+  end
+  return lists
+end
+
 -- An attempt of task `id`, of type `task_type`, stops running: it gives back its route
 -- slot (`slot`; '' when it held none), and for each route it is covered by that holds
 -- tasks back, the longest held may start again (its limit is checked anew when it does).

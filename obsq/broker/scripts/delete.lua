@@ -1,4 +1,4 @@
--- prelude: now_ms, task_key, notify_done, release_successor, leave_group
+-- prelude: now_ms, task_key, notify_done, release_successor, leave_group, held_lists
 -- Delete tasks with everything kept for them (data, progress, unique lock): one task by id
 -- in any state but running (obsq delete), or a batch of one state's tasks (obsq purge,
 -- repeated by the caller until the state is empty).
@@ -57,12 +57,12 @@ end
 local key = sets[ARGV[2]]
 local batch = tonumber(ARGV[3])
 local ids
+-- pending, then the tasks held back by a route limit (they count as pending); forget()
+-- takes a held one out of its list
+local held_keys = key == KEYS[1] and held_lists() or {}
 if key == KEYS[1] then
-  -- pending, then the tasks held back by a route limit (they count as pending); forget()
-  -- takes a held one out of its list
   ids = redis.call('RPOP', key, batch) or {}
-  for _, pattern in ipairs(redis.call('SMEMBERS', prefix .. 'holding')) do
-    local held = prefix .. 'held:' .. pattern
+  for _, held in ipairs(held_keys) do
     if #ids < batch then
       for _, id in ipairs(redis.call('LRANGE', held, -(batch - #ids), -1)) do
         ids[#ids + 1] = id
@@ -82,8 +82,8 @@ end
 local left
 if key == KEYS[1] then
   left = redis.call('LLEN', key)
-  for _, pattern in ipairs(redis.call('SMEMBERS', prefix .. 'holding')) do
-    left = left + redis.call('LLEN', prefix .. 'held:' .. pattern)
+  for _, held in ipairs(held_keys) do
+    left = left + redis.call('LLEN', held)
   end
 else
   left = redis.call('ZCARD', key)

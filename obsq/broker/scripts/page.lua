@@ -1,4 +1,4 @@
--- prelude: task_key, covers
+-- prelude: task_key, covers, held_lists
 -- One page of the tasks of a queue in one state, for the Inspector. Bounded whatever the
 -- size of the state: it reads a window by rank (LRANGE/ZRANGE) and looks at no more than
 -- ARGV[6] ids, so a page of a queue of millions costs what a page of ten does.
@@ -18,10 +18,8 @@ local source = KEYS[2] or KEYS[1]
 -- back by a route limit (they count as pending), each oldest first
 local segments, lengths = {source}, {}
 if order == 'list' then
-  local patterns = redis.call('SMEMBERS', prefix .. 'holding')
-  table.sort(patterns)  -- the same order on every page
-  for _, pattern in ipairs(patterns) do
-    segments[#segments + 1] = prefix .. 'held:' .. pattern
+  for _, held in ipairs(held_lists()) do
+    segments[#segments + 1] = held
   end
 end
 local total = 0
