@@ -39,6 +39,16 @@ def container(deployment: dict[str, Any]) -> dict[str, Any]:
     return only
 
 
+def admitted_namespaces(render: Render, pod_labels: dict[str, str], port: str
+                        ) -> dict[str, str]:
+    """The labels of the namespaces the NetworkPolicy, which must select the pods with
+    `pod_labels`, lets through to their `port`."""
+    policy = render.one("NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    (rule,) = [r for r in policy["ingress"] if r["ports"][0]["port"] == port]
+    return rule["from"][0]["namespaceSelector"]["matchLabels"]
+
+
 # --- lint and render ------------------------------------------------------------------
 
 
@@ -418,10 +428,7 @@ def test_scheduler_is_scraped_like_the_workers(render_all: Render) -> None:
         assert not service["spec"]["selector"].items() <= labels.items(), suffix
     # The NetworkPolicy lets the scrapes through to the scheduler's metrics port.
     labels = render_all.one("Deployment", "-scheduler")["spec"]["template"]["metadata"]["labels"]
-    policy = render_all.one("NetworkPolicy")["spec"]
-    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
-    (rule,) = [r for r in policy["ingress"] if r["ports"][0]["port"] == "http-metrics"]
-    assert rule["from"][0]["namespaceSelector"]["matchLabels"] == {
+    assert admitted_namespaces(render_all, labels, "http-metrics") == {
         "kubernetes.io/metadata.name": "monitoring"}
 
 
@@ -632,10 +639,7 @@ def test_console_deployment_and_service(render_all: Render) -> None:
     assert labels["app.kubernetes.io/component"] == "ui" and labels["tier"] == "console"
     assert not worker["spec"]["selector"]["matchLabels"].items() <= labels.items()
     # The NetworkPolicy lets the console's port through, from the peers given.
-    policy = render_all.one("NetworkPolicy")["spec"]
-    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
-    (rule,) = [r for r in policy["ingress"] if r["ports"][0]["port"] == "http"]
-    assert rule["from"][0]["namespaceSelector"]["matchLabels"] == {
+    assert admitted_namespaces(render_all, labels, "http") == {
         "kubernetes.io/metadata.name": "ingress"}
 
 
