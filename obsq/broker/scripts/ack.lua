@@ -1,4 +1,4 @@
--- prelude: now_ms, task_key, call_sliced, hmget_sliced, notify_done, named_attempts,
+-- prelude: now_text, int_text, task_key, call_sliced, hmget_sliced, notify_done, named_attempts,
 --   settled_by, release_limits, release_successor
 -- Mark a batch of one worker's attempts of one queue completed.
 -- KEYS: lease, completed, active, watched
@@ -8,7 +8,8 @@
 -- Returns per task 1, or 0 when the fencing token is stale (the lease was taken over). A
 -- re-sent ack whose attempt already completed the task returns 1: the task hash then holds
 -- its fence, or is gone (no retention), as it would be after a takeover that also finished.
-local now = now_ms()
+local now_stored = now_text()
+local now = tonumber(now_stored)
 local worker, resent = ARGV[2], ARGV[3] == '1'
 local ids, fences, held = named_attempts(KEYS[3], worker, 4, 8)
 local out, done = {}, {}
@@ -30,8 +31,8 @@ local finished = {}
 for _, n in ipairs(done) do
   finished[#finished + 1] = ids[n]
 end
-call_sliced('HDEL', {KEYS[3]}, finished)
-call_sliced('ZREM', {KEYS[1]}, finished)
+call_sliced('HDEL', KEYS[3], finished)
+call_sliced('ZREM', KEYS[1], finished)
 local watchers = hmget_sliced(KEYS[4], finished)
 local gone = {}
 for j, n in ipairs(done) do
@@ -50,13 +51,13 @@ for j, n in ipairs(done) do
   end
   local retention = tonumber(ARGV[i + 2])
   if retention > 0 then
-    redis.call('HSET', key, 'state', 'completed', 'result', ARGV[i + 3], 'done', now,
+    redis.call('HSET', key, 'state', 'completed', 'result', ARGV[i + 3], 'done', now_stored,
                'fin', ARGV[i + 1])
-    redis.call('ZADD', KEYS[2], now + retention, id)
-    redis.call('PEXPIRE', key, retention + 60000)
+    redis.call('ZADD', KEYS[2], int_text(now + retention), id)
+    redis.call('PEXPIRE', key, int_text(retention + 60000))
   else
     gone[#gone + 1] = key
   end
 end
-call_sliced('DEL', {}, gone)
+call_sliced('DEL', nil, gone)
 return out

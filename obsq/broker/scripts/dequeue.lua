@@ -1,4 +1,4 @@
--- prelude: now_ms, task_key, call_sliced, covers, hold
+-- prelude: now_ms, int_text, task_key, call_sliced, covers, hold
 -- Take up to ARGV[3] pending tasks of one queue under a lease, each with a new fencing token;
 -- a task a route limit holds back is set aside (held, or scheduled for its rate) instead.
 -- KEYS: pending, lease, wake, paused, active, fence counter
@@ -76,7 +76,7 @@ local function limited(id, task_type, reserved)
 end
 
 local fence = redis.call('INCRBY', KEYS[6], #ids) - #ids
-local expires = now + tonumber(ARGV[2])
+local expires = int_text(now + tonumber(ARGV[2]))
 local leases, owners, tasks, held = {}, {}, {}, {}
 local dropped = 0
 for _, id in ipairs(ids) do
@@ -99,7 +99,7 @@ for _, id in ipairs(ids) do
     leases[#leases + 1] = expires
     leases[#leases + 1] = id
     owners[#owners + 1] = id
-    owners[#owners + 1] = fence .. ':' .. ARGV[4]
+    owners[#owners + 1] = int_text(fence) .. ':' .. ARGV[4]
     tasks[#tasks + 1] = id
     tasks[#tasks + 1] = fence
     if f[12] then
@@ -115,8 +115,8 @@ for _, id in ipairs(ids) do
     end
   end
 end
-call_sliced('ZADD', {KEYS[2]}, leases)
-call_sliced('HSET', {KEYS[5]}, owners)
+call_sliced('ZADD', KEYS[2], leases)
+call_sliced('HSET', KEYS[5], owners)
 if redis.call('LLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[3])
 end

@@ -1,4 +1,4 @@
--- prelude: now_ms, task_key, call_sliced, wake
+-- prelude: now_text, int_text, task_key, call_sliced, wake
 -- Enqueue a batch of tasks into one queue.
 -- KEYS: pending, scheduled, wake
 -- ARGV: now, the share of maxmemory producers may fill (1: no limit), then 11 plain values
@@ -30,7 +30,7 @@ if share < 1 then
       + #ARGV[i + 6]
   end
   local memok = prefix .. 'memok'
-  if redis.call('DECRBY', memok, cost) < 0 then
+  if redis.call('DECRBY', memok, int_text(cost)) < 0 then
     local budget = UNCHECKED_BUDGET
     local memory = redis.pcall('INFO', 'memory')
     if type(memory) == 'string' then
@@ -49,7 +49,7 @@ if share < 1 then
     redis.call('SET', memok, budget, 'PX', MEMORY_LOOK_MS)
   end
 end
-local now = now_ms()
+local now = now_text()
 local out = {}
 local pending = {}
 local position = 0
@@ -74,10 +74,10 @@ for i = 3, #ARGV, STRIDE do
     local due, state = now, 'pending'
     local delay = tonumber(ARGV[i + 7])
     if delay > 0 then
-      due, state = now + delay, 'scheduled'
+      due, state = int_text(tonumber(now) + delay), 'scheduled'
     end
-    local fields = {'type', ARGV[i + 2], ARGV[i + 4], ARGV[i + 3], 'state', state, 'enq', now,
-                    'due', due}
+    local fields = {'type', ARGV[i + 2], ARGV[i + 4], ARGV[i + 3], 'state', state,
+                    'enq', now, 'due', due}
     if ARGV[i + 5] ~= '' then
       fields[#fields + 1] = 'headers'
       fields[#fields + 1] = ARGV[i + 5]
@@ -112,6 +112,6 @@ for i = 3, #ARGV, STRIDE do
     end
   end
 end
-call_sliced('LPUSH', {KEYS[1]}, pending)
+call_sliced('LPUSH', KEYS[1], pending)
 wake(KEYS[3], #pending)
 return out

@@ -17,6 +17,6 @@ for n, id in ipairs(ids) do
 end
 -- removed, then written again: a first write that cannot grow memory lets a Redis at
 -- maxmemory run the script to its end, so a full Redis never takes a running task's lease
-call_sliced('ZREM', {KEYS[1]}, kept)
-call_sliced('ZADD', {KEYS[1]}, leases)
+call_sliced('ZREM', KEYS[1], kept)
+call_sliced('ZADD', KEYS[1], leases)
 return lost

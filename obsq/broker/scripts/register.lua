@@ -10,15 +10,15 @@ if ARGV[2] == 'set' then
   for i = 3, #ARGV do
     members[#members + 1] = ARGV[i]
   end
-  call_sliced('SREM', {KEYS[1]}, members)
-  call_sliced('SADD', {KEYS[1]}, members)
+  call_sliced('SREM', KEYS[1], members)
+  call_sliced('SADD', KEYS[1], members)
 else
   for i = 3, #ARGV, 2 do
     members[#members + 1] = ARGV[i + 1]
     pairs_[#pairs_ + 1] = ARGV[i]
     pairs_[#pairs_ + 1] = ARGV[i + 1]
   end
-  call_sliced('ZREM', {KEYS[1]}, members)
-  call_sliced('ZADD', {KEYS[1]}, pairs_)
+  call_sliced('ZREM', KEYS[1], members)
+  call_sliced('ZADD', KEYS[1], pairs_)
 end
 return 1
