@@ -5,6 +5,7 @@ does not know how to run fails `test_every_shell_command_is_run_by_this_suite`."
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import shlex
 import shutil
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 from support import ROOT, missing_tool, obsq_env, wait_for
 
 import obsq
@@ -291,7 +293,19 @@ def redis_cli_acl(command: str, redis_url: str) -> None:
                        capture_output=True, timeout=30)
 
 
+def install_extra(command: str, redis_url: str) -> None:
+    """`pip install 'obsq[EXTRA]'`: the extra is declared, and what it brings is installed
+    here (the test extra includes it), so the suite runs obsq with it."""
+    extra = re.search(r"obsq\[(\w+)\]", command)[1]
+    wanted = [Requirement(r) for r in importlib.metadata.requires("obsq") or ()]
+    wanted = [r for r in wanted if r.marker and r.marker.evaluate({"extra": extra})]
+    assert wanted, f"obsq has no extra {extra!r}"
+    for requirement in wanted:
+        assert importlib.metadata.version(requirement.name) in requirement.specifier
+
+
 HANDLERS: dict[str, Callable[[str, str], None]] = {
+    "pip install 'obsq[": install_extra,
     "obsq acl ": acl,
     "redis-cli ACL SETUSER ": redis_cli_acl,
     "python3 -m pip install": install_and_demo,

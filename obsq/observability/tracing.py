@@ -188,30 +188,38 @@ def setup_tracing(service_name: str = "obsq-worker") -> bool:
 
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get(
         "OTEL_RESOURCE_ATTRIBUTES", "")
     resource = Resource.create({} if named else {"service.name": service_name})
     provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
-    for name in exporters:
-        provider.add_span_processor(BatchSpanProcessor(_exporter(name)))
+    processors = [_processor(name) for name in exporters]
+    for processor in processors:
+        provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:  # another thread won the race
         provider.shutdown()
         return False
     _provider = provider
     atexit.register(shutdown_tracing)
-    log.info("tracing: exporting spans (%s) as service %s", ", ".join(exporters),
-             resource.attributes.get("service.name"))
+    log.info("tracing: exporting spans (%s) as service %s, through %s", ", ".join(exporters),
+             resource.attributes.get("service.name"),
+             ", ".join(type(p).__module__.split(".")[0] for p in processors))
     return True
 
 
-def _exporter(name: str) -> Any:
+def _processor(name: str) -> Any:
+    """The span processor of one exporter. OTLP over HTTP goes through fastotel's native
+    processor when it is installed (`obsq[fasttrace]`) and OBSQ_FASTOTEL is not false: it
+    batches, encodes and sends spans on a thread of its own that never takes the GIL, where
+    the SDK's protobuf encoding costs the worker more than the span itself. Both read the
+    same OTEL_EXPORTER_OTLP_* and OTEL_BSP_* variables."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     if name == "console":
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-        return ConsoleSpanExporter()
+        return BatchSpanProcessor(ConsoleSpanExporter())
     if name != "otlp":
         raise ConfigurationError(f"OTEL_TRACES_EXPORTER={name!r}: obsq supports otlp, console "
                                  "or none")
@@ -220,11 +228,30 @@ def _exporter(name: str) -> Any:
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     elif protocol == "http/protobuf":
+        native = _fastotel_processor()
+        if native is not None:
+            return native
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     else:
         raise ConfigurationError(f"OTLP protocol {protocol!r} is not supported: use grpc or "
                                  "http/protobuf")
-    return OTLPSpanExporter()
+    return BatchSpanProcessor(OTLPSpanExporter())
+
+
+def _fastotel_processor() -> Any:
+    """fastotel's OTLPSpanProcessor, or None: not installed, or OBSQ_FASTOTEL=false. With
+    OBSQ_FASTOTEL=true a missing fastotel is an error rather than a quiet fallback."""
+    wanted = os.environ.get("OBSQ_FASTOTEL", "auto").strip().lower()
+    if wanted != "auto" and not env_flag("OBSQ_FASTOTEL"):
+        return None
+    try:
+        from fastotel import OTLPSpanProcessor
+    except ImportError:
+        if wanted != "auto":
+            raise ConfigurationError("OBSQ_FASTOTEL=true, but fastotel is not installed: "
+                                     "pip install 'obsq[fasttrace]'") from None
+        return None
+    return OTLPSpanProcessor()
 
 
 def shutdown_tracing(timeout_millis: int = 10_000) -> None:

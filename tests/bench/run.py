@@ -222,6 +222,12 @@ def bench_system(system: str, binary: str, args) -> dict:
                     drain(system, rs, args.tasks, opts={**opts, "tracing": True},
                           env=sink.env, out=res, name="drain_traced")
                     res["drain_traced"]["spans"] = sink.spans
+                rs.flush()  # the same through the SDK's own exporter, without fastotel
+                with OtlpSink() as sink:
+                    drain(system, rs, args.tasks, opts={**opts, "tracing": True},
+                          env={**sink.env, "OBSQ_FASTOTEL": "false"}, out=res,
+                          name="drain_traced_sdk")
+                    res["drain_traced_sdk"]["spans"] = sink.spans
                 rs.flush()  # and at the 10 % a busy service would sample at
                 with OtlpSink() as sink:
                     drain(system, rs, args.tasks, opts={**opts, "tracing": True},
@@ -393,6 +399,14 @@ def producer_rows(res: dict) -> list[tuple[str, str, str, str, str, bool | None]
     rows.append(("  worker CPU per traced task", f"+{fmt(extra, 'us')}",
                  f"untraced {fmt(plain.get('worker_cpu_us'), 'us')}", "-", "<= +60 us",
                  None if extra is None else extra <= 60))
+    sdk = o.get("drain_traced_sdk", {})
+    x = _ratio(sdk.get("rate"), plain.get("rate"))
+    add("  the same through the SDK's exporter", fmt(sdk.get("rate"), "/s"),
+        f"untraced {fmt(plain.get('rate'), '/s')}", x, "(report)", None if x is None else True)
+    if "worker_cpu_us" in sdk and "worker_cpu_us" in plain:
+        rows.append(("  its worker CPU per traced task",
+                     f"+{fmt(sdk['worker_cpu_us'] - plain['worker_cpu_us'], 'us')}",
+                     "OBSQ_FASTOTEL=false", "-", "(report)", True))
     sampled = o.get("drain_sampled", {})
     x = _ratio(sampled.get("rate"), plain.get("rate"))
     add("drain traced at 10% (sampled), exported", fmt(sampled.get("rate"), "/s"),

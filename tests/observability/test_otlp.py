@@ -59,13 +59,16 @@ shutdown_tracing()
 PRODUCER_KIND, CONSUMER_KIND, STATUS_ERROR = 4, 5, 2  # OTLP enum values
 
 
-@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
-async def test_one_trace_across_processes(protocol, otlp_receiver, redis_url, namespace,
-                                          tmp_path):
+@pytest.mark.parametrize(("protocol", "fastotel"), [("http/protobuf", "true"),
+                                                     ("http/protobuf", "false"),
+                                                     ("grpc", "false")])
+async def test_one_trace_across_processes(protocol, fastotel, otlp_receiver, redis_url,
+                                          namespace, tmp_path):
     receiver = otlp_receiver(protocol)
     (tmp_path / "otlp_app.py").write_text(APP)
     (tmp_path / "producer.py").write_text(PRODUCER)
-    base = {"OBSQ_REDIS_URL": redis_url, "OBSQ_NAMESPACE": namespace}
+    base = {"OBSQ_REDIS_URL": redis_url, "OBSQ_NAMESPACE": namespace,
+            "OBSQ_FASTOTEL": fastotel}  # true: fastotel must be installed (the test extra)
     worker = ObsqProcess(["worker", "otlp_app:app", "--concurrency", "4", "--http-port", "-1"],
                         obsq_env(**base, **otel_env(receiver, "test-worker")), tmp_path,
                         tmp_path / "worker.log")
@@ -169,3 +172,33 @@ def test_setup_tracing_reads_the_standard_variables():
         OTEL_RESOURCE_ATTRIBUTES="deployment.environment=test",
         OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0.5")
     assert done.stdout.strip() == "configured", done.stderr
+
+
+def test_otlp_over_http_goes_through_fastotel_unless_turned_off():
+    done = run_python("""
+        import os, sys
+        from obsq.errors import ConfigurationError
+        from obsq.observability.tracing import _processor
+        assert type(_processor("otlp")).__module__.startswith("fastotel.")
+        os.environ["OBSQ_FASTOTEL"] = "false"
+        assert type(_processor("otlp")).__name__ == "BatchSpanProcessor"
+        sys.modules["fastotel"] = None  # as if it were not installed
+        os.environ["OBSQ_FASTOTEL"] = "auto"
+        assert type(_processor("otlp")).__name__ == "BatchSpanProcessor"
+        os.environ["OBSQ_FASTOTEL"] = "true"
+        try:
+            _processor("otlp")
+        except ConfigurationError as e:
+            assert "pip install 'obsq[fasttrace]'" in str(e)
+        else:
+            raise AssertionError("a missing fastotel was not reported")
+        os.environ["OBSQ_FASTOTEL"] = "maybe"
+        try:
+            _processor("otlp")
+        except ConfigurationError as e:
+            assert "OBSQ_FASTOTEL" in str(e)
+        else:
+            raise AssertionError("a bad OBSQ_FASTOTEL was not reported")
+        print("chosen")
+    """, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9")
+    assert done.stdout.strip() == "chosen", done.stderr
