@@ -132,12 +132,12 @@ async def test_the_memory_check_reads_redis_memory_once_in_a_while(
     """INFO memory costs more Redis time than a small enqueue: with no maxmemory, or far
     below the producers' share of it, one reading serves the enqueues of MEMORY_LOOK_MS;
     near the share, a reading serves only the enqueues that fit in half the room left."""
-    async def looks_at_memory(enqueues: int) -> tuple[int, float]:
+    async def looks_at_memory(enqueues: int, payload: Any = None) -> tuple[int, float]:
         """INFO calls of the enqueues (not the one reading the count), and the most there
         would be with one reading per MEMORY_LOOK_MS."""
         before, started = calls(counted, "info"), time.monotonic()
         for i in range(enqueues):
-            await private_client.enqueue("job", i)
+            await private_client.enqueue("job", payload or i)
         most = (time.monotonic() - started) * 1000 / MEMORY_LOOK_MS + 1
         return calls(counted, "info") - before - 1, most
 
@@ -148,9 +148,11 @@ async def test_the_memory_check_reads_redis_memory_once_in_a_while(
     looks, most = await looks_at_memory(200)
     assert looks <= most
     used = counted.info("memory")["used_memory"]
-    counted.config_set("maxmemory", str(int((used + 8_000) / 0.9)))  # 8 kB below the share
-    await asyncio.sleep(MEMORY_LOOK_MS / 1000)
-    looks, _ = await looks_at_memory(20)  # ~300 bytes each: more than the first budget, 4 kB
+    counted.config_set("maxmemory", str(int((used + 400_000) / 0.9)))  # 400 kB below the share
+    await asyncio.sleep(2 * MEMORY_LOOK_MS / 1000)  # the last reading is gone
+    # 10 kB each, 300 kB: more than the first budget (200 kB), less than the room, with
+    # 100 kB either side for what else moves Redis's used memory meanwhile (tens of kB)
+    looks, _ = await looks_at_memory(30, "x" * 10_000)
     assert looks >= 2
 
 
