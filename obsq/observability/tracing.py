@@ -11,7 +11,8 @@ that hook ends it whatever the outcome (retry and dead become span events, and t
 outcome an attribute).
 
 Exporting: `setup_tracing()` installs an SDK TracerProvider with a batch OTLP exporter
-when `OTEL_*` variables ask for one, unless the application already set a provider.
+when `OTEL_*` variables ask for one, unless the application already set a provider; OTLP
+over HTTP goes through fastotel's native span processor where it is installed.
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ def _processor(name: str) -> Any:
 def _fastotel_processor() -> Any:
     """fastotel's OTLPSpanProcessor, or None: not installed, or OBSQ_FASTOTEL=false. With
     OBSQ_FASTOTEL=true a missing fastotel is an error rather than a quiet fallback."""
-    wanted = os.environ.get("OBSQ_FASTOTEL", "auto").strip().lower()
+    wanted = os.environ.get("OBSQ_FASTOTEL", "").strip().lower() or "auto"
     if wanted != "auto" and not env_flag("OBSQ_FASTOTEL"):
         return None
     try:

@@ -182,6 +182,8 @@ def test_otlp_over_http_goes_through_fastotel_unless_turned_off():
         assert type(_processor("otlp")).__module__.startswith("fastotel.")
         os.environ["OBSQ_FASTOTEL"] = "false"
         assert type(_processor("otlp")).__name__ == "BatchSpanProcessor"
+        os.environ["OBSQ_FASTOTEL"] = ""  # empty: as if unset
+        assert type(_processor("otlp")).__module__.startswith("fastotel.")
         sys.modules["fastotel"] = None  # as if it were not installed
         os.environ["OBSQ_FASTOTEL"] = "auto"
         assert type(_processor("otlp")).__name__ == "BatchSpanProcessor"
