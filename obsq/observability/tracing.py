@@ -31,7 +31,7 @@ from obsq._version import __version__
 from obsq.errors import ConfigurationError
 from obsq.fanout import EVENT_HEADER
 from obsq.producer_chain import sync_safe
-from obsq.settings import env_flag
+from obsq.settings import env_flag, parse_flag
 from obsq.task import Task, TaskInfo, TaskMessage
 
 log = logging.getLogger("obsq")
@@ -242,13 +242,14 @@ def _processor(name: str) -> Any:
 def _fastotel_processor() -> Any:
     """fastotel's OTLPSpanProcessor, or None: not installed, or OBSQ_FASTOTEL=false. With
     OBSQ_FASTOTEL=true a missing fastotel is an error rather than a quiet fallback."""
-    wanted = os.environ.get("OBSQ_FASTOTEL", "").strip().lower() or "auto"
-    if wanted != "auto" and not env_flag("OBSQ_FASTOTEL"):
+    wanted = os.environ.get("OBSQ_FASTOTEL", "").strip()
+    explicit = bool(wanted) and wanted.lower() != "auto"  # a yes or a no; unset/empty: auto
+    if explicit and not parse_flag("OBSQ_FASTOTEL", wanted):
         return None
     try:
         from fastotel import OTLPSpanProcessor
     except ImportError:
-        if wanted != "auto":
+        if explicit:  # and a yes
             raise ConfigurationError("OBSQ_FASTOTEL=true, but fastotel is not installed: "
                                      "pip install 'obsq[fasttrace]'") from None
         return None
