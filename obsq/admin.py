@@ -13,7 +13,13 @@ from typing import Any
 from obsq.app import load_app
 from obsq.broker import DEPTH_STATES, TASK_STATES
 from obsq.broker.inspection import PURGEABLE, REVIVABLE
-from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound, TaskRunning
+from obsq.errors import (
+    ConfigurationError,
+    QueueNotFound,
+    StartupError,
+    TaskNotFound,
+    TaskRunning,
+)
 from obsq.inspector import Inspector, QueueInfo
 from obsq.terminal import (
     Output,
@@ -73,19 +79,31 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
     purge = command("purge", "delete every task of a queue in one state", handler)
     purge.add_argument("queue")
     purge.add_argument("state", choices=PURGEABLE)
-    purge.add_argument("--yes", action="store_true", help="do not ask on a terminal")
+    purge.add_argument("--yes", action="store_true", help="do not ask (needed where there "
+                       "is no terminal to ask, as in a script)")
     for name, help in (("pause", "stop workers taking tasks from a queue"),
                        ("unpause", "let workers take tasks from a queue again")):
         command(name, help, handler).add_argument("queue")
     ui = command("ui", "the web console (needs the ui extra: pip install 'obsq[ui]')", handler)
     ui.add_argument("--host", help="address to bind (OBSQ_UI_HOST, 127.0.0.1)")
-    ui.add_argument("--port", type=int, help="OBSQ_UI_PORT, 8181")
+    ui.add_argument("--http-port", type=int, help="OBSQ_UI_PORT, 8181; 0: any free port")
+    ui.add_argument("--port", type=int, dest="http_port", action=_DeprecatedPort,
+                    help=argparse.SUPPRESS)
     ui.add_argument("--token", help="allows actions (OBSQ_UI_TOKEN); without it the console "
                     "is read-only")
     ui.add_argument("--read-only", action="store_const", const=True,
                     help="no actions even with a token (OBSQ_UI_READ_ONLY)")
     ui.add_argument("--trace-url", help="link to a task's trace, with {trace_id} "
                     "(OBSQ_UI_TRACE_URL)")
+
+
+class _DeprecatedPort(argparse.Action):
+    """`obsq ui --port`, the console's flag before every command named it --http-port."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print("obsq ui: --port is deprecated, use --http-port", file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 async def run(command: str, redis_url: str, namespace: str, args: argparse.Namespace) -> int:
@@ -96,7 +114,7 @@ async def run(command: str, redis_url: str, namespace: str, args: argparse.Names
             try:
                 from obsq.ui.server import serve_from_args
             except ImportError as exc:
-                raise ConfigurationError(f"the console needs the ui extra (pip install "
+                raise StartupError(f"the console needs the ui extra (pip install "
                                          f"'obsq[ui]'): {exc}") from None
             await serve_from_args(inspector, args)
             return 0
@@ -239,7 +257,11 @@ async def delete(inspector: Inspector, args: argparse.Namespace, out: Output) ->
 
 async def purge(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
     depth = (await inspector.queue(args.queue)).depth[args.state]
-    if depth and not args.yes and sys.stdin.isatty():
+    if depth and not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigurationError(f"this deletes {depth} {args.state} task(s) of "
+                                     f"{args.queue}, and there is no terminal to ask: "
+                                     "confirm with --yes")
         answer = input(f"delete {depth} {args.state} task(s) of {args.queue}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("nothing deleted")

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from obsq.errors import ConfigurationError
+from obsq.errors import ConfigurationError, StartupError
 from obsq.names import subscriber_task_type, validate_name
 from obsq.schedule import Schedule
 from obsq.settings import (
@@ -365,13 +365,13 @@ def load_app(spec: str) -> App:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigurationError(f"cannot import {module_name!r}: {exc}") from None
+        raise StartupError(f"cannot import {module_name!r}: {exc}") from None
     app: Any = module
     for depth, part in enumerate(attribute.split(".")):
         if not hasattr(app, part):
             where = ".".join([module_name, *attribute.split(".")[:depth]])
-            raise ConfigurationError(f"{spec!r}: {where} has no attribute {part!r}")
+            raise StartupError(f"{spec!r}: {where} has no attribute {part!r}")
         app = getattr(app, part)
     if not isinstance(app, App):
-        raise ConfigurationError(f"{spec!r} is not an obsq.App (found {type(app).__name__})")
+        raise StartupError(f"{spec!r} is not an obsq.App (found {type(app).__name__})")
     return app

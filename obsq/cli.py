@@ -13,7 +13,7 @@ from typing import Any
 from obsq._version import __version__
 from obsq.admin import add_commands as add_admin_commands
 from obsq.app import load_app
-from obsq.errors import BrokerError, ConfigurationError
+from obsq.errors import BrokerError, ConfigurationError, StartupError
 from obsq.settings import (
     DEFAULT_NAMESPACE,
     EXPORTER_HTTP_PORT,
@@ -161,7 +161,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="obsq", description="Redis task queue and worker")
-    parser.add_argument("--version", action="version", version=f"obsq {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"obsq {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str, handler: Any) -> argparse.ArgumentParser:
@@ -226,15 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 done, 1 a failure at run time (Redis away or refusing, the App not
+    importable, a port taken), 2 a wrong command line or setting (argparse's own too)."""
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
     except (ConfigurationError, BrokerError) as exc:
         if isinstance(exc, BrokerError) and not exc.permission_denied:
-            raise  # Redis away: its traceback says where
+            raise  # Redis away: its traceback says where (and Python exits 1)
         logging.basicConfig(format="%(message)s")  # a permission: Redis 6.2, no probe at start
         log.error("obsq %s: %s", args.command, exc)
-        return 2
+        return 1 if isinstance(exc, (StartupError, BrokerError)) else 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `obsq stats | head -1`: the reader has all it wanted

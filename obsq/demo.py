@@ -78,7 +78,7 @@ async def run_demo(redis_url: str | None, duration: float, http_port: int,
     if server is None and await _holds_keys(redis_url, namespace):
         print(f"Namespace {namespace!r} already holds keys at {redis_url}, and the demo "
               "removes its namespace's keys at the end: give it an unused one.")
-        return 2
+        return 1
     try:
         return await _demo(redis_url, namespace, duration,
                            _port_or_free(http_port) if http_port else 0)

@@ -104,4 +104,10 @@ def denied_by_acl(cause: BaseException | str) -> bool:
 
 
 class ConfigurationError(ObsqError, ValueError):
-    """A wrong option, URL or setting; reported once at start."""
+    """A wrong option, URL or setting; reported once at start (`obsq` exits 2)."""
+
+
+class StartupError(ConfigurationError):
+    """What a process needs at start fails it, though its options are right: Redis cannot
+    be reached or refuses the credentials, the Redis version or the user's commands, the
+    App's module does not import, a port is taken (`obsq` exits 1)."""

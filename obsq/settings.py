@@ -58,6 +58,10 @@ CONNECT_TIMEOUT = 5.0
 # parameters of the same meaning win (rediss://host:6380/0?ssl_ca_certs=/tls/ca.crt).
 REDIS_TLS_VARIABLES = {"ssl_ca_certs": "OBSQ_REDIS_TLS_CA", "ssl_certfile": "OBSQ_REDIS_TLS_CERT",
                        "ssl_keyfile": "OBSQ_REDIS_TLS_KEY"}
+# Credentials beside a URL without them, as Redis charts and operators keep them (a Secret
+# with only the password); a URL's own credentials win.
+REDIS_CREDENTIAL_VARIABLES = {"username": "OBSQ_REDIS_USERNAME",
+                              "password": "OBSQ_REDIS_PASSWORD"}
 # Pause between attempts to reach a Redis that is away, doubling up to the cap.
 REDIS_RETRY_MIN = 0.05
 REDIS_RETRY_MAX = 2.0

@@ -57,7 +57,7 @@ def test_the_demo_takes_an_unused_namespace_and_refuses_one_in_use(
     assert f"(namespace {own!r})" in result.stdout.splitlines()[-1]
     assert list(raw.scan_iter(match=f"{own}:*")) == []
     refused = run_demo(redis_url, "--namespace", namespace)
-    assert refused.returncode == 2, refused.stderr
+    assert refused.returncode == 1, refused.stderr
     assert f"Namespace {namespace!r} already holds keys" in refused.stdout
     assert "enqueued" not in refused.stdout
     assert raw.get(f"{namespace}:kept") == b"1"

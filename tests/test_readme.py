@@ -219,7 +219,7 @@ def console(command: str, redis_url: str) -> None:
 
     args = shlex.split(command)
     port = free_port()
-    args[args.index("--port") + 1] = str(port)
+    args[args.index("--http-port") + 1] = str(port)
     process = subprocess.Popen(args, cwd=ROOT, env=obsq_env(OBSQ_REDIS_URL=redis_url),
                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:

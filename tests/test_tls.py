@@ -119,7 +119,7 @@ def test_every_command_speaks_tls(tls_redis, pki, tmp_path) -> None:
             ["worker", "tlsapp:app", "--http-port", "-1", "--no-metrics", "--no-tracing"],
             ["scheduler", "tlsapp:app", "--http-port", "-1"],
             ["exporter", "--namespace", "tls", "--http-port", str(exporter_port)],
-            ["ui", "--namespace", "tls", "--port", str(ui_port)])]
+            ["ui", "--namespace", "tls", "--http-port", str(ui_port)])]
     try:
         def completed_fires() -> int:
             result = run_obsq("stats", "--namespace", "tls", "--json", env=env)
@@ -149,7 +149,7 @@ def test_every_command_speaks_tls(tls_redis, pki, tmp_path) -> None:
     ["worker", "tests.engine.apps:app", "--http-port", "-1"],
     ["scheduler", "tests.engine.schedule_apps:app", "--http-port", "-1"],
     ["exporter", "--http-port", "0"],
-    ["ui", "--port", "0"],
+    ["ui", "--http-port", "0"],
     ["stats"],
 ])
 def test_a_wrong_ca_is_one_line_at_start(tls_redis, pki, args) -> None:

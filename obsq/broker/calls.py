@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,10 +27,11 @@ from obsq.broker.connection import create_client, kept_connection
 from obsq.broker.diagnosis import acl_advice, hint, reason, safe
 from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import Script, call_on, is_noscript, load_scripts
-from obsq.errors import BrokerError, ConfigurationError, denied_by_acl
+from obsq.errors import BrokerError, StartupError, denied_by_acl
 from obsq.settings import (
     DURABLE_WAIT_TIMEOUT,
     ENQUEUE_MEMORY_SHARE,
+    REDIS_CREDENTIAL_VARIABLES,
     SAFE_MEMORY_POLICY,
 )
 
@@ -85,11 +87,10 @@ class RedisCalls:
         try:
             version = await self._version()
         except (RedisError, RedisClusterException, OSError) as exc:  # the last: no node
-            raise ConfigurationError(self._contact_failure(exc)) from None
+            raise StartupError(self._contact_failure(exc)) from None
         release = tuple(int(p) for p in version.split(".")[:2])
         if release < MIN_REDIS_VERSION:
-            raise ConfigurationError(f"obsq needs Redis 6.2 or newer; {self.safe_url} runs "
-                                     f"{version}")
+            raise StartupError(f"obsq needs Redis 6.2 or newer; {self.safe_url} runs {version}")
         if release >= ACL_PROBE_VERSION:
             await self._check_acl()
         return version
@@ -110,9 +111,11 @@ class RedisCalls:
     def _contact_failure(self, exc: BaseException) -> str:
         """A failed connection, said as where and why, without redis-py's wrapping."""
         if isinstance(exc, AuthenticationError):
-            if urlsplit(self.url).password is None:
+            if urlsplit(self.url).password is None and not os.environ.get(
+                    REDIS_CREDENTIAL_VARIABLES["password"]):
                 return (f"Redis at {self.safe_url} requires a password, and the URL gives "
-                        "none: redis://[USER]:PASSWORD@HOST:PORT/DB")
+                        "none: redis://[USER]:PASSWORD@HOST:PORT/DB, or OBSQ_REDIS_PASSWORD "
+                        "(and OBSQ_REDIS_USERNAME) beside it")
             return f"Redis at {self.safe_url} refused the credentials: {exc}"
         return (f"cannot reach Redis at {self.safe_url}: {reason(exc)}"
                 f"{hint(self.url, exc, self.namespace)}")
@@ -130,11 +133,11 @@ class RedisCalls:
                 return  # not a matter of permissions: the real calls will tell
             denied = [f"scripts on the keys of namespace {self.namespace} ({exc})"]
         except (RedisError, OSError) as exc:
-            raise ConfigurationError(self._contact_failure(exc)) from None
+            raise StartupError(self._contact_failure(exc)) from None
         if denied:
             names = ", ".join(d.decode() if isinstance(d, bytes) else d for d in denied)
-            raise ConfigurationError(f"the Redis user of {self.safe_url} may not run "
-                                     f"{names}: {acl_advice(self.namespace)}")
+            raise StartupError(f"the Redis user of {self.safe_url} may not run {names}: "
+                               f"{acl_advice(self.namespace)}")
 
     def _outside_probes(self, key: str) -> dict[str, Callable[[], Awaitable[Any]]]:
         """acl.OUTSIDE_SCRIPTS, as the start-up check sends them, doing nothing: SCRIPT LOAD
@@ -183,7 +186,7 @@ class RedisCalls:
                             SAFE_MEMORY_POLICY)
         policy = self._start_policy
         if refuse and policy is not None and policy != SAFE_MEMORY_POLICY:
-            raise ConfigurationError(
+            raise StartupError(
                 f"{eviction_problem(self.safe_url, policy)}; set it to {SAFE_MEMORY_POLICY}, "
                 "or accept losing tasks with --allow-eviction (OBSQ_ALLOW_EVICTION=true)")
         return policy

@@ -16,7 +16,11 @@ per node (redis-py has no blocking variant of it).
 TLS (rediss://, rediss+cluster://) takes its CA, client certificate and key from the URL's
 query (ssl_ca_certs, ssl_certfile, ssl_keyfile) or from OBSQ_REDIS_TLS_CA, _CERT and _KEY,
 so that every process (worker, client, scheduler, exporter, console) reads them alike; a
-file that is not there is a ConfigurationError before any connection."""
+file that is not there is a ConfigurationError before any connection.
+
+Credentials come from the URL, or, when it has none, from OBSQ_REDIS_USERNAME and
+OBSQ_REDIS_PASSWORD (a Secret with only the password, as Redis charts keep it): the URL's
+own win, so a URL that names its user and password means exactly what it says."""
 
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from redis.sentinel import SentinelConnectionPool as SyncSentinelPool
 from obsq.errors import ConfigurationError
 from obsq.settings import (
     CONNECT_TIMEOUT,
+    REDIS_CREDENTIAL_VARIABLES,
     REDIS_MAX_CONNECTIONS,
     REDIS_POOL_TIMEOUT,
     REDIS_TLS_VARIABLES,
@@ -64,7 +69,7 @@ def create_client(url: str, *, blocking: bool = False) -> Any:
         "socket_timeout": None, "socket_connect_timeout": CONNECT_TIMEOUT,
         "socket_keepalive": True, "socket_keepalive_options": KEEPALIVE,
         "retry": (SyncRetry if blocking else Retry)(NoBackoff(), 0),
-        "decode_responses": False, **_tls_files(parts),
+        "decode_responses": False, **_tls_files(parts), **_credentials(parts),
     }
     try:
         if parts.scheme.endswith("+cluster"):
@@ -97,6 +102,16 @@ def _tls_files(parts: Any) -> dict[str, str]:
     return files
 
 
+def _credentials(parts: Any) -> dict[str, str]:
+    """OBSQ_REDIS_USERNAME and OBSQ_REDIS_PASSWORD, unless the URL has credentials of its
+    own, which then win."""
+    given = {name: os.environ[variable] for name, variable in REDIS_CREDENTIAL_VARIABLES.items()
+             if os.environ.get(variable)}
+    if "username" in given and "password" not in given:
+        raise ConfigurationError("OBSQ_REDIS_USERNAME is set without OBSQ_REDIS_PASSWORD")
+    return {} if parts.username or parts.password else given
+
+
 def _sentinel_client(parts: Any, options: dict[str, Any], blocking: bool) -> Any:
     """redis+sentinel://[:password@]host:port[,host:port]/service_name[/db]"""
     path = [p for p in parts.path.split("/") if p]
@@ -109,9 +124,11 @@ def _sentinel_client(parts: Any, options: dict[str, Any], blocking: bool) -> Any
     query = parse_qs(parts.query)
     if blocking:  # redis-py has no blocking pool for it: the plain one
         options.pop("timeout")
+    if parts.password:  # else the environment's, in options
+        options.update(username=parts.username or None, password=parts.password)
     sentinel = (SyncSentinel if blocking else Sentinel)(
         hosts, sentinel_kwargs={"password": query.get("sentinel_password", [None])[0]},
-        password=parts.password, db=int(path[1]) if len(path) > 1 else 0, **options)
+        db=int(path[1]) if len(path) > 1 else 0, **options)
     if blocking:
         return sentinel.master_for(path[0])
     return sentinel.master_for(path[0], connection_pool_class=_BlockingSentinelPool)

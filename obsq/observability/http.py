@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from obsq._version import __version__
-from obsq.errors import ConfigurationError
+from obsq.errors import StartupError
 from obsq.observability.probes import Check
 
 log = logging.getLogger("obsq")
@@ -39,7 +39,7 @@ class HealthServer:
         try:
             self._server = _Server((host, port), handler)
         except OSError as exc:  # the port is taken, or the host is not this machine's
-            raise ConfigurationError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc}"
+            raise StartupError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc}"
                                      " (choose another port with --http-port or "
                                      "OBSQ_HTTP_PORT)") from None
         self.host = host

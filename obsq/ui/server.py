@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from obsq.errors import ConfigurationError
+from obsq.errors import ConfigurationError, StartupError
 from obsq.inspector import Inspector
 from obsq.loop import on_stop_signals
 from obsq.settings import env_flag
@@ -29,8 +29,8 @@ async def serve_from_args(inspector: Inspector, args: argparse.Namespace) -> Non
     configure_logging(os.environ.get("OBSQ_LOG_FORMAT", "text"),
                       os.environ.get("OBSQ_LOG_LEVEL", "INFO"))
     host = args.host or os.environ.get("OBSQ_UI_HOST") or DEFAULT_HOST
-    port = args.port if args.port is not None else int(os.environ.get("OBSQ_UI_PORT")
-                                                       or DEFAULT_PORT)
+    port = args.http_port if args.http_port is not None else int(
+        os.environ.get("OBSQ_UI_PORT") or DEFAULT_PORT)
     token = args.token or os.environ.get("OBSQ_UI_TOKEN") or None
     read_only = bool(args.read_only) or env_flag("OBSQ_UI_READ_ONLY")
     trace_url = args.trace_url or os.environ.get("OBSQ_UI_TRACE_URL") or None
@@ -71,7 +71,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
-        raise ConfigurationError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
     sock.listen(128)
     sock.set_inheritable(True)
     return sock

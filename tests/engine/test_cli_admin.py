@@ -172,10 +172,14 @@ async def test_inspection_commands_print_tables_and_json(app, client, start_work
     assert (code, out.strip()) == (0, f"deleted task {info.id} (it was dead)")
 
 
-async def test_purge_deletes_every_task_of_a_state(client, obsq_cli) -> None:
+async def test_purge_deletes_every_task_of_a_state(client, obsq_cli, caplog) -> None:
     await client.enqueue_many([obsq.Job("t", i, delay=600) for i in range(1500)])
-    code, out = await obsq_cli("purge", "default", "scheduled")
-    assert (code, out.strip()) == (0, "deleted 1500 scheduled task(s) of default")
+    code, _ = await obsq_cli("purge", "default", "scheduled")  # no terminal to ask: refused
+    assert code == 2 and "confirm with --yes" in caplog.text
+    assert (await client.info((await client.enqueue("t", 0, delay=600)).id)).state == \
+        "scheduled"
+    code, out = await obsq_cli("purge", "default", "scheduled", "--yes")
+    assert (code, out.strip()) == (0, "deleted 1501 scheduled task(s) of default")
     code, out = await obsq_cli("tasks", "default", "scheduled")
     assert out.strip() == "no scheduled tasks in default"
 

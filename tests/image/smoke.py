@@ -251,7 +251,7 @@ CHECKS: list[tuple[str, Callable[[], None]]] = [
     ("obsq exporter answers /healthz and /metrics",
      lambda: serves(["obsq", "exporter", "--http-port", "{port}"], "/healthz", "/metrics")),
     ("obsq ui answers /, /healthz and /metrics",
-     lambda: serves(["obsq", "ui", "--port", "{port}"], "/", "/healthz", "/metrics")),
+     lambda: serves(["obsq", "ui", "--http-port", "{port}"], "/", "/healthz", "/metrics")),
 ]
 
 

@@ -50,7 +50,7 @@ def console_process(redis_url: str, namespace: str, tmp_path: Path
         env = {k: v for k, v in os.environ.items() if not k.startswith("OBSQ_")}
         process = subprocess.Popen(
             [sys.executable, "-m", "obsq", "ui", "--redis-url", redis_url, "--namespace",
-             namespace, "--port", str(port), *extra],
+             namespace, "--http-port", str(port), *extra],
             cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
         started.append((process, log))
         url = f"http://127.0.0.1:{port}"

@@ -256,10 +256,10 @@ async def test_obsq_ui_reports_a_taken_port_and_a_bad_trace_url_in_one_line(
         taken.listen()
         port = taken.getsockname()[1]
         code = await asyncio.to_thread(cli.main, ["ui", "--redis-url", redis_url, "--namespace",
-                                                  namespace, "--port", str(port)])
-    assert code == 2
+                                                  namespace, "--http-port", str(port)])
+    assert code == 1
     assert f"obsq ui: cannot listen on 127.0.0.1:{port}" in caplog.text
-    code = await asyncio.to_thread(cli.main, ["ui", "--redis-url", redis_url, "--port", "0",
+    code = await asyncio.to_thread(cli.main, ["ui", "--redis-url", redis_url, "--http-port", "0",
                                               "--trace-url", "javascript:alert(1)//{trace_id}"])
     assert code == 2 and "--trace-url must be an http(s) URL" in caplog.text
 
@@ -269,7 +269,7 @@ def test_obsq_ui_stops_with_status_0_on_sigterm(redis_url, namespace, tmp_path) 
     port = free_port()
     log = (tmp_path / "ui.log").open("w")
     ui = subprocess.Popen([sys.executable, "-m", "obsq", "ui", "--redis-url", redis_url,
-                           "--namespace", namespace, "--port", str(port)],
+                           "--namespace", namespace, "--http-port", str(port)],
                           stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200,

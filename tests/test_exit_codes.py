@@ -1,0 +1,68 @@
+"""The `obsq` command's exit status: 2 for a command line (or OBSQ_ variable) it cannot
+take, 1 for what fails when it runs: Redis away, the App's module not importable, a port
+taken. And `-V` for the version."""
+
+from __future__ import annotations
+
+import socket
+
+from support import obsq_env, one_clear_line, run_obsq
+
+from obsq._version import __version__
+from obsq.redis_server import free_port
+
+
+def test_v_prints_the_version() -> None:
+    for flag in ("-V", "--version"):
+        result = run_obsq(flag)
+        assert (result.returncode, result.stdout.strip()) == (0, f"obsq {__version__}")
+
+
+def test_an_unreachable_redis_is_a_runtime_failure() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    for args in (["stats"], ["worker", "tests.engine.apps:app", "--http-port", "-1"],
+                 ["exporter", "--http-port", "0"]):
+        result = run_obsq(*args, "--redis-url", url)
+        assert result.returncode == 1, (args, result.stderr)
+        one_clear_line(result, "cannot reach Redis", "Connection refused")
+
+
+def test_an_app_that_does_not_import_is_a_runtime_failure(redis_url) -> None:
+    result = run_obsq("worker", "no_such_module_here:app", "--redis-url", redis_url,
+                      "--http-port", "-1")
+    assert result.returncode == 1
+    one_clear_line(result, "cannot import 'no_such_module_here'")
+
+
+def test_a_taken_port_is_a_runtime_failure(redis_url) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_obsq("ui", "--redis-url", redis_url, "--http-port", str(port))
+    assert result.returncode == 1
+    one_clear_line(result, f"cannot listen on 127.0.0.1:{port}")
+
+
+def test_usage_errors_exit_2(redis_url) -> None:
+    assert run_obsq("worker").returncode == 2  # argparse: MODULE:APP missing
+    assert run_obsq("stats", "--no-such-flag").returncode == 2
+    result = run_obsq("worker", "tests.engine.apps:app", "--redis-url", redis_url,
+                      env=obsq_env(OBSQ_CONCURRENCY="many"))
+    assert result.returncode == 2
+    one_clear_line(result, "OBSQ_CONCURRENCY")
+    result = run_obsq("worker", "not-a-spec", "--redis-url", redis_url)
+    assert result.returncode == 2
+    one_clear_line(result, "expected MODULE:APP")
+
+
+def test_ui_port_is_http_port_and_the_old_flag_still_works(redis_url) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_obsq("ui", "--redis-url", redis_url, "--port", str(port))
+    assert result.returncode == 1  # the old flag reached the same setting
+    assert "--port is deprecated, use --http-port" in result.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "--http-port" in run_obsq("ui", "--help").stdout
