@@ -28,7 +28,7 @@ from obsq.settings import (
     DEFAULT_QUEUE,
     MAX_PAYLOAD_BYTES,
 )
-from obsq.task import Task, TaskInfo, TaskMessage
+from obsq.task import Job, Task, TaskInfo, TaskMessage
 
 Handler = Callable[[Task], Any]
 CallNext = Callable[[Task], Awaitable[Any]]
@@ -39,6 +39,7 @@ ProducerHook = Callable[[list[TaskMessage], CallNextProducer], Awaitable[list[Ta
 OutcomeHook = Callable[[Task, str, BaseException | None], None]
 RecoveryHook = Callable[[str, str, int], None]
 RedisErrorHook = Callable[[str, BaseException], None]
+RefusalHook = Callable[[Job, Exception], None]
 
 ThrottleHook = Callable[[str, str, str], None]
 AggregationHook = Callable[[str, str, str], None]
@@ -160,6 +161,7 @@ class App:
         self.redis_error_hooks: list[RedisErrorHook] = []
         self.throttle_hooks: list[ThrottleHook] = []
         self.producer_hooks: list[ProducerHook] = []  # around every Client built with it
+        self.refusal_hooks: list[RefusalHook] = []  # of every Client built with it
         self.schedules: dict[str, Schedule] = {}  # the entries of app.periodic, by name
         self._aggregations: PatternTable[Aggregation] = PatternTable()
         self.aggregation_hooks: list[AggregationHook] = []
@@ -298,6 +300,12 @@ class App:
         """Wrap every enqueue of the Clients built with this App (`client.use` wraps one
         Client's); usable as a decorator."""
         self.producer_hooks.append(hook)
+        return hook
+
+    def on_refusal(self, hook: RefusalHook) -> RefusalHook:
+        """Call `hook(job, error)` for each job a Client built with this App refuses before
+        its producer hooks run: its checks failed (TaskTooLarge, ValueError, TypeError)."""
+        self.refusal_hooks.append(hook)
         return hook
 
     def on_outcome(self, hook: OutcomeHook) -> OutcomeHook:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from obsq.app import App, ProducerHook
+from obsq.app import App, ProducerHook, RefusalHook
 from obsq.broker import Broker, Enqueued
 from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
 from obsq.errors import BrokerError, ConfigurationError, DuplicateTask, TaskNotFound, TaskRunning
@@ -77,6 +77,7 @@ class Client:
             else allow_eviction
         self.results = ResultWaiter(self.broker)
         self.hooks: list[ProducerHook] = []
+        self.refusal_hooks: list[RefusalHook] = []
         self._queues = QueueRegistry(self._register_queues)
         self._coalescer = EnqueueCoalescer(self.broker.enqueue, ENQUEUE_BATCH)
         self._unheard: set[str] = set()  # events published with no subscriber, warned of
@@ -87,6 +88,12 @@ class Client:
     def use(self, hook: ProducerHook) -> ProducerHook:
         """Add a producer hook; the first added is the outermost (after the App's)."""
         self.hooks.append(hook)
+        return hook
+
+    def on_refusal(self, hook: RefusalHook) -> RefusalHook:
+        """Call `hook(job, error)` for each job this Client refuses before its producer hooks
+        run (after the App's refusal hooks): its checks failed."""
+        self.refusal_hooks.append(hook)
         return hook
 
     @property
@@ -156,6 +163,14 @@ class Client:
         return [self._message(job, now) for job in jobs]
 
     def _message(self, job: Job, now: float) -> TaskMessage:
+        try:
+            return self._checked_message(job, now)
+        except (ValueError, TypeError) as exc:
+            for hook in (*(self.app.refusal_hooks if self.app else ()), *self.refusal_hooks):
+                hook(job, exc)
+            raise
+
+    def _checked_message(self, job: Job, now: float) -> TaskMessage:
         if self.app is None:
             return build_message(job, now=now)
         route = self.app.route(job.type)

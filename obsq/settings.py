@@ -90,6 +90,9 @@ RESULT_RECHECK = 10.0
 COLLECTOR_CACHE = 1.0
 COLLECTOR_TIMEOUT = 2.0
 COLLECTOR_STALE_LIMIT = 30.0
+# Producers' metrics: distinct `queue` label values beyond the App's routes' queues (queue
+# names made per tenant would otherwise grow the series without end); OBSQ_METRICS_QUEUES.
+METRICS_QUEUE_LIMIT = 100
 # Health: an event loop that cannot run a callback within LOOP_TIMEOUT is stuck; the
 # exporter and supervisor ping Redis every PING_INTERVAL.
 LOOP_TIMEOUT = 1.5

@@ -46,8 +46,8 @@ SCRIPTS = load_scripts()
 # Every `operation` a failed call is reported under (the label of obsq_redis_errors_total):
 # the scripts, and the plain commands named here, so that metrics can start each at 0.
 COMMANDS = ("delete_namespace", "deregister", "find_queue", "forget_workers",
-            "lost_workers", "memory_policy", "namespaces", "queues", "read_cancels", "read_inbox",
-            "schedule_entries", "set_progress", "task_info",
+            "lost_workers", "memory_policy", "memory_usage", "namespaces", "queues",
+            "read_cancels", "read_inbox", "schedule_entries", "set_progress", "task_info",
             "wait_for_work", "wait_schedule_change", "workers")
 OPERATIONS = tuple(sorted({*SCRIPTS, *COMMANDS}))
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)  # said as "cannot reach"

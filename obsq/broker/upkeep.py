@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
+from redis.exceptions import RedisError, ResponseError
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.keys import TASK_STATES
@@ -123,6 +124,20 @@ class Upkeep(RedisCalls):
                                       max(now - oldest, 0) / 1000 if oldest >= 0 else 0.0,
                                       bool(paused))
         return stats
+
+    async def memory_usage(self) -> tuple[int, int] | None:
+        """Redis's used memory and its maxmemory (0: no limit) in bytes, from INFO memory;
+        of a Cluster, the node fullest against its limit (enqueues are refused per node).
+        None when the Redis user may not run INFO."""
+        try:
+            info = await self.redis.info("memory")
+        except ResponseError:  # INFO denied to the user: nothing to report, no failure
+            return None
+        except (RedisError, OSError) as exc:
+            raise self._failed("memory_usage", exc) from exc
+        nodes = [info] if "used_memory" in info else list(info.values())
+        usage = [(int(n["used_memory"]), int(n.get("maxmemory", 0))) for n in nodes]
+        return max(usage, key=lambda u: (u[0] / u[1] if u[1] else 0.0, u[0]))
 
     async def delete_namespace(self) -> int:
         """Delete every key of this namespace; returns how many there were."""

@@ -1,13 +1,15 @@
 """The queue-wide gauges, read from Redis when Prometheus scrapes.
 
-`obsq_queue_depth`, `obsq_queue_latency_seconds`, `obsq_queue_paused`, `obsq_workers` and
-`obsq_redis_maxmemory_policy_ok` describe Redis, not this process, so they are not
-multiprocess files: a custom collector asks Redis at scrape time through an asyncio Broker
-that runs on some event loop (the worker's), while the scrape runs in an HTTP thread.
+`obsq_queue_depth`, `obsq_queue_latency_seconds`, `obsq_queue_paused`, `obsq_workers`,
+`obsq_redis_maxmemory_policy_ok` and `obsq_redis_memory_*_bytes` describe Redis, not this
+process, so they are not multiprocess files: a custom collector asks Redis at scrape time
+through an asyncio Broker that runs on some event loop (the worker's), while the scrape runs
+in an HTTP thread.
 Reads are cached for a second and bounded by a timeout, so a slow Redis never hangs a
 scrape; concurrent scrapes share one read, and after a failure Redis is not asked again
 until the cache would have expired. A failed read serves the last values while they are
-recent, else nothing.
+recent, else nothing; `obsq_queue_gauges_read_ok` and the time of the last read that worked
+are served whatever happened, so that gauges gone missing say why.
 """
 
 from __future__ import annotations
@@ -53,10 +55,11 @@ class QueueCollector:
         self._read_at = 0.0  # monotonic time of the last successful read
         self._tried_at = -cache_seconds  # of the last attempt, successful or not
         self._failing = False
+        self._read_wall_time = 0.0  # unix time of the last successful read (0: none yet)
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         """Names only, without asking Redis (for registries that check duplicates)."""
-        return _families({}, None, None)
+        return [*_families({}, None, None, None), *_read_status(False, 0.0)]
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         with self._lock:
@@ -64,9 +67,11 @@ class QueueCollector:
             if now - self._tried_at >= self.cache_seconds:
                 self._refresh()
                 now = self._tried_at = time.monotonic()  # a slow failure counts from its end
+            status = _read_status(self._read_wall_time > 0 and not self._failing,
+                                  self._read_wall_time)
             if now - self._read_at > COLLECTOR_STALE_LIMIT:
-                return []
-            return list(self._families)
+                return status
+            return [*self._families, *status]
 
     def _refresh(self) -> None:
         try:
@@ -77,7 +82,7 @@ class QueueCollector:
             return  # waiting here would block the loop that must answer; serve the cache
         future = asyncio.run_coroutine_threadsafe(self._read(), self.loop)
         try:
-            stats, workers, policy = future.result(self.timeout)
+            stats, workers, policy, memory = future.result(self.timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
             self._failed(f"Redis did not answer within {self.timeout:g} s")
@@ -88,8 +93,9 @@ class QueueCollector:
         except Exception as exc:  # a closed loop, a cancelled read: not worth a traceback
             self._failed(f"{type(exc).__name__}: {exc}")
             return
-        self._families = _families(stats, workers, policy)
+        self._families = _families(stats, workers, policy, memory)
         self._read_at = time.monotonic()
+        self._read_wall_time = time.time()
         if self._failing:
             log.info("queue metrics: Redis answers again")
         self._failing = False
@@ -99,15 +105,27 @@ class QueueCollector:
             log.warning("queue metrics: %s; serving the last values", reason)
         self._failing = True
 
-    async def _read(self) -> tuple[dict[str, dict[str, Any]], int, str | None]:
+    async def _read(self) -> tuple[dict[str, dict[str, Any]], int, str | None,
+                                   tuple[int, int] | None]:
         queues = self.queues if isinstance(self.queues, Sequence) else await self.queues()
         stats = await self.broker.queue_stats(list(queues))
         workers = await self.broker.workers()
-        return stats, len(workers), await self.broker.memory_policy()
+        policy = await self.broker.memory_policy()
+        return stats, len(workers), policy, await self.broker.memory_usage()
 
 
-def _families(stats: dict[str, dict[str, Any]], workers: int | None, policy: str | None
-              ) -> list[GaugeMetricFamily]:
+def _read_status(ok: bool, read_at: float) -> list[GaugeMetricFamily]:
+    return [GaugeMetricFamily("obsq_queue_gauges_read_ok", "1 when the last read of the "
+                              "queue-wide gauges from Redis worked, 0 when it failed (they are "
+                              "then served from the last read, and left out after "
+                              f"{COLLECTOR_STALE_LIMIT:g} s)", value=1 if ok else 0),
+            GaugeMetricFamily("obsq_queue_gauges_read_timestamp_seconds", "Unix time of the "
+                              "last read of the queue-wide gauges from Redis that worked "
+                              "(0: none yet)", value=read_at)]
+
+
+def _families(stats: dict[str, dict[str, Any]], workers: int | None, policy: str | None,
+              memory: tuple[int, int] | None) -> list[GaugeMetricFamily]:
     depth = GaugeMetricFamily("obsq_queue_depth", "Tasks of a queue in each state",
                               labels=["queue", "state"])
     latency = GaugeMetricFamily("obsq_queue_latency_seconds",
@@ -119,6 +137,10 @@ def _families(stats: dict[str, dict[str, Any]], workers: int | None, policy: str
         "obsq_redis_maxmemory_policy_ok",
         f"1 when Redis's maxmemory-policy is {SAFE_MEMORY_POLICY}, 0 when it may evict task "
         "data (absent when Redis denies reading it)")
+    used = GaugeMetricFamily("obsq_redis_memory_used_bytes", "Memory Redis uses (INFO memory "
+                             "used_memory; of a Cluster, its node fullest against its limit)")
+    limit = GaugeMetricFamily("obsq_redis_memory_max_bytes", "Redis's maxmemory (0: no limit); "
+                              "enqueues are refused above the producers' share of it")
     for queue, s in stats.items():
         for state in DEPTH_STATES:
             depth.add_metric([queue, state], s.depth[state])
@@ -128,4 +150,7 @@ def _families(stats: dict[str, dict[str, Any]], workers: int | None, policy: str
         live.add_metric([], workers)
     if policy is not None:
         policy_ok.add_metric([], 1 if policy == SAFE_MEMORY_POLICY else 0)
-    return [depth, latency, paused, live, policy_ok]
+    if memory is not None:
+        used.add_metric([], memory[0])
+        limit.add_metric([], memory[1])
+    return [depth, latency, paused, live, policy_ok, used, limit]

@@ -31,7 +31,10 @@ def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
     linked to the producer's (default: OBSQ_TRACE_LINK; the copies of a published event
     always start their own trace, linked to the publisher's)."""
     done = _apps.setdefault(app, set())
-    _instrument_producers(app.producer_hooks, app, done, metrics=metrics, tracing=tracing)
+    counting = _instrument_producers(app.producer_hooks, app, done, metrics=metrics,
+                                     tracing=tracing)
+    if counting is not None:
+        app.on_refusal(counting.on_refusal)
     if metrics:
         from obsq.observability.metrics import TaskMetrics, set_concurrency, start_at_zero
 
@@ -58,14 +61,15 @@ def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
 
 def instrument_client(client: Client) -> Client:
     """Add `send {queue}` spans (with trace context in the task headers) and the
-    obsq_tasks_enqueued_total count to `client` (a Client built with an instrumented App
-    has them already); idempotent. Returns the client."""
+    obsq_tasks_enqueued_total and obsq_tasks_refused_total counts to `client` (a Client
+    built with an instrumented App has them already); idempotent. Returns the client."""
     if client not in _clients:
         _clients[client] = set(_apps.get(client.app, ())) if client.app is not None else set()
     counting = _instrument_producers(client.hooks, client.app, _clients[client],
                                      metrics=True, tracing=True)
     if counting is not None:
         client.broker.on_error.append(counting.on_redis_error)
+        client.on_refusal(counting.on_refusal)
     return client
 
 
@@ -77,7 +81,8 @@ def _instrument_producers(hooks: list[Any], app: App | None, done: set[str], *,
     tasks its handlers enqueue, even where a tracer provider is set."""
     counting = None
     if metrics and "enqueued" not in done:
-        from obsq.observability.metrics import EnqueueMetrics, start_at_zero
+        from obsq.observability.enqueue_metrics import EnqueueMetrics
+        from obsq.observability.metrics import start_at_zero
 
         if app is not None:
             start_at_zero(app, {r.queue or DEFAULT_QUEUE for r in app.routes}, worker=False)

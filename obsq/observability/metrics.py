@@ -1,5 +1,5 @@
-"""Prometheus metrics of tasks, built on the App's middleware and hooks and the Client's
-producer hooks.
+"""Prometheus metrics of tasks, built on the App's middleware and hooks (the Client's
+producer hook is in enqueue_metrics).
 
 The metric objects live in prometheus-client's default registry, created once per
 process (so a user's own metrics appear beside them), and work in its multiprocess mode
@@ -7,8 +7,11 @@ process (so a user's own metrics appear beside them), and work in its multiproce
 resolves label children once per (queue, task) and keeps them: `.labels()` costs more
 than the observation itself.
 
-Task labels are bounded: the registered route pattern that matched, else `other`. Ids,
-payloads and error texts never become labels.
+Task labels are bounded: the registered route pattern that matched, else `other` (and a
+producer's queue labels, see enqueue_metrics). Ids, payloads and error texts never become
+labels. Counters and histograms export no `_created` samples (prometheus-client's switch):
+they were a quarter of the exposition, and Prometheus does not read them from the text
+format.
 """
 
 from __future__ import annotations
@@ -21,15 +24,21 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry import trace
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from obsq._version import __version__
 from obsq.app import AGGREGATION_OUTCOMES, OUTCOMES, RECOVERY_REASONS, THROTTLE_REASONS, App
 from obsq.broker.calls import OPERATIONS
-from obsq.producer_chain import sync_safe
 from obsq.settings import DEFAULT_QUEUE
-from obsq.task import Task, TaskInfo, TaskMessage
+from obsq.task import Task
 
 # From 5 ms to 10 minutes: handlers and queueing delays of a task queue span seconds to
 # minutes, unlike the sub-second buckets of an HTTP server.
@@ -39,6 +48,11 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 OTHER = "other"
 RAN_KEY = "obsq.ran"  # task.context: the attempt entered the handler chain, not yet counted
 LABEL_CACHE_LIMIT = 10_000  # task types behind "*" are unbounded; their labels are not
+# Why an enqueue wrote nothing (obsq_tasks_refused_total): its id or unique lock is taken,
+# its payload or headers are over their limit, another option is wrong, Redis is above the
+# producers' share of maxmemory, the Redis user may not write, or the call failed otherwise.
+REFUSAL_REASONS = ("duplicate", "too_large", "invalid", "out_of_memory", "permission_denied",
+                   "redis_error")
 
 
 def multiprocess_dir() -> str | None:
@@ -61,17 +75,23 @@ def remove_multiprocess_dir(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-class _Metrics:
+class Metrics:
     """The process-wide metric objects (one set per process, whatever the number of Apps)."""
 
     def __init__(self) -> None:
+        disable_created_metrics()
         self.multiprocess = multiprocess_dir() is not None
         self.enqueued = Counter("obsq_tasks_enqueued", "Tasks enqueued by this process",
                                 ["queue", "task"])
+        self.refused = Counter(
+            "obsq_tasks_refused", "Tasks this process asked to enqueue and that were not "
+            "written, by reason: " + ", ".join(REFUSAL_REASONS), ["queue", "task", "reason"])
         self.processed = Counter(
             "obsq_tasks_processed", "Handler runs finished, by outcome: success, retry "
-            "(failed, scheduled again), dead (failed for good), requeued (handed back "
-            "unfinished at shutdown), lease_lost (finished after its lease was taken over)",
+            "(failed, scheduled again), dead (failed for good), cancelled (stopped because "
+            "its task was cancelled), requeued (handed back unfinished at shutdown), "
+            "lease_lost (finished after its lease was taken over; its result refused), "
+            "unrecorded (finished, but Redis stayed away until the worker stopped)",
             ["queue", "task", "outcome"])
         self.duration = Histogram("obsq_task_duration_seconds", "Handler run time",
                                   ["queue", "task"], buckets=BUCKETS)
@@ -109,15 +129,15 @@ class _Metrics:
         self.build_info.labels(__version__).set(1)
 
 
-_metrics: _Metrics | None = None
+_metrics: Metrics | None = None
 
 
-def get_metrics() -> _Metrics:
+def get_metrics() -> Metrics:
     """The metric objects, created on first use (not at import, so that the CLI can clear
     a multiprocess directory first)."""
     global _metrics
     if _metrics is None:
-        _metrics = _Metrics()
+        _metrics = Metrics()
     return _metrics
 
 
@@ -132,7 +152,7 @@ def _exemplar() -> dict[str, str] | None:
 class TaskMetrics:
     """The middleware and hooks that one App gets."""
 
-    def __init__(self, m: _Metrics | None = None, app: App | None = None) -> None:
+    def __init__(self, m: Metrics | None = None, app: App | None = None) -> None:
         self.m = m or get_metrics()
         self.subscriptions = app.subscriptions if app is not None else {}
         self._running: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
@@ -196,44 +216,13 @@ class TaskMetrics:
         child.inc()
 
 
-class EnqueueMetrics:
-    """The producer hook of a Client: counts the tasks Redis accepted (not duplicates)."""
-
-    def __init__(self, app: App | None, m: _Metrics | None = None) -> None:
-        self.m = m or get_metrics()
-        self.app = app
-        self._children: dict[tuple[str, str], Any] = {}
-
-    def _child(self, queue: str, task_type: str) -> Any:
-        key = (queue, task_type)
-        child = self._children.get(key)
-        if child is None:
-            route = self.app.route(task_type) if self.app is not None else None
-            child = self.m.enqueued.labels(queue, route.pattern if route else OTHER)
-            if len(self._children) < LABEL_CACHE_LIMIT:
-                self._children[key] = child
-        return child
-
-    @sync_safe  # awaits only call_next: a SyncClient runs it in its caller's thread
-    async def hook(self, messages: list[TaskMessage],
-                   call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
-        infos = await call_next(messages)
-        for info in infos:
-            if not info.duplicate:
-                self._child(info.queue, info.type).inc()
-        return infos
-
-    def on_redis_error(self, operation: str, exc: BaseException) -> None:
-        self.m.redis_errors.labels(operation).inc()
-
-
 class SchedulerMetrics:
     """The hooks of a Scheduler: fires and missed fires per entry (the entry's name, a
     bounded label: the App's entries and those added at run time). Each known entry's
     series start at 0; those of a removed entry go with it, so that names added and removed
     at run time do not pile up."""
 
-    def __init__(self, m: _Metrics | None = None) -> None:
+    def __init__(self, m: Metrics | None = None) -> None:
         self.m = m or get_metrics()
         self._known: set[str] = set()
 
@@ -257,7 +246,8 @@ def start_at_zero(app: App, queues: Iterable[str], *, worker: bool = True) -> No
     0 rather than "no data" and `increase()` counts the first event: the Redis operations,
     and for the given queues the recovery reasons and (a worker) the outcomes, durations,
     waits and throttled starts of each route that enqueues there by default, its
-    aggregators' runs and its subscribers' deliveries, or (a producer) its enqueue count."""
+    aggregators' runs and its subscribers' deliveries, or (a producer) its enqueues and
+    refusals."""
     m = get_metrics()
     for operation in OPERATIONS:
         m.redis_errors.labels(operation)
@@ -268,6 +258,8 @@ def start_at_zero(app: App, queues: Iterable[str], *, worker: bool = True) -> No
             continue
         if not worker:
             m.enqueued.labels(queue, task)
+            for reason in REFUSAL_REASONS:
+                m.refused.labels(queue, task, reason)
             continue
         for outcome in OUTCOMES:
             m.processed.labels(queue, task, outcome)

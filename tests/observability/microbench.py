@@ -29,7 +29,8 @@ from opentelemetry.sdk.trace.export import (
 )
 
 import obsq
-from obsq.observability.metrics import EnqueueMetrics, TaskMetrics
+from obsq.observability.enqueue_metrics import EnqueueMetrics
+from obsq.observability.metrics import TaskMetrics
 from obsq.observability.tracing import SendTracing, TaskTracing
 from obsq.task import Job, TaskInfo, build_message
 

@@ -33,9 +33,15 @@ async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
         assert 0 <= value(s, "obsq_queue_latency_seconds", queue="alpha") < 60
         assert value(s, "obsq_workers") == 0
         assert value(s, "obsq_redis_maxmemory_policy_ok") == 1  # the tests' Redis: noeviction
+        assert value(s, "obsq_queue_gauges_read_ok") == 1
+        assert value(s, "obsq_redis_memory_used_bytes") > 0
         assert {name for name, _ in s} == {"obsq_queue_depth", "obsq_queue_latency_seconds",
                                            "obsq_queue_paused", "obsq_workers",
-                                           "obsq_redis_maxmemory_policy_ok"}
+                                           "obsq_redis_maxmemory_policy_ok",
+                                           "obsq_redis_memory_used_bytes",
+                                           "obsq_redis_memory_max_bytes",
+                                           "obsq_queue_gauges_read_ok",
+                                           "obsq_queue_gauges_read_timestamp_seconds"}
 
         await client.enqueue("c", {}, queue="gamma")  # a new queue shows up
         await wait_until(lambda: asyncio.to_thread(lambda: value(

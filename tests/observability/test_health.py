@@ -125,6 +125,9 @@ class SlowBroker:
     async def memory_policy(self):
         return await self.broker.memory_policy()
 
+    async def memory_usage(self):
+        return await self.broker.memory_usage()
+
 
 async def test_a_slow_redis_never_hangs_a_scrape(redis_url, namespace):
     loop = asyncio.new_event_loop()

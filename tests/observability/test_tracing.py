@@ -15,7 +15,7 @@ from support import wait_until
 import obsq
 from obsq.broker import QueueKeys
 from obsq.observability import instrument_app
-from obsq.observability.metrics import EnqueueMetrics
+from obsq.observability.enqueue_metrics import EnqueueMetrics
 
 from .helpers import parse, scrape, value
 
