@@ -81,7 +81,7 @@ class Executor:
         return Task(
             id=raw.id, type=raw.type, queue=queue, raw_payload=raw.payload,
             raw_headers=raw.headers, retry_count=raw.retried, fence=raw.fence,
-            route=route.pattern if route else "other", unique_key=raw.unique_key,
+            route=route.pattern if route else "other", id_chosen=raw.id_chosen,
             ordering_key=raw.ordering_key, slot=raw.slot, binary=raw.binary,
             max_retry=max_retry if isinstance(max_retry, int) else
             (route.max_retry if route and route.max_retry is not None else DEFAULT_MAX_RETRY),

@@ -27,6 +27,12 @@ ENQUEUE_MEMORY_SHARE = 0.9
 # INFO memory costs more Redis time than a small enqueue, so a reading's budget (half the
 # room below the share) serves the enqueues of a queue at most this long (ms).
 MEMORY_LOOK_MS = 100
+# A task whose producer chose its id is remembered after obsq deletes it (its id only, in
+# the queue's `ended` zset), and an enqueue of the same id is refused as a duplicate: for
+# this long (WorkerSettings.dedup_window), or while it is among the last DEDUP_MAX_IDS of
+# its queue, whichever is shorter (an id takes about 100 bytes of Redis memory).
+DEDUP_WINDOW = 24 * 3600.0
+DEDUP_MAX_IDS = 100_000
 # Client(durable_replicas=N): how long an enqueue waits for N replicas to have its tasks
 # before it is refused (the tasks are then on the master only).
 DURABLE_WAIT_TIMEOUT = 2.0
@@ -275,6 +281,8 @@ class WorkerSettings(EnvSettings):
     # What is left behind: dead tasks (by age and count), and a task's progress.
     dead_max_age: float = 30 * 24 * 3600.0
     dead_max_count: int = 100_000
+    dedup_window: float = DEDUP_WINDOW  # producer-chosen ids refused this long after deletion
+    dedup_max_ids: int = DEDUP_MAX_IDS  # ... or while among the last this many of their queue
     progress_ttl: float = 24 * 3600.0
     # A Redis whose maxmemory-policy evicts is refused at start unless this is set (tasks
     # may then vanish under memory pressure); the heartbeat reads the policy again this often.
@@ -288,7 +296,7 @@ class WorkerSettings(EnvSettings):
             self.route_concurrency = parse_route_limits(self.route_concurrency)
         if self.namespace is not None:
             _checked_name("namespace", self.namespace)
-        for name in ("concurrency", "processes"):
+        for name in ("concurrency", "processes", "dedup_max_ids"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be a positive integer, "
                                          f"got {getattr(self, name)!r}")
@@ -301,6 +309,7 @@ class WorkerSettings(EnvSettings):
         for name in ("heartbeat_interval", "forward_interval", "recover_interval",
                      "janitor_interval", "lock_ttl", "wait_timeout", "dead_max_age",
                      "progress_ttl", "policy_check_interval", "aggregate_interval",
+                     "dedup_window",
                      "aggregate_lease"):
             if not getattr(self, name) > 0:
                 raise ConfigurationError(f"{name} must be positive, got {getattr(self, name)}")

@@ -59,7 +59,7 @@ class Settler:
         if verdict.outcome == "success":
             future: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
             self._acks.setdefault(task.queue, []).append(_Ack(Completion(
-                attempt, task.retention, verdict.result, task.unique_key), future))
+                attempt, task.retention, verdict.result, task.id_chosen), future))
             self.acks_waiting.set()
             if self.direct:
                 await self._persist(self.flush)

@@ -207,6 +207,7 @@ class Task:
         "context",
         "fence",
         "id",
+        "id_chosen",
         "max_retry",
         "ordering_key",
         "queue",
@@ -216,14 +217,13 @@ class Task:
         "slot",
         "timeout",
         "type",
-        "unique_key",
         "wait_seconds",
     )
 
     def __init__(self, *, id: str, type: str, queue: str, raw_payload: bytes,
                  raw_headers: bytes, retry_count: int, max_retry: int, timeout: float,
                  retention: float, fence: int = 0, wait_seconds: float = 0.0,
-                 route: str = "other", unique_key: str = "", ordering_key: str = "",
+                 route: str = "other", id_chosen: bool = False, ordering_key: str = "",
                  slot: str = "", binary: bool = False,
                  update_state: Callable[[Task, Any], Awaitable[None]] | None = None) -> None:
         self.id = id
@@ -236,7 +236,7 @@ class Task:
         self.fence = fence
         self.wait_seconds = wait_seconds
         self.route = route  # the matched route pattern: a bounded label for metrics
-        self.unique_key = unique_key  # digest of the unique lock this task holds, if any
+        self.id_chosen = id_chosen  # its producer chose the id (remembered after its end)
         self.ordering_key = ordering_key  # it runs alone among the tasks sharing this key
         self.slot = slot  # the route whose concurrency limit this attempt counts under
         # Set when the task was cancelled while this attempt ran: an async handler gets

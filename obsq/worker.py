@@ -92,6 +92,8 @@ class Worker:
         self.processed = 0
         self.broker = Broker(settings.redis_url, self.namespace)
         self.broker.on_error = app.redis_error_hooks  # the App's list: hooks added later count
+        self.broker.dedup_window, self.broker.dedup_max_ids = (settings.dedup_window,
+                                                               settings.dedup_max_ids)
         self.limits = RouteLimits(app, settings.route_concurrency)
         self._busy = 0
         self._buffer: collections.deque[Task] = collections.deque()  # fetched, awaiting a slot

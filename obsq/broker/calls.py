@@ -29,6 +29,8 @@ from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import Script, call_on, is_noscript, load_scripts
 from obsq.errors import BrokerError, StartupError, denied_by_acl
 from obsq.settings import (
+    DEDUP_MAX_IDS,
+    DEDUP_WINDOW,
     DURABLE_WAIT_TIMEOUT,
     ENQUEUE_MEMORY_SHARE,
     REDIS_CREDENTIAL_VARIABLES,
@@ -66,6 +68,9 @@ class RedisCalls:
         self._producer_busy = False
         self.memory_share = ENQUEUE_MEMORY_SHARE  # enqueues refused above it (enqueue.lua)
         self.durable_replicas = 0  # replicas each enqueue waits for (WAIT)
+        # how long a deleted task's producer-chosen id is remembered, and how many per queue
+        self.dedup_window = DEDUP_WINDOW
+        self.dedup_max_ids = DEDUP_MAX_IDS
         self.durable_timeout = DURABLE_WAIT_TIMEOUT
         self.global_keys = GlobalKeys(namespace)
         self.schedule_keys = ScheduleKeys(namespace)

@@ -16,6 +16,7 @@ class QueueKeys:
         "cancelled",
         "completed",
         "dead",
+        "ended",
         "fence",
         "group_types",
         "grouped",
@@ -43,6 +44,8 @@ class QueueKeys:
         self.dead = self.prefix + "dead"  # zset id -> time of death (ms)
         self.completed = self.prefix + "completed"  # zset id -> end of retention (ms)
         self.cancelled = self.prefix + "cancelled"  # zset id -> time of cancellation (ms)
+        # zset id -> the time until which a deleted task's producer-chosen id is refused (ms)
+        self.ended = self.prefix + "ended"
         self.wake = self.prefix + "wake"  # list of tokens idle workers block on
         self.paused = self.prefix + "paused"  # exists while the queue is paused
         self.watched = self.prefix + "watched"  # hash id -> ids of clients waiting in result()

@@ -18,7 +18,7 @@ class FetchedTask(NamedTuple):
     options: bytes  # JSON object of max_retry / timeout / retention, or b""
     retried: int
     due_ms: int  # when it became due, on Redis's clock
-    unique_key: str  # digest of the unique lock it holds, or ""
+    id_chosen: bool  # the producer chose its id: it is remembered once the task is forgotten
     ordering_key: str  # "" when none
     waited: bool  # it waited for the tasks ahead of it on its ordering key
     slot: str  # the route whose concurrency limit it counts under, or ""
@@ -51,7 +51,7 @@ class Completion(NamedTuple):
     attempt: Attempt
     retention: float  # seconds to keep the result; 0 deletes the task at once
     result: bytes  # JSON
-    unique_key: str  # the unique lock to release, or ""
+    id_chosen: bool = False  # the producer chose the id: remembered when the task is deleted
 
 
 # queue -> the completions of that queue

@@ -95,9 +95,12 @@ class Upkeep(RedisCalls):
 
     async def cleanup(self, queue: str, dead_max_age: float, dead_max_count: int,
                       batch: int) -> int:
+        """Delete the tasks past their retention or dead limits and forget the remembered
+        ids past the dedup window or count -> entries removed (a full batch: call again)."""
         k = self.keys(queue)
-        return await self._script("cleanup", (k.completed, k.dead, k.cancelled),
-                                  (0, int(dead_max_age * 1000), dead_max_count, batch))
+        return await self._script("cleanup", (k.completed, k.dead, k.cancelled, k.ended),
+                                  (0, int(dead_max_age * 1000), dead_max_count, batch,
+                                   int(self.dedup_window * 1000), self.dedup_max_ids))
 
     async def try_lock(self, name: str, owner: str, ttl: float) -> bool:
         """Take or keep a short lock so one process at a time runs a sweep."""

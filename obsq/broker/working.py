@@ -44,11 +44,12 @@ class Working(RedisCalls):
         for queue, items in completions.items():
             k = self.keys(queue)
             for start in range(0, len(items), ATTEMPTS_PER_CALL):
-                args: list[Any] = [0, worker_id, 1 if resent else 0]
+                args: list[Any] = [0, worker_id, 1 if resent else 0,
+                                   int(self.dedup_window * 1000)]
                 for c in items[start:start + ATTEMPTS_PER_CALL]:
                     a = c.attempt
                     args += (a.task_id, a.fence, int(c.retention * 1000), c.result,
-                             c.unique_key, a.type, a.slot, a.ordering_key)
+                             "1" if c.id_chosen else "", a.type, a.slot, a.ordering_key)
                 calls.append(("ack", (k.lease, k.completed, k.active, k.watched), args))
         return calls
 
@@ -72,7 +73,7 @@ class Working(RedisCalls):
         tasks = [
             FetchedTask(_text(reply[i]), reply[i + 1], _text(reply[i + 2]), reply[i + 3],
                         reply[i + 4], reply[i + 5], _count(reply[i + 6]),
-                        _count(reply[i + 7]), _text(reply[i + 8]), _text(reply[i + 9]),
+                        _count(reply[i + 7]), reply[i + 8] == b"1", _text(reply[i + 9]),
                         reply[i + 10] == b"1", _text(reply[i + 11]), reply[i + 12] == b"1")
             for i in range(3, end, 13)
         ]

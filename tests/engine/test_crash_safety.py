@@ -169,7 +169,7 @@ async def test_an_expired_lease_is_recovered_and_the_stale_attempt_is_fenced(
 
     # the wedged worker wakes up: none of its settling calls is accepted
     stale_attempt = Attempt(stale_id, stale_fence)
-    acked = await broker.ack({"default": [Completion(stale_attempt, 60, b'"stale"', "")]},
+    acked = await broker.ack({"default": [Completion(stale_attempt, 60, b'"stale"')]},
                              "wedged-worker")
     assert acked == {"default": [False]}
     assert not await broker.retry("default", stale_attempt, "wedged-worker", 0, "x")
@@ -193,7 +193,7 @@ async def test_fencing_after_recovery_at_the_broker(client, broker) -> None:
     assert (await client.info(info.id)).state == "pending"
     assert await broker.extend({"default": [Attempt(info.id, fence)]}, 30, "w1") == {
         "default": [info.id]}  # the lease is no longer this attempt's
-    old = Completion(Attempt(info.id, fence), 0, b"1", "")
+    old = Completion(Attempt(info.id, fence), 0, b"1")
     assert await broker.ack({"default": [old]}, "w1") == {"default": [False]}
 
     _, fetched_second = await broker.dequeue("default", 1, "w2", lease_seconds=30)
@@ -201,7 +201,7 @@ async def test_fencing_after_recovery_at_the_broker(client, broker) -> None:
     assert second.id == info.id and second.fence != fence
     # the old attempt cannot settle the new one, even from the same worker id
     assert await broker.ack({"default": [old]}, "w2") == {"default": [False]}
-    new = Completion(Attempt(info.id, second.fence), 60, b"2", "")
+    new = Completion(Attempt(info.id, second.fence), 60, b"2")
     assert await broker.ack({"default": [new]}, "w2") == {"default": [True]}
     stored = await client.info(info.id)
     assert (stored.state, stored.result) == ("completed", 2)

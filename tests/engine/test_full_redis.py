@@ -78,7 +78,7 @@ async def test_every_call_a_worker_needs_passes_on_a_full_redis(full_redis, name
         top_up(raw)
         assert await broker.extend({"default": attempts}, 30, "w1") == {"default": []}
         top_up(raw)
-        acked = await broker.ack({"default": [Completion(a, 0, b"null", "") for a in attempts]},
+        acked = await broker.ack({"default": [Completion(a, 0, b"null") for a in attempts]},
                                  "w1")
         assert acked == {"default": [True, True]}
         top_up(raw)

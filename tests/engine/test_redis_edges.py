@@ -79,8 +79,8 @@ async def test_a_resent_settle_of_an_applied_attempt_is_accepted(client, broker)
     gone = await client.enqueue("t", 2)
     _, fetched = await broker.dequeue("default", 2, "w", lease_seconds=60)
     by_id = {t.id: t for t in fetched.tasks}
-    done = {"default": [Completion(Attempt(kept.id, by_id[kept.id].fence), 60, b"1", ""),
-                        Completion(Attempt(gone.id, by_id[gone.id].fence), 0, b"2", "")]}
+    done = {"default": [Completion(Attempt(kept.id, by_id[kept.id].fence), 60, b"1"),
+                        Completion(Attempt(gone.id, by_id[gone.id].fence), 0, b"2")]}
     assert await broker.ack(done, "w") == {"default": [True, True]}
     # the reply was lost: the worker sends the same completions again
     assert await broker.ack(done, "w", resent=True) == {"default": [True, True]}
@@ -100,7 +100,7 @@ async def test_a_resent_ack_after_a_takeover_is_still_refused(client, broker) ->
     _, fetched = await broker.dequeue("default", 1, "w", lease_seconds=0.01)
     await asyncio.sleep(0.05)
     assert (await broker.recover("default", 5, 100))[0] == 1  # the lease expired: taken back
-    done = {"default": [Completion(Attempt(info.id, fetched.tasks[0].fence), 0, b"1", "")]}
+    done = {"default": [Completion(Attempt(info.id, fetched.tasks[0].fence), 0, b"1")]}
     assert await broker.ack(done, "w", resent=True) == {"default": [False]}
 
 

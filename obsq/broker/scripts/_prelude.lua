@@ -144,6 +144,19 @@ local function named_attempts(active_key, worker, first, stride)
   return ids, fences, held
 end
 
+-- A task whose producer chose its id ('own') is remembered after obsq forgets it: its id
+-- stays in the queue's `ended` zset (id -> the time until which it is remembered, ms) so
+-- that enqueue.lua refuses the id within the dedup window; the janitor trims the zset by
+-- time and by count. `until_text`: that time, as text.
+local function remember_ids(ids, until_text)
+  local members = {}
+  for _, id in ipairs(ids) do
+    members[#members + 1] = until_text
+    members[#members + 1] = id
+  end
+  call_sliced('ZADD', prefix .. 'ended', members)
+end
+
 -- The task hash keeps the fence of the attempt that settled it last ('fin'): a settle
 -- re-sent because its reply was lost is then recognised as done, not as a lost lease.
 local function settled_by(id, fence)

@@ -115,16 +115,13 @@ local function cancel_requested(id)
 end
 
 -- Task `id`, no longer running or waiting anywhere, ends cancelled: clients waiting for it
--- are told, its unique lock goes, and the next task of its ordering key may run.
+-- are told, and the next task of its ordering key may run (its unique lock, if any, stays
+-- until its unique_for ends).
 local function end_cancelled(id, now)
   local key = task_key(id)
-  local f = redis.call('HMGET', key, 'uniq', 'ordk')
   redis.call('HSET', key, 'state', 'cancelled', 'done', now)
   redis.call('HDEL', key, 'cancel')
   redis.call('ZADD', prefix .. 'cancelled', now, id)
-  if f[1] and redis.call('GET', prefix .. 'unique:' .. f[1]) == id then
-    redis.call('DEL', prefix .. 'unique:' .. f[1])
-  end
-  release_successor(id, f[2] or '', now)
+  release_successor(id, redis.call('HGET', key, 'ordk') or '', now)
   notify_done(id, 'cancelled', 'cancelled')
 end

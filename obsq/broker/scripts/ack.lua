@@ -1,17 +1,18 @@
 -- prelude: now_text, int_text, task_key, call_sliced, hmget_sliced, notify_done, named_attempts,
---   settled_by, release_limits, release_successor
+--   remember_ids, settled_by, release_limits, release_successor
 -- Mark a batch of one worker's attempts of one queue completed.
 -- KEYS: lease, completed, active, watched
 -- ARGV: now, worker_id, resent (1 when an earlier send may have been applied already),
---       then per task: id, fence, retention_ms, result, unique digest or '', type, route
---       slot or '', ordering key or ''
+--       dedup window (ms), then per task: id, fence, retention_ms, result, '1' when the
+--       producer chose its id (remembered for the window once its hash is deleted) or '',
+--       type, route slot or '', ordering key or ''
 -- Returns per task 1, or 0 when the fencing token is stale (the lease was taken over). A
 -- re-sent ack whose attempt already completed the task returns 1: the task hash then holds
 -- its fence, or is gone (no retention), as it would be after a takeover that also finished.
 local now_stored = now_text()
 local now = tonumber(now_stored)
 local worker, resent = ARGV[2], ARGV[3] == '1'
-local ids, fences, held = named_attempts(KEYS[3], worker, 4, 8)
+local ids, fences, held = named_attempts(KEYS[3], worker, 5, 8)
 local out, done = {}, {}
 for n, id in ipairs(ids) do
   local fence = fences[n]
@@ -34,18 +35,12 @@ end
 call_sliced('HDEL', KEYS[3], finished)
 call_sliced('ZREM', KEYS[1], finished)
 local watchers = hmget_sliced(KEYS[4], finished)
-local gone = {}
+local gone, forgotten = {}, {}
 for j, n in ipairs(done) do
-  local i = 4 + (n - 1) * 8
+  local i = 5 + (n - 1) * 8
   local id, key = ids[n], task_key(ids[n])
   release_limits(id, ARGV[i + 5], ARGV[i + 6])
   release_successor(id, ARGV[i + 7], now)
-  if ARGV[i + 4] ~= '' then
-    local lock = prefix .. 'unique:' .. ARGV[i + 4]
-    if redis.call('GET', lock) == id then
-      redis.call('DEL', lock)
-    end
-  end
   if watchers[j] then
     notify_done(id, 'completed', ARGV[i + 3], watchers[j])
   end
@@ -57,7 +52,13 @@ for j, n in ipairs(done) do
     redis.call('PEXPIRE', key, int_text(retention + 60000))
   else
     gone[#gone + 1] = key
+    if ARGV[i + 4] == '1' then
+      forgotten[#forgotten + 1] = id
+    end
   end
 end
 call_sliced('DEL', nil, gone)
+if #forgotten > 0 then
+  remember_ids(forgotten, int_text(now + tonumber(ARGV[4])))
+end
 return out

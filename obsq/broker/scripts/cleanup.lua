@@ -1,16 +1,23 @@
--- prelude: now_ms, task_key
+-- prelude: now_ms, int_text, task_key, remember_ids
 -- Delete completed tasks past their retention, and dead and cancelled tasks past their age
--- or count limit.
--- KEYS: completed, dead, cancelled
--- ARGV: now, dead_max_age_ms, dead_max_count, batch
--- Returns the number of tasks deleted.
+-- or count limit; the ids their producers chose are remembered for the dedup window from
+-- then on. Forget the remembered ids past the window, and the oldest beyond the count cap.
+-- KEYS: completed, dead, cancelled, ended
+-- ARGV: now, dead_max_age_ms, dead_max_count, batch, dedup window (ms), dedup max ids
+-- Returns the number of tasks deleted plus the ids forgotten over the cap (at most a batch
+-- of each per call: the caller calls again while a batch was full).
 local now = now_ms()
 local batch = tonumber(ARGV[4])
 local deleted = 0
+local forgotten = {}
 local function drop(set, ids)
   for _, id in ipairs(ids) do
+    local key = task_key(id)
+    if redis.call('HGET', key, 'own') == '1' then
+      forgotten[#forgotten + 1] = id
+    end
     redis.call('ZREM', set, id)
-    redis.call('DEL', task_key(id))
+    redis.call('DEL', key)
     deleted = deleted + 1
   end
 end
@@ -22,5 +29,15 @@ for _, set in ipairs({KEYS[2], KEYS[3]}) do
   if excess > 0 then
     drop(set, redis.call('ZRANGE', set, 0, math.min(excess, batch) - 1))
   end
+end
+if #forgotten > 0 then
+  remember_ids(forgotten, int_text(now + tonumber(ARGV[5])))
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', int_text(now))
+local excess = redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[6])
+if excess > 0 then
+  excess = math.min(excess, batch)
+  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, excess - 1)
+  deleted = deleted + excess
 end
 return deleted

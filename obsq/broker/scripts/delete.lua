@@ -1,10 +1,11 @@
 -- prelude: now_ms, task_key, notify_done, release_successor, leave_group, held_lists
--- Delete tasks with everything kept for them (data, progress, unique lock): one task by id
+-- Delete tasks with everything kept for them (data, progress): one task by id
 -- in any state but running (obsq delete), or a batch of one state's tasks (obsq purge,
 -- repeated by the caller until the state is empty).
 -- A task held back by a route limit leaves its held list (purging pending takes the held
 -- tasks too: they count as pending), and one with an ordering key lets the next of its key
--- run (a purge takes that one in a later step).
+-- run (a purge takes that one in a later step). A unique lock stays until its unique_for
+-- ends, and a deleted task's id is not remembered: an operator's delete frees it.
 -- KEYS: pending, scheduled, retry, dead, completed, cancelled, active
 -- ARGV: now, 'id' or the state to purge, the id or the batch size
 -- Returns for an id: the state it was in, 'running' (refused) or '' (no such task);
@@ -15,20 +16,13 @@ local sets = {pending = KEYS[1], scheduled = KEYS[2], retry = KEYS[3], dead = KE
 
 local function forget(id)
   local key = task_key(id)
-  local f = redis.call('HMGET', key, 'uniq', 'held', 'ordk')
-  local digest = f[1]
-  if f[2] then
-    if redis.call('LREM', prefix .. 'held:' .. f[2], 1, id) > 0 then
+  local f = redis.call('HMGET', key, 'held', 'ordk')
+  if f[1] then
+    if redis.call('LREM', prefix .. 'held:' .. f[1], 1, id) > 0 then
       redis.call('DECR', prefix .. 'waiting')
     end
   end
-  release_successor(id, f[3] or '', now)
-  if digest then
-    local lock = prefix .. 'unique:' .. digest
-    if redis.call('GET', lock) == id then
-      redis.call('DEL', lock)
-    end
-  end
+  release_successor(id, f[2] or '', now)
   notify_done(id, 'dead', 'deleted by an operator')  -- clients waiting in result()
   redis.call('DEL', key, prefix .. 'progress:' .. id)
 end

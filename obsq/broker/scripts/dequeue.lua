@@ -7,8 +7,8 @@
 --       with a limit across workers (0: none) and this worker's own route limits with the
 --       room left under each
 -- Returns {now, dropped, tasks, then per task: id, fence, type, payload, headers, options,
--- retried, due, unique digest, ordering key, waited for its key ('1' or ''), route slot
--- ('' for none), '1' when the payload is bytes (kept in field 'bin', where a worker that
+-- retried, due, '1' when the producer chose its id, ordering key, waited for its key ('1'
+-- or ''), route slot ('' for none), '1' when the payload is bytes (kept in field 'bin', where a worker that
 -- predates them finds no payload and fails the task instead of misreading it); then per
 -- task held back: its type and why ('concurrency' or 'rate')}.
 -- The pop comes first, so a Redis at maxmemory lets the script finish.
@@ -81,7 +81,7 @@ local leases, owners, tasks, held = {}, {}, {}, {}
 local dropped = 0
 for _, id in ipairs(ids) do
   local f = redis.call('HMGET', task_key(id), 'type', 'payload', 'headers', 'opts', 'retried',
-                       'due', 'uniq', 'ordk', 'ow', 'rsv', 'hc', 'bin')
+                       'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin')
   local why, slot = nil, ''
   if not f[1] then
     dropped = dropped + 1  -- its hash was deleted behind obsq's back: nothing left to run

@@ -10,7 +10,10 @@
 --       waits behind them). The delay is added to the server's clock here, so a producer's
 --       clock never decides a due time.
 -- Returns only the refusals, flat: the task's position in the batch (1-based), then 'id'
--- (the id exists) or 'unique:<id of the holder>'. An empty reply: all were enqueued.
+-- (the id exists, or its task was forgotten within the dedup window: it is in `ended`,
+-- id -> the time until which it is remembered) or 'unique:<id of the holder>'. An empty
+-- reply: all were enqueued. A task whose producer chose its id is marked ('own'), so the
+-- scripts that forget it remember its id; a generated id is neither looked up nor remembered.
 local STRIDE = 11
 -- Refused above the producers' share of maxmemory (ARGV[2]), before the batch is written:
 -- the rest is for what the workers draining the queues write (their calls are never
@@ -50,6 +53,7 @@ if share < 1 then
   end
 end
 local now = now_text()
+local ended = prefix .. 'ended'
 local out = {}
 local pending = {}
 local position = 0
@@ -59,7 +63,9 @@ for i = 3, #ARGV, STRIDE do
   local key = task_key(id)
   local refused = nil
   local digest = ARGV[i + 8]
-  if ARGV[i + 1] == '1' and redis.call('EXISTS', key) == 1 then
+  local own = ARGV[i + 1] == '1'
+  if own and (redis.call('EXISTS', key) == 1 or
+              (tonumber(redis.call('ZSCORE', ended, id)) or 0) > tonumber(now)) then
     refused = 'id'
   elseif digest ~= '' then
     local lock = prefix .. 'unique:' .. digest
@@ -85,6 +91,10 @@ for i = 3, #ARGV, STRIDE do
     if ARGV[i + 6] ~= '' then
       fields[#fields + 1] = 'opts'
       fields[#fields + 1] = ARGV[i + 6]
+    end
+    if own then
+      fields[#fields + 1] = 'own'
+      fields[#fields + 1] = '1'
     end
     if digest ~= '' then
       fields[#fields + 1] = 'uniq'
