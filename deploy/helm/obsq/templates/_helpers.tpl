@@ -109,12 +109,23 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if and (not .Values.redis.existingSecret) (not .Values.redis.url) }}
 {{- fail "set redis.existingSecret (and redis.existingSecretKey) or redis.url" }}
 {{- end }}
+{{- if and .Values.redis.auth.username (not .Values.redis.auth.existingSecret) }}
+{{- fail "redis.auth.username is the user of the password in redis.auth.existingSecret: set that too" }}
+{{- end }}
+{{- if .Values.production }}
+{{- if regexMatch "://[^/@]*:[^/@]*@" (default "" .Values.redis.url) }}
+{{- fail "production: redis.url holds a password in plain values, where anyone who can read the release sees it: put the password in a Secret and name it in redis.auth.existingSecret (key redis.auth.existingSecretPasswordKey, redis-password by default), or put the whole URL in a Secret named in redis.existingSecret" }}
+{{- end }}
+{{- if not (or .Values.redis.existingSecret .Values.redis.auth.existingSecret) }}
+{{- fail "production: Redis's password must come from a Secret: set redis.auth.existingSecret to a Secret holding the password (key redis.auth.existingSecretPasswordKey, redis-password by default, as Redis charts keep it), or redis.existingSecret to one holding the whole URL" }}
+{{- end }}
+{{- end }}
 {{- if and .Values.tracing.enabled (not .Values.tracing.endpoint) }}
 {{- fail "tracing.enabled needs tracing.endpoint (the OTLP endpoint, e.g. http://otel-collector:4317)" }}
 {{- end }}
 {{- end }}
 
-{{/* Environment shared by the worker and the scheduler containers. */}}
+{{/* Environment shared by every container: worker, scheduler, exporter and console. */}}
 {{- define "obsq.commonEnv" -}}
 - name: POD_NAME
   valueFrom:
@@ -139,6 +150,19 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- else }}
 - name: OBSQ_REDIS_URL
   value: {{ .Values.redis.url | quote }}
+{{- end }}
+{{- with .Values.redis.auth }}
+{{- if .existingSecret }}
+- name: OBSQ_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .existingSecretPasswordKey }}
+{{- if .username }}
+- name: OBSQ_REDIS_USERNAME
+  value: {{ .username | quote }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- with .Values.redis.tls }}
 {{- if .existingSecret }}
