@@ -22,14 +22,16 @@ _clients: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
                    concurrency: int = 0, queues: Iterable[str] = (),
-                   link: bool | None = None) -> None:
+                   link: bool | None = None, worker_id: str | None = None,
+                   redis_url: str | None = None) -> None:
     """Add task metrics and tracing to `app`; idempotent. Both middleware go first in the
     chain (tracing outermost, then metrics), so the process span and the timings cover the
     user's middleware too, and its logs carry the trace id. `concurrency`: the task slots
     of the calling worker, exported as obsq_worker_concurrency; `queues`: the queues it
     serves, whose known series start at 0. `link`: start each process span in a new trace
     linked to the producer's (default: OBSQ_TRACE_LINK; the copies of a published event
-    always start their own trace, linked to the publisher's)."""
+    always start their own trace, linked to the publisher's). `worker_id` and `redis_url`:
+    the calling worker's, as `messaging.client.id` and `server.*` of its process spans."""
     done = _apps.setdefault(app, set())
     counting = _instrument_producers(app.producer_hooks, app, done, metrics=metrics,
                                      tracing=tracing)
@@ -51,9 +53,9 @@ def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
             set_concurrency(concurrency)
         start_at_zero(app, queues)
     if tracing and "tracing" not in done:
-        from obsq.observability.tracing import TaskTracing
+        from obsq.observability.tracing import TaskTracing, connection_attributes
 
-        t = TaskTracing(link=link)
+        t = TaskTracing(link=link, attributes=connection_attributes(redis_url, worker_id))
         app.middleware.insert(0, t.middleware)
         app.on_outcome(t.on_outcome)
         done.add("tracing")
@@ -66,7 +68,7 @@ def instrument_client(client: Client) -> Client:
     if client not in _clients:
         _clients[client] = set(_apps.get(client.app, ())) if client.app is not None else set()
     counting = _instrument_producers(client.hooks, client.app, _clients[client],
-                                     metrics=True, tracing=True)
+                                     metrics=True, tracing=True, client=client)
     if counting is not None:
         client.broker.on_error.append(counting.on_redis_error)
         client.on_refusal(counting.on_refusal)
@@ -74,11 +76,12 @@ def instrument_client(client: Client) -> Client:
 
 
 def _instrument_producers(hooks: list[Any], app: App | None, done: set[str], *,
-                          metrics: bool, tracing: bool) -> Any:
+                          metrics: bool, tracing: bool, client: Client | None = None) -> Any:
     """Put the producer hooks that `done` lacks first in `hooks` (the send span before the
     count); returns the enqueue counter it added, if any. Nothing of tracing is
     added with tracing off: a worker run with --no-tracing puts no trace context in the
-    tasks its handlers enqueue, even where a tracer provider is set."""
+    tasks its handlers enqueue, even where a tracer provider is set. `client`: the one
+    Client the hooks are for, whose Redis and id its spans name."""
     counting = None
     if metrics and "enqueued" not in done:
         from obsq.observability.enqueue_metrics import EnqueueMetrics
@@ -90,8 +93,10 @@ def _instrument_producers(hooks: list[Any], app: App | None, done: set[str], *,
         hooks.insert(0, counting.hook)
         done.add("enqueued")
     if tracing and "send" not in done:
-        from obsq.observability.tracing import SendTracing
+        from obsq.observability.tracing import SendTracing, connection_attributes
 
-        hooks.insert(0, SendTracing().hook)
+        attributes = (connection_attributes(client.broker.url, client.results.client_id)
+                      if client is not None else {})
+        hooks.insert(0, SendTracing(attributes=attributes).hook)
         done.add("send")
     return counting

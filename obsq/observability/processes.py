@@ -76,7 +76,8 @@ async def run_worker(worker: Worker, *, http_port: int | None = None,
     free one; None or negative: none), its HTTP endpoint, started before the worker so that
     a taken port stops the start. `serving(server)` is told the endpoint once it listens."""
     instrument_app(worker.app, metrics=metrics, tracing=tracing,
-                   concurrency=worker.concurrency, queues=worker.queues)
+                   concurrency=worker.concurrency, queues=worker.queues,
+                   worker_id=worker.id, redis_url=worker.broker.url)
     server = None
     if http_port is not None and http_port >= 0:
         server = serve_worker(worker, http_host, http_port)

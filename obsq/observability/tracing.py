@@ -1,18 +1,20 @@
 """OpenTelemetry tracing after the messaging conventions, and its exporter set-up.
 
-Producer: one `send {queue}` PRODUCER span per message, each a child of the caller's
-context (not of one another), whose W3C `traceparent`/`tracestate`/`baggage` go into the
-message's headers through the global propagator. Worker: a `process {queue}` CONSUMER
-span around the middleware and handler, child of the producer's span, or a new trace
-linked to it when `OBSQ_TRACE_LINK=true` (or `link=True`) and for each copy of a published
-event (every subscriber's work is a trace of its own). The process span stays open
-until the outcome hook reports how Redis recorded the attempt, so it covers the settle;
-that hook ends it whatever the outcome (retry and dead become span events, and the final
-outcome an attribute).
+Producer: a `send {queue}` PRODUCER span for one message, a child of the caller's context,
+whose W3C `traceparent`/`tracestate`/`baggage` go into the message's headers through the
+global propagator; a batch (`enqueue_many`, a published event's copies) gets a `create
+{queue}` span per message (the context each message carries) and one `send` span linked to
+them with `messaging.batch.message_count`. Worker: a `process {queue}` CONSUMER span around
+the middleware and handler, linked to the message's creation context and its child, or in a
+new trace when `OBSQ_TRACE_LINK=true` (or `link=True`) and for each copy of a published
+event (every subscriber's work is a trace of its own). The process span stays open until
+the outcome hook reports how Redis recorded the attempt, so it covers the settle; that hook
+ends it whatever the outcome (retry and dead become span events, and the final outcome an
+attribute). A failure sets `error.type` and the status, whose description is the message.
 
 Exporting: `setup_tracing()` installs an SDK TracerProvider with a batch OTLP exporter
 when `OTEL_*` variables ask for one, unless the application already set a provider; OTLP
-over HTTP goes through fastotel's native span processor where it is installed.
+over HTTP goes through fastotel's native span processor when OBSQ_FASTOTEL=true.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import logging
 import os
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -31,7 +34,7 @@ from obsq._version import __version__
 from obsq.errors import ConfigurationError
 from obsq.fanout import EVENT_HEADER
 from obsq.producer_chain import sync_safe
-from obsq.settings import env_flag, parse_flag
+from obsq.settings import env_flag
 from obsq.task import Task, TaskInfo, TaskMessage
 
 log = logging.getLogger("obsq")
@@ -41,6 +44,7 @@ SPAN_KEY = "obsq.span"  # where the process span waits in task.context for the o
 RECORDED_KEY = "obsq.span.error"
 LINK_ENV = "OBSQ_TRACE_LINK"
 MAX_LINKS = 128  # the SDK keeps 128 links a span by default
+DEFAULT_PORT = 6379
 
 
 def _tracer() -> trace.Tracer:
@@ -48,45 +52,80 @@ def _tracer() -> trace.Tracer:
     return trace.get_tracer("obsq", __version__)
 
 
-def _error_status(exc: BaseException) -> Status:
-    return Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200])
+def error_type(exc: BaseException) -> str:
+    """`error.type`: the exception's fully qualified class name (builtins by their name)."""
+    kind = type(exc)
+    return kind.__qualname__ if kind.__module__ == "builtins" else \
+        f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _record_error(span: trace.Span, exc: BaseException) -> None:
+    """The exception event, `error.type`, and a status whose description is the message
+    only (the type is in `error.type`)."""
+    span.record_exception(exc)
+    span.set_attribute("error.type", error_type(exc))
+    span.set_status(Status(StatusCode.ERROR, str(exc)[:200] or None))
+
+
+def connection_attributes(redis_url: str | None, client_id: str | None) -> dict[str, Any]:
+    """`server.address`/`server.port` of the Redis a URL names (its first host; a unix
+    socket's path) and `messaging.client.id`, for every span of one client or worker."""
+    attributes: dict[str, Any] = {}
+    if client_id:
+        attributes["messaging.client.id"] = client_id
+    if redis_url:
+        parts = urlsplit(redis_url)
+        if parts.scheme == "unix":
+            attributes["server.address"] = parts.path
+        else:
+            first = parts.netloc.rpartition("@")[2].split(",")[0]  # a Sentinel URL's first
+            host, port = (first, "") if first.endswith("]") or ":" not in first \
+                else first.rsplit(":", 1)
+            if host:
+                attributes["server.address"] = host.strip("[]")
+                attributes["server.port"] = int(port) if port.isdigit() else DEFAULT_PORT
+    return attributes
 
 
 class TaskTracing:
-    """The middleware and outcome hook that one App gets."""
+    """The middleware and outcome hook that one App gets. `attributes`: those of the worker
+    (connection_attributes), on every process span."""
 
-    def __init__(self, *, link: bool | None = None, tracer: trace.Tracer | None = None) -> None:
+    def __init__(self, *, link: bool | None = None, tracer: trace.Tracer | None = None,
+                 attributes: dict[str, Any] | None = None) -> None:
         self.tracer = tracer or _tracer()
         self.link = env_flag(LINK_ENV) if link is None else link
+        self.attributes = dict(attributes or {})
         self._names: dict[str, str] = {}
 
     async def middleware(self, task: Task, call_next: Callable[[Task], Any]) -> Any:
         headers = task.headers
         parent = propagate.extract(headers) if headers else otel_context.Context()
         links = None
-        if self.link or EVENT_HEADER in headers:  # each copy of an event: a trace of its own
-            remote = trace.get_current_span(parent).get_span_context()
-            if remote.is_valid:
-                links = (Link(remote),)
+        creation = trace.get_current_span(parent).get_span_context()
+        if creation.is_valid:  # always linked to the message's creation context
+            links = (Link(creation),)
+            if self.link or EVENT_HEADER in headers:  # an event's copy: a trace of its own
                 parent = trace.set_span_in_context(trace.INVALID_SPAN, parent)  # keep baggage
         name = self._names.get(task.queue)
         if name is None:
             name = self._names[task.queue] = f"process {task.queue}"
         span = self.tracer.start_span(name, parent, SpanKind.CONSUMER, {
             "messaging.system": SYSTEM,
+            "messaging.operation.name": "process",
             "messaging.operation.type": "process",
             "messaging.destination.name": task.queue,
             "messaging.message.id": task.id,
             "obsq.task.type": task.type,
             "obsq.task.retry_count": task.retry_count,
+            **self.attributes,
         }, links)
         task.context[SPAN_KEY] = span
         token = otel_context.attach(trace.set_span_in_context(span, parent))
         try:
             return await call_next(task)
         except Exception as exc:
-            span.record_exception(exc)
-            span.set_status(_error_status(exc))
+            _record_error(span, exc)
             task.context[RECORDED_KEY] = True
             raise
         finally:
@@ -99,48 +138,80 @@ class TaskTracing:
         if outcome != "success":
             if error is not None and not task.context.get(RECORDED_KEY):
                 # e.g. a result that is not JSON: the failure came after the handler
-                span.record_exception(error)
-                span.set_status(_error_status(error))
+                _record_error(span, error)
             span.add_event(outcome)
         span.set_attribute("obsq.task.outcome", outcome)
         span.end()
 
 
 class SendTracing:
-    """The producer hook of a Client."""
+    """The producer hook of a Client: one `send {queue}` span for one message, whose
+    context the message carries; for a batch, a `create {queue}` span per message (the
+    context it carries) and one `send` span linked to them, with the batch's size, as the
+    messaging conventions describe a batch. `attributes`: the Client's
+    (connection_attributes), on every span."""
 
-    def __init__(self, tracer: trace.Tracer | None = None) -> None:
+    def __init__(self, tracer: trace.Tracer | None = None,
+                 attributes: dict[str, Any] | None = None) -> None:
         self.tracer = tracer or _tracer()
+        self.attributes = dict(attributes or {})
+
+    def _message_span(self, operation: str, m: TaskMessage, parent: otel_context.Context
+                      ) -> trace.Span:
+        span = self.tracer.start_span(f"{operation} {m.queue}", parent, SpanKind.PRODUCER, {
+            "messaging.system": SYSTEM,
+            "messaging.operation.name": operation,
+            "messaging.operation.type": operation,
+            "messaging.destination.name": m.queue,
+            "messaging.message.id": m.id,
+            "obsq.task.type": m.type,
+            **self.attributes,
+        }, _origin_links(m.origins) if m.origins else None)
+        propagate.inject(m.headers, trace.set_span_in_context(span, parent))
+        return span
+
+    def _batch_span(self, messages: list[TaskMessage], creates: list[trace.Span],
+                    parent: otel_context.Context) -> trace.Span:
+        queues = {m.queue for m in messages}
+        attributes = {"messaging.system": SYSTEM, "messaging.operation.name": "send",
+                      "messaging.operation.type": "send",
+                      "messaging.batch.message_count": len(messages), **self.attributes}
+        name = "send"
+        if len(queues) == 1:
+            name = f"send {messages[0].queue}"
+            attributes["messaging.destination.name"] = messages[0].queue
+        links = [Link(c.get_span_context()) for c in creates[:MAX_LINKS]]
+        return self.tracer.start_span(name, parent, SpanKind.PRODUCER, attributes, links)
 
     @sync_safe  # awaits only call_next: a SyncClient runs it in its caller's thread
     async def hook(self, messages: list[TaskMessage],
                    call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
         parent = otel_context.get_current()
-        spans = []
-        for m in messages:
-            span = self.tracer.start_span(f"send {m.queue}", parent, SpanKind.PRODUCER, {
-                "messaging.system": SYSTEM,
-                "messaging.operation.type": "send",
-                "messaging.destination.name": m.queue,
-                "messaging.message.id": m.id,
-                "obsq.task.type": m.type,
-            }, _origin_links(m.origins) if m.origins else None)
-            propagate.inject(m.headers, trace.set_span_in_context(span, parent))
-            spans.append(span)
+        if len(messages) == 1:
+            send = self._message_span("send", messages[0], parent)
+            creates = [send]
+        else:
+            creates = [self._message_span("create", m, parent) for m in messages]
+            send = self._batch_span(messages, creates, parent)
         try:
             infos = await call_next(messages)
         except BaseException as exc:
-            for span in spans:
-                if isinstance(exc, Exception):
-                    span.record_exception(exc)
-                    span.set_status(_error_status(exc))
-                span.end()
+            if isinstance(exc, Exception):
+                _record_error(send, exc)
+            _end(creates, send)
             raise
-        for span, info in zip(spans, infos):
+        for span, info in zip(creates, infos):
             if info.duplicate:
                 span.set_attribute("obsq.task.duplicate", True)
-            span.end()
+        _end(creates, send)
         return infos
+
+
+def _end(creates: list[trace.Span], send: trace.Span) -> None:
+    for span in creates:
+        if span is not send:
+            span.end()
+    send.end()
 
 
 def _origin_links(origins: list[dict[str, str]]) -> list[Link]:
@@ -211,7 +282,7 @@ def setup_tracing(service_name: str = "obsq-worker") -> bool:
 
 def _processor(name: str) -> Any:
     """The span processor of one exporter. OTLP over HTTP goes through fastotel's native
-    processor when it is installed (`obsq[fasttrace]`) and OBSQ_FASTOTEL is not false: it
+    processor when OBSQ_FASTOTEL=true (`obsq[fasttrace]`): it
     batches, encodes and sends spans on a thread of its own that never takes the GIL, where
     the SDK's protobuf encoding costs the worker more than the span itself. Both read the
     same OTEL_EXPORTER_OTLP_* and OTEL_BSP_* variables."""
@@ -240,19 +311,16 @@ def _processor(name: str) -> Any:
 
 
 def _fastotel_processor() -> Any:
-    """fastotel's OTLPSpanProcessor, or None: not installed, or OBSQ_FASTOTEL=false. With
-    OBSQ_FASTOTEL=true a missing fastotel is an error rather than a quiet fallback."""
-    wanted = os.environ.get("OBSQ_FASTOTEL", "").strip()
-    explicit = bool(wanted) and wanted.lower() != "auto"  # a yes or a no; unset/empty: auto
-    if explicit and not parse_flag("OBSQ_FASTOTEL", wanted):
+    """fastotel's OTLPSpanProcessor when OBSQ_FASTOTEL=true (it is pre-alpha: never chosen
+    just because it is installed), else None; asked for and missing, an error rather than a
+    quiet fallback."""
+    if not env_flag("OBSQ_FASTOTEL"):
         return None
     try:
         from fastotel import OTLPSpanProcessor
     except ImportError:
-        if explicit:  # and a yes
-            raise ConfigurationError("OBSQ_FASTOTEL=true, but fastotel is not installed: "
-                                     "pip install 'obsq[fasttrace]'") from None
-        return None
+        raise ConfigurationError("OBSQ_FASTOTEL=true, but fastotel is not installed: "
+                                 "pip install 'obsq[fasttrace]'") from None
     return OTLPSpanProcessor()
 
 

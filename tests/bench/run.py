@@ -233,8 +233,8 @@ def bench_system(system: str, binary: str, args) -> dict:
 # request that enqueued it was (the bench's tasks come without a trace: one in ten).
 SAMPLED_ENV = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"}
 # The traced drains of obsq and what each adds to the receiver's variables: at 100 % (through
-# fastotel where installed), the same through the SDK's own exporter, and sampled.
-TRACED_DRAINS = {"drain_traced": {}, "drain_traced_sdk": {"OBSQ_FASTOTEL": "false"},
+# fastotel, OBSQ_FASTOTEL=true), the same through the SDK's own exporter, and sampled.
+TRACED_DRAINS = {"drain_traced": {"OBSQ_FASTOTEL": "true"}, "drain_traced_sdk": {},
                  "drain_sampled": SAMPLED_ENV}
 
 
@@ -405,7 +405,7 @@ def producer_rows(res: dict) -> list[tuple[str, str, str, str, str, bool | None]
     sdk_extra = _added_cpu(sdk, plain)
     if sdk_extra is not None:
         rows.append(("  its worker CPU per traced task", f"+{fmt(sdk_extra, 'us')}",
-                     "OBSQ_FASTOTEL=false", "-", "(report)", True))
+                     "OBSQ_FASTOTEL unset", "-", "(report)", True))
     sampled = o.get("drain_sampled", {})
     x = _ratio(sampled.get("rate"), plain.get("rate"))
     add("drain traced at 10% (sampled), exported", fmt(sampled.get("rate"), "/s"),

@@ -14,7 +14,7 @@ from support import wait_until
 
 import obsq
 from obsq.broker import QueueKeys
-from obsq.observability import instrument_app
+from obsq.observability import instrument_app, instrument_client
 from obsq.observability.enqueue_metrics import EnqueueMetrics
 
 from .helpers import parse, scrape, value
@@ -28,6 +28,9 @@ def named(spans, name):
 
 async def test_one_trace_from_the_caller_to_the_handler(app, redis_url, namespace, spans,
                                                         start_worker):
+    """enqueue_many as the messaging conventions trace a batch: a `create` span per message
+    (the context it carries), one `send` span linked to them with the batch's size; each
+    process span is the child of its message's create span, and linked to it."""
     queue = f"tr-{namespace}"
     seen = {}
 
@@ -36,38 +39,67 @@ async def test_one_trace_from_the_caller_to_the_handler(app, redis_url, namespac
         seen[task.id] = trace.get_current_span().get_span_context()
         return "hi"
 
-    await start_worker(queues={queue: 1}, tracing=True)
+    worker = await start_worker(queues={queue: 1}, tracing=True)
     client = obsq.Client(redis_url, namespace=namespace, app=app)
     with tracer.start_as_current_span("checkout") as caller:
         infos = await client.enqueue_many([obsq.Job("greet", {"n": i}) for i in range(3)])
     await wait_until(lambda: len(named(spans, f"process {queue}")) == 3, what="3 spans")
 
     root = caller.get_span_context()
-    sends = {s.attributes["messaging.message.id"]: s for s in named(spans, f"send {queue}")}
+    (send,) = named(spans, f"send {queue}")
+    creates = {s.attributes["messaging.message.id"]: s for s in named(spans, f"create {queue}")}
     processes = {s.attributes["messaging.message.id"]: s
                  for s in named(spans, f"process {queue}")}
-    assert set(sends) == set(processes) == {i.id for i in infos}
+    assert set(creates) == set(processes) == {i.id for i in infos}
+    assert send.kind == SpanKind.PRODUCER and send.parent.span_id == root.span_id
+    assert dict(send.attributes) == {
+        "messaging.system": "obsq", "messaging.operation.name": "send",
+        "messaging.operation.type": "send", "messaging.destination.name": queue,
+        "messaging.batch.message_count": 3}
+    assert {link.context.span_id for link in send.links} == {
+        c.context.span_id for c in creates.values()}
     for info in infos:
-        send, process = sends[info.id], processes[info.id]
-        assert send.kind == SpanKind.PRODUCER and process.kind == SpanKind.CONSUMER
-        # every send span is a child of the caller, not of the previous send span
-        assert send.parent.span_id == root.span_id
-        assert send.context.trace_id == process.context.trace_id == root.trace_id
-        assert process.parent.span_id == send.context.span_id
+        create, process = creates[info.id], processes[info.id]
+        assert create.kind == SpanKind.PRODUCER and process.kind == SpanKind.CONSUMER
+        # every create span is a child of the caller, not of the previous one
+        assert create.parent.span_id == root.span_id
+        assert create.context.trace_id == process.context.trace_id == root.trace_id
+        assert process.parent.span_id == create.context.span_id
+        assert [link.context.span_id for link in process.links] == [create.context.span_id]
         assert info.headers["traceparent"].startswith(
-            f"00-{root.trace_id:032x}-{send.context.span_id:016x}-")
-        assert dict(send.attributes) == {
-            "messaging.system": "obsq", "messaging.operation.type": "send",
-            "messaging.destination.name": queue, "messaging.message.id": info.id,
-            "obsq.task.type": "greet"}
+            f"00-{root.trace_id:032x}-{create.context.span_id:016x}-")
+        assert dict(create.attributes) == {
+            "messaging.system": "obsq", "messaging.operation.name": "create",
+            "messaging.operation.type": "create", "messaging.destination.name": queue,
+            "messaging.message.id": info.id, "obsq.task.type": "greet"}
         assert dict(process.attributes) == {
-            "messaging.system": "obsq", "messaging.operation.type": "process",
+            "messaging.system": "obsq", "messaging.operation.name": "process",
+            "messaging.operation.type": "process",
             "messaging.destination.name": queue, "messaging.message.id": info.id,
+            "messaging.client.id": worker.id, "server.address": "127.0.0.1",
+            "server.port": int(redis_url.rsplit(":", 1)[1].split("/")[0]),
             "obsq.task.type": "greet", "obsq.task.retry_count": 0,
             "obsq.task.outcome": "success"}
         assert process.status.status_code == StatusCode.UNSET
         assert seen[info.id].span_id == process.context.span_id  # the handler runs inside
         assert process.end_time >= process.start_time
+    await client.close()
+
+
+async def test_one_message_one_send_span_naming_the_client(redis_url, namespace,
+                                                           spans) -> None:
+    """A single enqueue: one `send` span, the context the message carries, with the Client's
+    Redis and id, and no batch count."""
+    client = instrument_client(obsq.Client(redis_url, namespace=namespace))
+    info = await client.enqueue("lone", queue=f"one-{namespace}")
+    (send,) = named(spans, f"send one-{namespace}")
+    assert send.attributes["messaging.operation.name"] == "send"
+    assert send.attributes["messaging.message.id"] == info.id
+    assert send.attributes["messaging.client.id"] == client.results.client_id
+    assert send.attributes["server.address"] == "127.0.0.1"
+    assert "messaging.batch.message_count" not in send.attributes
+    assert info.headers["traceparent"].split("-")[2] == f"{send.context.span_id:016x}"
+    assert not named(spans, f"create one-{namespace}")
     await client.close()
 
 
@@ -89,7 +121,8 @@ async def test_failures_record_the_exception_and_each_retry(app, redis_url, name
     for span, outcome in ((first, "retry"), (second, "dead")):
         assert span.parent.span_id == send.context.span_id
         assert span.status.status_code == StatusCode.ERROR
-        assert "ValueError" in span.status.description
+        assert span.status.description == "card declined"  # the type is in error.type
+        assert span.attributes["error.type"] == "ValueError"
         assert [e.name for e in span.events] == ["exception", outcome]
         assert span.events[0].attributes["exception.type"] == "ValueError"
         assert span.events[0].attributes["exception.message"] == "card declined"
