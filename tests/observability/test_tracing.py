@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import REGISTRY
@@ -281,3 +282,19 @@ async def test_coalesced_enqueues_each_keep_their_callers_trace(app, redis_url, 
     (send,) = [s for s in named(spans, "send default")
                if s.attributes["messaging.message.id"] == info.id]
     assert send.parent.span_id == caller.span_id and send.context.trace_id == caller.trace_id
+
+
+async def test_a_failed_send_says_its_error_type(namespace, private_redis, spans) -> None:
+    client = instrument_client(obsq.Client(private_redis.url, namespace=namespace))
+    await client.enqueue("first")  # the queue is known; then Redis goes away
+    private_redis.stop()
+    try:
+        with pytest.raises(obsq.BrokerError):
+            await client.enqueue("second")
+    finally:
+        private_redis.start()
+    failed = [s for s in named(spans, "send default") if s.status.status_code == StatusCode.ERROR]
+    (send,) = failed
+    assert send.attributes["error.type"] == "obsq.errors.BrokerError"
+    assert "BrokerError" not in send.status.description  # the message, not the type again
+    await client.close()
