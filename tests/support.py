@@ -18,6 +18,8 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from obsq.redis_server import redis_servers
+
 ROOT = Path(__file__).resolve().parents[1]
 IN_CI = bool(os.environ.get("CI"))
 # What the workers of the tests run with: a worker is known lost within seconds, and every
@@ -36,19 +38,6 @@ def missing_tool(message: str) -> None:
     if IN_CI:
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
-
-
-def redis_servers() -> dict[tuple[int, ...], str]:
-    """Every `redis-server` on PATH, by version."""
-    found: dict[tuple[int, ...], str] = {}
-    for directory in os.environ.get("PATH", "").split(os.pathsep):
-        candidate = Path(directory) / "redis-server"
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            out = subprocess.run([str(candidate), "--version"], capture_output=True,
-                                 text=True, timeout=10).stdout
-            version = out.partition(" v=")[2].split()[0] if " v=" in out else "0"
-            found[tuple(int(p) for p in version.split(".") if p.isdigit())] = str(candidate)
-    return found
 
 
 def newest_redis_server(minimum: tuple[int, int] = (7, 0)) -> str:

