@@ -166,7 +166,8 @@ def test_the_schedules_section_runs_as_written(project, redis_url) -> None:
 def install_and_demo(command: str, redis_url: str) -> None:
     install, _, demo = command.partition(" && ")
     extras = re.search(r"\.\[(\w+)\]", install)
-    assert extras and f"{extras[1]} = " in (ROOT / "pyproject.toml").read_text()
+    assert install.startswith("python3 -m pip install -e .")
+    assert not extras or f"{extras[1]} = " in (ROOT / "pyproject.toml").read_text()
     assert demo == "obsq demo"  # run as written, shortened, on the test's Redis:
     out = run(["obsq", "demo", "--duration", "2", "--http-port", "0"], cwd=ROOT,
               env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout
