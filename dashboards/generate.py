@@ -9,7 +9,8 @@ and fails when they differ, so edit this file and rerun it rather than editing J
 Every query uses only the metric names of the observability contract (DESIGN.md,
 section 4). Queue-wide gauges (``obsq_queue_*``, ``obsq_workers``) are exported by
 every worker, so they are aggregated with ``max``; per-process series (counters,
-histograms, ``obsq_tasks_in_progress``, ``obsq_worker_concurrency``) with ``sum``.
+histograms, ``obsq_tasks_in_progress``, ``obsq_worker_concurrency``,
+``obsq_worker_stuck_slots``) with ``sum``.
 """
 
 from __future__ import annotations
@@ -439,11 +440,13 @@ def overview() -> dash.Dashboard:
     for panel in [
         graph(
             "In progress vs concurrency",
-            "Tasks running now against the task slots of all scraped worker processes.",
+            "Tasks running now against the task slots of all scraped worker processes, "
+            "and the stuck slots: plain handlers past their timeout in abandoned threads.",
             "short",
             queries(
                 (f"sum(obsq_tasks_in_progress{{{sel}}})", "in progress"),
                 ("sum(obsq_worker_concurrency)", "concurrency"),
+                ("sum(obsq_worker_stuck_slots)", "stuck"),
             ),
         ),
         graph(

@@ -9,6 +9,7 @@ from obsq.errors import (
     BrokerError,
     ConfigurationError,
     DuplicateTask,
+    HandlerCrashed,
     ObsqError,
     PayloadError,
     QueueNotFound,
@@ -28,7 +29,8 @@ from obsq.task import Job, Task, TaskInfo, TaskMessage
 from obsq.worker import Worker
 
 __all__ = [
-    "App", "BrokerError", "Client", "ConfigurationError", "DuplicateTask", "Inspector", "Job",
+    "App", "BrokerError", "Client", "ConfigurationError", "DuplicateTask", "HandlerCrashed",
+    "Inspector", "Job",
     "ObsqError", "PayloadError", "QueueNotFound", "Retry", "Route", "SkipRetry", "SyncClient",
     "Task", "TaskCancelled", "TaskFailed", "TaskInfo", "TaskMessage", "TaskNotFound", "TaskRunning",
     "TaskTimeout", "TaskTooLarge", "UnknownTaskType", "Worker",

@@ -42,6 +42,7 @@ RedisErrorHook = Callable[[str, BaseException], None]
 RefusalHook = Callable[[Job, Exception], None]
 
 ThrottleHook = Callable[[str, str, str], None]
+StuckHook = Callable[[int], None]
 AggregationHook = Callable[[str, str, str], None]
 # aggregator(group, tasks) -> (task type, payload), or an obsq.Job; may be async
 Aggregator = Callable[[str, list[Task]], Any]
@@ -166,6 +167,8 @@ class App:
         self._aggregations: PatternTable[Aggregation] = PatternTable()
         self.aggregation_hooks: list[AggregationHook] = []
         self.subscriptions: dict[str, Subscription] = {}  # by the copies' task type
+        self.import_path: str | None = None  # "module:attribute", when load_app loaded it
+        self.stuck_hooks: list[StuckHook] = []
 
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
              timeout: float | None = None, retry_delay: RetryDelay = None,
@@ -334,6 +337,12 @@ class App:
         self.aggregation_hooks.append(hook)
         return hook
 
+    def on_stuck_slots(self, hook: StuckHook) -> StuckHook:
+        """Call `hook(count)` when the number of a worker's stuck slots changes: plain
+        handlers that overran their timeout and still run in an abandoned thread."""
+        self.stuck_hooks.append(hook)
+        return hook
+
     def on_redis_error(self, hook: RedisErrorHook) -> RedisErrorHook:
         """Call `hook(operation, exc)` for every failed Redis call of a worker."""
         self.redis_error_hooks.append(hook)
@@ -382,4 +391,5 @@ def load_app(spec: str) -> App:
         app = getattr(app, part)
     if not isinstance(app, App):
         raise StartupError(f"{spec!r} is not an obsq.App (found {type(app).__name__})")
+    app.import_path = spec
     return app

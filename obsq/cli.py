@@ -17,6 +17,7 @@ from obsq.errors import BrokerError, ConfigurationError, StartupError
 from obsq.settings import (
     DEFAULT_NAMESPACE,
     EXPORTER_HTTP_PORT,
+    POOLS,
     SCHEDULER_HTTP_PORT,
     WORKER_HTTP_PORT,
     SchedulerSettings,
@@ -65,7 +66,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         lease_seconds=args.lease_seconds, shutdown_timeout=args.shutdown_timeout,
         strict_priority=args.strict_priority, max_recoveries=args.max_recoveries,
         log_format=args.log_format, log_level=args.log_level,
-        allow_eviction=args.allow_eviction,
+        allow_eviction=args.allow_eviction, pool=args.pool, stuck_limit=args.stuck_limit,
         metrics=False if args.no_metrics else None, tracing=False if args.no_tracing else None)
     if settings.http_port is None:
         settings.http_port = WORKER_HTTP_PORT
@@ -188,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--lease-seconds", type=float, help="OBSQ_LEASE_SECONDS, 30")
     worker.add_argument("--shutdown-timeout", type=float, help="OBSQ_SHUTDOWN_TIMEOUT, 25")
     worker.add_argument("--max-recoveries", type=int, help="OBSQ_MAX_RECOVERIES, 5")
+    worker.add_argument("--pool", choices=POOLS, help="where plain handlers run: threads, "
+                        "or child processes killed when they overrun (OBSQ_POOL, thread)")
+    worker.add_argument("--stuck-limit", type=float, help="seconds a thread may stay stuck "
+                        "in a handler past its timeout before liveness fails "
+                        "(OBSQ_STUCK_LIMIT, 300)")
     worker.add_argument("--strict-priority", action="store_const", const=True,
                         help="always empty higher-weight queues first (OBSQ_STRICT_PRIORITY)")
     worker.add_argument("--log-format", choices=("text", "json"), help="OBSQ_LOG_FORMAT")

@@ -45,6 +45,11 @@ class TaskTimeout(ObsqError):
     """The handler ran longer than the task's timeout."""
 
 
+class HandlerCrashed(ObsqError):
+    """The process that ran a plain handler (`pool="process"`) died before the handler
+    returned: only that attempt fails (and is retried), and the process is replaced."""
+
+
 class TaskFailed(ObsqError):
     """`Client.result`: the task ended in `dead`."""
 

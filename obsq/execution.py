@@ -1,25 +1,25 @@
 """Running one attempt: build the Task from what Redis handed over, call the handler
-through the middleware with its timeout (sync handlers in a thread pool, so they cannot
-starve the event loop), and decide what the attempt's end means: success, retry or dead."""
+through the middleware with its timeout (async handlers on the event loop, plain ones in the
+worker's pool of threads or processes, obsq/pools, so they cannot starve the loop), and
+decide what the attempt's end means: success, retry or dead."""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import random
-import sys
 import traceback
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from obsq.app import App, Route
+from obsq.app import App
 from obsq.broker import FetchedTask
-from obsq.errors import PayloadError, Retry, SkipRetry, TaskTimeout, UnknownTaskType
+from obsq.errors import PayloadError, Retry, SkipRetry, UnknownTaskType
+from obsq.pools import make_pool
+from obsq.pools.base import UnsentResult, within
 from obsq.settings import BACKOFF_BASE, BACKOFF_CAP, DEFAULT_MAX_RETRY, DEFAULT_TIMEOUT
 from obsq.task import Task
 
@@ -61,9 +61,10 @@ def default_backoff(retry_count: int) -> float:
 
 class Executor:
     def __init__(self, app: App, concurrency: int,
-                 update_state: Callable[[Task, Any], Awaitable[None]]) -> None:
+                 update_state: Callable[[Task, Any], Awaitable[None]], *,
+                 pool: str = "thread", on_stuck: Callable[[], None] = lambda: None) -> None:
         self.app = app
-        self.pool = ThreadPoolExecutor(concurrency, thread_name_prefix="obsq-handler")
+        self.pool = make_pool(pool, concurrency, app, on_stuck)
         self.update_state = update_state
         self.chain = app.wrap(self._invoke)
         self._warned_results: set[str] = set()  # types whose result could not be encoded
@@ -99,16 +100,19 @@ class Executor:
             raise
         except Exception as exc:
             return self.failure(task, exc)
+        if isinstance(result, UnsentResult):
+            return self._unencodable_result(task, result.reason)
         try:
             return Verdict("success", orjson.dumps(result))
         except orjson.JSONEncodeError as exc:
             return self._unencodable_result(task, exc)
 
-    def _unencodable_result(self, task: Task, exc: orjson.JSONEncodeError) -> Verdict:
+    def _unencodable_result(self, task: Task, exc: Exception | str) -> Verdict:
         """The handler ran to its end, so it is never run again for its result: without
         retention the result is dropped (a warning once per type); a task asked to keep
         its result ends dead with the reason, as what was asked cannot be kept."""
-        problem = f"the result of task type {task.type!r} is not JSON-serializable: {exc}"
+        problem = exc if isinstance(exc, str) else \
+            f"the result of task type {task.type!r} is not JSON-serializable: {exc}"
         if task.retention:
             return Verdict("dead", error=SkipRetry(f"{problem}; the handler ran and is not "
                                                    "run again"))
@@ -142,33 +146,9 @@ class Executor:
         if route is None:
             raise UnknownTaskType(f"no handler is registered for task type {task.type!r}")
         task.payload  # noqa: B018 - decode now: a tampered payload must fail before the handler
-        return await _with_timeout(self._call(route, task), task.timeout)
-
-    def _call(self, route: Route, task: Task) -> Awaitable[Any]:
         if route.is_async:
-            return route.handler(task)
-        context = contextvars.copy_context()  # the trace span follows into the thread
-        return asyncio.get_running_loop().run_in_executor(self.pool, context.run,
-                                                          route.handler, task)
+            return await within(route.handler(task), task.timeout)
+        return await self.pool.run(route, task)  # its timeout counts from the handler's start
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-if sys.version_info >= (3, 11):
-    async def _with_timeout(call: Awaitable[Any], seconds: float) -> Any:
-        try:
-            async with asyncio.timeout(seconds) as scope:
-                return await call
-        except TimeoutError:
-            if scope.expired():
-                raise TaskTimeout(f"the handler ran longer than its timeout of {seconds:g} s"
-                                  ) from None
-            raise
-else:  # pragma: no cover - Python 3.10
-    async def _with_timeout(call: Awaitable[Any], seconds: float) -> Any:
-        try:
-            return await asyncio.wait_for(call, seconds)
-        except asyncio.TimeoutError:
-            raise TaskTimeout(f"the handler ran longer than its timeout of {seconds:g} s"
-                              ) from None
+        self.pool.close()

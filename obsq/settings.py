@@ -139,6 +139,7 @@ STOP_MARGIN = 10.0
 # looks again this often (WorkerSettings.policy_check_interval) and warns of a change.
 SAFE_MEMORY_POLICY = "noeviction"
 POLICY_CHECK_INTERVAL = 30.0
+POOLS = ("thread", "process")  # where plain handlers run (obsq/pools)
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
@@ -288,6 +289,11 @@ class WorkerSettings(EnvSettings):
     # may then vanish under memory pressure); the heartbeat reads the policy again this often.
     allow_eviction: bool = False
     policy_check_interval: float = POLICY_CHECK_INTERVAL
+    # Plain handlers run in threads, or in child processes that can be killed ("process").
+    # A thread whose handler overran its timeout is replaced and counts as stuck; liveness
+    # fails once one has been stuck this long (Kubernetes then restarts the pod).
+    pool: str = "thread"
+    stuck_limit: float = 300.0
 
     def __post_init__(self) -> None:
         if self.queues is not None:
@@ -321,6 +327,10 @@ class WorkerSettings(EnvSettings):
             raise ConfigurationError(f"http_port {self.http_port} is not a TCP port")
         if self.log_format not in ("text", "json"):
             raise ConfigurationError(f"log_format must be text or json, got {self.log_format!r}")
+        if self.pool not in POOLS:
+            raise ConfigurationError(f"pool must be {' or '.join(POOLS)}, got {self.pool!r}")
+        if not self.stuck_limit > 0:
+            raise ConfigurationError(f"stuck_limit must be positive, got {self.stuck_limit}")
 
 
 

@@ -278,6 +278,17 @@ class Task:
             raise RuntimeError("update_state is only available inside a worker")
         await self._update_state(self, state)
 
+    def portable(self) -> dict[str, Any]:
+        """What builds this task again in another process (`Task(**fields)`): the payload
+        and headers as Redis gave them, and every field but the per-attempt scratch space."""
+        return {"id": self.id, "type": self.type, "queue": self.queue,
+                "raw_payload": self._raw_payload, "raw_headers": self._raw_headers,
+                "retry_count": self.retry_count, "max_retry": self.max_retry,
+                "timeout": self.timeout, "retention": self.retention, "fence": self.fence,
+                "wait_seconds": self.wait_seconds, "route": self.route,
+                "unique_key": self.unique_key, "ordering_key": self.ordering_key,
+                "slot": self.slot, "binary": self._binary}
+
     def retry_in(self, seconds: float) -> NoReturn:
         """Hand the task back, due again in `seconds`; counts as a retry (as in Celery).
 

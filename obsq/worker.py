@@ -55,6 +55,10 @@ class WorkerHealth:
     draining: bool
     redis_answers: bool = True  # a heartbeat was answered within two intervals (False
     #                             while Redis hangs: no error, no answer either)
+    # Plain handlers that overran their timeout and still run in abandoned threads, and
+    # how long the longest-stuck of them has been stuck (obsq/pools).
+    stuck_slots: int = 0
+    stuck_seconds: float = 0.0
 
 
 class Worker:
@@ -130,7 +134,8 @@ class Worker:
         await self.broker.check()
         policy = await self.broker.check_memory_policy(refuse=not s.allow_eviction)
         await self.broker.register_queues(self.queues)
-        self.executor = Executor(self.app, self.concurrency, self._update_state)
+        self.executor = Executor(self.app, self.concurrency, self._update_state, pool=s.pool,
+                                 on_stuck=self._stuck_changed)
         self.settler = Settler(self.broker, self.id, self.app.outcome_hooks)
         subscriptions = [(sub.event, sub.name, sub.queue) for sub in self.subscriptions]
         self._heartbeat = Heartbeat(self.broker, self.id, self.describe,
@@ -184,6 +189,7 @@ class Worker:
                 "started": self.started_at, "version": __version__,
                 "processed": self.processed, "draining": self.draining,
                 "subscriptions": [sub.task_type for sub in self.subscriptions],
+                "pool": self.settings.pool, "stuck": self.health().stuck_slots,
                 "maxmemory_policy": self._heartbeat.memory_policy if self._heartbeat else None}
 
     def health(self) -> WorkerHealth:
@@ -192,11 +198,13 @@ class Worker:
         if beat is None:  # still starting
             return WorkerHealth(0.0, True, False, False, self.draining)
         silent = time.monotonic() - beat.last_success
+        stuck = self.executor.pool.stuck()
         return WorkerHealth(
             heartbeat_age=silent,
             heartbeat_ok=silent < max(self.settings.heartbeat_ttl, self.settings.lease_seconds),
             redis_ok=beat.failures == 0, started=True, draining=self.draining,
-            redis_answers=silent < 2 * self.settings.heartbeat_interval)
+            redis_answers=silent < 2 * self.settings.heartbeat_interval,
+            stuck_slots=stuck.slots, stuck_seconds=stuck.longest)
 
     @property
     def busy(self) -> int:
@@ -242,9 +250,9 @@ class Worker:
         self._handling.add(runner)
 
     def _cancel(self, queue: str, task_id: str) -> None:
-        """The task was cancelled: an async handler is cancelled, a plain function sees
-        `task.cancelled`; either way the attempt ends as cancelled. The handler of one still
-        waiting in the buffer never runs."""
+        """The task was cancelled: an async handler is cancelled (a plain one's process
+        too), a plain function in a thread sees `task.cancelled`; either way the attempt
+        ends as cancelled. The handler of one still waiting in the buffer never runs."""
         for task in self._buffer:
             if (task.id, task.queue) == (task_id, queue):
                 self._buffer.remove(task)
@@ -255,7 +263,7 @@ class Worker:
             if (task.id, task.queue) == (task_id, queue) and not task.cancelled:
                 task.cancelled = True
                 route = self.app.route(task.type)
-                if route is None or route.is_async:
+                if route is None or route.is_async or self.executor.pool.interrupts:
                     runner.cancel()
                 return
 
@@ -299,6 +307,13 @@ class Worker:
         for task in [*self._running.values(), *self._buffer]:
             attempts.setdefault(task.queue, []).append(Attempt(task.id, task.fence))
         return attempts
+
+    def _stuck_changed(self) -> None:
+        for hook in self.app.stuck_hooks:
+            try:
+                hook(self.executor.pool.stuck().slots)
+            except Exception:
+                log.exception("stuck-slots hook %r failed", hook)
 
     async def _update_state(self, task: Task, state: Any) -> None:
         await self.broker.set_progress(task.queue, task.id, state,

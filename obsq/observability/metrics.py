@@ -103,6 +103,10 @@ class Metrics:
                                  ["queue", "task"], multiprocess_mode="livesum")
         self.concurrency = Gauge("obsq_worker_concurrency", "Task slots of this process",
                                  multiprocess_mode="livesum")
+        self.stuck_slots = Gauge(
+            "obsq_worker_stuck_slots", "Plain handlers of this process that overran their "
+            "timeout and still run in an abandoned thread (each slot got a fresh one)",
+            multiprocess_mode="livesum")
         self.recoveries = Counter(
             "obsq_lease_recoveries", "Tasks taken back from a worker: expired (lease ran "
             "out) or worker_lost (its worker stopped heartbeating)", ["queue", "reason"])
@@ -208,6 +212,9 @@ class TaskMetrics:
 
     def on_throttle(self, queue: str, task: str, reason: str) -> None:
         self.m.throttled.labels(queue, task, reason).inc()
+
+    def on_stuck_slots(self, count: int) -> None:
+        self.m.stuck_slots.set(count)
 
     def on_redis_error(self, operation: str, exc: BaseException) -> None:
         child = self._errors.get(operation)

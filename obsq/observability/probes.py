@@ -10,10 +10,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from obsq.broker import Broker
 from obsq.errors import BrokerError
 from obsq.settings import LOOP_TIMEOUT, PING_INTERVAL
+
+if TYPE_CHECKING:
+    from obsq.worker import WorkerHealth
 
 log = logging.getLogger("obsq")
 Check = Callable[[], "str | None"]  # None: fine; else why not
@@ -64,3 +68,22 @@ class RedisWatch:
 
     def problem(self) -> str | None:
         return None if self.ok else "Redis is unreachable"
+
+
+# Stuck slots (obsq/pools): plain handlers that overran their timeout and run on in threads
+# of their own, each slot served by a fresh thread meanwhile.
+
+
+def stuck_too_long(health: WorkerHealth, limit: float) -> str | None:
+    """Liveness: a handler stuck past `limit` will not return; only a restart frees it."""
+    if health.stuck_slots and health.stuck_seconds > limit:
+        return (f"{health.stuck_slots} slot(s) stuck in plain handlers that overran their "
+                f"timeout, the longest for {health.stuck_seconds:.0f} s (limit {limit:g} s)")
+    return None
+
+
+def every_slot_stuck(health: WorkerHealth, slots: int) -> str | None:
+    """Readiness: as many hung handlers as slots is a worker in trouble."""
+    if health.stuck_slots >= slots:
+        return f"every slot is stuck ({health.stuck_slots} plain handlers overran their timeout)"
+    return None

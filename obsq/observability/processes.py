@@ -20,7 +20,12 @@ from obsq.observability.collector import QueueCollector
 from obsq.observability.http import HealthServer
 from obsq.observability.instrument import instrument_app, instrument_client
 from obsq.observability.metrics import SchedulerMetrics, endpoint_registry
-from obsq.observability.probes import RedisWatch, loop_liveness
+from obsq.observability.probes import (
+    RedisWatch,
+    every_slot_stuck,
+    loop_liveness,
+    stuck_too_long,
+)
 
 if TYPE_CHECKING:
     from obsq.scheduler import Scheduler
@@ -41,7 +46,7 @@ def serve_worker(worker: Worker, host: str, port: int) -> HealthServer:
         health = worker.health()
         if not health.heartbeat_ok:
             return f"no heartbeat reached Redis for {health.heartbeat_age:.0f} s"
-        return None
+        return stuck_too_long(health, worker.settings.stuck_limit)
 
     def ready() -> str | None:
         health = worker.health()
@@ -53,7 +58,7 @@ def serve_worker(worker: Worker, host: str, port: int) -> HealthServer:
             return "Redis is unreachable"
         if not health.redis_answers:
             return f"Redis has not answered for {health.heartbeat_age:.0f} s"
-        return None
+        return every_slot_stuck(health, worker.concurrency)
 
     def status() -> dict[str, Any]:
         health = worker.health()
@@ -62,7 +67,8 @@ def serve_worker(worker: Worker, host: str, port: int) -> HealthServer:
                 "concurrency": about["concurrency"], "busy": about["busy"],
                 "processed": about["processed"],
                 "heartbeat_age": round(health.heartbeat_age, 3),
-                "draining": health.draining,
+                "draining": health.draining, "pool": about["pool"],
+                "stuck_slots": health.stuck_slots,
                 "uptime": round(time.time() - about["started"], 3) if about["started"] else 0.0}
 
     return HealthServer(host, port, registry, live=loop_liveness(loop, heartbeats),

@@ -32,6 +32,7 @@ CONTRACT_METRICS = frozenset(
         "obsq_task_wait_seconds",
         "obsq_tasks_in_progress",
         "obsq_worker_concurrency",
+        "obsq_worker_stuck_slots",
         "obsq_lease_recoveries_total",
         "obsq_queue_depth",
         "obsq_queue_latency_seconds",

@@ -57,11 +57,11 @@ def spawn_worker(redis_url: str, admin_redis_url: str, namespace: str, tmp_path:
                  ) -> Iterator[Callable[..., ObsqProcess]]:
     """`spawn_worker("--lease-seconds", "60")`: a worker subprocess serving
     tests.engine.apps:app (or `app=`) on the test's namespace, with the given OBSQ_*
-    variables, killed at the end of the test."""
+    variables (tracing off unless `tracing`), killed at the end of the test."""
     started: list[ObsqProcess] = []
 
     def spawn(*extra: str, concurrency: int = 4, app: str = "tests.engine.apps:app",
-              **environ: str) -> ObsqProcess:
+              tracing: bool = False, **environ: str) -> ObsqProcess:
         env = {**os.environ, "OBSQ_ENGINE_RECORD_URL": admin_redis_url,
                "OBSQ_ENGINE_RECORD_PREFIX": namespace, "PYTHONUNBUFFERED": "1"}
         env = {k: v for k, v in env.items() if not k.startswith("OBSQ_") or
@@ -69,7 +69,7 @@ def spawn_worker(redis_url: str, admin_redis_url: str, namespace: str, tmp_path:
         args = ["worker", app,
                 "--redis-url", redis_url, "--namespace", namespace,
                 "--concurrency", str(concurrency), "--http-port", "0", "--no-metrics",
-                "--no-tracing", *extra]
+                *([] if tracing else ["--no-tracing"]), *extra]
         worker = ObsqProcess(args, env, ROOT, tmp_path / f"worker-{len(started)}.log")
         started.append(worker)
         return worker

@@ -1,0 +1,197 @@
+"""The process pool of plain handlers (`--pool process`): up to `size` child processes,
+started as plain tasks need them and kept for the next ones, each running one handler at a
+time (`child.py`). A child whose handler overruns its timeout, or whose attempt is given up
+(the task was cancelled, the worker stops), is killed and replaced; one that dies by itself
+(os._exit, a native crash, an OOM kill) fails only its own attempt, with HandlerCrashed.
+
+Children come from multiprocessing's fork server where the platform has one, which imports
+obsq and the App's module once, so that a replacement starts in milliseconds and without
+copying the worker's threads and connections (a plain fork would); else they are spawned.
+Each talks to the worker over a pipe of its own that the event loop watches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import signal
+import sys
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from obsq.errors import ConfigurationError, HandlerCrashed, TaskTimeout
+from obsq.pools.base import Stuck, UnsentResult, within
+from obsq.pools.child import serve
+
+if TYPE_CHECKING:
+    from multiprocessing.context import BaseContext
+    from multiprocessing.process import BaseProcess
+
+    from obsq.app import App, Route
+    from obsq.task import Task
+
+log = logging.getLogger("obsq")
+REAP_TIMEOUT = 5.0  # seconds to wait for a killed child's exit status
+
+
+class RemoteTraceback(Exception):
+    """The traceback of a handler's exception in its child, as the exception's cause."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class _Child:
+    def __init__(self, process: BaseProcess, conn: Connection) -> None:
+        self.process = process
+        self.conn = conn
+
+    async def reply(self) -> Any:
+        """The child's next message; None when it died before sending one."""
+        loop = asyncio.get_running_loop()
+        readable = loop.create_future()
+        fd = self.conn.fileno()
+        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+        try:
+            await readable
+        finally:
+            loop.remove_reader(fd)
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            return None
+
+    async def death(self) -> str:
+        await asyncio.to_thread(self.process.join, REAP_TIMEOUT)
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit status {code}" if code is not None else "it no longer answers"
+
+    def kill(self) -> None:
+        self.conn.close()
+        with contextlib.suppress(OSError, ValueError):  # gone already, or closed
+            self.process.kill()
+
+
+class ProcessSlots:
+    interrupts = True
+
+    def __init__(self, size: int, app: App) -> None:
+        self.size = size
+        self.app_path = import_path(app)
+        self._context = _start_context(self.app_path)
+        self._idle: list[_Child] = []
+        self._background: set[asyncio.Future[Any]] = set()
+        self._closed = False
+
+    async def run(self, route: Route, task: Task) -> Any:
+        child = await self._take()
+        try:
+            try:
+                child.conn.send((task.portable(), _trace_carrier()))
+            except OSError:  # it died while idle, after the look
+                reply = None
+            else:
+                reply = await within(child.reply(), task.timeout)
+            if reply is None:
+                raise HandlerCrashed(f"the process running the handler of task {task.id} "
+                                     f"({task.type}, pid {child.process.pid}) died before it "
+                                     f"returned: {await child.death()}; it is replaced")
+        except TaskTimeout:
+            log.warning("task %s (%s) overran its timeout of %g s: its process (pid %s) is "
+                        "killed and replaced", task.id, task.type, task.timeout,
+                        child.process.pid)
+            self._replace(child)
+            raise
+        except BaseException:  # given up (cancelled, the worker stops), or the child died
+            self._replace(child)
+            raise
+        self._idle.append(child)
+        kind, value, *details = reply
+        if kind == "ok":
+            return value
+        if kind == "unsent":
+            return UnsentResult(value)
+        value.__cause__ = RemoteTraceback(details[0])
+        raise value
+
+    async def _take(self) -> _Child:
+        while self._idle:
+            child = self._idle.pop()
+            if child.process.is_alive():
+                return child
+            self._replace(child)  # died while idle
+        return await asyncio.to_thread(self._spawn)
+
+    def _spawn(self) -> _Child:
+        ours, theirs = self._context.Pipe()
+        process = self._context.Process(target=serve, args=(theirs, self.app_path),
+                                        name="obsq-handler", daemon=True)
+        process.start()
+        theirs.close()  # the child's end: only the child may hold it, so its death is EOF
+        return _Child(process, ours)
+
+    def _replace(self, child: _Child) -> None:
+        """Kill `child` and start another in its place, both off the event loop."""
+        child.kill()
+        self._in_background(asyncio.to_thread(child.process.join, REAP_TIMEOUT))
+        if not self._closed:
+            self._in_background(self._refill())
+
+    async def _refill(self) -> None:
+        child = await asyncio.to_thread(self._spawn)
+        if self._closed:
+            child.kill()
+        else:
+            self._idle.append(child)
+
+    def _in_background(self, work: Any) -> None:
+        future = asyncio.ensure_future(work)
+        self._background.add(future)
+        future.add_done_callback(self._background.discard)
+
+    def stuck(self) -> Stuck:
+        return Stuck()  # an overrunning handler's process is killed, never left running
+
+    def close(self) -> None:
+        self._closed = True
+        for child in self._idle:
+            child.kill()
+        for child in self._idle:
+            child.process.join(REAP_TIMEOUT)
+        self._idle.clear()
+
+
+def import_path(app: App) -> str:
+    """"module:attribute" of `app`, which each child imports: as `obsq worker` was given it,
+    else found among the imported modules."""
+    if app.import_path:
+        return app.import_path
+    for name, module in list(sys.modules.items()):
+        if name in ("__main__", "__mp_main__"):
+            continue
+        for attribute, value in list(getattr(module, "__dict__", {}).items()):
+            if value is app:
+                return f"{name}:{attribute}"
+    raise ConfigurationError("the process pool imports the App in each child process by its "
+                             "module path: define it at the top level of an importable module "
+                             "(not the __main__ script) and run `obsq worker MODULE:APP`")
+
+
+def _start_context(app_path: str) -> BaseContext:
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["obsq.pools.child", app_path.partition(":")[0]])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def _trace_carrier() -> dict[str, str]:
+    from opentelemetry import propagate
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier

@@ -1,0 +1,86 @@
+"""Plain handlers for the worker subprocesses of the pool tests and the plain-task bench:
+
+    python -m obsq worker tests.engine.pool_apps:app --pool process --namespace NS ...
+
+They record on the Redis at $OBSQ_ENGINE_RECORD_URL, under $OBSQ_ENGINE_RECORD_PREFIX:
+  <prefix>:rec:started    list of "<task id> <pid>", one per attempt that began
+  <prefix>:rec:finished   list of task ids, one per attempt of `hang` that returned
+  <prefix>:rec:quick      count of `quick` runs
+`hang` blocks until the test pushes to <prefix>:rec:release (or payload["seconds"] pass), so
+a test ends it as soon as it has seen what it waited for.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+
+import obsq
+
+app = obsq.App(namespace="pool-apps")
+_recorder: Any = None
+
+
+def recorder() -> Any:
+    global _recorder
+    if _recorder is None or _recorder.pid != os.getpid():  # a child process: its own
+        _recorder = redis.Redis.from_url(os.environ["OBSQ_ENGINE_RECORD_URL"])
+        _recorder.pid = os.getpid()
+    return _recorder
+
+
+def key(name: str) -> str:
+    return f"{os.environ['OBSQ_ENGINE_RECORD_PREFIX']}:rec:{name}"
+
+
+@app.task("hang", timeout=1)
+def hang(task: obsq.Task) -> None:
+    """Overruns its timeout: blocks until released, at most payload["seconds"] (40)."""
+    recorder().rpush(key("started"), f"{task.id} {os.getpid()}")
+    recorder().blpop([key("release")], timeout=task.payload.get("seconds", 40))
+    recorder().rpush(key("finished"), task.id)
+
+
+@app.task("sleep")
+def sleep(task: obsq.Task) -> None:
+    """A truly hung call that nothing can release: time.sleep(payload seconds)."""
+    recorder().rpush(key("started"), f"{task.id} {os.getpid()}")
+    time.sleep(task.payload)
+
+
+@app.task("quick", timeout=2)
+def quick(task: obsq.Task) -> int:
+    return recorder().incr(key("quick"))
+
+
+@app.task("noop")
+def noop(task: obsq.Task) -> None:
+    """The bench's plain task: nothing at all."""
+
+
+@app.task("crash")
+def crash(task: obsq.Task) -> None:
+    """Kills the process it runs in, as a native crash would."""
+    recorder().rpush(key("started"), f"{task.id} {os.getpid()}")
+    os._exit(3)
+
+
+@app.task("fail", max_retry=0)
+def fail(task: obsq.Task) -> None:
+    raise ValueError(f"bad input {task.payload!r}")
+
+
+@app.task("describe")
+def describe(task: obsq.Task) -> dict[str, Any]:
+    """What the handler was given, and where it ran."""
+    from opentelemetry import propagate
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return {"id": task.id, "type": task.type, "queue": task.queue, "payload": task.payload,
+            "headers": task.headers, "retry_count": task.retry_count,
+            "max_retry": task.max_retry, "timeout": task.timeout, "pid": os.getpid(),
+            "cancelled": task.cancelled, "trace": carrier.get("traceparent")}

@@ -1,0 +1,155 @@
+"""Plain handlers that overrun their timeout, in real worker processes (tests/engine/
+pool_apps.py): in thread mode their threads are replaced, so later tasks never starve, and
+SIGTERM still ends the process; in process mode their process is killed and replaced, and a
+process that dies fails only its own attempt."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+from support import wait_until
+
+from obsq.task import TaskInfo
+
+APP = "tests.engine.pool_apps:app"
+FINAL = ("completed", "dead", "cancelled")
+
+
+def record(namespace: str, name: str) -> str:
+    return f"{namespace}:rec:{name}"
+
+
+def started_pids(raw_redis, namespace: str) -> dict[str, int]:
+    """Task id -> pid of the process that began its (last) attempt."""
+    entries = [e.decode().split() for e in raw_redis.lrange(record(namespace, "started"), 0, -1)]
+    return {task_id: int(pid) for task_id, pid in entries}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def settled(client, ids: list[str]) -> list[TaskInfo] | None:
+    infos = [await client.info(i) for i in ids]
+    return infos if all(i.state in FINAL for i in infos) else None
+
+
+@pytest.fixture
+def release(raw_redis, namespace):
+    """Call to end every `hang` handler still blocked; called at the end of the test too."""
+    def release_all() -> None:
+        raw_redis.rpush(record(namespace, "release"), *["go"] * 50)
+
+    yield release_all
+    release_all()
+
+
+async def test_hung_plain_handlers_never_starve_the_quick_ones(spawn_worker, client, raw_redis,
+                                                             namespace, release):
+    spawn_worker(concurrency=3, app=APP)
+    hung = [(await client.enqueue("hang", {"seconds": 40}, timeout=1, max_retry=0)).id
+            for _ in range(6)]
+    await wait_until(lambda: raw_redis.llen(record(namespace, "started")) >= 3, timeout=30,
+                     what="three hung handlers holding the three slots")
+    quick = [(await client.enqueue("quick", i, timeout=2, max_retry=0, retention=60)).id
+             for i in range(10)]
+
+    infos = await wait_until(lambda: settled(client, quick), timeout=60, what="quick tasks end")
+    assert [i.state for i in infos] == ["completed"] * 10, [i.error for i in infos]
+    hung_infos = await wait_until(lambda: settled(client, hung), timeout=60)
+    assert {i.state for i in hung_infos} == {"dead"}
+    assert all("ran longer than its timeout of 1 s" in i.error for i in hung_infos)
+    assert raw_redis.llen(record(namespace, "finished")) == 0  # all still hung meanwhile
+
+
+async def test_sigterm_ends_a_worker_whose_threads_hang(spawn_worker, client, raw_redis,
+                                                        namespace):
+    worker = spawn_worker("--shutdown-timeout", "1", concurrency=2, app=APP)
+    stuck = await client.enqueue("sleep", 1000, timeout=1, max_retry=0)  # abandoned at 1 s
+    running = await client.enqueue("sleep", 1000, timeout=1000)  # hung while it drains
+    await wait_until(lambda: raw_redis.llen(record(namespace, "started")) == 2, timeout=30)
+    await wait_until(lambda: _state_is(client, stuck.id, "dead"), timeout=30)
+
+    worker.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(worker.wait, 30) == 0  # 1 s of drain, then gone
+    assert "handed 1 unfinished task(s) back to pending" in worker.log()
+    assert (await client.info(running.id)).state == "pending"
+
+
+async def _state_is(client, task_id: str, state: str) -> bool:
+    return (await client.info(task_id)).state == state
+
+
+async def test_process_pool_kills_and_replaces_an_overrunning_handler(
+        spawn_worker, client, raw_redis, namespace, release):
+    worker = spawn_worker("--pool", "process", concurrency=2, app=APP)
+    hung = await client.enqueue("hang", {"seconds": 60}, timeout=1, max_retry=0)
+    info = await wait_until(lambda: settled(client, [hung.id]), timeout=60)
+    assert info[0].state == "dead"
+    assert "ran longer than its timeout of 1 s" in info[0].error
+    hung_pid = started_pids(raw_redis, namespace)[hung.id]
+    assert hung_pid != worker.pid
+    await wait_until(lambda: not alive(hung_pid), timeout=10, what="the child killed")
+
+    quick = [(await client.enqueue("describe", {"n": i}, retention=60)).id for i in range(4)]
+    results = [await client.result(i, timeout=30) for i in quick]
+    pids = {r["pid"] for r in results}
+    assert pids and worker.pid not in pids and hung_pid not in pids
+    assert len(pids) <= 2  # the slots' children are kept for the next tasks
+    assert raw_redis.llen(record(namespace, "finished")) == 0  # the hung one never returned
+    assert f"its process (pid {hung_pid}) is killed and replaced" in worker.log()
+
+
+async def test_process_pool_a_dying_child_fails_only_its_own_attempt(
+        spawn_worker, client, raw_redis, namespace):
+    spawn_worker("--pool", "process", concurrency=3, app=APP)
+    crash = await client.enqueue("crash", max_retry=0)
+    quick = [(await client.enqueue("quick", i, max_retry=0, retention=60)).id
+             for i in range(6)]
+    infos = await wait_until(lambda: settled(client, [crash.id, *quick]), timeout=60)
+    assert [i.state for i in infos[1:]] == ["completed"] * 6
+    assert infos[0].state == "dead"
+    assert infos[0].error.startswith("HandlerCrashed: the process running the handler of task")
+    assert "died before it returned: exit status 3; it is replaced" in infos[0].error
+
+
+async def test_process_pool_hands_the_whole_task_over_and_its_errors_back(
+        spawn_worker, client, raw_redis, namespace):
+    spawn_worker("--pool", "process", concurrency=2, app=APP, tracing=True)
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    info = await client.enqueue("describe", {"a": [1, 2], "b": "é"}, retention=60,
+                                timeout=30, max_retry=3,
+                                headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01",
+                                         "x-tenant": "acme"})
+    result = await client.result(info.id, timeout=30)
+    assert result["id"] == info.id and result["type"] == "describe"
+    assert result["queue"] == "default" and result["payload"] == {"a": [1, 2], "b": "é"}
+    assert result["headers"]["x-tenant"] == "acme"
+    assert (result["retry_count"], result["max_retry"], result["timeout"]) == (0, 3, 30)
+    assert result["cancelled"] is False
+    assert result["trace"].split("-")[1] == trace_id  # the process span's trace
+
+    failing = await client.enqueue("fail", {"n": 7})
+    failed = (await wait_until(lambda: settled(client, [failing.id]), timeout=30))[0]
+    assert failed.state == "dead" and failed.error == "ValueError: bad input {'n': 7}"
+    stored = raw_redis.hget(f"{namespace}:{{default}}:t:{failing.id}", "tb").decode()
+    assert "pool_apps.py" in stored and 'raise ValueError(f"bad input' in stored
+
+
+async def test_process_pool_cancelling_a_plain_task_kills_its_process(
+        spawn_worker, client, raw_redis, namespace, release):
+    spawn_worker("--pool", "process", concurrency=2, app=APP)
+    info = await client.enqueue("hang", {"seconds": 60}, timeout=120)
+    await wait_until(lambda: info.id in started_pids(raw_redis, namespace), timeout=30)
+    pid = started_pids(raw_redis, namespace)[info.id]
+    await client.cancel(info.id)
+    await wait_until(lambda: _state_is(client, info.id, "cancelled"), timeout=30)
+    await wait_until(lambda: not alive(pid), timeout=10, what="the child killed")
+    assert raw_redis.llen(record(namespace, "finished")) == 0
