@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import inspect
 import math
 import os
 import time
@@ -279,15 +280,10 @@ class Task:
         await self._update_state(self, state)
 
     def portable(self) -> dict[str, Any]:
-        """What builds this task again in another process (`Task(**fields)`): the payload
-        and headers as Redis gave them, and every field but the per-attempt scratch space."""
-        return {"id": self.id, "type": self.type, "queue": self.queue,
-                "raw_payload": self._raw_payload, "raw_headers": self._raw_headers,
-                "retry_count": self.retry_count, "max_retry": self.max_retry,
-                "timeout": self.timeout, "retention": self.retention, "fence": self.fence,
-                "wait_seconds": self.wait_seconds, "route": self.route,
-                "unique_key": self.unique_key, "ordering_key": self.ordering_key,
-                "slot": self.slot, "binary": self._binary}
+        """What builds this task again in another process (`Task(**fields)`): every
+        argument of its constructor but update_state, the payload and headers as Redis gave
+        them."""
+        return {name: getattr(self, _STORED_AS.get(name, name)) for name in _PORTABLE}
 
     def retry_in(self, seconds: float) -> NoReturn:
         """Hand the task back, due again in `seconds`; counts as a retry (as in Celery).
@@ -300,6 +296,9 @@ class Task:
 
 
 _UNSET = object()
+_STORED_AS = {"raw_payload": "_raw_payload", "raw_headers": "_raw_headers", "binary": "_binary"}
+_PORTABLE = tuple(name for name in inspect.signature(Task.__init__).parameters
+                  if name not in ("self", "update_state"))
 
 
 @dataclass
