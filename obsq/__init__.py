@@ -7,12 +7,14 @@ from obsq.app import App, Route
 from obsq.client import Client
 from obsq.errors import (
     BrokerError,
+    BrokerTimeout,
     ConfigurationError,
     DuplicateTask,
     HandlerCrashed,
     ObsqError,
     PayloadError,
     QueueNotFound,
+    ResultTimeout,
     Retry,
     SkipRetry,
     TaskCancelled,
@@ -29,10 +31,10 @@ from obsq.task import Job, Task, TaskInfo, TaskMessage
 from obsq.worker import Worker
 
 __all__ = [
-    "App", "BrokerError", "Client", "ConfigurationError", "DuplicateTask", "HandlerCrashed",
-    "Inspector", "Job",
-    "ObsqError", "PayloadError", "QueueNotFound", "Retry", "Route", "SkipRetry", "SyncClient",
-    "Task", "TaskCancelled", "TaskFailed", "TaskInfo", "TaskMessage", "TaskNotFound", "TaskRunning",
-    "TaskTimeout", "TaskTooLarge", "UnknownTaskType", "Worker",
+    "App", "BrokerError", "BrokerTimeout", "Client", "ConfigurationError", "DuplicateTask",
+    "HandlerCrashed", "Inspector", "Job", "ObsqError", "PayloadError", "QueueNotFound",
+    "ResultTimeout", "Retry", "Route", "SkipRetry", "SyncClient", "Task", "TaskCancelled",
+    "TaskFailed", "TaskInfo", "TaskMessage", "TaskNotFound", "TaskRunning", "TaskTimeout",
+    "TaskTooLarge", "UnknownTaskType", "Worker",
     "__version__",
 ]

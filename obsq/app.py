@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from obsq.errors import ConfigurationError, StartupError
-from obsq.names import subscriber_task_type, validate_name
+from obsq.names import subscriber_task_type, validate_name, validate_namespace
 from obsq.schedule import Schedule
 from obsq.settings import (
     AGGREGATE_GRACE_PERIOD,
@@ -153,7 +153,7 @@ class App:
                  max_payload: int = MAX_PAYLOAD_BYTES) -> None:
         """`max_payload`: the largest encoded payload its Clients enqueue, in bytes (a
         route may set its own)."""
-        self.namespace = validate_name("namespace", namespace)
+        self.namespace = validate_namespace(namespace)
         self.max_payload = _byte_limit(max_payload)
         self._routes: PatternTable[Route] = PatternTable()
         self.middleware: list[Middleware] = []

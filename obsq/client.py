@@ -17,10 +17,13 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from obsq.app import App, ProducerHook, RefusalHook
-from obsq.broker import Broker, Enqueued
+from obsq.broker import Broker
 from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
+from obsq.broker.deadline import CallDeadlines, call_timeout_of, deadline
+from obsq.enqueued import group_by_queue, info_after_enqueue, infos_in_order, unless_duplicate
 from obsq.errors import BrokerError, ConfigurationError, DuplicateTask, TaskNotFound, TaskRunning
 from obsq.fanout import check_event, check_grouped, event_jobs
+from obsq.names import validate_namespace
 from obsq.producer_chain import ProducerChain
 from obsq.results import ResultWaiter
 from obsq.schedule import Schedule, ScheduleInfo
@@ -48,7 +51,8 @@ class Client:
     def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str | None = None, *,
                  app: App | None = None, broker: Broker | None = None,
                  allow_eviction: bool | None = None, durable_replicas: int | None = None,
-                 memory_share: float | None = None) -> None:
+                 memory_share: float | None = None, call_timeout: float | None = None
+                 ) -> None:
         """`app` supplies the namespace (unless `namespace` is given), each route's default
         queue, max_retry and timeout, and its producer hooks (the outermost). The first
         enqueue refuses a Redis whose maxmemory-policy may evict task data (ConfigurationError)
@@ -58,11 +62,16 @@ class Client:
         raises BrokerError when they do not within DURABLE_WAIT_TIMEOUT, so a failover
         cannot lose an acknowledged task. `memory_share`: enqueues are refused (BrokerError,
         `out_of_memory`) once Redis uses more than this share of its maxmemory (default
-        ENQUEUE_MEMORY_SHARE; 1: only Redis's own limit), keeping the rest for workers."""
+        ENQUEUE_MEMORY_SHARE; 1: only Redis's own limit), keeping the rest for workers.
+
+        `call_timeout` (None: OBSQ_CALL_TIMEOUT, else 5 s): each call (but result's wait)
+        that Redis does not answer within it fails with BrokerTimeout."""
         namespace = namespace or (app.namespace if app is not None else DEFAULT_NAMESPACE)
-        self.namespace = validate_name("namespace", namespace)
+        self.namespace = validate_namespace(namespace)
+        self.call_timeout = call_timeout_of(call_timeout)
         self.app = app
         self.broker = broker or Broker(redis_url, self.namespace)
+        self.deadlines = CallDeadlines(self.call_timeout, self.broker.timed_out)
         if durable_replicas:
             if durable_replicas < 0 or self.broker.is_cluster:
                 raise ConfigurationError("durable_replicas must be a number of replicas, and "
@@ -75,11 +84,12 @@ class Client:
             self.broker.memory_share = memory_share
         self.allow_eviction = env_flag("OBSQ_ALLOW_EVICTION") if allow_eviction is None \
             else allow_eviction
-        self.results = ResultWaiter(self.broker)
+        self.results = ResultWaiter(self.broker, self.deadlines)
         self.hooks: list[ProducerHook] = []
         self.refusal_hooks: list[RefusalHook] = []
         self._queues = QueueRegistry(self._register_queues)
-        self._coalescer = EnqueueCoalescer(self.broker.enqueue, ENQUEUE_BATCH)
+        self._coalescer = EnqueueCoalescer(self.broker.enqueue, ENQUEUE_BATCH, lambda write: (
+            self.deadlines.run("enqueue", write)))
         self._unheard: set[str] = set()  # events published with no subscriber, warned of
         self._unhandled: set[str] = set()  # types the App has no handler for, warned of
         self._checks: set[asyncio.Future[None]] = set()
@@ -125,6 +135,7 @@ class Client:
                   retention=retention, headers=dict(headers or {}), ordering_key=ordering_key)
         return unless_duplicate((await self.enqueue_many([job]))[0])
 
+    @deadline("enqueue")
     async def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         """Enqueue many tasks in few round trips. Every job is checked before anything is
         written. A duplicate is not an error here: its TaskInfo has `duplicate=True` and the
@@ -187,17 +198,23 @@ class Client:
         self.check_served(await self._queues.ensure(by_queue))
         if len(by_queue) == 1:
             [(queue, group)] = by_queue.items()
-            return [_info_after_enqueue(m, status) for m, status in
+            return [info_after_enqueue(m, status) for m, status in
                     zip(group, await self._coalescer.enqueue(queue, group))]
         replies = await asyncio.gather(*(self._coalescer.enqueue(queue, group)
                                          for queue, group in by_queue.items()))
         return infos_in_order(messages, by_queue, replies)
 
+    @deadline("register")
     async def _register_queues(self, queues: set[str]) -> None:
         """Before a queue's first task: refuse a Redis that may evict tasks (unless allowed),
         and add the queue to the namespace's set."""
         await self.broker.check_memory_policy(refuse=not self.allow_eviction)
         await self.broker.register_queues(queues)
+
+    @deadline("memory_policy")
+    async def _check_memory_policy(self) -> None:
+        """Refuse a Redis that may evict tasks, unless allowed (asked once)."""
+        await self.broker.check_memory_policy(refuse=not self.allow_eviction)
 
     def check_served(self, new_queues: set[str]) -> None:
         """Without an App nothing says where tasks belong: look, once a queue, whether a
@@ -207,6 +224,7 @@ class Client:
             self._checks.add(check)
             check.add_done_callback(self._checks.discard)
 
+    @deadline("enqueue")
     async def _enqueue_grouped(self, group: str, job: Job) -> TaskInfo:
         """Through the producer hooks (trace context, counts) into the group."""
         async def store(messages: list[TaskMessage]) -> list[TaskInfo]:
@@ -223,6 +241,7 @@ class Client:
             raise DuplicateTask(f"task id {info.id!r} is taken", info.id)
         return info
 
+    @deadline("publish")
     async def publish(self, event: str, payload: Any = None, *, event_id: str | None = None,
                       headers: dict[str, str] | None = None) -> list[TaskInfo]:
         """Deliver one copy of the event to each subscriber registered in Redis now
@@ -252,6 +271,7 @@ class Client:
                         "start one with --queues %s, or give the Client the App so that "
                         "tasks go to their route's queue", queue, self.namespace, queue)
 
+    @deadline("task_info")
     async def info(self, task_id: str, queue: str | None = None) -> TaskInfo:
         """The task's current state; raises TaskNotFound."""
         queue = queue or await self.broker.find_queue(task_id)
@@ -265,14 +285,17 @@ class Client:
     async def result(self, task_id: str | TaskInfo, timeout: float | None = None,
                      queue: str | None = None) -> Any:
         """Wait until the task completes and return its result. Raises TaskFailed if it ends
-        dead, TimeoutError after `timeout` seconds, TaskNotFound if it is gone."""
+        dead, ResultTimeout (a TimeoutError) after `timeout` seconds, TaskNotFound if it
+        is gone."""
         if isinstance(task_id, TaskInfo):
             queue, task_id = task_id.queue, task_id.id
-        queue = queue or await self.broker.find_queue(task_id)
+        queue = queue or await self.deadlines.run("find_queue",
+                                                  self.broker.find_queue(task_id))
         if queue is None:
             raise TaskNotFound(f"no task {task_id!r}")
         return await self.results.wait(queue, task_id, timeout)
 
+    @deadline("cancel")
     async def cancel(self, task_id: str, queue: str | None = None) -> str:
         """Cancel a task. One waiting (pending, scheduled, retrying, held) never runs and
         ends in state `cancelled`: returns "cancelled". One running is stopped by its worker
@@ -285,6 +308,7 @@ class Client:
             raise TaskNotFound(f"no task {task_id!r}")
         return state
 
+    @deadline("delete")
     async def delete(self, task_id: str, queue: str | None = None) -> str:
         """Delete a task that is not running, with all that is kept for it; returns the
         state it was in. Raises TaskRunning (cancel it first) or TaskNotFound."""
@@ -296,6 +320,7 @@ class Client:
             raise TaskNotFound(f"no task {task_id!r}")
         return state
 
+    @deadline("schedule")
     async def schedule(self, name: str, spec: str, task_type: str, payload: Any = None, *,
                        timezone: str = "UTC", missed: str = "once",
                        **options: Any) -> Schedule:
@@ -311,6 +336,7 @@ class Client:
                              "(app.periodic): change it there")
         return entry
 
+    @deadline("unschedule")
     async def unschedule(self, name: str) -> bool:
         """Remove an entry added at run time; False when there is none of that name."""
         validate_name("schedule", name)
@@ -320,6 +346,7 @@ class Client:
                              "(app.periodic): remove it there")
         return status == "removed"
 
+    @deadline("schedules")
     async def schedules(self) -> list[ScheduleInfo]:
         """Every entry, the App's and those added at run time, with its next and last fire,
         the soonest first."""
@@ -344,34 +371,6 @@ async def read_schedules(broker: Broker, limit: int = SCHEDULES_SHOWN) -> list[S
     Inspector's listing)."""
     now_ms, records = await broker.schedule_table(limit)
     return [ScheduleInfo.from_stored(*record, now_ms=now_ms) for record in records]
-
-
-def group_by_queue(messages: list[TaskMessage]) -> dict[str, list[TaskMessage]]:
-    by_queue: dict[str, list[TaskMessage]] = {}
-    for m in messages:
-        by_queue.setdefault(m.queue, []).append(m)
-    return by_queue
-
-
-def infos_in_order(messages: list[TaskMessage], by_queue: dict[str, list[TaskMessage]],
-           replies: Sequence[list[Enqueued]]) -> list[TaskInfo]:
-    """The TaskInfos in the order of `messages`, from each queue's statuses."""
-    statuses: dict[int, Enqueued] = {}  # by message object: two jobs may share a task_id
-    for group, reply in zip(by_queue.values(), replies):
-        statuses.update((id(m), status) for m, status in zip(group, reply))
-    return [_info_after_enqueue(m, statuses[id(m)]) for m in messages]
-
-
-def unless_duplicate(info: TaskInfo) -> TaskInfo:
-    if info.duplicate:
-        raise DuplicateTask(f"task {info.type!r} is a duplicate of {info.id}", info.id)
-    return info
-
-
-def _info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
-    return TaskInfo(id=status.existing_id or m.id, type=m.type, queue=m.queue,
-                    state="scheduled" if m.delay > 0 else "pending", max_retry=m.max_retry,
-                    headers=m.headers, duplicate=not status.created)
 
 
 __all__ = ["Client", "ProducerHook"]

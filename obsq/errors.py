@@ -59,6 +59,11 @@ class TaskFailed(ObsqError):
         self.error = error
 
 
+class ResultTimeout(ObsqError, TimeoutError):
+    """`Client.result(timeout=)`: the task did not end within the time the caller waits (the
+    task goes on; it is not the handler's TaskTimeout)."""
+
+
 class TaskCancelled(TaskFailed):
     """`Client.result`: the task was cancelled."""
 
@@ -99,6 +104,20 @@ class BrokerError(ObsqError):
                              f"as workers drain them): {cause}")
         else:
             super().__init__(f"Redis call {operation!r} failed: {cause}")
+
+
+class BrokerTimeout(BrokerError):
+    """A producer's call got no answer from Redis within its deadline (Client(call_timeout=),
+    OBSQ_CALL_TIMEOUT): Redis is stopped, overloaded or out of reach. Whether a write sent
+    before the deadline happened is unknown: Redis may still run it when it wakes up, so
+    retry an enqueue with the same task_id."""
+
+    def __init__(self, operation: str, timeout: float, url: str) -> None:
+        self.timeout = timeout
+        super().__init__(operation, TimeoutError(f"no answer within {timeout:g} s"), (
+            f"Redis at {url} did not answer {operation!r} within the call deadline of "
+            f"{timeout:g} s (Client(call_timeout=...), OBSQ_CALL_TIMEOUT); a write it "
+            "carried may still happen: retry an enqueue with the same task_id"))
 
 
 def denied_by_acl(cause: BaseException | str) -> bool:

@@ -22,6 +22,7 @@ from obsq.broker.inspection import PURGEABLE, REVIVABLE, PageRow
 from obsq.client import Client, read_schedules
 from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound
 from obsq.group_view import BatchInfo, GroupInfo, GroupPage, group_page
+from obsq.names import validate_namespace
 from obsq.schedule import ScheduleInfo
 from obsq.settings import DEFAULT_REDIS_URL
 from obsq.task import (
@@ -134,7 +135,7 @@ class Inspector:
 
     def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str = "obsq", *,
                  broker: Broker | None = None) -> None:
-        self.namespace = validate_name("namespace", namespace)
+        self.namespace = validate_namespace(namespace)
         self.broker = broker or Broker(redis_url, namespace)
         # The Inspector only warns of a Redis that may evict (check()); its Client follows.
         self._client = Client(redis_url, namespace, broker=self.broker, allow_eviction=True)

@@ -1,15 +1,21 @@
 """What a name may be. Queue names, task types, namespaces, task ids and schedule names
 become parts of Redis keys: a queue name is a Redis Cluster hash tag, so braces would split
-a queue across slots, and control characters would make keys unreadable in any tool."""
+a queue across slots, and control characters would make keys unreadable in any tool. A
+namespace starts every key, and `obsq acl` grants a user `~<namespace>:*`: a namespace
+holding ':' (`shop:tenant2`) would live inside another's grant, and ACL glob characters
+would widen it, so a namespace holds only letters, digits, '.', '_' and '-'."""
 
 from __future__ import annotations
 
 import functools
 import re
 
+from obsq.errors import ConfigurationError
+
 MAX_NAME_LENGTH = 200
 _FORBIDDEN = re.compile(r"[{}\x00-\x1f]")
 _SPACE = re.compile(r"\s")
+_NAMESPACE = re.compile(r"[A-Za-z0-9._-]+")
 
 
 def validate_name(kind: str, value: str) -> str:
@@ -24,9 +30,20 @@ def _checked_name(kind: str, value: str) -> str:
     if len(value) > MAX_NAME_LENGTH or _FORBIDDEN.search(value):
         raise ValueError(f"{kind} {value!r} must be at most {MAX_NAME_LENGTH} characters "
                          "without braces or control characters")
-    if kind in ("queue", "namespace", "schedule", "group", "event", "subscriber") and (
+    if kind in ("queue", "schedule", "group", "event", "subscriber") and (
             _SPACE.search(value)):
         raise ValueError(f"{kind} {value!r} must not contain spaces")
+    return value
+
+
+def validate_namespace(value: str) -> str:
+    """`value` if it is a valid namespace; else ConfigurationError."""
+    if not isinstance(value, str) or not _NAMESPACE.fullmatch(value) or (
+            len(value) > MAX_NAME_LENGTH):
+        raise ConfigurationError(
+            f"namespace {value!r} must be 1 to {MAX_NAME_LENGTH} letters, digits, '.', '_' "
+            "or '-' (it starts every Redis key, and the ACL rule of `obsq acl` grants "
+            "<namespace>:*: a ':' would put it inside another namespace's grant)")
     return value
 
 

@@ -9,6 +9,9 @@ Cluster, whose inboxes live in different slots, there is one reader per queue.)
 A notice can be lost (a connection that broke after Redis handed it over): the waiters
 then look at the task again, at once when the reader saw a failure, and every
 RESULT_RECHECK in any case.
+
+Each Redis call made for a waiter gets the Client's call deadline (the reader's blocking
+read that plus its own wait), so a stopped Redis ends a `result(timeout=)` on time.
 """
 
 from __future__ import annotations
@@ -20,15 +23,19 @@ import time
 from typing import Any
 
 from obsq.broker import Broker, Ended
-from obsq.errors import BrokerError, TaskCancelled, TaskFailed, TaskNotFound
+from obsq.broker.deadline import CallDeadlines
+from obsq.errors import BrokerError, ResultTimeout, TaskCancelled, TaskFailed, TaskNotFound
 from obsq.loop import RedisRetry
 from obsq.settings import RESULT_READ_TIMEOUT, RESULT_RECHECK
 from obsq.task import decode_stored_json
 
 
 class ResultWaiter:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, deadlines: CallDeadlines) -> None:
         self.broker = broker
+        self.deadlines = deadlines  # the Client's
+        self.read_deadlines = CallDeadlines(RESULT_READ_TIMEOUT + deadlines.seconds,
+                                            broker.timed_out)
         self.client_id = os.urandom(8).hex()
         self._waiters: dict[tuple[str, str], list[asyncio.Future[Ended | None]]] = {}
         # by group (a queue on a Cluster, else "" for all): its reader, and the queues of
@@ -38,16 +45,16 @@ class ResultWaiter:
 
     async def wait(self, queue: str, task_id: str, timeout: float | None) -> Any:
         """The task's result once it completes; TaskFailed if it ends dead (TaskCancelled
-        when cancelled), TimeoutError
-        after `timeout`, TaskNotFound if it does not exist (or ended without retention
-        while a notice was lost)."""
+        when cancelled), ResultTimeout after `timeout`, TaskNotFound if it does not exist
+        (or ended without retention while a notice was lost)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         key = (queue, task_id)
         while True:
             future: asyncio.Future[Ended | None] = asyncio.get_running_loop().create_future()
             self._waiters.setdefault(key, []).append(future)  # before watching, so that no
             try:                                               # end slips between the two
-                watched = await self.broker.watch(queue, task_id, self.client_id)
+                watched = await self.deadlines.run("watch", self.broker.watch(
+                    queue, task_id, self.client_id))
                 if watched is None:
                     raise TaskNotFound(f"no task {task_id!r} (a result is kept only with "
                                        "retention)")
@@ -63,7 +70,8 @@ class ResultWaiter:
                 self._forget(key, future)
                 if key not in self._waiters:  # nobody here waits for it any more
                     with contextlib.suppress(BrokerError):
-                        await self.broker.unwatch(queue, task_id, self.client_id)
+                        await self.deadlines.run("watch", self.broker.unwatch(
+                            queue, task_id, self.client_id))
                 raise
             finally:
                 self._forget(key, future)
@@ -92,7 +100,8 @@ class ResultWaiter:
         elif queue not in self._listening[group]:
             listened = self._listening[group]
             self._listening[group] = self._queues_of(group)
-            await self.broker.interrupt_inbox(listened[0], self.client_id)
+            await self.deadlines.run("read_inbox", self.broker.interrupt_inbox(
+                listened[0], self.client_id))
 
     async def _read(self, group: str) -> None:
         """Hand each end read from the group's inboxes to its waiters, until none is left."""
@@ -100,8 +109,8 @@ class ResultWaiter:
         while self._queues_of(group):
             self._listening[group] = queues = self._queues_of(group)
             try:
-                ends = await self.broker.read_inbox(queues, self.client_id,
-                                                    RESULT_READ_TIMEOUT)
+                ends = await self.read_deadlines.run("read_inbox", self.broker.read_inbox(
+                    queues, self.client_id, RESULT_READ_TIMEOUT))
                 retry.succeeded()
             except BrokerError as exc:
                 self._recheck_all()
@@ -137,7 +146,8 @@ async def _until(future: asyncio.Future[Ended | None], deadline: float | None, t
         return await asyncio.wait_for(future, remaining)
     except asyncio.TimeoutError:
         if deadline is not None and time.monotonic() >= deadline:
-            raise TimeoutError(f"task {task_id} did not finish within {timeout} s") from None
+            raise ResultTimeout(f"task {task_id} did not finish within the {timeout:g} s "
+                                "result() waits") from None
         return None
 
 

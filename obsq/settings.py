@@ -5,13 +5,14 @@ in seconds."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from obsq.errors import ConfigurationError
-from obsq.names import validate_name
+from obsq.names import validate_name, validate_namespace
 
 # What a task gets when neither the producer nor its route says otherwise.
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -59,6 +60,11 @@ EXPORTER_HTTP_PORT = 9193
 REDIS_MAX_CONNECTIONS = 50
 REDIS_POOL_TIMEOUT = 20.0
 CONNECT_TIMEOUT = 5.0
+# The deadline of each call a Client or SyncClient makes (enqueue, publish, info, cancel...;
+# not the wait of result(timeout=)): a Redis that does not answer within it (stopped, or
+# behind a stuck proxy) fails the call with BrokerTimeout instead of holding a web app's
+# request. Client(call_timeout=...) or OBSQ_CALL_TIMEOUT changes it.
+CALL_TIMEOUT = 5.0
 # TLS to Redis (rediss://): the CA that signed the server's certificate, and this client's
 # certificate and key where Redis asks for one (tls-auth-clients), as files. The URL's query
 # parameters of the same meaning win (rediss://host:6380/0?ssl_ca_certs=/tls/ca.crt).
@@ -202,9 +208,12 @@ def _counts(value: str | dict[str, int], kind: str, what: str, default: int | No
             except ValueError:
                 raise ConfigurationError(f"{kind} {what} in {part!r} is not an integer"
                                          ) from None
-    counts = {}
+    counts: dict[str, int] = {}
     for name, count in items:
         _checked_name(kind, name)
+        if name in counts:
+            raise ConfigurationError(f"{kind} {name!r} is given twice in {value!r}: give each "
+                                     f"{kind} once, with its {what}")
         if not isinstance(count, int) or count < 1:
             raise ConfigurationError(f"{kind} {name!r} needs a positive integer {what}, "
                                      f"got {count!r}")
@@ -229,6 +238,17 @@ S = TypeVar("S", bound="EnvSettings")
 
 class EnvSettings:
     """A settings dataclass that can be read from `OBSQ_<FIELD>` variables."""
+
+    def check_times(self) -> None:
+        """Every time (a float field) is a finite number: `inf` or `nan` would turn a lease,
+        a timeout or an interval into one that never ends or never compares."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(f.default, float) and not (
+                    isinstance(value, (int, float)) and not isinstance(value, bool)
+                    and math.isfinite(value)):
+                raise ConfigurationError(f"{f.name} must be a finite number of seconds, "
+                                         f"got {value!r}")
 
     @classmethod
     def from_env(cls: type[S], environ: dict[str, str] | None = None, **overrides: Any) -> S:
@@ -296,12 +316,13 @@ class WorkerSettings(EnvSettings):
     stuck_limit: float = 300.0
 
     def __post_init__(self) -> None:
+        self.check_times()
         if self.queues is not None:
             self.queues = parse_queues(self.queues)
         if self.route_concurrency is not None:
             self.route_concurrency = parse_route_limits(self.route_concurrency)
         if self.namespace is not None:
-            _checked_name("namespace", self.namespace)
+            validate_namespace(self.namespace)
         for name in ("concurrency", "processes", "dedup_max_ids"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigurationError(f"{name} must be a positive integer, "
@@ -309,7 +330,8 @@ class WorkerSettings(EnvSettings):
         if not self.lease_seconds >= 1:
             raise ConfigurationError(f"lease_seconds must be at least 1, got {self.lease_seconds}")
         if self.shutdown_timeout < 0:
-            raise ConfigurationError("shutdown_timeout must not be negative")
+            raise ConfigurationError(f"shutdown_timeout must not be negative, got "
+                                     f"{self.shutdown_timeout}")
         if self.max_recoveries < 0:
             raise ConfigurationError("max_recoveries must not be negative")
         for name in ("heartbeat_interval", "forward_interval", "recover_interval",
@@ -345,6 +367,7 @@ class SchedulerSettings(EnvSettings):
     allow_eviction: bool = False  # as a worker's: accept a Redis that may evict task data
 
     def __post_init__(self) -> None:
+        self.check_times()
         if not self.lock_ttl > 0:
             raise ConfigurationError(f"lock_ttl must be positive, got {self.lock_ttl}")
         if not self.missed_after >= 1.5 * self.lock_ttl:

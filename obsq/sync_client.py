@@ -5,6 +5,7 @@ through the same producer hooks, when every hook is `sync_safe`: a request pays 
 trip, with no hand-over to another thread. Everything else (results, waits, schedules,
 and enqueues through hooks that may await anything) runs a Client on a private event-loop
 thread, carrying the caller's context (e.g. the current trace span) into each call.
+Both paths end within the Client's call_timeout (BrokerTimeout), as the Client's calls do.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any, TypeVar
 
 from obsq.app import ProducerHook
 from obsq.broker.blocking import BlockingProducer
-from obsq.client import Client, group_by_queue, infos_in_order, unless_duplicate
+from obsq.client import Client
+from obsq.enqueued import group_by_queue, infos_in_order, unless_duplicate
 from obsq.producer_chain import ProducerChain, is_sync_safe
 from obsq.schedule import Schedule, ScheduleInfo
 from obsq.settings import DEFAULT_REDIS_URL, ENQUEUE_BATCH
@@ -39,7 +41,7 @@ class SyncClient:
                                         daemon=True)
         self._thread.start()
         self._client: Client = self._run(_make_client(redis_url, namespace, options))
-        self._producer = BlockingProducer(self._client.broker)
+        self._producer = BlockingProducer(self._client.broker, self._client.call_timeout)
         self._known_queues: set[str] = set()
         self._chain = ProducerChain(self._store)
 
@@ -72,8 +74,7 @@ class SyncClient:
         by_queue = group_by_queue(messages)
         new_queues = by_queue.keys() - self._known_queues
         if new_queues:
-            self._run(self._client.broker.check_memory_policy(
-                refuse=not self._client.allow_eviction))  # once: Redis is asked once
+            self._run(self._client._check_memory_policy())  # Redis is asked once
             self._producer.register_queues(new_queues)
             self._known_queues |= new_queues
             self._loop.call_soon_threadsafe(self._client.check_served, set(new_queues))

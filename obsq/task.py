@@ -126,11 +126,17 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
     if max_retry is not None and (not isinstance(max_retry, int) or max_retry < 0):
         raise ValueError(f"max_retry must be a non-negative integer, got {max_retry!r}")
     timeout = _first(job.timeout, timeout)
-    if timeout is not None and not timeout > 0:
-        raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+            timeout, (int, float)) or not 0 < timeout < math.inf):
+        raise ValueError(f"timeout must be a positive, finite number of seconds, got "
+                         f"{timeout!r}")
     if job.delay is not None and job.eta is not None:
         raise ValueError("give delay or eta, not both")
     delay = _duration("delay", job.delay, minimum=0.0)
+    if job.eta is not None and not isinstance(job.eta, datetime):
+        raise TypeError(f"eta must be a datetime (aware, or naive in local time), got "
+                        f"{type(job.eta).__name__} {job.eta!r}; for seconds from now, give "
+                        "delay")
     if job.eta is not None:  # the only place the producer's clock counts: eta means its "now"
         # a naive datetime is local time, as Python's datetime.now() makes and reads it
         delay = max(job.eta.timestamp() - (time.time() if now is None else now), 0.0)

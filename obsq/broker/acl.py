@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from obsq.broker.scripts import SCRIPT_DIR
+from obsq.names import validate_namespace
 
 # What the broker sends outside its scripts, by the commands' names (tests/test_acl.py reads
 # the redis-py calls of obsq/broker and holds them to this list and the two below).
@@ -77,7 +78,7 @@ def acl_rule(namespace: str, cluster: bool = False) -> str:
     `ACL SETUSER name on >password RULES` or a users.acl line `user name on #sha RULES`
     (`cluster`: with what a Redis Cluster client needs as well)."""
     commands = " ".join(f"+{c}" for c in required_commands(cluster))
-    return f"resetkeys ~{namespace}:* resetchannels -@all {commands}"
+    return f"resetkeys ~{validate_namespace(namespace)}:* resetchannels -@all {commands}"
 
 
 def probed_commands() -> list[str]:

@@ -6,6 +6,12 @@ The client is thread safe (a blocking connection pool, bounded like the asyncio 
 made at the first enqueue, as a Cluster client connects when it is made. One connection
 is kept beside the pool for whichever thread finds it free, as the asyncio Client keeps
 one: a pool checkout and release cost a third of a round trip on loopback.
+
+No timer can interrupt a blocking call, so the Client's call deadline is the timeout of
+every socket read and write, connect and wait for a free connection of this client: a
+stopped Redis fails the call with BrokerTimeout, and the connection it was read on is
+closed (redis-py and call_on_blocking drop a connection that failed halfway), so a late
+reply is never read as the answer to the next call.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from obsq.broker.calls import SCRIPTS, RedisCalls
 from obsq.broker.connection import create_client, kept_connection
@@ -29,8 +37,9 @@ class BlockingProducer:
     """Enqueue and register queues for `broker`'s namespace, blocking; failures are
     reported and raised as the broker's own (BrokerError)."""
 
-    def __init__(self, broker: RedisCalls) -> None:
+    def __init__(self, broker: RedisCalls, call_timeout: float) -> None:
         self.broker = broker
+        self.call_timeout = call_timeout
         self._redis: Any = None
         self._made = threading.Lock()
         self._kept: Any = None  # the kept connection, made at its first use
@@ -42,7 +51,8 @@ class BlockingProducer:
         if self._redis is None:
             with self._made:
                 if self._redis is None:
-                    self._redis = create_client(self.broker.url, blocking=True)
+                    self._redis = create_client(self.broker.url, blocking=True,
+                                                call_timeout=self.call_timeout)
         return self._redis
 
     def register_queues(self, queues: Iterable[str]) -> None:
@@ -71,7 +81,11 @@ class BlockingProducer:
                     raise
                 self.redis.script_load(script.source)
                 return self.redis.evalsha(script.sha, len(keys), *keys, *args)
+        except (RedisTimeoutError, TimeoutError) as exc:
+            raise self.broker.timed_out(name, self.call_timeout) from exc
         except (RedisError, OSError) as exc:
+            if isinstance(exc, RedisConnectionError) and _no_free_connection(exc):
+                raise self.broker.timed_out(name, self.call_timeout) from exc
             raise self.broker._failed(name, exc) from exc
 
     def _kept_connection(self) -> Any:
@@ -88,3 +102,8 @@ class BlockingProducer:
         if self._redis is not None:
             self._redis.close()
 
+
+
+def _no_free_connection(exc: RedisConnectionError) -> bool:
+    """The blocking pool's wait for a free connection ran out (redis-py says so in words)."""
+    return "No connection available" in str(exc)

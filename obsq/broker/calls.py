@@ -27,7 +27,7 @@ from obsq.broker.connection import create_client, kept_connection
 from obsq.broker.diagnosis import acl_advice, hint, reason, safe
 from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import Script, call_on, is_noscript, load_scripts
-from obsq.errors import BrokerError, StartupError, denied_by_acl
+from obsq.errors import BrokerError, BrokerTimeout, StartupError, denied_by_acl
 from obsq.settings import (
     DEDUP_MAX_IDS,
     DEDUP_WINDOW,
@@ -46,10 +46,12 @@ ACL_PROBE_VERSION = (7, 0)  # scripts flagged no-writes, which the ACL probe nee
 ACL_PROBE = Script("acl_probe", PROBE)
 SCRIPTS = load_scripts()
 # Every `operation` a failed call is reported under (the label of obsq_redis_errors_total):
-# the scripts, and the plain commands named here, so that metrics can start each at 0.
+# the scripts, and the plain commands and calls named here, so that metrics can start each
+# at 0.
 COMMANDS = ("delete_namespace", "deregister", "find_queue", "forget_workers",
-            "lost_workers", "memory_policy", "memory_usage", "namespaces", "queues",
-            "read_cancels", "read_inbox", "schedule_entries", "set_progress", "task_info",
+            "lost_workers", "memory_policy", "memory_usage", "namespaces", "publish",
+            "queues", "read_cancels", "read_inbox", "schedule_entries", "set_progress",
+            "task_info",
             "wait_for_work", "wait_schedule_change", "workers")
 OPERATIONS = tuple(sorted({*SCRIPTS, *COMMANDS}))
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)  # said as "cannot reach"
@@ -212,6 +214,14 @@ class RedisCalls:
         elif message is None and isinstance(exc, UNREACHABLE):
             message = f"Redis call {operation!r} failed: {self._contact_failure(exc)}"
         return BrokerError(operation, exc, message)
+
+    def timed_out(self, operation: str, timeout: float) -> BrokerTimeout:
+        """A call that got no answer within its deadline (deadline.py), reported like any
+        failure."""
+        error = BrokerTimeout(operation, timeout, self.safe_url)
+        for hook in self.on_error:
+            hook(operation, error)
+        return error
 
     async def _guard(self, operation: str, call: Awaitable[Any]) -> Any:
         try:

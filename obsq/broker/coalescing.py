@@ -5,7 +5,9 @@ queue is on its way to Redis, the enqueues issued meanwhile wait together and go
 next script call, so a burst of N concurrent calls costs a few round trips instead of N
 (and a few connections instead of N). A lone call goes at once, on its own: nothing waits
 for company. Each caller still gets its own statuses or its own error, and only after
-Redis has its tasks.
+Redis has its tasks. A caller's deadline covers its own wait; the shared round trips sent
+on behalf of waiting callers get one of their own (`bound`), so a Redis that stopped
+answering cannot hold a queue's lane for ever.
 
 A queue is registered in the namespace's set of queues before its first task is written;
 callers that see the same new queue at once share that one call too.
@@ -22,6 +24,7 @@ from obsq.broker.records import Enqueued
 from obsq.task import TaskMessage
 
 Write = Callable[[str, list[TaskMessage]], Awaitable[list[Enqueued]]]
+Bound = Callable[[Awaitable[list[Enqueued]]], Awaitable[list[Enqueued]]]
 
 
 class _Lane:
@@ -38,11 +41,13 @@ class _Lane:
 class EnqueueCoalescer:
     """`enqueue(queue, messages)` with the calls made while one is in flight sent together.
 
-    `write(queue, messages)` makes one script call of at most `batch` messages."""
+    `write(queue, messages)` makes one script call of at most `batch` messages; `bound`
+    puts a deadline on the round trips sent for waiting callers."""
 
-    def __init__(self, write: Write, batch: int) -> None:
+    def __init__(self, write: Write, batch: int, bound: Bound) -> None:
         self._write = write
         self._batch = batch
+        self._bound = bound
         self._lanes: dict[str, _Lane] = {}
 
     async def enqueue(self, queue: str, messages: list[TaskMessage]) -> list[Enqueued]:
@@ -90,8 +95,8 @@ class EnqueueCoalescer:
                                                          asyncio.Future[list[Enqueued]]]]
                     ) -> None:
         try:
-            statuses = await self._write_all(queue, [m for messages, _ in taken
-                                                     for m in messages])
+            statuses = await self._bound(self._write_all(queue, [m for messages, _ in taken
+                                                                 for m in messages]))
         except BaseException as exc:
             for _, future in taken:
                 if not future.done():

@@ -56,9 +56,12 @@ KEEPALIVE = {getattr(socket, name): value for name, value in (
 ) if hasattr(socket, name)}
 
 
-def create_client(url: str, *, blocking: bool = False) -> Any:
+def create_client(url: str, *, blocking: bool = False, call_timeout: float | None = None
+                  ) -> Any:
     """A redis-py asyncio client for `url` (or, with `blocking`, a synchronous one, thread
-    safe, for the SyncClient's enqueues); raises ConfigurationError on a malformed URL."""
+    safe, for the SyncClient's enqueues); raises ConfigurationError on a malformed URL.
+    `call_timeout`: every socket read and write, connect and wait for a free connection
+    ends within it (the blocking client's deadline, which no timer can interrupt)."""
     if not isinstance(url, str) or "://" not in url:
         raise ConfigurationError(f"Redis URL {url!r} is not a URL like redis://host:6379/0")
     parts = urlsplit(url)
@@ -71,12 +74,17 @@ def create_client(url: str, *, blocking: bool = False) -> Any:
         "retry": (SyncRetry if blocking else Retry)(NoBackoff(), 0),
         "decode_responses": False, **_tls_files(parts), **_credentials(parts),
     }
+    pool_timeout = REDIS_POOL_TIMEOUT
+    if call_timeout is not None:
+        options.update(socket_timeout=call_timeout,
+                       socket_connect_timeout=min(CONNECT_TIMEOUT, call_timeout))
+        pool_timeout = call_timeout
     try:
         if parts.scheme.endswith("+cluster"):
             plain = parts._replace(scheme=parts.scheme.split("+")[0]).geturl()
             options.pop("retry")
             return (SyncRedisCluster if blocking else RedisCluster).from_url(plain, **options)
-        options.update(max_connections=REDIS_MAX_CONNECTIONS, timeout=REDIS_POOL_TIMEOUT)
+        options.update(max_connections=REDIS_MAX_CONNECTIONS, timeout=pool_timeout)
         if parts.scheme == "redis+sentinel":
             return _sentinel_client(parts, options, blocking)
         if blocking:

@@ -1,0 +1,123 @@
+"""The deadline of a producer's call: a web app's request must not wait for ever on a Redis
+that was stopped (SIGSTOP, a frozen VM) or sits behind a stuck proxy, where the kernel
+still accepts the bytes and TCP keepalive sees nothing wrong.
+
+On the event loop a call that outlives its deadline is cancelled, wherever it waits (pool
+checkout, connect, a round trip): no socket timeout, which redis-py turns into a task per
+command, and no timer per call either (asyncio.timeout costs an enqueue a tenth of its
+CPU): the calls of one Client share one length of deadline, so they expire in the order
+they started, and one timer walks them. Cancelling a redis-py call halfway closes its
+connection, so a reply that arrives late is never read as the answer to the next call.
+
+The blocking client of the SyncClient cannot be interrupted; its sockets, connects and
+pool waits get the deadline as their timeout instead (connection.create_client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import math
+import os
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+
+from obsq.errors import ConfigurationError
+from obsq.settings import CALL_TIMEOUT
+
+T = TypeVar("T")
+P = ParamSpec("P")
+TimedOut = Callable[[str, float], BaseException]  # (operation, seconds) -> the error raised
+
+
+class CallDeadlines:
+    """Deadlines of `seconds` for calls on one event loop; `timed_out(operation, seconds)`
+    makes the error a late call raises."""
+
+    def __init__(self, seconds: float, timed_out: TimedOut) -> None:
+        self.seconds = seconds
+        self._timed_out = timed_out
+        self._calls: dict[int, tuple[asyncio.Task[Any], float]] = {}  # by start, so by due
+        self._expired: set[int] = set()
+        self._keys = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+
+    async def run(self, operation: str, call: Awaitable[T]) -> T:
+        """`call`'s result, or the timed_out error once `seconds` have passed without one."""
+        task = asyncio.current_task()
+        assert task is not None  # a coroutine runs in a task
+        loop = task.get_loop()
+        key, due = next(self._keys), loop.time() + self.seconds
+        self._calls[key] = (task, due)
+        if self._timer is None:
+            self._timer = loop.call_at(due, self._expire, loop)
+        cancelling = _cancelling(task)
+        try:
+            return await call
+        except asyncio.CancelledError:
+            if key not in self._expired or _uncancel(task) > cancelling:
+                raise  # cancelled by someone else (too)
+            raise self._timed_out(operation, self.seconds) from None
+        finally:
+            del self._calls[key]
+            self._expired.discard(key)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Cancel the calls that are due, and wake again when the next one is."""
+        self._timer = None
+        now = loop.time()
+        for key, (task, due) in self._calls.items():
+            if due > now:
+                self._timer = loop.call_at(due, self._expire, loop)
+                return
+            if key not in self._expired:
+                self._expired.add(key)
+                task.cancel()
+
+
+def _cancelling(task: asyncio.Task[Any]) -> int:
+    """The cancellations a task has pending (counted from Python 3.11)."""
+    return task.cancelling() if hasattr(task, "cancelling") else 0
+
+
+def _uncancel(task: asyncio.Task[Any]) -> int:
+    """Take back the deadline's own cancellation; the count of those left."""
+    return task.uncancel() if hasattr(task, "uncancel") else 0
+
+
+class Producer(Protocol):
+    """What a method under `deadline` belongs to: a Client."""
+
+    deadlines: CallDeadlines
+
+
+Method = Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]
+
+
+def deadline(operation: str) -> Callable[[Method[P, T]], Method[P, T]]:
+    """The decorated producer method ends within its object's deadlines, else raises their
+    error (BrokerTimeout, reported to the broker's error hooks under `operation`)."""
+    def bound(method: Method[P, T]) -> Method[P, T]:
+        @functools.wraps(method)
+        async def bounded(self: Producer, *args: P.args, **kwargs: P.kwargs) -> T:
+            return await self.deadlines.run(operation, method(self, *args, **kwargs))
+        return bounded
+    return bound
+
+
+def call_timeout_of(value: float | None) -> float:
+    """A Client's call deadline: `value`, else OBSQ_CALL_TIMEOUT, else CALL_TIMEOUT; a
+    positive, finite number of seconds."""
+    if value is None:
+        raw = os.environ.get("OBSQ_CALL_TIMEOUT", "").strip()
+        try:
+            value = float(raw) if raw else CALL_TIMEOUT
+        except ValueError:
+            raise ConfigurationError(f"OBSQ_CALL_TIMEOUT={raw!r} is not a number of "
+                                     "seconds") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            0 < value < math.inf):
+        raise ConfigurationError(f"call_timeout must be a positive, finite number of "
+                                 f"seconds, got {value!r}")
+    return float(value)
