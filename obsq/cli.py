@@ -67,7 +67,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         strict_priority=args.strict_priority, max_recoveries=args.max_recoveries,
         log_format=args.log_format, log_level=args.log_level,
         allow_eviction=args.allow_eviction, pool=args.pool, stuck_limit=args.stuck_limit,
-        metrics=False if args.no_metrics else None, tracing=False if args.no_tracing else None)
+        metrics=False if args.no_metrics else None, tracing=False if args.no_tracing else None,
+        queue_metrics=False if args.no_queue_metrics else None)
     if settings.http_port is None:
         settings.http_port = WORKER_HTTP_PORT
     elif settings.http_port < 0:
@@ -94,7 +95,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
             serve_supervised(worker, args.supervisor_fd)
         await run_worker(worker, http_port=settings.http_port, http_host=settings.http_host,
-                         metrics=settings.metrics, tracing=settings.tracing)
+                         metrics=settings.metrics, tracing=settings.tracing,
+                         queue_metrics=settings.queue_metrics)
 
     try:
         asyncio.run(serve(Worker(app, settings=settings, handle_signals=not supervised)))
@@ -199,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--log-format", choices=("text", "json"), help="OBSQ_LOG_FORMAT")
     worker.add_argument("--log-level", help="OBSQ_LOG_LEVEL, INFO")
     worker.add_argument("--no-metrics", action="store_true", help="OBSQ_METRICS=false")
+    worker.add_argument("--no-queue-metrics", action="store_true",
+                        help="leave the queue-wide gauges to `obsq exporter` "
+                        "(OBSQ_QUEUE_METRICS=false)")
     worker.add_argument("--no-tracing", action="store_true", help="OBSQ_TRACING=false")
     worker.add_argument(*ALLOW_EVICTION, **ALLOW_EVICTION_OPTIONS)
 

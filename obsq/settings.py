@@ -277,6 +277,10 @@ class WorkerSettings(EnvSettings):
     http_port: int | None = None  # None or -1: no HTTP endpoint; 0: a free port
     http_host: str = "0.0.0.0"
     metrics: bool = True
+    # The queue-wide gauges (obsq_queue_*, obsq_workers, ...) on this worker's /metrics,
+    # read from Redis at each scrape. Off where one `obsq exporter` publishes them for the
+    # installation (the Helm chart), so that they are read once, not once per pod.
+    queue_metrics: bool = True
     tracing: bool = True
     processes: int = 1
     log_format: str = "text"

@@ -162,6 +162,7 @@ class Supervisor:
             "OBSQ_LEASE_SECONDS": repr(float(s.lease_seconds)),
             "OBSQ_MAX_RECOVERIES": str(s.max_recoveries),
             "OBSQ_METRICS": "true" if s.metrics else "false",
+            "OBSQ_QUEUE_METRICS": "true" if s.queue_metrics else "false",
             "OBSQ_TRACING": "true" if s.tracing else "false",
             "OBSQ_ALLOW_EVICTION": "true" if s.allow_eviction else "false",
             "OBSQ_LOG_FORMAT": s.log_format,
@@ -275,7 +276,9 @@ class Supervisor:
         self._watch = RedisWatch(broker)
 
         self._watching = asyncio.run_coroutine_threadsafe(self._run_watch(), loop)
-        registry = endpoint_registry(QueueCollector(broker, loop, list(self.queues)))
+        collectors = [QueueCollector(broker, loop, list(self.queues))
+                      ] if self.settings.queue_metrics else []
+        registry = endpoint_registry(*collectors)
         self._http = HealthServer(self.settings.http_host, self.settings.http_port, registry,
                                   live=self._live, ready=self._ready, status=self._status)
 

@@ -35,12 +35,16 @@ log = logging.getLogger("obsq")
 Serving = Callable[[HealthServer], None]  # told the endpoint once it listens
 
 
-def serve_worker(worker: Worker, host: str, port: int) -> HealthServer:
+def serve_worker(worker: Worker, host: str, port: int, *, queue_metrics: bool = True
+                 ) -> HealthServer:
     """The endpoint of `worker` (call it on the worker's event loop; port 0: a free one).
     /healthz: the loop answers and heartbeats reach Redis; /readyz: started, Redis
-    reachable, not draining."""
+    reachable, not draining. `queue_metrics`: with the queue-wide gauges of its queues
+    (off where an `obsq exporter` publishes them for the installation)."""
     loop = asyncio.get_running_loop()
-    registry = endpoint_registry(QueueCollector(worker.broker, loop, list(worker.queues)))
+    collectors = [QueueCollector(worker.broker, loop, list(worker.queues))
+                  ] if queue_metrics else []
+    registry = endpoint_registry(*collectors)
 
     def heartbeats() -> str | None:
         health = worker.health()
@@ -77,16 +81,17 @@ def serve_worker(worker: Worker, host: str, port: int) -> HealthServer:
 
 async def run_worker(worker: Worker, *, http_port: int | None = None,
                      http_host: str = "0.0.0.0", metrics: bool = True, tracing: bool = True,
-                     serving: Serving | None = None) -> None:
+                     queue_metrics: bool = True, serving: Serving | None = None) -> None:
     """Run `worker` with obsq's metrics and tracing on its App and, given a port (0: any
     free one; None or negative: none), its HTTP endpoint, started before the worker so that
-    a taken port stops the start. `serving(server)` is told the endpoint once it listens."""
+    a taken port stops the start; `queue_metrics`: see serve_worker. `serving(server)` is
+    told the endpoint once it listens."""
     instrument_app(worker.app, metrics=metrics, tracing=tracing,
                    concurrency=worker.concurrency, queues=worker.queues,
                    worker_id=worker.id, redis_url=worker.broker.url)
     server = None
     if http_port is not None and http_port >= 0:
-        server = serve_worker(worker, http_host, http_port)
+        server = serve_worker(worker, http_host, http_port, queue_metrics=queue_metrics)
         if serving is not None:
             serving(server)
     running = asyncio.ensure_future(worker.run())

@@ -57,6 +57,19 @@ app.kubernetes.io/component: {{ index . 1 }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
+{{/*
+  The pod labels that the ServiceMonitor and the PodMonitor copy onto every target, as
+  app_kubernetes_io_part_of, app_kubernetes_io_instance and app_kubernetes_io_component
+  (the names a Prometheus that maps pod labels, as annotation-based scraping commonly
+  does, gives them too). Dashboards and alerts tell installations apart by namespace and
+  app_kubernetes_io_instance.
+*/}}
+{{- define "obsq.targetLabels" -}}
+- app.kubernetes.io/part-of
+- app.kubernetes.io/instance
+- app.kubernetes.io/component
+{{- end }}
+
 {{- define "obsq.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "obsq.fullname" .) .Values.serviceAccount.name }}
@@ -119,6 +132,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- if not (or .Values.redis.existingSecret .Values.redis.auth.existingSecret) }}
 {{- fail "production: Redis's password must come from a Secret: set redis.auth.existingSecret to a Secret holding the password (key redis.auth.existingSecretPasswordKey, redis-password by default, as Redis charts keep it), or redis.existingSecret to one holding the whole URL" }}
 {{- end }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled .Values.metrics.podMonitor.enabled }}
+{{- fail "metrics.serviceMonitor.enabled and metrics.podMonitor.enabled would scrape every pod twice: enable only one" }}
 {{- end }}
 {{- if and .Values.tracing.enabled (not .Values.tracing.endpoint) }}
 {{- fail "tracing.enabled needs tracing.endpoint (the OTLP endpoint, e.g. http://otel-collector:4317)" }}
@@ -238,4 +254,20 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 - {{ toYaml $c | nindent 2 | trim }}
 {{- end }}
+{{- end }}
+
+{{/*
+  Put a number of prometheusRule.alerts into a rule's expression: the one match of
+  `pattern` (a comparison that ends a line) gets the new number. Call with
+  (list RULE PARAMETER PATTERN NUMBER).
+*/}}
+{{- define "obsq.ruleNumber" -}}
+{{- $rule := index . 0 }}
+{{- $param := index . 1 }}
+{{- $pattern := index . 2 }}
+{{- $number := index . 3 }}
+{{- if ne (len (regexFindAll $pattern $rule.expr -1)) 1 }}
+{{- fail (printf "prometheusRule.alerts.%s.%s: its expression has no single comparison to set" $rule.alert $param) }}
+{{- end }}
+{{- $_ := set $rule "expr" (regexReplaceAll $pattern $rule.expr (printf "${1} %v${2}" $number)) }}
 {{- end }}
