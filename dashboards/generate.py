@@ -7,10 +7,15 @@ JSON files are committed; ``tests/deploy`` regenerates them into a temporary fol
 and fails when they differ, so edit this file and rerun it rather than editing JSON.
 
 Every query uses only the metric names of the observability contract (DESIGN.md,
-section 4). Queue-wide gauges (``obsq_queue_*``, ``obsq_workers``) are exported by
-every worker, so they are aggregated with ``max``; per-process series (counters,
-histograms, ``obsq_tasks_in_progress``, ``obsq_worker_concurrency``,
-``obsq_worker_stuck_slots``) with ``sum``.
+section 4), and is scoped by the ``namespace`` and ``installation`` variables: the
+Kubernetes namespace and the Helm release (``app_kubernetes_io_instance``, the target
+label the chart's ServiceMonitor and PodMonitor set). Queue-wide gauges
+(``obsq_queue_*``, ``obsq_workers``) come from one exporter per installation, whose
+replicas (or the workers outside the chart) export the same values: they are reduced
+with ``max`` per installation, then summed over the selected installations. Per-process
+series (counters, histograms, ``obsq_tasks_in_progress``, ``obsq_worker_concurrency``,
+``obsq_worker_stuck_slots``) are summed. Latency panels show the histograms' trace-id
+exemplars.
 """
 
 from __future__ import annotations
@@ -36,23 +41,41 @@ RATE = "$__rate_interval"
 FAILED = 'outcome=~"retry|dead"'
 QUANTILES = ("0.5", "0.95", "0.99")
 TAGS = ["obsq"]
+# One installation: its Kubernetes namespace and its Helm release.
+INSTALLATION = "namespace, app_kubernetes_io_instance"
+SCOPE = 'namespace=~"$namespace", app_kubernetes_io_instance=~"$installation"'
+# Series that every installation has, whichever of its processes is scraped.
+ANY_PROCESS = '__name__=~"obsq_workers|obsq_build_info"'
 
 
 # --- small builders ---------------------------------------------------------------------
 
 
-def query(expr: str, legend: str = "", ref: str = "A") -> prometheus.Dataquery:
-    return (
+def query(expr: str, legend: str = "", ref: str = "A", *, exemplar: bool = False
+          ) -> prometheus.Dataquery:
+    """A Prometheus target; `exemplar`: with the trace-id exemplars of the histogram it
+    reads (Grafana links them to the trace through the data source's exemplar setting)."""
+    target = (
         prometheus.Dataquery()
         .expr(expr)
         .legend_format(legend or "__auto")
         .ref_id(ref)
         .datasource(DATASOURCE)
     )
+    return target.exemplar(True) if exemplar else target
 
 
-def queries(*pairs: tuple[str, str]) -> list[prometheus.Dataquery]:
-    return [query(expr, legend, chr(ord("A") + i)) for i, (expr, legend) in enumerate(pairs)]
+def queries(*pairs: tuple[str, str], exemplar: bool = False) -> list[prometheus.Dataquery]:
+    return [query(expr, legend, chr(ord("A") + i), exemplar=exemplar)
+            for i, (expr, legend) in enumerate(pairs)]
+
+
+def per_installation(gauge: str, selector: str, by: str = "") -> str:
+    """A queue-wide gauge summed over the selected installations, each counted once
+    (``max`` over the processes that export it)."""
+    grouping = f" by ({by})" if by else ""
+    inner = f"{INSTALLATION}, {by}" if by else INSTALLATION
+    return f"sum{grouping} (max by ({inner}) ({gauge}{{{selector}}}))"
 
 
 def thresholds(*steps: tuple[float | None, str]) -> dash.ThresholdsConfig:
@@ -167,6 +190,19 @@ def query_variable(
     return variable
 
 
+def installation_variables() -> list[dash.QueryVariable]:
+    """`namespace` and `installation` (the Helm release), which scope every query."""
+    return [
+        query_variable("namespace", "Namespace", f"label_values({{{ANY_PROCESS}}}, namespace)"),
+        query_variable(
+            "installation",
+            "Installation",
+            f'label_values({{{ANY_PROCESS}, namespace=~"$namespace"}}, '
+            "app_kubernetes_io_instance)",
+        ),
+    ]
+
+
 def links() -> list[dash.DashboardLink]:
     return [
         dash.DashboardLink("obsq dashboards")
@@ -209,6 +245,7 @@ def failure_ratio(selector: str, by: str = "") -> str:
 
 
 def histogram_quantiles(metric: str, selector: str, legend_prefix: str = "") -> list:
+    """(expr, legend) of the p50, p95 and p99 of a histogram."""
     return [
         (
             f"histogram_quantile({q}, sum by (le) (rate({metric}_bucket{{{selector}}}[{RATE}])))",
@@ -302,14 +339,16 @@ def task_panels(sel: str) -> list[tuple[str, list]]:
                     "Task duration p50 / p95 / p99",
                     "Handler run time, from the obsq_task_duration_seconds histogram.",
                     "s",
-                    queries(*histogram_quantiles("obsq_task_duration_seconds", sel)),
+                    queries(*histogram_quantiles("obsq_task_duration_seconds", sel),
+                            exemplar=True),
                 ),
                 graph(
                     "Task wait p50 / p95 / p99",
                     "Time from the moment a task was due to its start (queueing latency; "
                     "deliberate delays excluded), from the obsq_task_wait_seconds histogram.",
                     "s",
-                    queries(*histogram_quantiles("obsq_task_wait_seconds", sel)),
+                    queries(*histogram_quantiles("obsq_task_wait_seconds", sel),
+                            exemplar=True),
                 ),
             ],
         ),
@@ -320,23 +359,23 @@ def task_panels(sel: str) -> list[tuple[str, list]]:
 
 
 def overview() -> dash.Dashboard:
-    sel = 'queue=~"$queue", task=~"$task"'
-    qsel = 'queue=~"$queue"'
-    board = (
-        base(
-            "obsq-overview",
-            "obsq / Overview",
-            "obsq task queues: throughput, failures, queue depth and latency, workers, Redis, "
-            "schedules, groups and events.",
-        )
-        .with_variable(datasource_variable())
-        .with_variable(query_variable("queue", "Queue", "label_values(obsq_queue_depth, queue)"))
-        .with_variable(
-            query_variable(
-                "task",
-                "Task",
-                'label_values(obsq_tasks_processed_total{queue=~"$queue"}, task)',
-            )
+    sel = f'{SCOPE}, queue=~"$queue", task=~"$task"'
+    qsel = f'{SCOPE}, queue=~"$queue"'
+    board = base(
+        "obsq-overview",
+        "obsq / Overview",
+        "obsq task queues: throughput, failures, queue depth and latency, workers, Redis, "
+        "schedules, groups and events.",
+    ).with_variable(datasource_variable())
+    for variable in installation_variables():
+        board = board.with_variable(variable)
+    board = board.with_variable(
+        query_variable("queue", "Queue", f"label_values(obsq_queue_depth{{{SCOPE}}}, queue)")
+    ).with_variable(
+        query_variable(
+            "task",
+            "Task",
+            f'label_values(obsq_tasks_processed_total{{{SCOPE}, queue=~"$queue"}}, task)',
         )
     )
 
@@ -367,21 +406,21 @@ def overview() -> dash.Dashboard:
             "Dead tasks",
             "Tasks in the dead-letter sets of the selected queues.",
             "short",
-            f'sum(max by (queue) (obsq_queue_depth{{{qsel}, state="dead"}}))',
+            per_installation("obsq_queue_depth", f'{qsel}, state="dead"'),
             [(None, "green"), (1, "orange")],
         ),
         single(
             "Live workers",
             "Workers registered in Redis with a fresh heartbeat.",
             "short",
-            "max(obsq_workers)",
+            per_installation("obsq_workers", SCOPE),
             [(None, "red"), (1, "green")],
         ),
         single(
             "Running versions",
             "obsq versions of the processes that are scraped, with their count.",
             "short",
-            "count by (version) (obsq_build_info)",
+            f"count by (version) (obsq_build_info{{{SCOPE}}})",
             [(None, "blue")],
             legend="{{version}}",
         ),
@@ -400,7 +439,8 @@ def overview() -> dash.Dashboard:
             "Tasks per queue and state (pending, active, scheduled, retry, dead, completed, "
             "cancelled, aggregating), read from Redis at scrape time.",
             "short",
-            queries((f"max by (queue, state) (obsq_queue_depth{{{qsel}}})", "{{queue}} {{state}}")),
+            queries((per_installation("obsq_queue_depth", qsel, "queue, state"),
+                     "{{queue}} {{state}}")),
         ),
         graph(
             "Queue latency",
@@ -413,7 +453,8 @@ def overview() -> dash.Dashboard:
             "Tasks in each queue's dead set; they stay there until requeued or removed "
             "(obsq tasks QUEUE dead, obsq requeue).",
             "short",
-            queries((f'max by (queue) (obsq_queue_depth{{{qsel}, state="dead"}})', "{{queue}}")),
+            queries((per_installation("obsq_queue_depth", f'{qsel}, state="dead"', "queue"),
+                     "{{queue}}")),
         ),
         single(
             "Paused queues",
@@ -445,15 +486,15 @@ def overview() -> dash.Dashboard:
             "short",
             queries(
                 (f"sum(obsq_tasks_in_progress{{{sel}}})", "in progress"),
-                ("sum(obsq_worker_concurrency)", "concurrency"),
-                ("sum(obsq_worker_stuck_slots)", "stuck"),
+                (f"sum(obsq_worker_concurrency{{{SCOPE}}})", "concurrency"),
+                (f"sum(obsq_worker_stuck_slots{{{SCOPE}}})", "stuck"),
             ),
         ),
         graph(
             "Live workers",
             "Workers registered in Redis with a fresh heartbeat.",
             "short",
-            queries(("max(obsq_workers)", "workers")),
+            queries((per_installation("obsq_workers", SCOPE), "workers")),
         ),
         graph(
             "Lease recoveries by reason",
@@ -474,7 +515,7 @@ def overview() -> dash.Dashboard:
             "ops",
             queries(
                 (
-                    f"sum by (operation) (rate(obsq_redis_errors_total[{RATE}]))",
+                    rate("obsq_redis_errors_total", SCOPE, "operation"),
                     "{{operation}}",
                 )
             ),
@@ -494,11 +535,11 @@ def overview() -> dash.Dashboard:
             "short",
             queries(
                 (
-                    f"sum by (entry) (increase(obsq_scheduler_fires_total[{RATE}]))",
+                    f"sum by (entry) (increase(obsq_scheduler_fires_total{{{SCOPE}}}[{RATE}]))",
                     "fired {{entry}}",
                 ),
                 (
-                    f"sum by (entry) (increase(obsq_scheduler_missed_total[{RATE}]))",
+                    f"sum by (entry) (increase(obsq_scheduler_missed_total{{{SCOPE}}}[{RATE}]))",
                     "missed {{entry}}",
                 ),
             ),
@@ -517,7 +558,7 @@ def overview() -> dash.Dashboard:
             "short",
             queries(
                 (
-                    f'max by (queue) (obsq_queue_depth{{{qsel}, state="aggregating"}})',
+                    per_installation("obsq_queue_depth", f'{qsel}, state="aggregating"', "queue"),
                     "{{queue}}",
                 )
             ),
@@ -547,7 +588,7 @@ def overview() -> dash.Dashboard:
             queries(
                 (
                     f"sum by (event, subscriber, outcome) "
-                    f"(increase(obsq_event_deliveries_total[{RATE}]))",
+                    f"(increase(obsq_event_deliveries_total{{{SCOPE}}}[{RATE}]))",
                     "{{event}} {{subscriber}} {{outcome}}",
                 )
             ),
@@ -563,30 +604,28 @@ def overview() -> dash.Dashboard:
 
 
 def task() -> dash.Dashboard:
-    sel = 'queue=~"$queue", task=~"$task"'
-    qsel = 'queue=~"$queue"'
-    board = (
-        base(
-            "obsq-task",
-            "obsq / Task",
-            "One obsq task type: throughput, failures, retries, duration and wait.",
+    sel = f'{SCOPE}, queue=~"$queue", task=~"$task"'
+    qsel = f'{SCOPE}, queue=~"$queue"'
+    board = base(
+        "obsq-task",
+        "obsq / Task",
+        "One obsq task type: throughput, failures, retries, duration and wait.",
+    ).with_variable(datasource_variable())
+    for variable in installation_variables():
+        board = board.with_variable(variable)
+    board = board.with_variable(
+        query_variable(
+            "task",
+            "Task",
+            f"label_values(obsq_tasks_processed_total{{{SCOPE}}}, task)",
+            include_all=False,
+            multi=False,
         )
-        .with_variable(datasource_variable())
-        .with_variable(
-            query_variable(
-                "task",
-                "Task",
-                "label_values(obsq_tasks_processed_total, task)",
-                include_all=False,
-                multi=False,
-            )
-        )
-        .with_variable(
-            query_variable(
-                "queue",
-                "Queue",
-                'label_values(obsq_tasks_processed_total{task=~"$task"}, queue)',
-            )
+    ).with_variable(
+        query_variable(
+            "queue",
+            "Queue",
+            f'label_values(obsq_tasks_processed_total{{{SCOPE}, task=~"$task"}}, queue)',
         )
     )
 

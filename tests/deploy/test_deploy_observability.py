@@ -38,7 +38,14 @@ ALERTS = {
     "ObsqRedisErrors",
     "ObsqRedisMayEvictTasks",
     "ObsqAggregatorFailing",
+    "ObsqWorkersDown",
+    "ObsqSchedulerDown",
+    "ObsqExporterDown",
+    "ObsqSchedulerMissedFires",
 }
+# The labels of one installation: the Kubernetes namespace and the Helm release, as the
+# chart's ServiceMonitor and PodMonitor put them on every target.
+INSTALLATION = ("namespace", "app_kubernetes_io_instance")
 
 
 def load(path: Path) -> dict:
@@ -96,12 +103,32 @@ def test_alerts_have_severity_annotations_and_a_runbook_section() -> None:
 
 
 def test_alerts_aggregate_queue_gauges_with_max() -> None:
-    # Every worker exports the queue-wide gauges: summing them would multiply by the
-    # number of workers.
+    # Exporter replicas (and workers outside the chart) export the same queue-wide gauges:
+    # summing them would multiply by their number.
     for name, expr in alert_queries(RULES):
         for gauge in ("obsq_queue_depth", "obsq_queue_latency_seconds", "obsq_workers"):
             for match in re.finditer(rf"(\w+)\s*by\s*\([^)]*\)\s*\(\s*{gauge}\b", expr):
                 assert match.group(1) == "max", f"{name}: {match.group(0)}"
+
+
+def test_alerts_group_by_installation() -> None:
+    # Two installations in one Prometheus (or one namespace) never mix: every aggregation
+    # of every alert keeps the namespace and the Helm release.
+    for name, expr in alert_queries(RULES):
+        groupings = re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr)
+        assert groupings, f"{name} does not group: {expr}"
+        for grouping in groupings:
+            labels = [label.strip() for label in grouping.split(",")]
+            assert labels[:2] == list(INSTALLATION), f"{name}: {grouping}"
+
+
+def test_up_rules_select_obsq_pods_by_component() -> None:
+    ups = {name: expr for name, expr in alert_queries(RULES) if "up{" in expr}
+    assert set(ups) == {"ObsqWorkersDown", "ObsqSchedulerDown", "ObsqExporterDown"}
+    for name, expr in ups.items():
+        component = name.removeprefix("Obsq").removesuffix("Down").removesuffix("s").lower()
+        assert (f'up{{app_kubernetes_io_part_of="obsq", '
+                f'app_kubernetes_io_component="{component}"}}') in expr, expr
 
 
 # --- dashboards -------------------------------------------------------------------------
@@ -134,7 +161,7 @@ def test_dashboard_structure(path: Path) -> None:
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    for name in ("queue", "task"):
+    for name in ("namespace", "installation", "queue", "task"):
         assert variables[name]["type"] == "query"
         assert variables[name]["query"].startswith("label_values(")
         assert variables[name]["datasource"]["uid"] == "${datasource}"
@@ -147,6 +174,45 @@ def test_dashboard_structure(path: Path) -> None:
         assert panel["targets"], f"{panel['title']} has no query"
         for target in panel["targets"]:
             assert target["datasource"]["uid"] == "${datasource}"
+
+
+SCOPE = ('namespace=~"$namespace"', 'app_kubernetes_io_instance=~"$installation"')
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=DASHBOARD_IDS)
+def test_every_dashboard_query_is_scoped_by_namespace_and_installation(path: Path) -> None:
+    board = load(path)
+    targets = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    variables = [v["query"] for v in board["templating"]["list"] if v["name"] in ("queue", "task")]
+    for expr in targets + variables:
+        for metric in re.finditer(r"obsq_\w+", expr):
+            selector = re.match(r"\{([^}]*)\}", expr[metric.end():])
+            assert selector, f"{metric.group(0)} without a selector: {expr}"
+            assert all(m in selector.group(1) for m in SCOPE), expr
+    (installation,) = [v for v in board["templating"]["list"] if v["name"] == "installation"]
+    assert installation["query"].endswith(", app_kubernetes_io_instance)")
+    assert 'namespace=~"$namespace"' in installation["query"]
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=DASHBOARD_IDS)
+def test_queue_gauges_count_each_installation_once(path: Path) -> None:
+    # An installation's exporter replicas report the same values: max per installation,
+    # then a sum over the selected ones (max alone would hide all but one installation).
+    for title, expr in dashboard_queries(path):
+        for gauge in ("obsq_queue_depth", "obsq_workers"):
+            for match in re.finditer(rf"(\w+)\s*by\s*\(([^)]*)\)\s*\(\s*{gauge}\b", expr):
+                assert match.group(1) == "max", f"{title}: {expr}"
+                assert match.group(2).startswith(", ".join(INSTALLATION)), f"{title}: {expr}"
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=DASHBOARD_IDS)
+def test_latency_panels_show_exemplars(path: Path) -> None:
+    graphs = [p for p in load(path)["panels"] if p["type"] == "timeseries"
+              and any("histogram_quantile" in t["expr"] for t in p["targets"])]
+    assert {p["title"] for p in graphs} >= {"Task duration p50 / p95 / p99",
+                                            "Task wait p50 / p95 / p99"}
+    for panel in graphs:
+        assert all(t.get("exemplar") is True for t in panel["targets"]), panel["title"]
 
 
 def test_overview_has_the_panels_operators_need() -> None:
@@ -210,7 +276,7 @@ def all_queries() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize(("where", "expr"), all_queries(), ids=lambda v: str(v)[:60])
 def test_query_uses_only_contract_metrics(where: str, expr: str) -> None:
-    assert metric_names(expr), f"{where} uses no obsq metric"
+    assert metric_names(expr) or re.search(r"\bup\{", expr), f"{where} uses no obsq metric"
     assert unknown_metrics(expr) == set(), f"{where}: {expr}"
 
 

@@ -95,12 +95,16 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 class PrometheusServer:
     """The `prometheus` binary on a free loopback port, scraping `targets` every second,
-    with its TSDB in `directory`, evaluating `rule_files` as often. `api()`, `reply()`,
-    `query()` and `wait_for()` use its HTTP API."""
+    with its TSDB in `directory`, evaluating `rule_files` as often. `static_configs`:
+    more groups of targets with their labels, as the job's service discovery would give
+    them ({"targets": [...], "labels": {...}}). `api()`, `reply()`, `query()` and
+    `wait_for()` use its HTTP API."""
 
     def __init__(self, binary: str, directory: Path, targets: Iterable[str], *,
                  scrape_interval: str = "1s", rule_files: Iterable[str | Path] = (),
-                 job: str = "obsq", labels: dict[str, str] | None = None) -> None:
+                 job: str = "obsq", labels: dict[str, str] | None = None,
+                 static_configs: Iterable[dict[str, Any]] = (),
+                 metric_relabel_configs: Iterable[dict[str, Any]] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.directory = Path(directory)
@@ -112,7 +116,9 @@ class PrometheusServer:
             "scrape_configs": [{
                 "job_name": job, "scrape_interval": scrape_interval,
                 "scrape_timeout": scrape_interval,
-                "static_configs": [{"targets": list(targets), "labels": labels or {}}],
+                "static_configs": [{"targets": list(targets), "labels": labels or {}},
+                                   *static_configs],
+                "metric_relabel_configs": list(metric_relabel_configs),
             }],
         }
         self.config = self.directory / "prometheus.yml"

@@ -222,8 +222,21 @@ async def test_every_dashboard_query_and_alert_returns_data(
     worker = await start_worker(queues={main: 2, side: 1}, metrics=True, http_port=0,
                                 lease_seconds=60)
     port = start_worker.port(worker)
+    # The worker's target carries the labels the chart's ServiceMonitor gives it. This one
+    # process also plays the scheduler and the exporter (its endpoint has their series):
+    # targets of those components on the same endpoint, of which only `up` is kept, give
+    # the alerts on their `up` something to read.
+    installation = {"namespace": namespace, "app_kubernetes_io_instance": "e2e",
+                    "app_kubernetes_io_part_of": "obsq"}
+    components = [{"targets": [f"127.0.0.1:{port}"],
+                   "labels": {**installation, "app_kubernetes_io_component": role}}
+                  for role in ("scheduler", "exporter")]
+    drop_roles = [{"source_labels": ["app_kubernetes_io_component"],
+                   "regex": "scheduler|exporter", "action": "drop"}]
     starting = asyncio.create_task(asyncio.to_thread(
-        prometheus, [f"127.0.0.1:{port}"], rule_files=[RULES], labels={"namespace": namespace}))
+        prometheus, [f"127.0.0.1:{port}"], rule_files=[RULES],
+        labels={**installation, "app_kubernetes_io_component": "worker"},
+        static_configs=components, metric_relabel_configs=drop_roles))
     t0 = time.monotonic()
 
     async def scraped(name: str, **labels: str) -> float:
