@@ -62,9 +62,13 @@ def test_helm_lint_strict(helm: str, scenario_name: str) -> None:
     assert "0 chart(s) failed" in proc.stdout
 
 
+# The exporter (a Deployment and its Service) runs by default; the Pod is the `helm test`
+# hook.
+DEFAULT_KINDS = ["Deployment", "Deployment", "Pod", "PodDisruptionBudget", "Service",
+                 "Service", "ServiceAccount"]
 EXPECTED_KINDS = {
-    "default": ["Deployment", "PodDisruptionBudget", "Service", "ServiceAccount"],
-    "minimal-example": ["Deployment", "PodDisruptionBudget", "Service", "ServiceAccount"],
+    "default": DEFAULT_KINDS,
+    "minimal-example": DEFAULT_KINDS,
     "all-keda": [
         "ConfigMap",
         "Deployment",
@@ -72,6 +76,7 @@ EXPECTED_KINDS = {
         "Deployment",
         "Deployment",
         "NetworkPolicy",
+        "Pod",
         "PodDisruptionBudget",
         "PrometheusRule",
         "ScaledObject",
@@ -90,6 +95,7 @@ EXPECTED_KINDS = {
         "Deployment",
         "HorizontalPodAutoscaler",
         "NetworkPolicy",
+        "Pod",
         "PodDisruptionBudget",
         "PrometheusRule",
         "Service",
@@ -105,6 +111,7 @@ EXPECTED_KINDS = {
         "Deployment",
         "Deployment",
         "Deployment",
+        "Pod",
         "PodDisruptionBudget",
         "PrometheusRule",
         "ScaledObject",
@@ -145,6 +152,53 @@ def test_crd_objects_need_the_monitoring_api(helm: str) -> None:
     assert "PrometheusRule" not in render.kinds()
     with_api = helm_template(helm, "-f", str(HERE / "values-all.yaml"), *API_FLAGS)
     assert {"ServiceMonitor", "PrometheusRule"} <= set(with_api.kinds())
+
+
+@pytest.mark.parametrize("monitor", ["serviceMonitor", "podMonitor"])
+def test_monitoring_objects_can_be_forced_without_the_api(
+    helm: str, monitor: str, kubernetes_validate: list[str], tmp_path: Path
+) -> None:
+    # `helm template` with no --api-versions, as Argo CD may run it: forced on, the
+    # monitoring objects are rendered all the same, and equal to those rendered with the API.
+    values = ["--set", f"metrics.{monitor}.enabled=true,prometheusRule.enabled=true"]
+    forced = helm_template(helm, *values, "--set", "prometheusOperator.forceApi=true")
+    with_api = helm_template(helm, *values, *API_FLAGS)
+    kind = monitor[0].upper() + monitor[1:]
+    for name in (kind, "PrometheusRule"):
+        assert forced.one(name) == with_api.one(name)
+    assert helm_template(helm, *values).all(kind) == []
+    manifest = tmp_path / "forced.yaml"
+    manifest.write_text(forced.stdout)
+    proc = run([*kubernetes_validate, "--strict", "-k", "1.30.0", str(manifest)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_monitors_put_the_installation_on_every_target(helm: str) -> None:
+    # ServiceMonitor or PodMonitor: the same pod labels become target labels, and every
+    # scraped pod carries them, so dashboards and alerts tell installations apart.
+    target_labels = ["app.kubernetes.io/part-of", "app.kubernetes.io/instance",
+                     "app.kubernetes.io/component"]
+    for monitor, kind in (("serviceMonitor", "ServiceMonitor"), ("podMonitor", "PodMonitor")):
+        render = helm_template(helm, "--set", f"metrics.{monitor}.enabled=true,"
+                               "scheduler.enabled=true", *API_FLAGS)
+        spec = render.one(kind)["spec"]
+        assert spec["podTargetLabels"] == target_labels
+        assert spec["selector"]["matchExpressions"] == [{
+            "key": "app.kubernetes.io/component", "operator": "In",
+            "values": ["worker", "scheduler", "exporter"]}]
+        for component in ("worker", "scheduler", "exporter"):
+            pod = render.one("Deployment", f"-{component}")["spec"]["template"]["metadata"]
+            labels = {label: pod["labels"][label] for label in target_labels}
+            assert labels == {"app.kubernetes.io/part-of": "obsq",
+                              "app.kubernetes.io/instance": "jobs",
+                              "app.kubernetes.io/component": component}
+            assert spec["selector"]["matchLabels"].items() <= pod["labels"].items()
+    pod_monitor = helm_template(helm, "--set", "metrics.podMonitor.enabled=true",
+                                *API_FLAGS).one("PodMonitor")["spec"]
+    assert pod_monitor["podMetricsEndpoints"][0]["port"] == "http-metrics"
+    both = helm_template(helm, "--set", "metrics.podMonitor.enabled=true,"
+                         "metrics.serviceMonitor.enabled=true", *API_FLAGS, check=False)
+    assert both.returncode != 0 and "enable only one" in both.stderr
 
 
 # --- the schema -----------------------------------------------------------------------
@@ -495,10 +549,19 @@ def test_rendered_scheduler_serves_its_metrics_where_the_chart_scrapes(
 # --- the exporter Deployment ------------------------------------------------------------
 
 
-def test_exporter_is_off_by_default(helm: str) -> None:
+def test_exporter_publishes_the_queue_gauges_by_default(helm: str) -> None:
+    # One exporter per installation reads the queue gauges from Redis; the chart's workers
+    # leave them out. Without the exporter, the workers keep them.
     render = helm_template(helm)
-    assert [d["metadata"]["name"] for d in render.all("Deployment")] == ["jobs-obsq-worker"]
-    assert [d["metadata"]["name"] for d in render.all("Service")] == ["jobs-obsq-metrics"]
+    assert [d["metadata"]["name"] for d in render.all("Deployment")] == [
+        "jobs-obsq-exporter", "jobs-obsq-worker"]
+    assert [d["metadata"]["name"] for d in render.all("Service")] == [
+        "jobs-obsq-metrics", "jobs-obsq-exporter"]
+    assert env_of(container(render.one("Deployment", "-worker")))["OBSQ_QUEUE_METRICS"] == "false"
+    assert "OBSQ_QUEUE_METRICS" not in env_of(container(render.one("Deployment", "-exporter")))
+    alone = helm_template(helm, "--set", "exporter.enabled=false")
+    assert [d["metadata"]["name"] for d in alone.all("Deployment")] == ["jobs-obsq-worker"]
+    assert "OBSQ_QUEUE_METRICS" not in env_of(container(alone.one("Deployment", "-worker")))
 
 
 def test_exporter_deployment(render_all: Render) -> None:
@@ -847,6 +910,146 @@ def test_prometheus_rule_disabled_alerts(helm: str) -> None:
     assert all(url.startswith("docs/runbook.md#") for url in runbooks)
 
 
+def test_alert_thresholds_and_durations_come_from_the_values(helm: str) -> None:
+    # The defaults of prometheusRule.alerts are the numbers of alerts/obsq.rules.yml.
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]["alerts"]
+    source = {r["alert"]: r for g in yaml.safe_load((ROOT / "alerts" / "obsq.rules.yml")
+                                                    .read_text())["groups"] for r in g["rules"]}
+    assert set(values) == set(source)
+    for name, tuning in values.items():
+        assert tuning.get("for") == source[name].get("for"), name
+        if "threshold" in tuning:
+            assert re.search(rf"[<>] {tuning['threshold']}\n", source[name]["expr"]), name
+    tuned = helm_template(helm, "--set", "prometheusRule.enabled=true", "--set-json",
+                          'prometheusRule.alerts={"ObsqQueueLatencyHigh": {"threshold": 900,'
+                          ' "for": "15m"}, "ObsqHighFailureRatio": {"threshold": 0.25,'
+                          ' "minRuns": 100}, "ObsqWorkersDown": {"for": "2m"}}', *API_FLAGS)
+    rules = {r["alert"]: r for g in tuned.one("PrometheusRule")["spec"]["groups"]
+             for r in g["rules"]}
+    latency = rules["ObsqQueueLatencyHigh"]
+    assert latency["for"] == "15m"
+    assert latency["expr"] == source["ObsqQueueLatencyHigh"]["expr"].replace("> 300", "> 900")
+    ratio = rules["ObsqHighFailureRatio"]["expr"]
+    assert ratio == (source["ObsqHighFailureRatio"]["expr"]
+                     .replace(") > 0.1\n", ") > 0.25\n").replace(">= 20\n", ">= 100\n"))
+    assert rules["ObsqHighFailureRatio"]["for"] == "10m"  # the default, kept
+    assert rules["ObsqWorkersDown"]["for"] == "2m"
+    # A number set on --set arrives as a string: accepted when it is one.
+    as_string = helm_template(helm, "--set", "prometheusRule.enabled=true,"
+                              "prometheusRule.alerts.ObsqRedisErrors.threshold=0.5", *API_FLAGS)
+    errors = next(r for g in as_string.one("PrometheusRule")["spec"]["groups"]
+                  for r in g["rules"] if r["alert"] == "ObsqRedisErrors")
+    assert "> 0.5\n" in errors["expr"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("prometheusRule.alerts.ObsqWorkersDown.threshold=1", "no single comparison"),
+        ("prometheusRule.alerts.ObsqQueueLatencyHigh.minRuns=5", "no single comparison"),
+        ("prometheusRule.alerts.ObsqNoSuchAlert.for=5m", "ObsqNoSuchAlert"),
+        ("prometheusRule.alerts.ObsqQueueLatencyHigh.for=soon", "for"),
+        ("prometheusRule.alerts.ObsqQueueLatencyHigh.threshold=high", "threshold"),
+    ],
+)
+def test_alert_tuning_refuses_what_it_cannot_apply(helm: str, setting: str,
+                                                   message: str) -> None:
+    render = helm_template(helm, "--set", f"prometheusRule.enabled=true,{setting}",
+                           *API_FLAGS, check=False)
+    assert render.returncode != 0 and message in render.stderr, render.stderr
+
+
+def test_tuned_rules_pass_promtool_unit_tests(helm: str, promtool: str, tmp_path: Path) -> None:
+    # With a failure-ratio threshold of 25 % over at least 100 runs in 5 minutes, 18 %
+    # of 110 runs a minute stays quiet (it fires with the defaults), 30 % fires.
+    tuned = helm_template(helm, "--set", "prometheusRule.enabled=true", "--set-json",
+                          'prometheusRule.alerts={"ObsqHighFailureRatio": {"threshold": 0.25,'
+                          ' "minRuns": 100}}', *API_FLAGS)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(tuned.one("PrometheusRule")["spec"]))
+
+    def series(task: str, outcome: str, per_minute: int) -> dict[str, str]:
+        return {"series": f'obsq_tasks_processed_total{{namespace="jobs", '
+                          f'app_kubernetes_io_instance="jobs", queue="default", task="{task}", '
+                          f'outcome="{outcome}"}}', "values": f"0+{per_minute}x30"}
+
+    def firing(task: str, ratio: str) -> dict[str, Any]:
+        return {"exp_labels": {"severity": "warning", "namespace": "jobs",
+                               "app_kubernetes_io_instance": "jobs", "queue": "default",
+                               "task": task},
+                "exp_annotations": {
+                    "summary": f"obsq task {task} fails often",
+                    "description": f"{ratio} of the runs of {task} in queue default "
+                                   "(namespace jobs) fail (retry or dead).",
+                    "runbook_url": "docs/runbook.md#obsqhighfailureratio"}}
+
+    tests = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [series("mild", "success", 90), series("mild", "retry", 20),
+                         series("bad", "success", 77), series("bad", "dead", 33)],
+        "alert_rule_test": [{"eval_time": "20m", "alertname": "ObsqHighFailureRatio",
+                             "exp_alerts": [firing("bad", "30%")]}]}]}
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests))
+    proc = run([promtool, "test", "rules", str(tmp_path / "tests.yml")])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The same series with the defaults: "mild" fires too.
+    default = helm_template(helm, "--set", "prometheusRule.enabled=true", *API_FLAGS)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(default.one("PrometheusRule")["spec"]))
+    proc = run([promtool, "test", "rules", str(tmp_path / "tests.yml")])
+    assert proc.returncode != 0 and 'task="mild"' in proc.stdout + proc.stderr
+
+
+def test_extra_rules_follow_in_their_own_group(helm: str, promtool: str, tmp_path: Path) -> None:
+    extra = [{"alert": "ShopBacklog", "expr": 'obsq_queue_depth{queue="orders"} > 1000',
+              "labels": {"severity": "warning"},
+              "annotations": {"runbook_url": "docs/shop.md#backlog"}},
+             {"record": "shop:orders:pending", "expr": 'obsq_queue_depth{queue="orders"}'}]
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"prometheusRule": {
+        "enabled": True, "extraRules": extra, "ruleLabels": {"team": "shop"},
+        "runbookBaseUrl": "https://git.example.com/shop"}}))
+    render = helm_template(helm, "-f", str(values), *API_FLAGS)
+    groups = render.one("PrometheusRule")["spec"]["groups"]
+    assert [g["name"] for g in groups] == ["obsq", "obsq-extra"]
+    alert, record = groups[1]["rules"]
+    assert alert["labels"] == {"severity": "warning", "team": "shop"}
+    assert alert["annotations"]["runbook_url"] == "https://git.example.com/shop/docs/shop.md#backlog"
+    assert record == extra[1]
+    assert all(r["annotations"]["runbook_url"].startswith("https://git.example.com/shop/docs/")
+               for r in groups[0]["rules"])
+    spec = tmp_path / "spec.yml"
+    spec.write_text(yaml.safe_dump(render.one("PrometheusRule")["spec"]))
+    proc = run([promtool, "check", "rules", str(spec)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_helm_test_pod_asks_a_worker_through_its_service(render_all: Render) -> None:
+    pod = render_all.one("Pod", "-test")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    (c,) = spec["containers"]
+    assert c["image"] == container(render_all.one("Deployment", "-worker"))["image"]
+    assert c["args"][-1] == "http://jobs-obsq-metrics:9191/readyz"
+    service = render_all.one("Service", "-metrics")
+    assert service["spec"]["ports"][0]["port"] == 9191
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    # The NetworkPolicy lets it in to the workers and out to them.
+    policy = render_all.one("NetworkPolicy")["spec"]
+    labels = pod["metadata"]["labels"]
+    peers = [p for rule in policy["ingress"] for p in rule.get("from", [])]
+    assert any(p.get("podSelector", {}).get("matchLabels", {}).items() <= labels.items()
+               and "podSelector" in p for p in peers)
+    worker = render_all.one("Deployment", "-worker")["spec"]["template"]["metadata"]["labels"]
+    assert any(rule["ports"] == [{"port": "http-metrics", "protocol": "TCP"}]
+               and rule["to"][0]["podSelector"]["matchLabels"].items() <= worker.items()
+               for rule in policy["egress"] if "to" in rule)
+
+
+def test_helm_test_pod_can_be_left_out(helm: str) -> None:
+    assert helm_template(helm, "--set", "tests.enabled=false").all("Pod") == []
+    assert helm_template(helm, "--set", "metrics.service.enabled=false").all("Pod") == []
+
+
 def test_helm_package_follows_the_symlinks(helm: str, tmp_path: Path) -> None:
     proc = run([helm, "package", str(CHART), "--destination", str(tmp_path)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -869,7 +1072,7 @@ def test_helm_package_follows_the_symlinks(helm: str, tmp_path: Path) -> None:
 
 
 def _value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
-    opaque = {"podSecurityContext", "securityContext", "strategy", "resources"}
+    opaque = {"podSecurityContext", "securityContext", "strategy", "resources", "alerts"}
     paths = []
     for key, value in values.items():
         path = f"{prefix}{key}"
@@ -927,6 +1130,7 @@ def test_worker_settings_accept_the_rendered_environment(helm: str, scenario_nam
     assert settings.max_recoveries == int(env["OBSQ_MAX_RECOVERIES"])
     assert settings.log_format == env["OBSQ_LOG_FORMAT"]
     assert settings.namespace == env["OBSQ_NAMESPACE"]
+    assert settings.queue_metrics is False  # the exporter publishes them
 
 
 def test_obsq_command_line_accepts_the_rendered_arguments(render_all: Render) -> None:
@@ -957,7 +1161,7 @@ def test_obsq_command_line_accepts_the_rendered_arguments(render_all: Render) ->
              "dashboards"],
         ),
         (
-            ["--set", "keda.enabled=true,keda.minReplicaCount=0"],
+            ["--set", "keda.enabled=true,keda.minReplicaCount=0,exporter.enabled=false"],
             ["keda.minReplicaCount is 0 but exporter.enabled is false",
              "Set exporter.enabled=true"],
         ),
