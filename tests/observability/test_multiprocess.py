@@ -162,3 +162,29 @@ def test_a_scrape_skips_the_file_a_starting_process_has_not_written_yet(tmp_path
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert 'obsq_written_total{x="y"} 5.0' in out.stdout
+
+
+async def test_a_pod_left_without_queue_gauges_serves_none(redis_url, namespace, tmp_path):
+    # The chart's workers with an exporter beside them (OBSQ_QUEUE_METRICS=false): the
+    # supervisor's endpoint has the children's metrics and no queue-wide gauge.
+    (tmp_path / "mp_app.py").write_text(APP)
+    port = free_port()
+    supervisor = ObsqProcess(
+        ["worker", "mp_app:app", "--processes", "2", "--concurrency", "2", "--http-port",
+         str(port)],
+        obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace,
+                 OBSQ_QUEUE_METRICS="false"), tmp_path, tmp_path / "supervisor.log")
+    try:
+        async def both_children() -> bool:
+            try:
+                return value(parse(await asyncio.to_thread(scrape, port)),
+                             "obsq_worker_concurrency") == 4
+            except OSError:
+                return False
+        await wait_until(both_children, timeout=30, what="two children serving")
+        names = {name for name, _ in parse(await asyncio.to_thread(scrape, port))}
+        assert "obsq_build_info" in names
+        assert not {n for n in names if n.startswith("obsq_queue_") or n == "obsq_workers"}
+    finally:
+        code = await asyncio.to_thread(supervisor.stop, 40)
+    assert code == 0, (tmp_path / "supervisor.log").read_text()
