@@ -716,7 +716,8 @@ def test_keda_scaled_object(render_all: Render) -> None:
     assert trigger["type"] == "prometheus"
     assert trigger["metricType"] == "Value"
     query = trigger["metadata"]["query"]
-    selector = 'namespace="jobs", queue=~"critical|default\\\\.v2|low"'
+    selector = ('namespace="jobs", app_kubernetes_io_instance="jobs", '
+                'queue=~"critical|default\\\\.v2|low"')
     assert query == (
         f"max(obsq_queue_latency_seconds{{{selector}}}"
         f" unless on (namespace, queue) (obsq_queue_paused{{{selector}}} == 1))"
@@ -732,9 +733,9 @@ def test_keda_on_queue_depth(helm: str) -> None:
     assert trigger["metricType"] == "AverageValue"
     assert trigger["metadata"]["query"] == (
         "sum(max by (queue) (obsq_queue_depth"
-        '{namespace="jobs", queue=~"critical|default", state="pending"}'
-        ' unless on (namespace, queue) (obsq_queue_paused{namespace="jobs",'
-        ' queue=~"critical|default"} == 1)))'
+        '{namespace="jobs", app_kubernetes_io_instance="jobs", queue=~"critical|default",'
+        ' state="pending"} unless on (namespace, queue) (obsq_queue_paused{namespace="jobs",'
+        ' app_kubernetes_io_instance="jobs", queue=~"critical|default"} == 1)))'
     )
 
 
@@ -752,15 +753,16 @@ def test_keda_queries_parse(helm: str, promtool: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-# Two scraped processes (a worker and the exporter) export the same queue gauges, as in
-# a cluster; `low` is paused with a growing backlog, another installation (namespace
-# `other`) has a busier `critical` queue, and a paused `critical` there must not hide
-# this one's.
+# Two scraped processes (two exporter replicas, or workers outside the chart) export the
+# same queue gauges; `low` is paused with a growing backlog, another installation
+# (namespace `other`) has a busier `critical` queue, and a paused `critical` there must not
+# hide this one's; a third (release `mail` in the same namespace) has a busier `critical`.
 KEDA_SERIES = [
     *[
-        {"series": f'{name}{{namespace="jobs", instance="{instance}", queue="{queue}"{extra}}}',
+        {"series": f'{name}{{namespace="jobs", app_kubernetes_io_instance="jobs", '
+                   f'instance="{instance}", queue="{queue}"{extra}}}',
          "values": values}
-        for instance in ("worker-a", "exporter")
+        for instance in ("exporter-a", "exporter-b")
         for name, extra, queue, values in [
             ("obsq_queue_latency_seconds", "", "critical", "5+0x10"),
             ("obsq_queue_latency_seconds", "", "default.v2", "12+0x10"),
@@ -777,6 +779,10 @@ KEDA_SERIES = [
      "values": "9000+0x10"},
     {"series": 'obsq_queue_paused{namespace="other", instance="x", queue="critical"}',
      "values": "1+0x10"},
+    {"series": 'obsq_queue_latency_seconds{namespace="jobs", app_kubernetes_io_instance="mail",'
+               ' instance="y", queue="critical"}', "values": "7000+0x10"},
+    {"series": 'obsq_queue_depth{namespace="jobs", app_kubernetes_io_instance="mail",'
+               ' instance="y", queue="critical", state="pending"}', "values": "900+0x10"},
 ]
 
 
