@@ -922,6 +922,11 @@ def test_alert_thresholds_and_durations_come_from_the_values(helm: str) -> None:
     source = {r["alert"]: r for g in yaml.safe_load((ROOT / "alerts" / "obsq.rules.yml")
                                                     .read_text())["groups"] for r in g["rules"]}
     assert set(values) == set(source)
+    # The schema knows the same alerts (it refuses any other name).
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    rule_schema = schema["properties"]["prometheusRule"]["properties"]
+    assert set(rule_schema["alerts"]["properties"]) == set(source)
+    assert set(rule_schema["disabledAlerts"]["items"]["enum"]) == set(source)
     for name, tuning in values.items():
         assert tuning.get("for") == source[name].get("for"), name
         if "threshold" in tuning:

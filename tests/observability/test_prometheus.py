@@ -1,11 +1,14 @@
 """A real Prometheus scraping a real worker: the contract's names as PromQL sees them,
-and histogram exemplars that lead to the task's trace."""
+and histogram exemplars that lead to the task's trace, as the dashboards' latency panels
+ask for them."""
 
 from __future__ import annotations
 
+import json
 import time
 
-from support import wait_until
+from deploy.promql import substitute
+from support import ROOT, wait_until
 
 import obsq
 
@@ -56,4 +59,15 @@ async def test_prometheus_scrapes_a_worker(app, redis_url, namespace, spans, pro
                       f'{{queue="{queue}"}}', start=now - 600, end=now + 60)
     found = {e["labels"]["trace_id"] for s in series for e in s["exemplars"]}
     assert found and found <= trace_ids
+
+    # The dashboards' latency queries (those that ask Grafana for exemplars) get them too.
+    latency = [target["expr"] for path in sorted((ROOT / "dashboards").glob("*.json"))
+               for panel in json.loads(path.read_text())["panels"]
+               for target in panel.get("targets", []) if target.get("exemplar")]
+    assert len(latency) >= 6
+    for expr in latency:
+        query = substitute(expr, {"queue": queue, "task": ".*"})
+        series = prom.api("query_exemplars", query=query, start=now - 600, end=now + 60)
+        found = {e["labels"]["trace_id"] for s in series for e in s["exemplars"]}
+        assert found and found <= trace_ids, query
     await client.close()
