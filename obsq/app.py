@@ -314,7 +314,9 @@ class App:
     def on_outcome(self, hook: OutcomeHook) -> OutcomeHook:
         """Call `hook(task, outcome, error)` after each attempt is settled in Redis.
 
-        `outcome` is one of OUTCOMES. Hooks must be quick and must not raise."""
+        `outcome` is one of OUTCOMES, or `handed_on` for a task of a type this worker has
+        no handler for (with an UnknownTaskType error; `dead` with one when it was handed
+        on too long). Hooks must be quick and must not raise."""
         self.outcome_hooks.append(hook)
         return hook
 

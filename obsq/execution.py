@@ -33,7 +33,7 @@ NO_RESULT = b"null"
 class Verdict:
     """How an attempt ended, before Redis has recorded it."""
 
-    outcome: str  # success | retry | dead | cancelled
+    outcome: str  # success | retry | dead | cancelled | handed_on
     result: bytes = NO_RESULT
     error: BaseException | None = None
     delay: float = 0.0
@@ -84,6 +84,7 @@ class Executor:
             raw_headers=raw.headers, retry_count=raw.retried, fence=raw.fence,
             route=route.pattern if route else "other", id_chosen=raw.id_chosen,
             ordering_key=raw.ordering_key, slot=raw.slot, binary=raw.binary,
+            suspect=raw.suspect,
             max_retry=max_retry if isinstance(max_retry, int) else
             (route.max_retry if route and route.max_retry is not None else DEFAULT_MAX_RETRY),
             timeout=timeout if isinstance(timeout, (int, float)) and timeout > 0 else
@@ -93,7 +94,12 @@ class Executor:
             update_state=self.update_state)
 
     async def run(self, task: Task) -> Verdict:
-        """Run the attempt; every exception becomes a verdict, cancellation propagates."""
+        """Run the attempt; every exception becomes a verdict, cancellation propagates. A
+        task of a type with no route never enters the chain: it is handed on to a worker
+        that knows the type (a newer version, in a rolling deploy), no retry spent."""
+        if self.app.route(task.type) is None:
+            return Verdict("handed_on", error=UnknownTaskType(
+                f"no handler is registered for task type {task.type!r}"))
         try:
             result = await self.chain(task)
         except asyncio.CancelledError:
@@ -143,7 +149,7 @@ class Executor:
     async def _invoke(self, task: Task) -> Any:
         """The innermost layer of the middleware chain: the handler itself."""
         route = self.app.route(task.type)
-        if route is None:
+        if route is None:  # a middleware changed task.type
             raise UnknownTaskType(f"no handler is registered for task type {task.type!r}")
         task.payload  # noqa: B018 - decode now: a tampered payload must fail before the handler
         if route.is_async:

@@ -6,7 +6,9 @@ round trip for many tasks, an idle one no delay). A Redis that is away is retrie
 backoff. The outcome hooks then hear what happened: the verdict when Redis recorded it,
 `lease_lost` when the attempt's fencing token had gone stale (its lease was taken over),
 `unrecorded` when the worker stopped before Redis could be reached (the task runs again
-once its worker is known lost).
+once its worker is known lost). A task of a type the worker has no handler for is handed
+on (`handed_on`, said once per type), or ends `dead` once it has been handed on for
+longer than `unknown_type_max_age`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from obsq.broker import Attempt, Broker, Completion, Completions
 from obsq.errors import BrokerError, Retry
 from obsq.execution import Verdict
 from obsq.loop import RedisRetry
+from obsq.settings import UNKNOWN_TYPE_MAX_AGE
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
@@ -44,10 +47,13 @@ class _Ack:
 
 
 class Settler:
-    def __init__(self, broker: Broker, worker_id: str, hooks: list[OutcomeHook]) -> None:
+    def __init__(self, broker: Broker, worker_id: str, hooks: list[OutcomeHook], *,
+                 unknown_type_max_age: float = UNKNOWN_TYPE_MAX_AGE) -> None:
         self.broker = broker
         self.worker_id = worker_id
         self.hooks = hooks
+        self.unknown_type_max_age = unknown_type_max_age
+        self._handed_on_types: set[str] = set()  # said once each
         self._acks: dict[str, list[_Ack]] = {}
         self.acks_waiting = asyncio.Event()
         self._gave_up = False
@@ -67,6 +73,8 @@ class Settler:
         elif verdict.outcome == "cancelled":
             recorded = await self._persist(lambda: self.broker.cancel_attempt(
                 task.queue, attempt, self.worker_id))
+        elif verdict.outcome == "handed_on":
+            recorded, verdict = await self._hand_on(task, verdict)
         elif verdict.outcome == "retry":
             recorded = await self._persist(lambda: self.broker.retry(
                 task.queue, attempt, self.worker_id, verdict.delay, verdict.error_text,
@@ -84,6 +92,13 @@ class Settler:
         elif recorded and verdict.outcome == "retry" and type(verdict.error) is Retry:
             log.info("task %s (%s) asked to run again in %.1f s", task.id, task.type,
                      verdict.delay)  # task.retry_in(): the handler's choice, no failure
+        elif recorded and verdict.outcome == "handed_on":
+            if task.type not in self._handed_on_types:
+                self._handed_on_types.add(task.type)
+                log.warning("no handler for task type %r in this worker: its tasks are "
+                            "handed on to workers that have one, no retry spent, and end "
+                            "dead if none takes them within %g s", task.type,
+                            self.unknown_type_max_age)
         elif recorded and verdict.outcome != "success":
             then = (f"will retry in {verdict.delay:.1f} s" if verdict.outcome == "retry"
                     else "moved to dead")
@@ -91,6 +106,18 @@ class Settler:
                         verdict.error_text)
         self.report(task, outcome, verdict.error)
         return outcome
+
+    async def _hand_on(self, task: Task, verdict: Verdict) -> tuple[bool | None, Verdict]:
+        """Hand a task of an unknown type on -> (recorded, the verdict Redis applied: still
+        handed_on, or dead past the age, or cancelled)."""
+        state = await self._persist(lambda: self.broker.hand_on(
+            task.queue, attempt_of(task), self.worker_id, verdict.error_text,
+            self.unknown_type_max_age))
+        if state is None:
+            return None, verdict
+        if state in ("dead", "cancelled"):
+            verdict = Verdict(state, error=verdict.error)
+        return bool(state), verdict
 
     async def hand_back(self, tasks: list[Task]) -> None:
         """Return unfinished attempts to pending at once (graceful shutdown)."""

@@ -222,6 +222,7 @@ class Task:
         "retry_count",
         "route",
         "slot",
+        "suspect",
         "timeout",
         "type",
         "wait_seconds",
@@ -231,7 +232,7 @@ class Task:
                  raw_headers: bytes, retry_count: int, max_retry: int, timeout: float,
                  retention: float, fence: int = 0, wait_seconds: float = 0.0,
                  route: str = "other", id_chosen: bool = False, ordering_key: str = "",
-                 slot: str = "", binary: bool = False,
+                 slot: str = "", binary: bool = False, suspect: bool = False,
                  update_state: Callable[[Task, Any], Awaitable[None]] | None = None) -> None:
         self.id = id
         self.type = type
@@ -246,6 +247,8 @@ class Task:
         self.id_chosen = id_chosen  # its producer chose the id (remembered after its end)
         self.ordering_key = ordering_key  # it runs alone among the tasks sharing this key
         self.slot = slot  # the route whose concurrency limit this attempt counts under
+        # It was running beside others when a worker was lost: its worker runs it alone.
+        self.suspect = suspect
         # Set when the task was cancelled while this attempt ran: an async handler gets
         # asyncio.CancelledError, a plain function should look here and return early.
         self.cancelled = False

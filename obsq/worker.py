@@ -33,6 +33,7 @@ from obsq.errors import BrokerError
 from obsq.execution import Executor, Verdict
 from obsq.fetching import Fetcher
 from obsq.heartbeat import Heartbeat, LeaseKeeper
+from obsq.isolation import Suspects
 from obsq.limits import RouteLimits
 from obsq.loop import BackgroundLoop, on_stop_signals
 from obsq.maintenance import Forwarder, Janitor, Recoverer
@@ -101,6 +102,7 @@ class Worker:
         self.limits = RouteLimits(app, settings.route_concurrency)
         self._busy = 0
         self._buffer: collections.deque[Task] = collections.deque()  # fetched, awaiting a slot
+        self._suspects = Suspects(self.broker, self.id, self._start_next)  # to run alone
         self._recent_duration = PREFETCH_BELOW_SECONDS  # moving average of handler run time
         self._slot_free = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -136,7 +138,8 @@ class Worker:
         await self.broker.register_queues(self.queues)
         self.executor = Executor(self.app, self.concurrency, self._update_state, pool=s.pool,
                                  on_stuck=self._stuck_changed)
-        self.settler = Settler(self.broker, self.id, self.app.outcome_hooks)
+        self.settler = Settler(self.broker, self.id, self.app.outcome_hooks,
+                               unknown_type_max_age=s.unknown_type_max_age)
         subscriptions = [(sub.event, sub.name, sub.queue) for sub in self.subscriptions]
         self._heartbeat = Heartbeat(self.broker, self.id, self.describe,
                                     s.heartbeat_interval, s.heartbeat_ttl,
@@ -216,6 +219,8 @@ class Worker:
         """(tasks to fetch now, tasks an idle wait may take). While tasks are short the
         worker holds up to twice its slots and fetches only once a whole batch fits, so
         each round trip carries many tasks; the buffer keeps the slots fed meanwhile."""
+        if self._suspects.blocking:
+            return 0, 0
         held = self._busy + len(self._buffer)
         prefetching = self._recent_duration < PREFETCH_BELOW_SECONDS
         wanted = self.concurrency * (2 if prefetching else 1) - held
@@ -234,11 +239,27 @@ class Worker:
             self.limits.took(task)
             if raw.waited:
                 self._throttled(queue, raw.type, "ordering")
-            if self._busy < self.concurrency and not self._stopped.is_set():
+            if task.suspect:
+                self._suspects.hold(task)
+            elif (self._busy < self.concurrency and not self._stopped.is_set()
+                    and not self._suspects.blocking):
                 self._start(task)
             else:
                 task.context["fetched_at"] = fetched_at
                 self._buffer.append(task)
+        self._start_next()
+
+    def _start_next(self) -> None:
+        """Fill free slots from the buffer, a suspect first (alone once no other task runs),
+        and let the fetcher look again."""
+        self._slot_free.set()
+        if self.draining:
+            return
+        suspect = self._suspects.next_to_start(self._busy)
+        if suspect is not None:
+            self._start(suspect)
+        while self._buffer and self._busy < self.concurrency and not self._suspects.blocking:
+            self._start(self._buffer.popleft())
 
     def _start(self, task: Task) -> None:
         fetched_at = task.context.pop("fetched_at", None)
@@ -253,12 +274,13 @@ class Worker:
         """The task was cancelled: an async handler is cancelled (a plain one's process
         too), a plain function in a thread sees `task.cancelled`; either way the attempt
         ends as cancelled. The handler of one still waiting in the buffer never runs."""
-        for task in self._buffer:
-            if (task.id, task.queue) == (task_id, queue):
-                self._buffer.remove(task)
-                task.cancelled = True
-                self._start(task)  # to settle it at once, as cancelled
-                return
+        for waiting in (self._buffer, self._suspects.waiting):
+            for task in waiting:
+                if (task.id, task.queue) == (task_id, queue):
+                    waiting.remove(task)
+                    task.cancelled = True
+                    self._start(task)  # to settle it at once, as cancelled
+                    return
         for runner, task in self._running.items():
             if (task.id, task.queue) == (task_id, queue) and not task.cancelled:
                 task.cancelled = True
@@ -271,7 +293,12 @@ class Worker:
         runner = asyncio.current_task()
         started = time.monotonic()
         try:
-            verdict = Verdict("cancelled") if task.cancelled else await self.executor.run(task)
+            if task.cancelled:
+                verdict: Verdict | None = Verdict("cancelled")
+            elif task.suspect and not await self._suspects.start_alone(task):
+                verdict = None  # taken over before it started: nothing to record
+            else:
+                verdict = await self.executor.run(task)
         except asyncio.CancelledError:
             if not task.cancelled:
                 del self._running[runner]  # type: ignore[index]
@@ -281,15 +308,15 @@ class Worker:
         finally:
             self._busy -= 1
             self._handling.discard(runner)  # type: ignore[arg-type]
-            if self._buffer and not self.draining:
-                self._start(self._buffer.popleft())
-            self._slot_free.set()
+            self._suspects.ended(task)
+            self._start_next()
         self._recent_duration += (time.monotonic() - started - self._recent_duration) * 0.1
         if task.cancelled:  # its result, if any, no longer matters
             verdict = Verdict("cancelled")
         try:
-            await self.settler.settle(task, verdict)
-            self.processed += 1
+            if verdict is not None:
+                await self.settler.settle(task, verdict)
+                self.processed += 1
         finally:
             self.limits.released(task)
             del self._running[runner]  # type: ignore[index]
@@ -304,7 +331,7 @@ class Worker:
 
     def _attempts_by_queue(self) -> dict[str, list[Attempt]]:
         attempts: dict[str, list[Attempt]] = {}
-        for task in [*self._running.values(), *self._buffer]:
+        for task in [*self._running.values(), *self._buffer, *self._suspects.waiting]:
             attempts.setdefault(task.queue, []).append(Attempt(task.id, task.fence))
         return attempts
 
@@ -336,6 +363,7 @@ class Worker:
         self.settler.direct = True  # no fetch loop carries completions any more
         with contextlib.suppress(BrokerError):
             await self.settler.flush()
+        self._buffer.extend(self._suspects.take_all())
         if self._buffer:
             await self.settler.hand_back(list(self._buffer))
             self._buffer.clear()

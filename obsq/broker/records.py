@@ -23,6 +23,7 @@ class FetchedTask(NamedTuple):
     waited: bool  # it waited for the tasks ahead of it on its ordering key
     slot: str  # the route whose concurrency limit it counts under, or ""
     binary: bool = False  # the payload is the producer's bytes, not JSON
+    suspect: bool = False  # taken back from a lost worker beside others: it must run alone
 
 
 class Fetched(NamedTuple):

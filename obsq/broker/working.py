@@ -13,7 +13,7 @@ import orjson
 from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
 from obsq.broker.records import Attempt, Completions, Fetched, FetchedTask
 from obsq.broker.scripts import is_noscript
-from obsq.settings import ATTEMPTS_PER_CALL
+from obsq.settings import ATTEMPTS_PER_CALL, UNKNOWN_TYPE_DELAY, UNKNOWN_TYPE_MAX_DELAY
 
 log = logging.getLogger("obsq")
 
@@ -69,13 +69,14 @@ class Working(RedisCalls):
         if reply[1]:
             log.warning("%d id(s) in queue %s had no task data (deleted outside obsq); "
                         "skipped", reply[1], queue)
-        end = 3 + reply[2] * 13
+        end = 3 + reply[2] * 14
         tasks = [
             FetchedTask(_text(reply[i]), reply[i + 1], _text(reply[i + 2]), reply[i + 3],
                         reply[i + 4], reply[i + 5], _count(reply[i + 6]),
                         _count(reply[i + 7]), reply[i + 8] == b"1", _text(reply[i + 9]),
-                        reply[i + 10] == b"1", _text(reply[i + 11]), reply[i + 12] == b"1")
-            for i in range(3, end, 13)
+                        reply[i + 10] == b"1", _text(reply[i + 11]), reply[i + 12] == b"1",
+                        reply[i + 13] == b"1")
+            for i in range(3, end, 14)
         ]
         held = tuple((_text(reply[i]), _text(reply[i + 1])) for i in range(end, len(reply), 2))
         return Fetched(reply[0], tasks, held)
@@ -106,6 +107,12 @@ class Working(RedisCalls):
             raise self._failed(name, fetched)
         return woken is not None, self._parse_dequeue(queue, fetched)
 
+    async def isolate(self, queue: str, attempt: Attempt, worker_id: str) -> bool:
+        """Record that a suspect's attempt starts alone in its worker (isolate.lua); False
+        when the attempt no longer holds the task."""
+        return bool(await self._script("isolate", (self.keys(queue).active,), (
+            0, worker_id, attempt.task_id, attempt.fence)))
+
     async def interrupt_wait(self, worker_id: str) -> None:
         """End the worker's wait_and_dequeue at once (the tasks it takes are returned)."""
         await self._script("interrupt", (self.global_keys.wake(worker_id),), (0, 10_000))
@@ -117,6 +124,19 @@ class Working(RedisCalls):
             "retry", (k.lease, k.retry, k.pending, k.wake, k.active),
             (0, worker_id, attempt.task_id, attempt.fence, int(delay * 1000), error,
              traceback, attempt.type, attempt.slot)))
+
+    async def hand_on(self, queue: str, attempt: Attempt, worker_id: str, error: str,
+                      max_age: float) -> str:
+        """A task of a type this worker has no handler for goes back for another worker,
+        its retry count unchanged (hand_on.lua) -> the state it is left in: 'scheduled',
+        'dead' (handed on for longer than `max_age`) or 'cancelled'; '' when the fencing
+        token is stale."""
+        k = self.keys(queue)
+        state = await self._script("hand_on", (k.lease, k.scheduled, k.dead, k.active), (
+            0, worker_id, attempt.task_id, attempt.fence, int(UNKNOWN_TYPE_DELAY * 1000),
+            int(UNKNOWN_TYPE_MAX_DELAY * 1000), int(max_age * 1000), error, attempt.type,
+            attempt.slot, attempt.ordering_key))
+        return _text(state) if state else ""
 
     async def fail(self, queue: str, attempt: Attempt, worker_id: str, error: str,
                    traceback: str = "") -> bool:

@@ -37,6 +37,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from obsq._version import __version__
 from obsq.app import AGGREGATION_OUTCOMES, OUTCOMES, RECOVERY_REASONS, THROTTLE_REASONS, App
 from obsq.broker.calls import OPERATIONS
+from obsq.errors import UnknownTaskType
 from obsq.settings import DEFAULT_QUEUE
 from obsq.task import Task
 
@@ -47,6 +48,7 @@ BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 OTHER = "other"
 RAN_KEY = "obsq.ran"  # task.context: the attempt entered the handler chain, not yet counted
+UNKNOWN_TYPE_OUTCOMES = ("handed_on", "dead")
 LABEL_CACHE_LIMIT = 10_000  # task types behind "*" are unbounded; their labels are not
 # Why an enqueue wrote nothing (obsq_tasks_refused_total): its id or unique lock is taken,
 # its payload or headers are over their limit, another option is wrong, Redis is above the
@@ -110,6 +112,10 @@ class Metrics:
         self.recoveries = Counter(
             "obsq_lease_recoveries", "Tasks taken back from a worker: expired (lease ran "
             "out) or worker_lost (its worker stopped heartbeating)", ["queue", "reason"])
+        self.unknown_types = Counter(
+            "obsq_tasks_unknown_type", "Tasks of a type this process has no handler for: "
+            "handed_on (to a worker that has one, no retry spent) or dead (handed on for "
+            "longer than unknown_type_max_age)", ["queue", "outcome"])
         self.redis_errors = Counter("obsq_redis_errors", "Failed Redis calls", ["operation"])
         self.throttled = Counter(
             "obsq_tasks_throttled", "Starts held back: concurrency (a route's limit), rate "
@@ -188,6 +194,9 @@ class TaskMetrics:
     def on_outcome(self, task: Task, outcome: str, error: BaseException | None) -> None:
         """Count each handler run once: not a prefetched task handed back before it ran,
         nor an attempt reported again after it was counted (e.g. requeued at shutdown)."""
+        if isinstance(error, UnknownTaskType):  # no handler ran: its own count
+            self.m.unknown_types.labels(task.queue, outcome).inc()
+            return
         if task.context.get(RAN_KEY) is not True:
             return
         task.context[RAN_KEY] = False
@@ -279,6 +288,8 @@ def start_at_zero(app: App, queues: Iterable[str], *, worker: bool = True) -> No
         for queue in served:
             for reason in RECOVERY_REASONS:
                 m.recoveries.labels(queue, reason)
+            for outcome in UNKNOWN_TYPE_OUTCOMES:
+                m.unknown_types.labels(queue, outcome)
             for aggregation in app.aggregations:
                 for outcome in AGGREGATION_OUTCOMES:
                     m.aggregations.labels(queue, aggregation.pattern, outcome)

@@ -67,6 +67,13 @@ async def poison(task: obsq.Task) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@app.task("crash")
+async def crash(task: obsq.Task) -> None:
+    """Ends its own worker process at once, with no cleanup, as a native crash would."""
+    await begin(task)
+    os._exit(1)
+
+
 async def span(task: obsq.Task, seconds: float) -> None:
     """Record the attempt's start and end (this host's clock, in µs) under <prefix>:rec:span,
     as "<start> <end> <id> <payload>", around `seconds` of work."""

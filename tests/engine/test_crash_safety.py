@@ -132,16 +132,17 @@ async def test_a_task_that_kills_its_worker_ends_in_dead_after_max_recoveries(
         if worker.poll() is not None:  # the supervisor: start a new one
             assert worker.poll() == -signal.SIGKILL
             restarts += 1
-            assert restarts <= 3, "the poison pill was redelivered too often"
+            assert restarts <= 4, "the poison pill was redelivered too often"
             worker = spawn_worker(*args)
         return False
 
     await wait_until(dead_or_restarted, timeout=60, interval=0.1)
     dead = await client.info(info.id)
-    assert dead.error == ("lost its worker more than 1 times (the task may be killing its "
-                          "worker)")
-    assert _attempts(raw_redis, namespace, info.id) == 2
-    with pytest.raises(obsq.TaskFailed, match="killing its worker"):
+    assert dead.error == ("lost its worker 2 times while it ran alone (max_recoveries 1): "
+                          "the task kills its worker")
+    # its first loss makes it a suspect, then it runs alone: each loss there counts
+    assert _attempts(raw_redis, namespace, info.id) == 3
+    with pytest.raises(obsq.TaskFailed, match="kills its worker"):
         await client.result(info, timeout=1)
 
 

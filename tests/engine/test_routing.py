@@ -102,11 +102,11 @@ async def test_middleware_is_an_onion_and_sees_exceptions(app, client, start_wor
     assert calls == ["outer-in boom", "inner-in boom", "handler boom", "outer-out boom"]
     assert seen == ["outer saw RuntimeError: kaput"]
 
-    # an unknown type also fails inside the chain, where middleware sees it
-    seen.clear()
-    await client.enqueue("nobody-handles-this", max_retry=0)
-    await wait_until(lambda: seen)
-    assert seen[0].startswith("outer saw UnknownTaskType")
+    # an unknown type never enters the chain: the worker hands it on for another
+    calls.clear()
+    unknown = await client.enqueue("nobody-handles-this", max_retry=0)
+    await wait_until(lambda: _state_is(client, unknown.id, "scheduled"), what="handed on")
+    assert calls == []
 
 
 async def test_sync_handler_runs_in_a_thread(app, client, start_worker) -> None:
@@ -173,3 +173,7 @@ async def test_sync_handler_does_not_block_the_event_loop(app, client, start_wor
         await asyncio.wait_for(fast_done.wait(), timeout=10)
     finally:
         release.set()
+
+
+async def _state_is(client: obsq.Client, task_id: str, state: str) -> bool:
+    return (await client.info(task_id)).state == state

@@ -53,14 +53,15 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
     await admin.set_paused(paused, True)
     client = obsq.Client(redis_url, namespace=namespace, app=app)  # instrumented
     worker = await start_worker(queues={main: 1, paused: 1}, metrics=True, http_port=0,
-                                lease_seconds=60, concurrency=10)
+                                lease_seconds=60, concurrency=10,
+                                unknown_type_max_age=0.001)  # dead at its second hand-on
     port = start_worker.port(worker)
 
     await client.enqueue("flaky", {})
     await client.enqueue("doomed", {})
     for i in range(3):
         await client.enqueue("easy", {"i": i}, retention=600)
-    await client.enqueue("mystery", {}, queue=main, max_retry=0)  # no route: task="other"
+    await client.enqueue("mystery", {}, queue=main, max_retry=0)  # no route: handed on
     await client.enqueue("later", {})
     await client.enqueue("easy", {"i": 9}, delay=3600)  # stays scheduled
     jobs = [obsq.Job("easy", {"dup": 1}, task_id=f"dup-{namespace}", delay=3600)] * 2
@@ -88,14 +89,15 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
                    int((time.time() - 100) * 1000))
 
     outcomes = {("flaky", "retry"): 2, ("flaky", "success"): 1, ("doomed", "retry"): 2,
-                ("doomed", "dead"): 1, ("easy", "success"): 3, ("other", "dead"): 1,
+                ("doomed", "dead"): 1, ("easy", "success"): 3,
                 ("later", "retry"): 1, ("slow:", "success"): 1}
 
     def settled():
         s = parse(scrape(port))
         return all(value(s, "obsq_tasks_processed_total", queue=main, task=t, outcome=o) == n
                    for (t, o), n in outcomes.items()) and value(
-            s, "obsq_lease_recoveries_total", queue=elsewhere, reason="worker_lost") == 1
+            s, "obsq_lease_recoveries_total", queue=elsewhere, reason="worker_lost") == 1 \
+            and value(s, "obsq_tasks_unknown_type_total", queue=main, outcome="dead") == 1
     await wait_until(lambda: asyncio.to_thread(settled), timeout=20, what="all outcomes")
     release.set()  # the first slow attempt ends: its result is refused
     outcomes[("slow:", "lease_lost")] = 1
@@ -115,7 +117,7 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
         {"flaky": 1, "doomed": 1, "easy": 5, "other": 1, "later": 1, "slow:": 1}.items()}
     assert value(s, "obsq_tasks_enqueued_total", queue=paused, task="easy") == 2
     assert value(s, "obsq_tasks_enqueued_total", queue=elsewhere, task="easy") == 1
-    runs = {"flaky": 3, "doomed": 3, "easy": 3, "other": 1, "later": 1, "slow:": 2}
+    runs = {"flaky": 3, "doomed": 3, "easy": 3, "later": 1, "slow:": 2}
     for name in ("obsq_task_duration_seconds", "obsq_task_wait_seconds"):
         assert {dict(k)["task"]: v for k, v in pick(s, name + "_count", queue=main).items()
                 } == runs
@@ -127,6 +129,7 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
     assert all(v == 0 for v in pick(s, "obsq_tasks_in_progress", queue=main).values())
     assert pick(s, "obsq_tasks_in_progress", queue=main)  # the series exist
     assert value(s, "obsq_lease_recoveries_total", queue=main, reason="expired") == 1
+    assert value(s, "obsq_tasks_unknown_type_total", queue=main, outcome="handed_on") == 1
     assert value(s, "obsq_lease_recoveries_total", queue=elsewhere, reason="worker_lost") == 1
     assert value(s, "obsq_worker_concurrency") == 10
     assert value(s, "obsq_build_info", version=__version__) == 1
@@ -234,6 +237,8 @@ async def test_known_series_are_exported_at_zero_from_the_start(app, redis_url, 
                         outcome=outcome) == 0
     for reason in ("expired", "worker_lost"):
         assert exported("obsq_lease_recoveries_total", queue=queue, reason=reason) == 0
+    for outcome in ("handed_on", "dead"):
+        assert exported("obsq_tasks_unknown_type_total", queue=queue, outcome=outcome) == 0
     for operation in ("ack", "dequeue", "heartbeat", "wait_for_work"):  # process-wide: other
         assert exported("obsq_redis_errors_total", operation=operation) is not None  # tests
     assert exported("obsq_task_duration_seconds_count", queue=queue, task="quiet") == 0

@@ -8,9 +8,10 @@
 --       room left under each
 -- Returns {now, dropped, tasks, then per task: id, fence, type, payload, headers, options,
 -- retried, due, '1' when the producer chose its id, ordering key, waited for its key ('1'
--- or ''), route slot ('' for none), '1' when the payload is bytes (kept in field 'bin', where a worker that
--- predates them finds no payload and fails the task instead of misreading it); then per
--- task held back: its type and why ('concurrency' or 'rate')}.
+-- or ''), route slot ('' for none), '1' when the payload is bytes (kept in field 'bin',
+-- where a worker that predates them finds no payload and fails the task instead of
+-- misreading it), '1' when the task is a suspect (recover.lua: its worker must run it
+-- alone); then per task held back: its type and why ('concurrency' or 'rate')}.
 -- The pop comes first, so a Redis at maxmemory lets the script finish.
 if redis.call('EXISTS', KEYS[4]) == 1 then
   return {0, 0, 0}
@@ -81,7 +82,7 @@ local leases, owners, tasks, held = {}, {}, {}, {}
 local dropped = 0
 for _, id in ipairs(ids) do
   local f = redis.call('HMGET', task_key(id), 'type', 'payload', 'headers', 'opts', 'retried',
-                       'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin')
+                       'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin', 'sus')
   local why, slot = nil, ''
   if not f[1] then
     dropped = dropped + 1  -- its hash was deleted behind obsq's back: nothing left to run
@@ -110,6 +111,7 @@ for _, id in ipairs(ids) do
     end
     tasks[#tasks + 1] = slot
     tasks[#tasks + 1] = f[12] and '1' or ''
+    tasks[#tasks + 1] = f[13] and '1' or ''
     if f[9] or f[10] or f[11] then
       redis.call('HDEL', task_key(id), 'ow', 'rsv', 'hc')  -- counted and used once
     end
@@ -120,7 +122,7 @@ call_sliced('HSET', KEYS[5], owners)
 if redis.call('LLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[3])
 end
-local out = {now, dropped, #tasks / 13}
+local out = {now, dropped, #tasks / 14}
 for _, v in ipairs(tasks) do
   out[#out + 1] = v
 end

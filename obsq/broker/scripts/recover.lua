@@ -2,8 +2,12 @@
 --   release_successor, cancel_requested, end_cancelled
 -- Take back attempts whose lease expired or whose worker stopped heartbeating. Removing
 -- the attempt from the active hash voids its fencing token, so the old attempt can no
--- longer settle the task; each recovery counts against max_recoveries, so a task that
--- kills its worker every time ends in dead; one cancelled meanwhile ends cancelled.
+-- longer settle the task; one cancelled meanwhile ends cancelled. A lost worker may have
+-- run many tasks, and only one of them may have killed it: a task taken back from an
+-- attempt that did not run alone becomes a suspect ('sus'), counted against nothing, which
+-- its next worker runs alone (isolate.lua marks that attempt in 'iso'). Only the loss of
+-- an attempt that ran alone counts against max_recoveries, so only a task that kills its
+-- worker by itself ends in dead.
 -- KEYS: lease, pending, dead, wake, active
 -- ARGV: now, max_recoveries, batch, cursor, then the ids of lost workers (none: expired
 --       leases only). With lost workers, one call scans `batch` entries of the active hash
@@ -29,23 +33,29 @@ else
 end
 local requeued, killed = 0, 0
 for _, id in ipairs(ids) do
+  local owner = redis.call('HGET', KEYS[5], id)
   redis.call('ZREM', KEYS[1], id)
   redis.call('HDEL', KEYS[5], id)
   local key = task_key(id)
-  local f = redis.call('HMGET', key, 'type', 'slot', 'ordk')
+  local f = redis.call('HMGET', key, 'type', 'slot', 'ordk', 'iso')
   if f[1] then
     release_limits(id, f[1], f[2] or '')
+    local alone = f[4] and owner and string.match(owner, '^([^:]*):') == f[4]
     if cancel_requested(id) then
       end_cancelled(id, now)
-    elseif redis.call('HINCRBY', key, 'recov', 1) > max_recoveries then
-      local reason = 'lost its worker more than ' .. max_recoveries ..
-          ' times (the task may be killing its worker)'
+    elseif alone and redis.call('HINCRBY', key, 'recov', 1) > max_recoveries then
+      local reason = 'lost its worker ' .. (max_recoveries + 1) ..
+          ' times while it ran alone (max_recoveries ' .. max_recoveries ..
+          '): the task kills its worker'
       redis.call('HSET', key, 'state', 'dead', 'error', reason, 'done', now)
       redis.call('ZADD', KEYS[3], now, id)
       release_successor(id, f[3] or '', now)
       notify_done(id, 'dead', reason)
       killed = killed + 1
     else
+      if not alone then
+        redis.call('HSET', key, 'sus', '1')
+      end
       make_pending(KEYS[2], id, now, true)
       requeued = requeued + 1
     end

@@ -1,0 +1,47 @@
+-- prelude: now_ms, task_key, release_attempt, settled_by, notify_done, release_limits,
+--   release_successor, cancel_requested, end_cancelled
+-- A worker with no handler for the task's type (an older version, in a rolling deploy) hands
+-- it on: to the scheduled set, due again a little later, for a worker that knows the type;
+-- its retry count stays as it is. Once it has been
+-- handed on for longer than `max_age` since its first hand-on ('unk0'), it ends dead. Like a
+-- retry, it stays first of its ordering key; one cancelled meanwhile ends cancelled.
+-- KEYS: lease, scheduled, dead, active
+-- ARGV: now, worker_id, id, fence, shortest delay ms, longest delay ms, max_age ms, error,
+--   type, route slot or '', ordering key or ''
+-- Returns 'scheduled' or 'dead' (also when this attempt's earlier, re-sent call was
+-- applied: the state it left), or 0 when the fencing token is stale.
+local now = now_ms()
+local id, fence = ARGV[3], ARGV[4]
+local key = task_key(id)
+if not release_attempt(KEYS[4], KEYS[1], id, fence, ARGV[2]) then
+  return settled_by(id, fence) and redis.call('HGET', key, 'state') or 0
+end
+release_limits(id, ARGV[9], ARGV[10])
+if cancel_requested(id) then
+  redis.call('HSET', key, 'fin', fence)
+  end_cancelled(id, now)
+  return 'cancelled'
+end
+local first = tonumber(redis.call('HGET', key, 'unk0'))
+if not first then
+  first = now
+  redis.call('HSET', key, 'unk0', first)
+end
+local count = redis.call('HINCRBY', key, 'unkn', 1)
+if now - first >= tonumber(ARGV[7]) then
+  local reason = ARGV[8] .. '; no worker that took it had one within ' ..
+      string.format('%g', tonumber(ARGV[7]) / 1000) .. ' s (handed on ' .. count .. ' times)'
+  redis.call('HSET', key, 'state', 'dead', 'error', reason, 'done', now, 'fin', fence)
+  redis.call('ZADD', KEYS[3], now, id)
+  release_successor(id, ARGV[11], now)
+  notify_done(id, 'dead', reason)
+  return 'dead'
+end
+-- due again after a tenth of the time it has been handed on, within [shortest, longest]: soon
+-- while a deploy is under way, rarely once no worker has had the type for long
+local delay = math.floor(math.min(math.max((now - first) / 10, tonumber(ARGV[5])),
+                                  tonumber(ARGV[6])))
+redis.call('HSET', key, 'state', 'scheduled', 'due', now + delay, 'error', ARGV[8],
+           'fin', fence)
+redis.call('ZADD', KEYS[2], now + delay, id)
+return 'scheduled'
