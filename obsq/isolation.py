@@ -4,8 +4,8 @@ recoverer makes them all suspects without counting the loss against any of them.
 that takes a suspect fetches and starts nothing more until its other tasks are done, then
 records in Redis that this attempt runs alone and runs it with no task beside it; a loss
 during that run is the suspect's own, and only such losses count against max_recoveries
-(recover.lua). A suspect whose worker's tasks do not end within SUSPECT_WAIT (a long or hung
-handler) runs beside them instead, unmarked: its loss then counts against no task."""
+(recover.lua). A suspect whose worker's tasks do not end within SUSPECT_WAIT (a long or
+hung handler) runs beside them instead, unmarked: its loss then counts against no task."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from collections.abc import Callable
 from obsq.broker import Broker
 from obsq.errors import BrokerError
 from obsq.loop import RedisRetry
-from obsq.settings import SUSPECT_WAIT
 from obsq.settlement import attempt_of
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
+SUSPECT_WAIT = 5.0  # seconds a suspect waits for the other tasks of its worker to end
 
 
 class Suspects:

@@ -86,15 +86,11 @@ INBOX_TTL = 300
 # Attempts per call of ack, extend and hand_back, and results per inbox read.
 ATTEMPTS_PER_CALL = 1000
 INBOX_BATCH = 1000
-# A task of a type its worker has no handler for is due again after a tenth of the time it
-# has been handed on, within these bounds (s); after `unknown_type_max_age` it ends dead.
-UNKNOWN_TYPE_DELAY, UNKNOWN_TYPE_MAX_DELAY, UNKNOWN_TYPE_MAX_AGE = 1.0, 60.0, 24 * 3600.0
 # Fetching: batch caps, and when a worker holds a second batch.
 MAX_FETCH = 100
 PREFETCH_BELOW_SECONDS = 0.05  # prefetch a second batch only while tasks take less
 ACK_LINGER = 0.002  # how long completions may wait to ride along with the next fetch
 STOP_WAIT = 2.0  # how long a stopping worker waits for Redis to end its blocking wait
-SUSPECT_WAIT = 5.0  # how long a suspect waits for its worker's other tasks (isolation.py)
 FETCH_STOP_TIMEOUT = 15.0  # how long a drain waits for the fetch loop to end by itself
 SWEEP_BATCH = 1000  # tasks per call of a maintenance sweep
 # Waiting for results: how long one read of the inboxes blocks, and how often a waiter
@@ -313,7 +309,7 @@ class WorkerSettings(EnvSettings):
     dedup_window: float = DEDUP_WINDOW  # producer-chosen ids refused this long after deletion
     dedup_max_ids: int = DEDUP_MAX_IDS  # ... or while among the last this many of their queue
     progress_ttl: float = 24 * 3600.0
-    unknown_type_max_age: float = UNKNOWN_TYPE_MAX_AGE  # longer than any rolling deploy
+    unknown_type_max_age: float = 24 * 3600.0  # before a type no worker has goes dead
     # A Redis whose maxmemory-policy evicts is refused at start unless this is set (tasks
     # may then vanish under memory pressure); the heartbeat reads the policy again this often.
     allow_eviction: bool = False

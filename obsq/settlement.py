@@ -23,7 +23,6 @@ from obsq.broker import Attempt, Broker, Completion, Completions
 from obsq.errors import BrokerError, Retry
 from obsq.execution import Verdict
 from obsq.loop import RedisRetry
-from obsq.settings import UNKNOWN_TYPE_MAX_AGE
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
@@ -48,7 +47,7 @@ class _Ack:
 
 class Settler:
     def __init__(self, broker: Broker, worker_id: str, hooks: list[OutcomeHook], *,
-                 unknown_type_max_age: float = UNKNOWN_TYPE_MAX_AGE) -> None:
+                 unknown_type_max_age: float) -> None:
         self.broker = broker
         self.worker_id = worker_id
         self.hooks = hooks

@@ -13,9 +13,12 @@ import orjson
 from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
 from obsq.broker.records import Attempt, Completions, Fetched, FetchedTask
 from obsq.broker.scripts import is_noscript
-from obsq.settings import ATTEMPTS_PER_CALL, UNKNOWN_TYPE_DELAY, UNKNOWN_TYPE_MAX_DELAY
+from obsq.settings import ATTEMPTS_PER_CALL
 
 log = logging.getLogger("obsq")
+# A task handed on is due again after a tenth of the time since its first hand-on, within
+# these bounds (seconds): soon during a deploy, once a minute when no worker has its type.
+HAND_ON_DELAY, HAND_ON_MAX_DELAY = 1.0, 60.0
 
 
 class Working(RedisCalls):
@@ -133,8 +136,8 @@ class Working(RedisCalls):
         token is stale."""
         k = self.keys(queue)
         state = await self._script("hand_on", (k.lease, k.scheduled, k.dead, k.active), (
-            0, worker_id, attempt.task_id, attempt.fence, int(UNKNOWN_TYPE_DELAY * 1000),
-            int(UNKNOWN_TYPE_MAX_DELAY * 1000), int(max_age * 1000), error, attempt.type,
+            0, worker_id, attempt.task_id, attempt.fence, int(HAND_ON_DELAY * 1000),
+            int(HAND_ON_MAX_DELAY * 1000), int(max_age * 1000), error, attempt.type,
             attempt.slot, attempt.ordering_key))
         return _text(state) if state else ""
 

@@ -5,12 +5,14 @@ task that merely ran beside it completes."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 
 from support import depth, wait_until
 
 import obsq
-from obsq.broker import Broker
+from obsq.broker import Broker, QueueKeys
 
 from .helpers import decoded, record_key
 
@@ -46,3 +48,60 @@ async def test_a_poison_task_takes_no_innocent_task_down_with_it(
     crashes = worker.log().count("exited with")
     print(f"poison: {runs} runs, {crashes} worker crashes; {INNOCENT} innocent tasks: "
           f"{innocent_runs} runs, all completed; {elapsed:.1f} s in all")
+
+
+def _make_suspect(raw_redis, namespace: str, task_id: str) -> None:
+    """As the recoverer leaves a task that ran beside others on a lost worker."""
+    raw_redis.hset(QueueKeys(namespace, "default").task(task_id), "sus", "1")
+
+
+async def test_a_suspect_runs_with_no_other_task_beside_it(
+        app, client, raw_redis, namespace, start_worker) -> None:
+    running: set[str] = set()
+    beside: list[set[str]] = []
+
+    @app.task("job")
+    async def job(task: obsq.Task) -> None:
+        running.add(task.id)
+        if task.payload == "suspect":
+            beside.append(running - {task.id})
+        await asyncio.sleep(0.2)
+        if task.payload == "suspect":
+            beside.append(running - {task.id})
+        running.discard(task.id)
+
+    infos = await client.enqueue_many([obsq.Job("job", i, retention=60) for i in range(10)])
+    suspect = await client.enqueue("job", "suspect", retention=60)
+    infos += await client.enqueue_many([obsq.Job("job", i, retention=60) for i in range(10)])
+    _make_suspect(raw_redis, namespace, suspect.id)
+    await start_worker(concurrency=10)
+    for info in [*infos, suspect]:
+        await client.result(info, timeout=30)
+    assert beside == [set(), set()], "other tasks ran beside the suspect"
+    # its attempt was recorded as run alone: a loss of it would count
+    assert raw_redis.hget(QueueKeys(namespace, "default").task(suspect.id), "iso")
+
+
+async def test_a_suspect_runs_beside_a_hung_task_after_waiting_for_it(
+        app, client, raw_redis, namespace, start_worker, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="obsq")
+    release = asyncio.Event()
+
+    @app.task("hang")
+    async def hang(task: obsq.Task) -> None:
+        await release.wait()
+
+    @app.task("job")
+    async def job(task: obsq.Task) -> str:
+        return "done"
+
+    hung = await client.enqueue("hang")
+    suspect = await client.enqueue("job", retention=60)
+    _make_suspect(raw_redis, namespace, suspect.id)
+    await start_worker(concurrency=4)
+    # the hung task never ends: after SUSPECT_WAIT the suspect runs beside it, unmarked
+    assert await client.result(suspect, timeout=30) == "done"
+    assert (await client.info(hung.id)).state == "active"
+    assert not raw_redis.hget(QueueKeys(namespace, "default").task(suspect.id), "iso")
+    assert any("runs beside 1 other task(s)" in r.getMessage() for r in caplog.records)
+    release.set()
