@@ -55,7 +55,8 @@ def create_app(inspector: Inspector, *, token: str | None = None, read_only: boo
         Route("/", c.overview, name="overview"),
         Route("/queues/{queue}", c.queue, name="queue"),
         Route("/queues/{queue}/group", c.group, name="group"),
-        Route("/tasks/{task_id}", c.task, name="task"),
+        # a task id may hold '/' (%2F, which the server decodes before routing)
+        Route("/tasks/{task_id:path}", c.task, name="task"),
         Route("/workers", c.workers, name="workers"),
         Route("/schedules", c.schedules, name="schedules"),
         Route("/search", c.search, name="search"),
@@ -64,7 +65,7 @@ def create_app(inspector: Inspector, *, token: str | None = None, read_only: boo
         Route("/logout", c.logout, methods=["POST"], name="logout"),
         Route("/queues/{queue}/{action:str}", c.queue_action, methods=["POST"],
               name="queue_action"),
-        Route("/tasks/{task_id}/{action:str}", c.task_action, methods=["POST"],
+        Route("/tasks/{task_id:path}/{action:str}", c.task_action, methods=["POST"],
               name="task_action"),
         Route("/metrics", c.metrics),
         Route("/healthz", c.healthz),
@@ -113,8 +114,14 @@ class Console:
                     sum(q.last_hour.failed for q in queues))
         minute = Rate(sum(q.last_minute.processed for q in queues),
                       sum(q.last_minute.failed for q in queues))
+        # Running is what the workers run (their heartbeats' busy slots), as their rows
+        # say; the queues' active count also holds the tasks a worker fetched ahead into
+        # its buffer and those of a lost worker until their lease lapses.
+        running = sum(w.busy for w in workers)
         return self.page(request, "overview", queues=queues, workers=workers, totals=totals,
-                         hour=hour, minute=minute)
+                         hour=hour, minute=minute, running=running,
+                         slots=sum(w.concurrency for w in workers),
+                         leased=max(totals["active"] - running, 0))
 
     async def queue(self, request: Request) -> Response:
         name = request.path_params["queue"]
@@ -158,9 +165,7 @@ class Console:
         if not task_id:
             return RedirectResponse(request.url_for("overview"), 303)
         detail = await self.inspector.task(task_id, request.query_params.get("queue") or None)
-        url = request.url_for("task", task_id=detail.id).include_query_params(
-            queue=detail.queue)
-        return RedirectResponse(url, 303)
+        return RedirectResponse(_task_url(request, detail.id, detail.queue), 303)
 
     # -- signing in -----------------------------------------------------------------------
 
@@ -204,7 +209,7 @@ class Console:
                 return f"Deleted {await i.purge(queue, state):,} {state} task(s) of {queue}."
             raise ValueError(f"no action {action!r} on a queue")
 
-        back = str(request.url_for("queue", queue=queue))
+        back = _queue_url(request, queue)
         return await self.act(request, run, back)
 
     async def task_action(self, request: Request) -> Response:
@@ -212,9 +217,7 @@ class Console:
         i = self.inspector
         form = await request.form()
         queue = _field(form, "queue") or None
-        back = str(request.url_for("task", task_id=task_id)) + (
-            "?" + urlencode({"queue": queue}) if queue else "")
-        after = back
+        after = _task_url(request, task_id, queue)
 
         async def run(form: FormData) -> str:
             nonlocal after
@@ -224,7 +227,7 @@ class Console:
                         detail.queue, detail.state, [task_id])).missing:
                     raise ValueError(f"task {task_id} is {detail.state}: it cannot be requeued")
                 if not detail.options.get("retention"):  # gone once it runs: see its queue
-                    after = str(request.url_for("queue", queue=detail.queue)) + "?state=pending"
+                    after = _queue_url(request, detail.queue) + "?state=pending"
                 return f"Task {task_id} moved from {detail.state} to pending."
             if action == "delete":
                 await i.delete(task_id, detail.queue)
@@ -245,12 +248,18 @@ class Console:
         (`back`, or what it says once the action ran)."""
         form = await request.form()
         origin = request.headers.get("origin")
+        authorization = request.headers.get("authorization")
+        scripted = authorization is not None  # a browser never sends one by itself
         if not self.auth.can_act:
             return self.refuse(request, "This console is read-only: actions need a token "
-                               "(obsq ui --token, or OBSQ_UI_TOKEN) and no --read-only.")
+                               "(obsq ui --token, or OBSQ_UI_TOKEN) and no --read-only.",
+                               scripted)
         if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
-            return self.refuse(request, "Actions are only accepted from the console itself.")
-        by_script = self.auth.bearer_ok(request.headers.get("authorization"))
+            return self.refuse(request, "Actions are only accepted from the console itself.",
+                               scripted)
+        by_script = self.auth.bearer_ok(authorization)
+        if scripted and not by_script:
+            return self.refuse(request, "The bearer token is not the console's token.", True)
         if not (by_script or
                 self.auth.csrf_ok(request.cookies.get(SESSION_COOKIE), _field(form, "csrf"))):
             return self.refuse(request, "Sign in with the console's token to do this.")
@@ -268,7 +277,10 @@ class Console:
                             httponly=True, samesite="strict")
         return response
 
-    def refuse(self, request: Request, message: str) -> Response:
+    def refuse(self, request: Request, message: str, scripted: bool = False) -> Response:
+        """403: as JSON to a script (it sent an Authorization header), else a page."""
+        if scripted:
+            return JSONResponse({"status": "error", "message": message}, 403)
         return self.page(request, "error", 403, title="Not allowed", message=message)
 
     # -- errors ---------------------------------------------------------------------------
@@ -326,6 +338,17 @@ class Console:
         if flash:
             response.delete_cookie(FLASH_COOKIE)
         return response
+
+
+def _task_url(request: Request, task_id: str, queue: str | None = None) -> str:
+    """A task's page, its id escaped whole: ids may hold '/', '?', '#' or '%' (url_for
+    leaves them as they are, and the browser then reads a path, a query or a fragment)."""
+    return (f"{request.base_url}tasks/{quote(task_id, safe='')}"
+            + (f"?{urlencode({'queue': queue})}" if queue else ""))
+
+
+def _queue_url(request: Request, queue: str) -> str:
+    return f"{request.base_url}queues/{quote(queue, safe='')}"
 
 
 def _field(form: FormData, name: str) -> str:
