@@ -6,6 +6,7 @@ credentials, as a Secret of a Redis chart holds them; a URL's own credentials wi
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 
@@ -138,3 +139,30 @@ def test_no_password_at_all_names_the_variable(plain_url) -> None:
                      env=obsq_env(OBSQ_REDIS_PASSWORD="not-it"))
     line = one_clear_line(wrong, "refused the credentials")
     assert "not-it" not in line
+
+
+async def test_a_sentinel_url_takes_the_master_password_from_the_environment(
+        tmp_path, monkeypatch) -> None:
+    """The Sentinels ask nothing here (their own password is the URL's sentinel_password);
+    the master they name asks for OBSQ_REDIS_PASSWORD."""
+    master = RedisServer(executable=newest_redis_server(),
+                         config={"requirepass": ADMIN_PASSWORD}).start()
+    port = free_port()
+    config = tmp_path / "sentinel.conf"
+    config.write_text(f"port {port}\nbind 127.0.0.1\n"
+                      f"sentinel monitor creds 127.0.0.1 {master.port} 1\n"
+                      f"sentinel auth-pass creds {ADMIN_PASSWORD}\n")
+    sentinel = subprocess.Popen([newest_redis_server(), str(config), "--sentinel"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: redis.Redis(port=port).sentinel_master("creds")["ip"],
+                 what="the sentinel watching the master")
+        monkeypatch.setenv("OBSQ_REDIS_PASSWORD", ADMIN_PASSWORD)
+        async with obsq.Client(f"redis+sentinel://127.0.0.1:{port}/creds/0", NAMESPACE
+                               ) as client:
+            info = await client.enqueue("echo", 1, queue="creds")
+            assert (await client.info(info.id)).state == "pending"
+    finally:
+        sentinel.kill()
+        sentinel.wait()
+        master.close()
