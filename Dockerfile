@@ -27,7 +27,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 # Each list names wheels with their hashes: the runtime stage installs exactly these, and
 # copying a list there ties that stage's layer cache to the wheels' contents.
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 # The dependencies, built from pyproject.toml and an empty package: only a change of
 # pyproject.toml rebuilds this layer and the one that installs them.
 RUN mkdir obsq && touch obsq/__init__.py \
