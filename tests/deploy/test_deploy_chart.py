@@ -1165,7 +1165,8 @@ def test_obsq_command_line_accepts_the_rendered_arguments(render_all: Render) ->
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        ([], ["obsq stats", "WARNING: `app` is still the placeholder", "redis.existingSecret"]),
+        ([], ["obsq stats", "WARNING: `app` is still the placeholder", "redis.existingSecret",
+              "helm test jobs -n jobs"]),
         (
             ["-f", str(HERE / "values-all.yaml"), "--set", "keda.minReplicaCount=0"],
             ["scaled by KEDA between 0 and 40", "runs `obsq exporter` (2 replica(s))",
