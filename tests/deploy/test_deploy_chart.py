@@ -970,6 +970,19 @@ def test_alert_tuning_refuses_what_it_cannot_apply(helm: str, setting: str,
     assert render.returncode != 0 and message in render.stderr, render.stderr
 
 
+def test_no_worker_pod_is_no_alert_when_keda_scales_to_zero(helm: str) -> None:
+    def alerts(*values: str) -> set[str]:
+        render = helm_template(helm, "--set", ",".join(["prometheusRule.enabled=true",
+                                                        *values]), *API_FLAGS)
+        return {r["alert"] for g in render.one("PrometheusRule")["spec"]["groups"]
+                for r in g["rules"]}
+
+    assert "ObsqWorkersAbsent" in alerts()
+    assert "ObsqWorkersAbsent" in alerts("keda.enabled=true")
+    at_zero = alerts("keda.enabled=true", "keda.minReplicaCount=0")
+    assert "ObsqWorkersAbsent" not in at_zero and "ObsqWorkersDown" in at_zero
+
+
 def test_tuned_rules_pass_promtool_unit_tests(helm: str, promtool: str, tmp_path: Path) -> None:
     # With a failure-ratio threshold of 25 % over at least 100 runs in 5 minutes, 18 %
     # of 110 runs a minute stays quiet (it fires with the defaults), 30 % fires.

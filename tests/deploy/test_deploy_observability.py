@@ -39,6 +39,7 @@ ALERTS = {
     "ObsqRedisMayEvictTasks",
     "ObsqAggregatorFailing",
     "ObsqWorkersDown",
+    "ObsqWorkersAbsent",
     "ObsqSchedulerDown",
     "ObsqExporterDown",
     "ObsqSchedulerMissedFires",
@@ -124,7 +125,9 @@ def test_alerts_group_by_installation() -> None:
 
 def test_up_rules_select_obsq_pods_by_component() -> None:
     ups = {name: expr for name, expr in alert_queries(RULES) if "up{" in expr}
-    assert set(ups) == {"ObsqWorkersDown", "ObsqSchedulerDown", "ObsqExporterDown"}
+    assert set(ups) == {"ObsqWorkersDown", "ObsqWorkersAbsent", "ObsqSchedulerDown",
+                        "ObsqExporterDown"}
+    ups.pop("ObsqWorkersAbsent")  # the exporter's and the workers' targets
     for name, expr in ups.items():
         component = name.removeprefix("Obsq").removesuffix("Down").removesuffix("s").lower()
         assert (f'up{{app_kubernetes_io_part_of="obsq", '
