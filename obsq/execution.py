@@ -24,8 +24,8 @@ from obsq.settings import BACKOFF_BASE, BACKOFF_CAP, DEFAULT_MAX_RETRY, DEFAULT_
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
-MAX_ERROR_LENGTH = 4000
-MAX_TRACEBACK_LENGTH = 16000
+MAX_ERROR_LENGTH = 2000
+MAX_TRACEBACK_LENGTH = 8000
 NO_RESULT = b"null"
 
 

@@ -15,7 +15,14 @@ from hiredis import pack_command
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
-from obsq.settings import INBOX_TTL, LUA_SLICE, MEMORY_LOOK_MS, WAKE_CAP
+from obsq.settings import (
+    FULL_ERROR_BYTES,
+    FULL_NOTE,
+    INBOX_TTL,
+    LUA_SLICE,
+    MEMORY_LOOK_MS,
+    WAKE_CAP,
+)
 
 SCRIPT_DIR = resources.files("obsq.broker") / "scripts"
 
@@ -74,7 +81,7 @@ def load_scripts() -> dict[str, Script]:
                       key=lambda p: p.name)  # _prelude.lua, then the ones built on it
     blocks = _prelude_blocks(_Constants("\n".join(p.read_text() for p in preludes)).substitute(
         LUA_SLICE=LUA_SLICE, WAKE_CAP=WAKE_CAP, INBOX_TTL=INBOX_TTL,
-        MEMORY_LOOK_MS=MEMORY_LOOK_MS))
+        MEMORY_LOOK_MS=MEMORY_LOOK_MS, FULL_NOTE=FULL_NOTE, FULL_ERROR_BYTES=FULL_ERROR_BYTES))
     scripts = {}
     for path in SCRIPT_DIR.iterdir():
         if path.name.endswith(".lua") and not path.name.startswith("_"):

@@ -5,6 +5,7 @@ whose lease was taken over cannot settle the task a second time."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +14,7 @@ import orjson
 from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
 from obsq.broker.records import Attempt, Completions, Fetched, FetchedTask
 from obsq.broker.scripts import is_noscript
-from obsq.settings import ATTEMPTS_PER_CALL
+from obsq.settings import ATTEMPTS_PER_CALL, FULL_ERROR_BYTES, FULL_NOTE, FULL_TEXT_HOLD
 
 log = logging.getLogger("obsq")
 # A task handed on is due again after a tenth of the time since its first hand-on, within
@@ -48,7 +49,7 @@ class Working(RedisCalls):
             k = self.keys(queue)
             for start in range(0, len(items), ATTEMPTS_PER_CALL):
                 args: list[Any] = [0, worker_id, 1 if resent else 0,
-                                   int(self.dedup_window * 1000)]
+                                   int(self.dedup_window * 1000), self.memory_share]
                 for c in items[start:start + ATTEMPTS_PER_CALL]:
                     a = c.attempt
                     args += (a.task_id, a.fence, int(c.retention * 1000), c.result,
@@ -123,10 +124,11 @@ class Working(RedisCalls):
     async def retry(self, queue: str, attempt: Attempt, worker_id: str, delay: float,
                     error: str, traceback: str = "") -> bool:
         k = self.keys(queue)
-        return bool(await self._script(
+        error, traceback = self._failure_texts(error, traceback)
+        return self._note_cut(await self._script(
             "retry", (k.lease, k.retry, k.pending, k.wake, k.active),
             (0, worker_id, attempt.task_id, attempt.fence, int(delay * 1000), error,
-             traceback, attempt.type, attempt.slot)))
+             traceback, attempt.type, attempt.slot, self.memory_share)))
 
     async def hand_on(self, queue: str, attempt: Attempt, worker_id: str, error: str,
                       max_age: float) -> str:
@@ -145,9 +147,28 @@ class Working(RedisCalls):
                    traceback: str = "") -> bool:
         """The attempt failed for good: the task goes to the dead set."""
         k = self.keys(queue)
-        return bool(await self._script("fail", (k.lease, k.dead, k.active), (
+        error, traceback = self._failure_texts(error, traceback)
+        return self._note_cut(await self._script("fail", (k.lease, k.dead, k.active), (
             0, worker_id, attempt.task_id, attempt.fence, error, traceback, attempt.type,
-            attempt.slot, attempt.ordering_key)))
+            attempt.slot, attempt.ordering_key, self.memory_share)))
+
+    _texts_cut_until = 0.0  # Redis said it was above the producers' share: cut until then
+
+    def _failure_texts(self, error: str, traceback: str) -> tuple[str, str]:
+        """A failure's error and traceback as sent: while Redis was lately above the
+        producers' share, the script would keep only the start of the error, so only that
+        travels (each connection's buffers in Redis hold what it was sent: with many slots
+        failing at once, whole tracebacks would fill Redis's memory on their way)."""
+        if time.monotonic() >= self._texts_cut_until:
+            return error, traceback
+        start = error.encode()[:FULL_ERROR_BYTES - len(FULL_NOTE)].decode(errors="ignore")
+        return start + FULL_NOTE, ""
+
+    def _note_cut(self, reply: int) -> bool:
+        """A settle's reply -> applied; 2 (the error was cut short) starts a cut spell."""
+        if reply == 2:
+            self._texts_cut_until = time.monotonic() + FULL_TEXT_HOLD
+        return bool(reply)
 
     async def cancel_attempt(self, queue: str, attempt: Attempt, worker_id: str) -> bool:
         """A running attempt its worker stopped because the task was cancelled."""

@@ -5,6 +5,7 @@ Redis never heals."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Iterator
 
@@ -13,8 +14,9 @@ import redis
 from support import missing_tool, wait_until
 
 import obsq
-from obsq.broker import Attempt, Broker, Completion
+from obsq.broker import Attempt, Broker, Completion, QueueKeys
 from obsq.redis_server import RedisServer
+from obsq.settings import FULL_ERROR_BYTES, FULL_NOTE
 
 FILLER = "filler"  # a list outside the namespace that tops Redis up to its limit
 
@@ -135,3 +137,91 @@ async def test_producers_are_refused_above_their_share_of_maxmemory(full_redis, 
         raw.close()
         await half.close()
         await whole.close()
+
+
+async def test_failing_tasks_keep_a_full_redis_within_its_limit(namespace, app,
+                                                                start_worker) -> None:
+    """Producers fill an 8 MB Redis to their share; then its tasks fail with long errors and
+    tracebacks, are retried and dead-lettered, while others write small things of their own
+    to the same Redis. What the workers write stays within 10 % of maxmemory (sampled all
+    along) and the queue drains."""
+    if not shutil.which("redis-server"):
+        missing_tool("redis-server is not on PATH")
+    server = RedisServer(config={"maxmemory": "8mb", "maxmemory-policy": "noeviction"}).start()
+    raw = redis.Redis.from_url(server.url)
+    client = obsq.Client(server.url, namespace, app=app)
+    written: set[int] = set()
+
+    @app.task("fails", max_retry=1, retry_delay=0.1)
+    async def fails(task: obsq.Task) -> None:
+        raise ValueError("too long " * 5000)
+
+    @app.task("writes", max_retry=10, retry_delay=0.1)
+    async def writes(task: obsq.Task) -> None:
+        raw.sadd(f"{namespace}-app:written", task.payload["n"])  # the app's own small write
+        written.add(task.payload["n"])
+
+    peak = 0
+
+    async def sample() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, raw.info("memory")["used_memory"])
+            await asyncio.sleep(0.02)
+
+    sampler = asyncio.create_task(sample())
+    try:
+        enqueued = 0
+        with pytest.raises(obsq.BrokerError, match="Redis is full"):
+            while True:
+                await client.enqueue_many([
+                    obsq.Job("fails" if (enqueued + i) % 2 else "writes",
+                             {"n": enqueued + i, "pad": "x" * 8000}) for i in range(10)])
+                enqueued += 10
+        limit = raw.info("memory")["maxmemory"]
+        await start_worker(redis_url=server.url, concurrency=4)
+        keys = QueueKeys(namespace, "default")
+        await wait_until(lambda: raw.zcard(keys.dead) == enqueued // 2, timeout=240,
+                         what=f"{enqueued // 2} failing tasks dead")
+        await wait_until(lambda: len(written) == enqueued // 2, timeout=60,
+                         what="every writing task done")
+        assert raw.llen(keys.pending) == raw.zcard(keys.retry) == 0
+        print(f"{enqueued} tasks, used memory at most {peak / limit:.2f} x maxmemory")
+        assert peak <= 1.1 * limit, f"used memory reached {peak / limit:.2f} x maxmemory"
+        dead = raw.hgetall(keys.task(raw.zrange(keys.dead, -1, -1)[0].decode()))
+        assert dead[b"error"].startswith(b"ValueError: too long")
+    finally:
+        sampler.cancel()
+        raw.close()
+        await client.close()
+        server.close()
+
+
+async def test_above_the_share_long_errors_and_results_are_not_kept(full_redis, namespace,
+                                                                    app) -> None:
+    raw = redis.Redis.from_url(full_redis.url)
+    client = obsq.Client(full_redis.url, namespace, app=app)
+    broker = Broker(full_redis.url, namespace)
+    keys = QueueKeys(namespace, "default")
+    try:
+        await fill_with_tasks(client)  # to the producers' share
+        _, fetched = await broker.dequeue("default", 3, "w1", 30)
+        done, failed, retried = (Attempt(t.id, t.fence, t.type) for t in fetched.tasks)
+        result = b'"' + b"r" * 1000 + b'"'
+        assert await broker.ack({"default": [Completion(done, 60, result)]}, "w1")
+        assert await broker.fail("default", failed, "w1", "ValueError: " + "e" * 3000,
+                                 "Traceback " * 800)
+        assert await broker.retry("default", retried, "w1", 0, "é" * 3000, "tb " * 3000)
+        kept = raw.hgetall(keys.task(done.task_id))
+        assert (kept[b"result"], kept[b"error"]) == (b"null", b"result not kept: Redis full")
+        dead = raw.hgetall(keys.task(failed.task_id))
+        assert dead[b"error"].startswith(b"ValueError: eee")
+        assert dead[b"error"].endswith(FULL_NOTE.encode()) and b"tb" not in dead
+        assert len(dead[b"error"]) <= FULL_ERROR_BYTES
+        again = raw.hgetall(keys.task(retried.task_id))
+        assert again[b"error"].decode().endswith(FULL_NOTE)  # cut between characters
+        assert b"tb" not in again
+    finally:
+        raw.close()
+        await broker.close()
+        await client.close()

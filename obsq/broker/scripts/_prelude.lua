@@ -69,6 +69,40 @@ local MEMORY_LOOK_MS = @MEMORY_LOOK_MS
 local TASK_BYTES = 256
 local UNCHECKED_BUDGET = 1099511627776  -- 2^40, an integer as Lua writes it (not 1e+15)
 
+-- Whether writing about `cost` bytes would take Redis above `share` of its maxmemory (1: no
+-- limit): nil when there is room, else the refusal's text. INFO memory costs more Redis
+-- time than a small enqueue, so a reading leaves in the queue's `memok` key a budget of
+-- half the room it found below the share, which each caller draws down by what it will
+-- write, for MEMORY_LOOK_MS at most (workers and other clients fill memory too); Redis is
+-- read again when the budget is spent, so writers however fast never write past the share.
+-- The DECRBY cannot be refused below maxmemory. A user whose ACL denies INFO goes without
+-- the check (an error table, not the text).
+local function above_share(share, cost)
+  if share >= 1 then
+    return nil
+  end
+  local memok = prefix .. 'memok'
+  if redis.call('DECRBY', memok, int_text(cost)) >= 0 then
+    return nil
+  end
+  local budget = UNCHECKED_BUDGET
+  local memory = redis.pcall('INFO', 'memory')
+  if type(memory) == 'string' then
+    local limit = tonumber(string.match(memory, 'maxmemory:(%d+)')) or 0
+    local used = tonumber(string.match(memory, 'used_memory:(%d+)')) or 0
+    if limit > 0 and used > share * limit then
+      redis.call('DEL', memok)
+      return string.format('used memory is %d%% of maxmemory, above the %d%% producers may fill',
+                           math.floor(used * 100 / limit), math.floor(share * 100 + 0.5))
+    end
+    if limit > 0 then
+      budget = math.floor((share * limit - used) / 2) - cost
+    end
+  end
+  redis.call('SET', memok, budget, 'PX', MEMORY_LOOK_MS)
+  return nil
+end
+
 -- Wake tokens let idle workers block on BLPOP instead of polling; capped so a queue
 -- nobody is waiting on does not grow them without bound.
 local WAKE_CAP = @WAKE_CAP
@@ -155,6 +189,35 @@ local function remember_ids(ids, until_text)
     members[#members + 1] = id
   end
   call_sliced('ZADD', prefix .. 'ended', members)
+end
+
+-- While Redis is above the producers' share of maxmemory (`share`, see above_share), what a
+-- settled attempt writes must not grow the data set: on a full Redis of failing tasks their
+-- errors and tracebacks, often larger than the tasks, would take Redis far past maxmemory
+-- (a script that has written once is never refused). So a failure keeps its error and
+-- traceback only while there is room, and otherwise the start of its error with a note,
+-- short enough (FULL_ERROR_BYTES) that a small task hash stays in Redis's compact encoding
+-- (a worker that was told sends only that much for a while: see Working.retry).
+local FULL_NOTE = '@FULL_NOTE'
+local FULL_ERROR_BYTES = @FULL_ERROR_BYTES
+local function kept_failure(share, error, traceback)
+  if #error + #traceback <= FULL_ERROR_BYTES or not above_share(share, #error + #traceback) then
+    return error, traceback
+  end
+  -- no partial UTF-8 sequence at the cut
+  local start = string.match(string.sub(error, 1, FULL_ERROR_BYTES - #FULL_NOTE),
+                             '^(.-)[\192-\255]?[\128-\191]*$')
+  return start .. FULL_NOTE, nil
+end
+
+-- Writes a failed attempt's error and traceback (nil or '': none, and an earlier one goes).
+local function record_failure(key, error, traceback, fence)
+  if traceback and traceback ~= '' then
+    redis.call('HSET', key, 'error', error, 'tb', traceback, 'fin', fence)
+  else
+    redis.call('HSET', key, 'error', error, 'fin', fence)
+    redis.call('HDEL', key, 'tb')
+  end
 end
 
 -- The task hash keeps the fence of the attempt that settled it last ('fin'): a settle

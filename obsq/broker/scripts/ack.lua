@@ -1,9 +1,11 @@
 -- prelude: now_text, int_text, task_key, call_sliced, hmget_sliced, notify_done, named_attempts,
---   remember_ids, settled_by, release_limits, release_successor
+--   remember_ids, settled_by, release_limits, release_successor, above_share
 -- Mark a batch of one worker's attempts of one queue completed.
 -- KEYS: lease, completed, active, watched
 -- ARGV: now, worker_id, resent (1 when an earlier send may have been applied already),
---       dedup window (ms), then per task: id, fence, retention_ms, result, '1' when the
+--       dedup window (ms), the producers' share of maxmemory (above it a result longer
+--       than 64 bytes is not kept: its task reads null, with an error saying so), then
+--       per task: id, fence, retention_ms, result, '1' when the
 --       producer chose its id (remembered for the window once its hash is deleted) or '',
 --       type, route slot or '', ordering key or ''
 -- Returns per task 1, or 0 when the fencing token is stale (the lease was taken over). A
@@ -12,7 +14,7 @@
 local now_stored = now_text()
 local now = tonumber(now_stored)
 local worker, resent = ARGV[2], ARGV[3] == '1'
-local ids, fences, held = named_attempts(KEYS[3], worker, 5, 8)
+local ids, fences, held = named_attempts(KEYS[3], worker, 6, 8)
 local out, done = {}, {}
 for n, id in ipairs(ids) do
   local fence = fences[n]
@@ -37,7 +39,7 @@ call_sliced('ZREM', KEYS[1], finished)
 local watchers = hmget_sliced(KEYS[4], finished)
 local gone, forgotten = {}, {}
 for j, n in ipairs(done) do
-  local i = 5 + (n - 1) * 8
+  local i = 6 + (n - 1) * 8
   local id, key = ids[n], task_key(ids[n])
   release_limits(id, ARGV[i + 5], ARGV[i + 6])
   release_successor(id, ARGV[i + 7], now)
@@ -46,7 +48,12 @@ for j, n in ipairs(done) do
   end
   local retention = tonumber(ARGV[i + 2])
   if retention > 0 then
-    redis.call('HSET', key, 'state', 'completed', 'result', ARGV[i + 3], 'done', now_stored,
+    local result = ARGV[i + 3]
+    if #result > 64 and above_share(tonumber(ARGV[5]), #result) then
+      result = 'null'
+      redis.call('HSET', key, 'error', 'result not kept: Redis full')
+    end
+    redis.call('HSET', key, 'state', 'completed', 'result', result, 'done', now_stored,
                'fin', ARGV[i + 1])
     redis.call('ZADD', KEYS[2], int_text(now + retention), id)
     redis.call('PEXPIRE', key, int_text(retention + 60000))

@@ -1,4 +1,4 @@
--- prelude: now_text, int_text, task_key, call_sliced, wake
+-- prelude: now_text, int_text, task_key, call_sliced, wake, above_share
 -- Enqueue a batch of tasks into one queue.
 -- KEYS: pending, scheduled, wake
 -- ARGV: now, the share of maxmemory producers may fill (1: no limit), then 11 plain values
@@ -15,16 +15,10 @@
 -- reply: all were enqueued. A task whose producer chose its id is marked ('own'), so the
 -- scripts that forget it remember its id; a generated id is neither looked up nor remembered.
 local STRIDE = 11
--- Refused above the producers' share of maxmemory (ARGV[2]), before the batch is written:
--- the rest is for what the workers draining the queues write (their calls are never
--- refused for memory). INFO memory costs more Redis time than a small enqueue, so a reading
--- leaves in `memok` a budget of half the room it found below the share, which each enqueue
--- draws down by what it will write (TASK_BYTES a task, plus its strings), for
--- MEMORY_LOOK_MS at most (workers and other clients fill memory too); Redis is read again
--- when the budget is spent, so producers however fast never write past the share. The
--- DECRBY is the first write: it cannot be refused below maxmemory, and past it the call is
--- refused as Redis full. A user whose ACL denies INFO goes without the check (an error
--- table, not the text).
+-- Refused above the producers' share of maxmemory (ARGV[2], see above_share), before the
+-- batch is written: the rest is for what the workers draining the queues write (their
+-- calls are never refused for memory). The budget's DECRBY is the first write: past
+-- maxmemory the call is refused as Redis full.
 local share = tonumber(ARGV[2])
 if share < 1 then
   local cost = 0
@@ -32,24 +26,9 @@ if share < 1 then
     cost = cost + TASK_BYTES + #ARGV[i] + #ARGV[i + 2] + #ARGV[i + 3] + #ARGV[i + 5]
       + #ARGV[i + 6]
   end
-  local memok = prefix .. 'memok'
-  if redis.call('DECRBY', memok, int_text(cost)) < 0 then
-    local budget = UNCHECKED_BUDGET
-    local memory = redis.pcall('INFO', 'memory')
-    if type(memory) == 'string' then
-      local limit = tonumber(string.match(memory, 'maxmemory:(%d+)')) or 0
-      local used = tonumber(string.match(memory, 'used_memory:(%d+)')) or 0
-      if limit > 0 and used > share * limit then
-        redis.call('DEL', memok)
-        return redis.error_reply(string.format(
-          'OBSQFULL used memory is %d%% of maxmemory, above the %d%% producers may fill',
-          math.floor(used * 100 / limit), math.floor(share * 100 + 0.5)))
-      end
-      if limit > 0 then
-        budget = math.floor((share * limit - used) / 2) - cost
-      end
-    end
-    redis.call('SET', memok, budget, 'PX', MEMORY_LOOK_MS)
+  local full = above_share(share, cost)
+  if full then
+    return redis.error_reply('OBSQFULL ' .. full)
   end
 end
 local now = now_text()

@@ -1,19 +1,21 @@
 -- prelude: now_ms, task_key, release_attempt, settled_by, notify_done, release_limits,
---   release_successor
+--   release_successor, kept_failure, record_failure
 -- A failed attempt that may not be retried goes to the dead set, kept for inspection.
 -- KEYS: lease, dead, active
--- ARGV: now, worker_id, id, fence, error, traceback, type, route slot or '', ordering key or ''
--- Returns 1 (also when this attempt's earlier, re-sent call was applied), or 0 when the
--- fencing token is stale.
+-- ARGV: now, worker_id, id, fence, error, traceback, type, route slot or '', ordering key or '',
+--       the producers' share of maxmemory (above it the error is cut short: kept_failure)
+-- Returns 1 (also when this attempt's earlier, re-sent call was applied; 2 when Redis was
+-- above the share and the error was cut short), or 0 when the fencing token is stale.
 local now = now_ms()
 local id, fence = ARGV[3], ARGV[4]
 if not release_attempt(KEYS[3], KEYS[1], id, fence, ARGV[2]) then
   return settled_by(id, fence) and 1 or 0
 end
-redis.call('HSET', task_key(id), 'state', 'dead', 'error', ARGV[5], 'tb', ARGV[6], 'done', now,
-           'fin', fence)
+local error, traceback = kept_failure(tonumber(ARGV[10]), ARGV[5], ARGV[6])
+record_failure(task_key(id), error, traceback, fence)
+redis.call('HSET', task_key(id), 'state', 'dead', 'done', now)
 redis.call('ZADD', KEYS[2], now, id)
 release_limits(id, ARGV[7], ARGV[8])
 release_successor(id, ARGV[9], now)
-notify_done(id, 'dead', ARGV[5])
-return 1
+notify_done(id, 'dead', error)
+return traceback and 1 or 2

@@ -1,12 +1,13 @@
 -- prelude: now_ms, task_key, release_attempt, settled_by, make_pending, wake, release_limits,
---   cancel_requested, end_cancelled
+--   cancel_requested, end_cancelled, kept_failure, record_failure
 -- A failed attempt goes back: to pending at once, or to the retry set until it is due (it
 -- stays first of its ordering key, so the next of that key waits for it); one cancelled
 -- meanwhile ends cancelled.
 -- KEYS: lease, retry, pending, wake, active
--- ARGV: now, worker_id, id, fence, delay_ms, error, traceback, type, route slot or ''
--- Returns 1 (also when this attempt's earlier, re-sent call was applied), or 0 when the
--- fencing token is stale.
+-- ARGV: now, worker_id, id, fence, delay_ms, error, traceback, type, route slot or '', the
+--       producers' share of maxmemory (above it the error is cut short: kept_failure)
+-- Returns 1 (also when this attempt's earlier, re-sent call was applied; 2 when Redis was
+-- above the share and the error was cut short), or 0 when the fencing token is stale.
 local now = now_ms()
 local id, fence = ARGV[3], ARGV[4]
 if not release_attempt(KEYS[5], KEYS[1], id, fence, ARGV[2]) then
@@ -14,13 +15,14 @@ if not release_attempt(KEYS[5], KEYS[1], id, fence, ARGV[2]) then
 end
 local key = task_key(id)
 release_limits(id, ARGV[8], ARGV[9])
+local error, traceback = kept_failure(tonumber(ARGV[10]), ARGV[6], ARGV[7])
+record_failure(key, error, traceback, fence)
+local applied = traceback and 1 or 2
 if cancel_requested(id) then
-  redis.call('HSET', key, 'error', ARGV[6], 'tb', ARGV[7], 'fin', fence)
   end_cancelled(id, now)
-  return 1
+  return applied
 end
 redis.call('HINCRBY', key, 'retried', 1)
-redis.call('HSET', key, 'error', ARGV[6], 'tb', ARGV[7], 'fin', fence)
 local delay = tonumber(ARGV[5])
 if delay > 0 then
   redis.call('HSET', key, 'state', 'retry', 'due', now + delay)
@@ -29,4 +31,4 @@ else
   make_pending(KEYS[3], id, now, false)
   wake(KEYS[4], 1)
 end
-return 1
+return applied
