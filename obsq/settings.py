@@ -34,12 +34,6 @@ MEMORY_LOOK_MS = 100
 # its queue, whichever is shorter (an id takes about 100 bytes of Redis memory).
 DEDUP_WINDOW = 24 * 3600.0
 DEDUP_MAX_IDS = 100_000
-# While Redis is above the producers' share, a failed attempt keeps only the start of its
-# error, with this note, in at most FULL_ERROR_BYTES (what a small task hash holds in
-# Redis's compact encoding); a worker told so sends no more than that for FULL_TEXT_HOLD s.
-FULL_NOTE = " (rest not kept: Redis full)"
-FULL_ERROR_BYTES = 64
-FULL_TEXT_HOLD = 1.0
 # Client(durable_replicas=N): how long an enqueue waits for N replicas to have its tasks
 # before it is refused (the tasks are then on the master only).
 DURABLE_WAIT_TIMEOUT = 2.0

@@ -15,14 +15,14 @@ from hiredis import pack_command
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
-from obsq.settings import (
-    FULL_ERROR_BYTES,
-    FULL_NOTE,
-    INBOX_TTL,
-    LUA_SLICE,
-    MEMORY_LOOK_MS,
-    WAKE_CAP,
-)
+from obsq.settings import INBOX_TTL, LUA_SLICE, MEMORY_LOOK_MS, WAKE_CAP
+
+# While Redis is above the producers' share, a failed attempt keeps only the start of its
+# error, with this note, in at most FULL_ERROR_BYTES (what a small task hash holds in
+# Redis's compact encoding); a worker told so sends no more than that for FULL_TEXT_HOLD s.
+FULL_NOTE = " (rest not kept: Redis full)"
+FULL_ERROR_BYTES = 64
+FULL_TEXT_HOLD = 1.0
 
 SCRIPT_DIR = resources.files("obsq.broker") / "scripts"
 

@@ -13,8 +13,8 @@ import orjson
 
 from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
 from obsq.broker.records import Attempt, Completions, Fetched, FetchedTask
-from obsq.broker.scripts import is_noscript
-from obsq.settings import ATTEMPTS_PER_CALL, FULL_ERROR_BYTES, FULL_NOTE, FULL_TEXT_HOLD
+from obsq.broker.scripts import FULL_ERROR_BYTES, FULL_NOTE, FULL_TEXT_HOLD, is_noscript
+from obsq.settings import ATTEMPTS_PER_CALL
 
 log = logging.getLogger("obsq")
 # A task handed on is due again after a tenth of the time since its first hand-on, within

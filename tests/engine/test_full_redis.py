@@ -15,8 +15,8 @@ from support import missing_tool, wait_until
 
 import obsq
 from obsq.broker import Attempt, Broker, Completion, QueueKeys
+from obsq.broker.scripts import FULL_ERROR_BYTES, FULL_NOTE
 from obsq.redis_server import RedisServer
-from obsq.settings import FULL_ERROR_BYTES, FULL_NOTE
 
 FILLER = "filler"  # a list outside the namespace that tops Redis up to its limit
 
