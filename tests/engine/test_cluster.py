@@ -200,3 +200,29 @@ async def test_a_user_restricted_to_the_cluster_rule_works_on_every_node(
               for entry in raw_redis.execute_command("ACL", "LOG", target_nodes=node)
               if entry[b"object"] not in (b"config", b"config|get", b"client")]
     assert denied == []
+
+
+async def test_credentials_from_the_environment_reach_every_node(
+        redis_url, namespace, app, raw_redis, start_worker, monkeypatch) -> None:
+    """OBSQ_REDIS_USERNAME and OBSQ_REDIS_PASSWORD beside a redis+cluster:// URL without
+    credentials: the client logs in on each node it is sent to."""
+    from obsq.broker.acl import acl_rule
+
+    user = f"env-{namespace}"
+    for node in raw_redis.get_primaries():
+        raw_redis.execute_command("ACL", "SETUSER", user, "reset", "on", ">env-pw",
+                                  *acl_rule(namespace, cluster=True).split(), target_nodes=node)
+    monkeypatch.setenv("OBSQ_REDIS_USERNAME", user)
+    monkeypatch.setenv("OBSQ_REDIS_PASSWORD", "env-pw")
+
+    @app.task("echo")
+    async def echo(task: obsq.Task):
+        return task.payload
+
+    await start_worker(queues=",".join(QUEUES))
+    async with obsq.Client(redis_url, app=app) as client:
+        infos = [await client.enqueue("echo", q, queue=q, retention=60) for q in QUEUES]
+        assert [await client.result(i, timeout=15) for i in infos] == list(QUEUES)
+        clients = [c for node in raw_redis.get_primaries()
+                   for c in raw_redis.client_list(target_nodes=node)]
+        assert user in {c["user"] for c in clients}
