@@ -66,7 +66,7 @@ def _unknown_type_count(queue: str, outcome: str) -> float:
 
 
 async def test_a_type_no_worker_has_ends_dead_after_the_age(
-        namespace, client, start_worker) -> None:
+        namespace, client, inspector, start_worker) -> None:
     old, _ = versions(namespace)
     handed_on = _unknown_type_count("default", "handed_on")
     dead_before = _unknown_type_count("default", "dead")
@@ -82,6 +82,10 @@ async def test_a_type_no_worker_has_ends_dead_after_the_age(
                                  "(handed on ")
     assert _unknown_type_count("default", "handed_on") > handed_on
     assert _unknown_type_count("default", "dead") == dead_before + 1
+    # requeued by an operator, it gets a fresh window
+    await inspector.requeue("default", "dead", [info.id])
+    handed_on_again = await wait_until(lambda: _in_state(client, info.id, "scheduled"))
+    assert handed_on_again.retry_count == 0
     # the known type runs as ever beside it
     assert await client.result(await client.enqueue("report:old", retention=60),
                                timeout=10) == "old"
@@ -93,3 +97,8 @@ def test_the_age_is_a_setting() -> None:
                                    ).unknown_type_max_age == 3600
     with pytest.raises(ConfigurationError, match="unknown_type_max_age must be positive"):
         WorkerSettings(unknown_type_max_age=0)
+
+
+async def _in_state(client: obsq.Client, task_id: str, state: str) -> obsq.TaskInfo | None:
+    info = await client.info(task_id)
+    return info if info.state == state else None

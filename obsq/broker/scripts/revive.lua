@@ -1,7 +1,8 @@
 -- prelude: now_ms, task_key, wake
 -- Put tasks of the dead, retry or scheduled set back into pending now (obsq requeue), in
 -- bounded steps: the caller repeats the call until nothing is left.
--- A revived dead task starts with a fresh retry count.
+-- A revived dead task starts with a fresh retry count; any revived task counts its losses
+-- of a worker and its hand-ons (a type no worker had) afresh.
 -- KEYS: source set, pending, wake
 -- ARGV: now, reset_retries (1/0), batch, then ids (none: the first `batch` tasks of the set)
 -- Returns {moved, tasks left in the set, then the given ids that were not in the set}.
@@ -20,7 +21,7 @@ for _, id in ipairs(ids) do
   local key = task_key(id)
   if redis.call('ZREM', KEYS[1], id) == 1 and redis.call('EXISTS', key) == 1 then
     redis.call('HSET', key, 'state', 'pending', 'due', now)
-    redis.call('HDEL', key, 'done', 'recov')
+    redis.call('HDEL', key, 'done', 'recov', 'unk0', 'unkn')
     if ARGV[2] == '1' then
       redis.call('HDEL', key, 'retried')
     end
