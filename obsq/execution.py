@@ -62,8 +62,12 @@ def default_backoff(retry_count: int) -> float:
 class Executor:
     def __init__(self, app: App, concurrency: int,
                  update_state: Callable[[Task, Any], Awaitable[None]], *,
-                 pool: str = "thread", on_stuck: Callable[[], None] = lambda: None) -> None:
+                 pool: str = "thread", on_stuck: Callable[[], None] = lambda: None,
+                 loop_blocked: Callable[[], float] = lambda: 0.0) -> None:
+        """`loop_blocked()`: seconds the event loop has stood blocked (LoopMonitor), which
+        the timeouts of async handlers do not count."""
         self.app = app
+        self.loop_blocked = loop_blocked
         self.pool = make_pool(pool, concurrency, app, on_stuck)
         self.update_state = update_state
         self.chain = app.wrap(self._invoke)
@@ -153,7 +157,7 @@ class Executor:
             raise UnknownTaskType(f"no handler is registered for task type {task.type!r}")
         task.payload  # noqa: B018 - decode now: a tampered payload must fail before the handler
         if route.is_async:
-            return await within(route.handler(task), task.timeout)
+            return await within(route.handler(task), task.timeout, self.loop_blocked)
         return await self.pool.run(route, task)  # its timeout counts from the handler's start
 
     def close(self) -> None:

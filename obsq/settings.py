@@ -319,6 +319,8 @@ class WorkerSettings(EnvSettings):
     # fails once one has been stuck this long (Kubernetes then restarts the pod).
     pool: str = "thread"
     stuck_limit: float = 300.0
+    blocked_loop_warning: float = 2.0  # a handler blocking the event loop is logged past it
+    blocked_loop_limit: float = 60.0  # and liveness fails past this (the pod is restarted)
 
     def __post_init__(self) -> None:
         self.check_times()
@@ -339,10 +341,11 @@ class WorkerSettings(EnvSettings):
                                      f"{self.shutdown_timeout}")
         if self.max_recoveries < 0:
             raise ConfigurationError("max_recoveries must not be negative")
-        for name in ("heartbeat_interval", "forward_interval", "recover_interval",
-                     "janitor_interval", "lock_ttl", "wait_timeout", "dead_max_age",
-                     "progress_ttl", "policy_check_interval", "aggregate_interval",
-                     "dedup_window", "aggregate_lease", "unknown_type_max_age"):
+        for name in ("heartbeat_interval", "forward_interval", "recover_interval", "lock_ttl",
+                     "janitor_interval", "wait_timeout", "dead_max_age", "progress_ttl",
+                     "policy_check_interval", "aggregate_interval", "dedup_window", "stuck_limit",
+                     "aggregate_lease", "unknown_type_max_age", "blocked_loop_warning",
+                     "blocked_loop_limit"):
             if not getattr(self, name) > 0:
                 raise ConfigurationError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.heartbeat_ttl > self.heartbeat_interval:
@@ -355,8 +358,6 @@ class WorkerSettings(EnvSettings):
             raise ConfigurationError(f"log_format must be text or json, got {self.log_format!r}")
         if self.pool not in POOLS:
             raise ConfigurationError(f"pool must be {' or '.join(POOLS)}, got {self.pool!r}")
-        if not self.stuck_limit > 0:
-            raise ConfigurationError(f"stuck_limit must be positive, got {self.stuck_limit}")
 
 
 

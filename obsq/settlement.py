@@ -22,6 +22,7 @@ from obsq.app import OutcomeHook
 from obsq.broker import Attempt, Broker, Completion, Completions
 from obsq.errors import BrokerError, Retry
 from obsq.execution import Verdict
+from obsq.heartbeat import Claims
 from obsq.loop import RedisRetry
 from obsq.task import Task
 
@@ -47,12 +48,15 @@ class _Ack:
 
 class Settler:
     def __init__(self, broker: Broker, worker_id: str, hooks: list[OutcomeHook], *,
-                 unknown_type_max_age: float) -> None:
+                 unknown_type_max_age: float, claims: Claims | None = None) -> None:
+        """`claims`: the worker's, told when an attempt's end is sent and recorded (its
+        lease is extended until then, and not reported lost meanwhile)."""
         self.broker = broker
         self.worker_id = worker_id
         self.hooks = hooks
         self.unknown_type_max_age = unknown_type_max_age
         self._handed_on_types: set[str] = set()  # said once each
+        self.claims = claims or Claims()
         self._acks: dict[str, list[_Ack]] = {}
         self.acks_waiting = asyncio.Event()
         self._gave_up = False
@@ -60,6 +64,13 @@ class Settler:
 
     async def settle(self, task: Task, verdict: Verdict) -> str:
         """Record the verdict in Redis; returns the final outcome."""
+        self.claims.ending(task.queue, task.id)
+        try:
+            return await self._settle(task, verdict)
+        finally:
+            self.claims.released(task.queue, task.id, task.fence)
+
+    async def _settle(self, task: Task, verdict: Verdict) -> str:
         attempt = attempt_of(task)
         if verdict.outcome == "success":
             future: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
@@ -124,8 +135,12 @@ class Settler:
         for task in tasks:
             by_queue.setdefault(task.queue, []).append(task)
         for queue, group in by_queue.items():
+            for task in group:
+                self.claims.ending(queue, task.id)
             accepted = await self._persist(lambda q=queue, g=group: self.broker.hand_back(
                 q, [attempt_of(t) for t in g], self.worker_id), attempts=5)
+            for task in group:
+                self.claims.released(queue, task.id, task.fence)
             for task, ok in zip(group, accepted or [None] * len(group)):
                 self.report(task, {True: "requeued", False: "lease_lost",
                                    None: "unrecorded"}[ok], None)

@@ -21,20 +21,22 @@ import signal
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from obsq._version import __version__
 from obsq.aggregation import AggregationLoop
 from obsq.app import App
-from obsq.broker import Attempt, Broker, Fetched
+from obsq.broker import Broker, Fetched
 from obsq.cancelling import CancelWatcher
 from obsq.errors import BrokerError
 from obsq.execution import Executor, Verdict
 from obsq.fetching import Fetcher
-from obsq.heartbeat import Heartbeat, LeaseKeeper
+from obsq.health import WorkerHealth
+from obsq.heartbeat import Claims
 from obsq.isolation import Suspects
 from obsq.limits import RouteLimits
+from obsq.liveness import Vigil
 from obsq.loop import BackgroundLoop, on_stop_signals
 from obsq.maintenance import Forwarder, Janitor, Recoverer
 from obsq.settings import FETCH_STOP_TIMEOUT, PREFETCH_BELOW_SECONDS, WorkerSettings
@@ -43,23 +45,7 @@ from obsq.task import Task
 from obsq.throughput import ThroughputCounter
 
 log = logging.getLogger("obsq")
-
-
-@dataclass(frozen=True)
-class WorkerHealth:
-    """What the liveness and readiness probes judge by."""
-
-    heartbeat_age: float  # seconds since Redis last accepted a heartbeat
-    heartbeat_ok: bool  # a heartbeat reached Redis recently enough
-    redis_ok: bool  # the last heartbeat succeeded
-    started: bool
-    draining: bool
-    redis_answers: bool = True  # a heartbeat was answered within two intervals (False
-    #                             while Redis hangs: no error, no answer either)
-    # Plain handlers that overran their timeout and still run in abandoned threads, and
-    # how long the longest-stuck of them has been stuck (obsq/pools).
-    stuck_slots: int = 0
-    stuck_seconds: float = 0.0
+__all__ = ["Worker", "WorkerHealth"]
 
 
 class Worker:
@@ -111,7 +97,11 @@ class Worker:
         self._handling: set[asyncio.Task[None]] = set()
         self._loops: list[BackgroundLoop] = []
         self._aggregation: AggregationLoop | None = None  # stopped first when draining
-        self._heartbeat: Heartbeat | None = None
+        self.claims = Claims()  # the attempts it holds, which its heartbeat thread extends
+        self._vigil: Vigil | None = None
+        # told the event loop's lag twice a second, and of each loss of Redis's data (metrics)
+        self.loop_lag_hooks: list[Callable[[float], None]] = []
+        self.data_lost_hooks: list[Callable[[], None]] = []
 
     # -- public ---------------------------------------------------------------------------
 
@@ -136,19 +126,19 @@ class Worker:
         await self.broker.check()
         policy = await self.broker.check_memory_policy(refuse=not s.allow_eviction)
         await self.broker.register_queues(self.queues)
+        vigil = Vigil(
+            self.broker, self.id, s, self.claims, describe=self.describe,
+            running=self._running.get, memory_policy=policy,
+            subscriptions=[(sub.event, sub.name, sub.queue) for sub in self.subscriptions],
+            lag_hooks=self.loop_lag_hooks, data_lost_hooks=self.data_lost_hooks)
         self.executor = Executor(self.app, self.concurrency, self._update_state, pool=s.pool,
-                                 on_stuck=self._stuck_changed)
+                                 on_stuck=self._stuck_changed,
+                                 loop_blocked=vigil.monitor.blocked)
         self.settler = Settler(self.broker, self.id, self.app.outcome_hooks,
-                               unknown_type_max_age=s.unknown_type_max_age)
-        subscriptions = [(sub.event, sub.name, sub.queue) for sub in self.subscriptions]
-        self._heartbeat = Heartbeat(self.broker, self.id, self.describe,
-                                    s.heartbeat_interval, s.heartbeat_ttl,
-                                    s.policy_check_interval, policy, subscriptions,
-                                    s.subscription_ttl)
-        await self._heartbeat.beat()  # registers its subscriptions before it serves
+                               unknown_type_max_age=s.unknown_type_max_age, claims=self.claims)
+        self._vigil = vigil
+        await vigil.start()  # registers its subscriptions before it serves
         self._loops = [
-            self._heartbeat,
-            LeaseKeeper(self.broker, self.id, s.lease_seconds, self._attempts_by_queue),
             Forwarder(self.broker, self.id, s.forward_interval, s.lock_ttl),
             Recoverer(self.broker, self.id, s.recover_interval, s.lock_ttl,
                       max_recoveries=s.max_recoveries, hooks=self.app.recovery_hooks),
@@ -193,21 +183,15 @@ class Worker:
                 "processed": self.processed, "draining": self.draining,
                 "subscriptions": [sub.task_type for sub in self.subscriptions],
                 "pool": self.settings.pool, "stuck": self.health().stuck_slots,
-                "maxmemory_policy": self._heartbeat.memory_policy if self._heartbeat else None}
+                "maxmemory_policy": self._vigil.keeper.memory_policy if self._vigil else None}
 
     def health(self) -> WorkerHealth:
         """How the worker is; safe to call from another thread (the HTTP endpoint's)."""
-        beat = self._heartbeat
-        if beat is None:  # still starting
-            return WorkerHealth(0.0, True, False, False, self.draining)
-        silent = time.monotonic() - beat.last_success
+        if self._vigil is None:  # still starting
+            return WorkerHealth(started=False, draining=self.draining, redis_ok=False)
         stuck = self.executor.pool.stuck()
-        return WorkerHealth(
-            heartbeat_age=silent,
-            heartbeat_ok=silent < max(self.settings.heartbeat_ttl, self.settings.lease_seconds),
-            redis_ok=beat.failures == 0, started=True, draining=self.draining,
-            redis_answers=silent < 2 * self.settings.heartbeat_interval,
-            stuck_slots=stuck.slots, stuck_seconds=stuck.longest)
+        return self._vigil.health(started=self.started.is_set(), draining=self.draining,
+                                  stuck_slots=stuck.slots, stuck_seconds=stuck.longest)
 
     @property
     def busy(self) -> int:
@@ -236,6 +220,8 @@ class Worker:
             self._throttled(queue, task_type, reason)
         for raw in fetched.tasks:
             task = self.executor.build_task(queue, raw, fetched.now_ms)
+            task.context["asked_at"] = fetched.asked_at
+            self.claims.took(queue, task.id, task.fence)
             self.limits.took(task)
             if raw.waited:
                 self._throttled(queue, raw.type, "ordering")
@@ -297,6 +283,8 @@ class Worker:
                 verdict: Verdict | None = Verdict("cancelled")
             elif task.suspect and not await self._suspects.start_alone(task):
                 verdict = None  # taken over before it started: nothing to record
+            elif not await self._vigil.still_ours(task):  # type: ignore[union-attr]
+                verdict = None  # taken over while the worker was frozen: it runs elsewhere
             else:
                 verdict = await self.executor.run(task)
         except asyncio.CancelledError:
@@ -319,6 +307,7 @@ class Worker:
                 self.processed += 1
         finally:
             self.limits.released(task)
+            self.claims.released(task.queue, task.id, task.fence)  # also when never settled
             del self._running[runner]  # type: ignore[index]
 
     def _throttled(self, queue: str, task_type: str, reason: str) -> None:
@@ -328,12 +317,6 @@ class Worker:
                 hook(queue, route.pattern if route else "other", reason)
             except Exception:
                 log.exception("throttle hook %r failed", hook)
-
-    def _attempts_by_queue(self) -> dict[str, list[Attempt]]:
-        attempts: dict[str, list[Attempt]] = {}
-        for task in [*self._running.values(), *self._buffer, *self._suspects.waiting]:
-            attempts.setdefault(task.queue, []).append(Attempt(task.id, task.fence))
-        return attempts
 
     def _stuck_changed(self) -> None:
         for hook in self.app.stuck_hooks:
@@ -389,6 +372,7 @@ class Worker:
             await asyncio.wait(settling, timeout=self.settings.settle_timeout)
         for loop in reversed(self._loops):
             await loop.stop()
+        await self._vigil.stop()  # type: ignore[union-attr]
         self.executor.close()
         await self.broker.close()
         log.info("worker %s stopped: %d task(s) processed", self.id, self.processed)

@@ -1,9 +1,11 @@
-"""The SyncClient's enqueues without an event loop: the same enqueue script, called on a
-blocking redis-py client in the caller's own thread. A sync web app's request then pays
-one round trip per enqueue, not a hand-over to an event-loop thread and back.
+"""Redis calls without an event loop, on a blocking redis-py client: `BlockingCalls` (a
+broker's scripts, called by SHA and loaded again after NOSCRIPT, failures reported as the
+broker's own), and on it the SyncClient's enqueues, in the caller's own thread. A sync web
+app's request then pays one round trip per enqueue, not a hand-over to an event-loop
+thread and back. (A worker's heartbeat thread calls Redis the same way: keeping.py.)
 
 The client is thread safe (a blocking connection pool, bounded like the asyncio one) and
-made at the first enqueue, as a Cluster client connects when it is made. One connection
+made at the first call, as a Cluster client connects when it is made. One connection
 is kept beside the pool for whichever thread finds it free, as the asyncio Client keeps
 one: a pool checkout and release cost a third of a round trip on loopback.
 
@@ -18,33 +20,32 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from obsq.broker.calls import SCRIPTS, RedisCalls
+from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
 from obsq.broker.connection import create_client, kept_connection
 from obsq.broker.producing import enqueue_args, enqueue_statuses
 from obsq.broker.records import Enqueued
-from obsq.broker.scripts import call_on_blocking, is_noscript
+from obsq.broker.scripts import Script, call_on_blocking, is_noscript
+from obsq.errors import BrokerError
 from obsq.task import TaskMessage
 
 
-class BlockingProducer:
-    """Enqueue and register queues for `broker`'s namespace, blocking; failures are
-    reported and raised as the broker's own (BrokerError)."""
+class BlockingCalls:
+    """Scripts of `broker`'s namespace on a blocking client of its URL, made at the first
+    call; failures are reported and raised as the broker's own (BrokerError, BrokerTimeout
+    past `call_timeout`; None: no deadline)."""
 
-    def __init__(self, broker: RedisCalls, call_timeout: float) -> None:
+    def __init__(self, broker: RedisCalls, call_timeout: float | None = None) -> None:
         self.broker = broker
         self.call_timeout = call_timeout
         self._redis: Any = None
         self._made = threading.Lock()
-        self._kept: Any = None  # the kept connection, made at its first use
-        self._kept_pid = 0  # the process it was made in: a forked child makes its own
-        self._kept_free = threading.Lock()
 
     @property
     def redis(self) -> Any:
@@ -54,6 +55,50 @@ class BlockingProducer:
                     self._redis = create_client(self.broker.url, blocking=True,
                                                 call_timeout=self.call_timeout)
         return self._redis
+
+    def _call(self, name: str, script: Script, keys: Sequence[str], args: Sequence[Any]
+              ) -> Any:
+        try:
+            try:
+                return self.redis.evalsha(script.sha, len(keys), *keys, *args)
+            except ResponseError as exc:
+                if not is_noscript(exc):
+                    raise
+                self.redis.script_load(script.source)
+                return self.redis.evalsha(script.sha, len(keys), *keys, *args)
+        except (RedisError, OSError) as exc:
+            raise self._failure(name, exc) from exc
+
+    def _scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Several script calls (name, keys, args), one after the other."""
+        return [self._call(name, SCRIPTS[name], keys, args) for name, keys, args in calls]
+
+    def _guard(self, operation: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except (RedisError, OSError) as exc:
+            raise self._failure(operation, exc) from exc
+
+    def _failure(self, operation: str, exc: BaseException) -> BrokerError:
+        if self.call_timeout is not None and (
+                isinstance(exc, (RedisTimeoutError, TimeoutError))
+                or (isinstance(exc, RedisConnectionError) and _no_free_connection(exc))):
+            return self.broker.timed_out(operation, self.call_timeout)
+        return self.broker._failed(operation, exc)
+
+    def close(self) -> None:
+        if self._redis is not None:
+            self._redis.close()
+
+
+class BlockingProducer(BlockingCalls):
+    """Enqueue and register queues for `broker`'s namespace, blocking."""
+
+    def __init__(self, broker: RedisCalls, call_timeout: float) -> None:
+        super().__init__(broker, call_timeout)
+        self._kept: Any = None  # the kept connection, made at its first use
+        self._kept_pid = 0  # the process it was made in: a forked child makes its own
+        self._kept_free = threading.Lock()
 
     def register_queues(self, queues: Iterable[str]) -> None:
         self._script(*self.broker._register_queues_call(queues))
@@ -66,27 +111,16 @@ class BlockingProducer:
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         script = SCRIPTS[name]
-        try:
-            if self._kept_free.acquire(blocking=False):
-                try:
-                    kept = self._kept_connection()
-                    if kept is not None:
-                        return call_on_blocking(kept, script, keys, args)
-                finally:
-                    self._kept_free.release()
+        if self._kept_free.acquire(blocking=False):
             try:
-                return self.redis.evalsha(script.sha, len(keys), *keys, *args)
-            except ResponseError as exc:
-                if not is_noscript(exc):
-                    raise
-                self.redis.script_load(script.source)
-                return self.redis.evalsha(script.sha, len(keys), *keys, *args)
-        except (RedisTimeoutError, TimeoutError) as exc:
-            raise self.broker.timed_out(name, self.call_timeout) from exc
-        except (RedisError, OSError) as exc:
-            if isinstance(exc, RedisConnectionError) and _no_free_connection(exc):
-                raise self.broker.timed_out(name, self.call_timeout) from exc
-            raise self.broker._failed(name, exc) from exc
+                kept = self._kept_connection()
+                if kept is not None:
+                    return call_on_blocking(kept, script, keys, args)
+            except (RedisError, OSError) as exc:
+                raise self._failure(name, exc) from exc
+            finally:
+                self._kept_free.release()
+        return self._call(name, script, keys, args)
 
     def _kept_connection(self) -> Any:
         """The kept connection (None on a Cluster or Sentinel); the caller holds the lock."""
@@ -99,9 +133,7 @@ class BlockingProducer:
         with self._kept_free:
             if self._kept is not None and self._kept_pid == os.getpid():
                 self._kept.disconnect()
-        if self._redis is not None:
-            self._redis.close()
-
+        super().close()
 
 
 def _no_free_connection(exc: RedisConnectionError) -> bool:

@@ -48,9 +48,10 @@ SCRIPTS = load_scripts()
 # Every `operation` a failed call is reported under (the label of obsq_redis_errors_total):
 # the scripts, and the plain commands and calls named here, so that metrics can start each
 # at 0.
-COMMANDS = ("delete_namespace", "deregister", "find_queue", "forget_workers",
+COMMANDS = ("dataset", "delete_namespace", "deregister", "find_queue", "forget_workers",
             "lost_workers", "memory_policy", "memory_usage", "namespaces", "publish",
             "queues", "read_cancels", "read_inbox", "schedule_entries", "set_progress",
+            "still_held",
             "task_info",
             "wait_for_work", "wait_schedule_change", "workers")
 OPERATIONS = tuple(sorted({*SCRIPTS, *COMMANDS}))
@@ -164,11 +165,11 @@ class RedisCalls:
         try:
             if not self._config_denied:
                 try:
-                    return _worst_policy(await self.redis.config_get("maxmemory-policy"),
+                    return worst_policy(await self.redis.config_get("maxmemory-policy"),
                                          "maxmemory-policy")
                 except ResponseError:
                     self._config_denied = True
-            return _worst_policy(await self.redis.info("memory"), "maxmemory_policy")
+            return worst_policy(await self.redis.info("memory"), "maxmemory_policy")
         except ResponseError:
             return None
         except (RedisError, OSError) as exc:  # the first call of a Client: say where
@@ -348,7 +349,7 @@ def eviction_problem(where: str, policy: str) -> str:
             "deletes task data, and tasks are lost")
 
 
-def _worst_policy(reply: Any, field: str) -> str | None:
+def worst_policy(reply: Any, field: str) -> str | None:
     """The policy in a CONFIG GET or INFO reply; a Cluster answers per node (a dict of
     replies): any node's other than noeviction wins."""
     if not isinstance(reply, dict):
@@ -356,7 +357,7 @@ def _worst_policy(reply: Any, field: str) -> str | None:
     for key, value in reply.items():
         if (key.decode() if isinstance(key, bytes) else key) == field:
             return value.decode() if isinstance(value, bytes) else str(value)
-    policies = [_worst_policy(node, field) for node in reply.values()]
+    policies = [worst_policy(node, field) for node in reply.values()]
     known = sorted({p for p in policies if p is not None}, key=lambda p: p == SAFE_MEMORY_POLICY)
     return known[0] if known else None
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from obsq.broker.calls import RedisCalls
+from obsq.broker.calls import RedisCalls, ScriptCall
 from obsq.broker.records import Batch, Claimed, Enqueued, GroupedTask
 from obsq.task import TaskMessage
 
@@ -76,16 +76,13 @@ class Fanning(RedisCalls):
 
     # -- event subscriptions --------------------------------------------------------------
 
-    async def subscribe(self, subscriptions: Sequence[tuple[str, str, str]],
-                        ttl: float) -> None:
+    def _subscribe_call(self, subscriptions: Sequence[tuple[str, str, str]], ttl: float
+                        ) -> ScriptCall:
         """Register or renew (event, subscriber, queue) subscriptions for `ttl` seconds."""
-        if not subscriptions:
-            return
-        args: list[str] = []
+        args: list[Any] = [0, max(int(ttl * 1000), 1)]
         for event, subscriber, queue in subscriptions:
             args += [event, f"{subscriber} {queue}"]
-        await self._script("subscribe", (self.event_keys.subscribed,),
-                           (0, max(int(ttl * 1000), 1), *args))
+        return ("subscribe", (self.event_keys.subscribed,), args)
 
     async def subscribers(self, event: str) -> list[tuple[str, str]]:
         """(subscriber, queue) of each live subscription of `event`."""

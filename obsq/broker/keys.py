@@ -75,12 +75,14 @@ class QueueKeys:
 
 
 class GlobalKeys:
-    __slots__ = ("namespace", "queues", "workers")
+    __slots__ = ("dataset", "namespace", "queues", "workers")
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
         self.queues = f"{namespace}:queues"  # set of every queue ever enqueued to
         self.workers = f"{namespace}:workers"  # zset worker id -> last heartbeat (ms)
+        # a token the first worker writes, no expiry: missing, the data set is gone
+        self.dataset = f"{namespace}:dataset"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.namespace}:worker:{worker_id}"  # hash describing a live worker

@@ -33,6 +33,7 @@ class Fetched(NamedTuple):
     now_ms: int
     tasks: list[FetchedTask]
     held: tuple[tuple[str, str], ...] = ()
+    asked_at: float = 0.0  # when the worker sent the call (time.monotonic())
 
 
 class Attempt(NamedTuple):

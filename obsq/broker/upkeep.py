@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from redis.exceptions import RedisError, ResponseError
 
-from obsq.broker.calls import RedisCalls
+from obsq.broker.calls import RedisCalls, ScriptCall
 from obsq.broker.keys import TASK_STATES
 from obsq.broker.records import QueueStats
 
@@ -19,26 +19,21 @@ from obsq.broker.records import QueueStats
 class Upkeep(RedisCalls):
     # -- workers --------------------------------------------------------------------------
 
-    async def heartbeat(self, worker_id: str, description: dict[str, Any], ttl: float) -> None:
+    def _heartbeat_calls(self, worker_id: str, description: dict[str, Any], ttl: float
+                         ) -> list[ScriptCall]:
         """Refresh the worker's key (its TTL says it lives), its place in the registry and
         its queues (again each time: a Redis that restarted empty has lost the set the
         sweeps go through). Each script's first write cannot grow memory, so a Redis at
         maxmemory never refuses a heartbeat: that would have the worker's tasks run twice."""
         g = self.global_keys
-        calls = [("heartbeat", (g.worker(worker_id),),
-                  (0, max(int(ttl * 1000), 1), orjson.dumps(description))),
-                 ("register", (g.workers,),  # scored by its own clock: shown, never compared
-                  (0, "zset", int(time.time() * 1000), worker_id))]
+        calls: list[ScriptCall] = [
+            ("heartbeat", (g.worker(worker_id),),
+             (0, max(int(ttl * 1000), 1), orjson.dumps(description))),
+            ("register", (g.workers,),  # scored by its own clock: shown, never compared
+             (0, "zset", int(time.time() * 1000), worker_id))]
         if description.get("queues"):
             calls.append(self._register_queues_call(description["queues"]))
-        await self._scripts(calls)
-
-    async def deregister(self, worker_id: str) -> None:
-        g = self.global_keys
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.zrem(g.workers, worker_id)
-        pipe.delete(g.worker(worker_id), g.wake(worker_id))
-        await self._guard("deregister", pipe.execute())
+        return calls
 
     async def workers(self) -> list[dict[str, Any]]:
         """Descriptions of the workers whose heartbeat is current."""

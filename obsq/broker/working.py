@@ -30,9 +30,10 @@ class Working(RedisCalls):
         `completions` (see ack). `limits`: the route limits to apply (dequeue.lua)."""
         calls = self._ack_calls(completions or {}, worker_id, resent)
         calls.append(self._dequeue_call(queue, count, worker_id, lease_seconds, limits))
+        asked_at = time.monotonic()
         *acked, fetched = await self._scripts(calls)
         return (self._ack_results(completions or {}, acked),
-                self._parse_dequeue(queue, fetched))
+                self._parse_dequeue(queue, fetched, asked_at))
 
     async def ack(self, completions: Completions, worker_id: str, resent: bool = False
                   ) -> dict[str, list[bool]]:
@@ -69,7 +70,7 @@ class Working(RedisCalls):
         return ("dequeue", (k.pending, k.lease, k.wake, k.paused, k.active, k.fence),
                 (0, int(lease_seconds * 1000), count, worker_id, limits))
 
-    def _parse_dequeue(self, queue: str, reply: list[Any]) -> Fetched:
+    def _parse_dequeue(self, queue: str, reply: list[Any], asked_at: float) -> Fetched:
         if reply[1]:
             log.warning("%d id(s) in queue %s had no task data (deleted outside obsq); "
                         "skipped", reply[1], queue)
@@ -83,7 +84,7 @@ class Working(RedisCalls):
             for i in range(3, end, 14)
         ]
         held = tuple((_text(reply[i]), _text(reply[i + 1])) for i in range(end, len(reply), 2))
-        return Fetched(reply[0], tasks, held)
+        return Fetched(reply[0], tasks, held, asked_at)
 
     async def wait_and_dequeue(self, queues: Sequence[str], timeout: float, queue: str,
                                count: int, worker_id: str, lease_seconds: float,
@@ -100,6 +101,7 @@ class Working(RedisCalls):
         wake = [self.keys(q).wake for q in queues] + [self.global_keys.wake(worker_id)]
         name, keys, args = self._dequeue_call(queue, count, worker_id, lease_seconds, limits)
         pipe = self.redis.pipeline(transaction=False)
+        asked_at = time.monotonic()
         pipe.blpop(wake, timeout=timeout)
         pipe.evalsha(SCRIPTS[name].sha, len(keys), *keys, *args)
         woken, fetched = await self._guard("wait_for_work", pipe.execute(raise_on_error=False))
@@ -109,7 +111,7 @@ class Working(RedisCalls):
             fetched = await self._script(name, keys, args)
         elif isinstance(fetched, Exception):
             raise self._failed(name, fetched)
-        return woken is not None, self._parse_dequeue(queue, fetched)
+        return woken is not None, self._parse_dequeue(queue, fetched, asked_at)
 
     async def isolate(self, queue: str, attempt: Attempt, worker_id: str) -> bool:
         """Record that a suspect's attempt starts alone in its worker (isolate.lua); False
@@ -207,9 +209,9 @@ class Working(RedisCalls):
             calls.append(("hand_back", (k.lease, k.pending, k.wake, k.active), args))
         return [bool(x) for reply in await self._scripts(calls) for x in reply]
 
-    async def extend(self, attempts: dict[str, list[Attempt]], lease_seconds: float,
-                     worker_id: str) -> dict[str, list[str]]:
-        """Extend leases: {queue: attempts} -> {queue: ids whose lease was lost}."""
+    def _extend_calls(self, attempts: dict[str, list[Attempt]], lease_seconds: float,
+                      worker_id: str) -> tuple[list[ScriptCall], list[str]]:
+        """The calls that extend leases ({queue: attempts}), and the queue of each call."""
         calls, queues = [], []
         for queue, items in attempts.items():
             k = self.keys(queue)
@@ -219,10 +221,17 @@ class Working(RedisCalls):
                     args += (a.task_id, a.fence)
                 calls.append(("extend", (k.lease, k.active), args))
                 queues.append(queue)
-        lost: dict[str, list[str]] = {queue: [] for queue in attempts}
-        for queue, reply in zip(queues, await self._scripts(calls)):
-            lost[queue] += (i.decode() for i in reply)
-        return lost
+        return calls, queues
+
+    async def still_held(self, queue: str, attempts: Sequence[Attempt], worker_id: str
+                         ) -> list[bool]:
+        """Whether each attempt still holds its task (its fence and this worker recorded in
+        `active`): a worker that was unresponsive asks before it starts a task it took."""
+        pipe = self.redis.pipeline(transaction=False)
+        for a in attempts:
+            pipe.hget(self.keys(queue).active, a.task_id)
+        held = await self._guard("still_held", pipe.execute())
+        return [h == f"{a.fence}:{worker_id}".encode() for a, h in zip(attempts, held)]
 
     async def set_progress(self, queue: str, task_id: str, state: Any, ttl: float) -> None:
         await self._guard("set_progress", self.redis.set(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,6 +28,7 @@ from obsq.errors import StartupError
 from obsq.observability.probes import Check
 
 log = logging.getLogger("obsq")
+
 
 class HealthServer:
     """/metrics, /healthz, /readyz and / on a port of their own, served from threads."""
@@ -59,6 +61,13 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False
     allow_reuse_address = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A caller that went away mid-request (a probe's timeout, a scrape cut short) is
+        no error of the server's: no traceback for it, only for real failures."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     registry: CollectorRegistry
@@ -83,6 +92,8 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._json(404, {"error": "not found", "paths": ["/metrics", "/healthz",
                                                                  "/readyz", "/"]})
+        except ConnectionError:  # the caller left (a probe that timed out): nobody to tell
+            log.debug("HTTP %s: the client closed the connection first", url.path)
         except Exception as exc:
             log.exception("HTTP %s failed", url.path)
             self._json(500, {"error": f"{type(exc).__name__}: {exc}"})

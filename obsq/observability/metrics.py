@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from prometheus_client import (
@@ -40,6 +40,9 @@ from obsq.broker.calls import OPERATIONS
 from obsq.errors import UnknownTaskType
 from obsq.settings import DEFAULT_QUEUE
 from obsq.task import Task
+
+if TYPE_CHECKING:
+    from obsq.worker import Worker
 
 # From 5 ms to 10 minutes: handlers and queueing delays of a task queue span seconds to
 # minutes, unlike the sub-second buckets of an HTTP server.
@@ -134,6 +137,13 @@ class Metrics:
             "obsq_event_deliveries", "Attempts of the copies of published events, by event, "
             "subscriber and outcome (those of obsq_tasks_processed_total)",
             ["event", "subscriber", "outcome"])
+        self.loop_lag = Gauge(
+            "obsq_worker_event_loop_lag_seconds", "How long the worker's event loop has "
+            "been blocked now (a handler calling blocking code in an async def); 0 while it "
+            "runs", multiprocess_mode="livemax")
+        self.data_lost = Counter(
+            "obsq_redis_data_lost", "Times a worker found that Redis had lost its data "
+            "(restarted without persistence, or flushed)")
         self.build_info = Gauge("obsq_build_info", "obsq version; always 1", ["version"],
                                 multiprocess_mode="max")
         self.build_info.labels(__version__).set(1)
@@ -297,6 +307,14 @@ def start_at_zero(app: App, queues: Iterable[str], *, worker: bool = True) -> No
             if subscription.queue in served:
                 for outcome in OUTCOMES:
                     m.deliveries.labels(subscription.event, subscription.name, outcome)
+
+
+def watch_worker(worker: Worker) -> None:
+    """The worker's own gauges and counters: its event loop's lag, Redis's data losses."""
+    m = get_metrics()
+    m.data_lost.inc(0)
+    worker.loop_lag_hooks.append(m.loop_lag.set)
+    worker.data_lost_hooks.append(m.data_lost.inc)
 
 
 def set_concurrency(slots: int) -> None:

@@ -1,5 +1,6 @@
-"""What the liveness and readiness probes judge by: whether an event loop still runs
-callbacks, and whether Redis answered the last ping. Each check returns None when all is
+"""What the liveness and readiness probes of the scheduler and exporter judge by: whether
+an event loop still runs callbacks, and whether Redis answered the last ping (a worker's
+checks are obsq/health.py's). Each check returns None when all is
 well, else the reason, which the endpoint sends back with its 503."""
 
 from __future__ import annotations
@@ -10,14 +11,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from obsq.broker import Broker
 from obsq.errors import BrokerError
 from obsq.settings import LOOP_TIMEOUT, PING_INTERVAL
-
-if TYPE_CHECKING:
-    from obsq.worker import WorkerHealth
 
 log = logging.getLogger("obsq")
 Check = Callable[[], "str | None"]  # None: fine; else why not
@@ -33,12 +30,13 @@ def loop_answers(loop: asyncio.AbstractEventLoop, timeout: float = LOOP_TIMEOUT)
     return answered.wait(timeout)
 
 
-def loop_liveness(loop: asyncio.AbstractEventLoop, then: Check | None = None) -> Check:
-    """A liveness check: the event loop answers, and then `then` (if given) passes."""
+def loop_liveness(loop: asyncio.AbstractEventLoop) -> Check:
+    """The liveness check of a scheduler or exporter: its event loop answers (a worker's
+    judges its loop's lag against a limit instead: obsq/health.py)."""
     def live() -> str | None:
         if not loop_answers(loop):
             return f"the event loop did not answer within {LOOP_TIMEOUT:g} s"
-        return then() if then is not None else None
+        return None
     return live
 
 
@@ -68,22 +66,3 @@ class RedisWatch:
 
     def problem(self) -> str | None:
         return None if self.ok else "Redis is unreachable"
-
-
-# Stuck slots (obsq/pools): plain handlers that overran their timeout and run on in threads
-# of their own, each slot served by a fresh thread meanwhile.
-
-
-def stuck_too_long(health: WorkerHealth, limit: float) -> str | None:
-    """Liveness: a handler stuck past `limit` will not return; only a restart frees it."""
-    if health.stuck_slots and health.stuck_seconds > limit:
-        return (f"{health.stuck_slots} slot(s) stuck in plain handlers that overran their "
-                f"timeout, the longest for {health.stuck_seconds:.0f} s (limit {limit:g} s)")
-    return None
-
-
-def every_slot_stuck(health: WorkerHealth, slots: int) -> str | None:
-    """Readiness: as many hung handlers as slots is a worker in trouble."""
-    if health.stuck_slots >= slots:
-        return f"every slot is stuck ({health.stuck_slots} plain handlers overran their timeout)"
-    return None

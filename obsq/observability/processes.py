@@ -15,17 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from obsq._version import __version__
 from obsq.broker import Broker
+from obsq.health import LIVENESS, READINESS, first_problem
 from obsq.loop import on_stop_signals
 from obsq.observability.collector import QueueCollector
 from obsq.observability.http import HealthServer
 from obsq.observability.instrument import instrument_app, instrument_client
 from obsq.observability.metrics import SchedulerMetrics, endpoint_registry
-from obsq.observability.probes import (
-    RedisWatch,
-    every_slot_stuck,
-    loop_liveness,
-    stuck_too_long,
-)
+from obsq.observability.probes import RedisWatch, loop_liveness
 
 if TYPE_CHECKING:
     from obsq.scheduler import Scheduler
@@ -38,31 +34,14 @@ Serving = Callable[[HealthServer], None]  # told the endpoint once it listens
 def serve_worker(worker: Worker, host: str, port: int, *, queue_metrics: bool = True
                  ) -> HealthServer:
     """The endpoint of `worker` (call it on the worker's event loop; port 0: a free one).
-    /healthz: the loop answers and heartbeats reach Redis; /readyz: started, Redis
-    reachable, not draining. `queue_metrics`: with the queue-wide gauges of its queues
+    /healthz judges the process alone (obsq/health.py LIVENESS: its event loop not blocked
+    past the limit, its heartbeat thread coming round); /readyz: started, not draining,
+    Redis answering (READINESS). `queue_metrics`: with the queue-wide gauges of its queues
     (off where an `obsq exporter` publishes them for the installation)."""
     loop = asyncio.get_running_loop()
     collectors = [QueueCollector(worker.broker, loop, list(worker.queues))
                   ] if queue_metrics else []
     registry = endpoint_registry(*collectors)
-
-    def heartbeats() -> str | None:
-        health = worker.health()
-        if not health.heartbeat_ok:
-            return f"no heartbeat reached Redis for {health.heartbeat_age:.0f} s"
-        return stuck_too_long(health, worker.settings.stuck_limit)
-
-    def ready() -> str | None:
-        health = worker.health()
-        if health.draining:
-            return "the worker is draining"
-        if not health.started:
-            return "the worker is starting"
-        if not health.redis_ok:
-            return "Redis is unreachable"
-        if not health.redis_answers:
-            return f"Redis has not answered for {health.heartbeat_age:.0f} s"
-        return every_slot_stuck(health, worker.concurrency)
 
     def status() -> dict[str, Any]:
         health = worker.health()
@@ -75,8 +54,9 @@ def serve_worker(worker: Worker, host: str, port: int, *, queue_metrics: bool = 
                 "stuck_slots": health.stuck_slots,
                 "uptime": round(time.time() - about["started"], 3) if about["started"] else 0.0}
 
-    return HealthServer(host, port, registry, live=loop_liveness(loop, heartbeats),
-                        ready=ready, status=status)
+    return HealthServer(host, port, registry,
+                        live=lambda: first_problem(worker.health(), LIVENESS),
+                        ready=lambda: first_problem(worker.health(), READINESS), status=status)
 
 
 async def run_worker(worker: Worker, *, http_port: int | None = None,
@@ -89,6 +69,10 @@ async def run_worker(worker: Worker, *, http_port: int | None = None,
     instrument_app(worker.app, metrics=metrics, tracing=tracing,
                    concurrency=worker.concurrency, queues=worker.queues,
                    worker_id=worker.id, redis_url=worker.broker.url)
+    if metrics:
+        from obsq.observability.metrics import watch_worker
+
+        watch_worker(worker)
     server = None
     if http_port is not None and http_port >= 0:
         server = serve_worker(worker, http_host, http_port, queue_metrics=queue_metrics)

@@ -4,11 +4,12 @@ timeout that ends an attempt."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from obsq.errors import TaskTimeout
+from obsq.loop_watch import stretched_timeout
 
 if TYPE_CHECKING:
     from obsq.app import Route
@@ -50,19 +51,21 @@ def overran(seconds: float) -> TaskTimeout:
 
 
 if sys.version_info >= (3, 11):
-    async def within(call: Awaitable[Any], seconds: float) -> Any:
-        """`await call`, or TaskTimeout after `seconds` (the call is then cancelled)."""
-        import asyncio
-
+    async def within(call: Awaitable[Any], seconds: float,
+                     loop_blocked: Callable[[], float] = lambda: 0.0) -> Any:
+        """`await call`, or TaskTimeout after `seconds` (the call is then cancelled), not
+        counting the time the event loop stood blocked meanwhile (`loop_blocked()`: that
+        time so far, obsq/loop_watch.py)."""
         try:
-            async with asyncio.timeout(seconds) as scope:
+            async with stretched_timeout(seconds, loop_blocked) as scope:
                 return await call
         except TimeoutError:
             if scope.expired():
                 raise overran(seconds) from None
             raise
 else:  # pragma: no cover - Python 3.10
-    async def within(call: Awaitable[Any], seconds: float) -> Any:
+    async def within(call: Awaitable[Any], seconds: float,
+                     loop_blocked: Callable[[], float] = lambda: 0.0) -> Any:
         """`await call`, or TaskTimeout after `seconds` (the call is then cancelled)."""
         import asyncio
 

@@ -33,6 +33,8 @@ CONTRACT_METRICS = frozenset(
         "obsq_tasks_in_progress",
         "obsq_worker_concurrency",
         "obsq_worker_stuck_slots",
+        "obsq_worker_event_loop_lag_seconds",
+        "obsq_redis_data_lost_total",
         "obsq_lease_recoveries_total",
         "obsq_queue_depth",
         "obsq_queue_latency_seconds",

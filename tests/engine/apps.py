@@ -111,3 +111,12 @@ def blob(task: obsq.Task) -> dict[str, Any]:
     """A plain function given a bytes payload: returns what it got, as hex (results are
     JSON), and the process that ran it."""
     return {"kind": type(task.payload).__name__, "hex": task.payload.hex(), "pid": os.getpid()}
+
+
+@app.task("block")
+async def block(task: obsq.Task) -> None:
+    """Blocks the event loop for payload["seconds"] (a sync call in an async def, the bug
+    of a real app), on its first attempt only."""
+    if await begin(task) == 1:
+        time.sleep(task.payload["seconds"])
+    await recorder().rpush(key("finished"), task.id)

@@ -14,6 +14,7 @@ from support import depth, wait_until
 
 import obsq
 from obsq.broker import Attempt, Broker, Completion, GlobalKeys
+from obsq.broker.keeping import BlockingKeeping
 
 from .helpers import decoded, live_worker_pids, record_key
 
@@ -192,8 +193,10 @@ async def test_fencing_after_recovery_at_the_broker(client, broker) -> None:
 
     await wait_until(recovered, timeout=5)
     assert (await client.info(info.id)).state == "pending"
-    assert await broker.extend({"default": [Attempt(info.id, fence)]}, 30, "w1") == {
-        "default": [info.id]}  # the lease is no longer this attempt's
+    keeping = BlockingKeeping(broker)  # as a worker's heartbeat thread extends
+    assert await asyncio.to_thread(keeping.extend, {"default": [Attempt(info.id, fence)]}, 30,
+                                   "w1") == {"default": [info.id]}  # no longer this attempt's
+    keeping.close()
     old = Completion(Attempt(info.id, fence), 0, b"1")
     assert await broker.ack({"default": [old]}, "w1") == {"default": [False]}
 

@@ -15,6 +15,7 @@ from support import missing_tool, wait_until
 
 import obsq
 from obsq.broker import Attempt, Broker, Completion, QueueKeys
+from obsq.broker.keeping import BlockingKeeping
 from obsq.broker.scripts import FULL_ERROR_BYTES, FULL_NOTE
 from obsq.redis_server import RedisServer
 
@@ -58,11 +59,13 @@ async def test_every_call_a_worker_needs_passes_on_a_full_redis(full_redis, name
     raw = redis.Redis.from_url(full_redis.url)
     client = obsq.Client(full_redis.url, namespace, app=app)
     broker = Broker(full_redis.url, namespace)
+    keeping = BlockingKeeping(broker)  # the worker's heartbeat thread calls Redis this way
     try:
         assert await fill_with_tasks(client) > 0
         calls = {
             "register queues": lambda: broker.register_queues(["default", "other"]),
-            "heartbeat": lambda: broker.heartbeat("w1", {"queues": {"default": 1}}, 10),
+            "heartbeat": lambda: asyncio.to_thread(keeping.heartbeat, "w1",
+                                                   {"queues": {"default": 1}}, 10),
             "take a free lock": lambda: broker.try_lock("recoverer", "w1", 5),
             "keep the lock": lambda: broker.try_lock("recoverer", "w1", 5),
             "interrupt the wait": lambda: broker.interrupt_wait("w1"),
@@ -78,7 +81,8 @@ async def test_every_call_a_worker_needs_passes_on_a_full_redis(full_redis, name
         assert len(fetched.tasks) == 2
         attempts = [Attempt(t.id, t.fence, t.type) for t in fetched.tasks]
         top_up(raw)
-        assert await broker.extend({"default": attempts}, 30, "w1") == {"default": []}
+        assert await asyncio.to_thread(keeping.extend, {"default": attempts}, 30, "w1") == {
+            "default": []}
         top_up(raw)
         acked = await broker.ack({"default": [Completion(a, 0, b"null") for a in attempts]},
                                  "w1")
@@ -88,6 +92,7 @@ async def test_every_call_a_worker_needs_passes_on_a_full_redis(full_redis, name
             await client.enqueue("t", {"refused": True})
     finally:
         raw.close()
+        keeping.close()
         await broker.close()
         await client.close()
 

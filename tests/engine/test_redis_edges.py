@@ -15,6 +15,7 @@ from support import depth, redis_now_ms, wait_until
 import obsq
 from obsq.broker import Attempt, Broker, Completion
 from obsq.broker.calls import OPERATIONS
+from obsq.broker.keeping import BlockingKeeping
 from obsq.errors import BrokerError
 from obsq.maintenance import Recoverer
 
@@ -23,7 +24,9 @@ async def test_a_lost_workers_attempts_are_recovered_in_bounded_steps(client, br
     await client.enqueue_many([obsq.Job("t", i) for i in range(2500)])
     _, fetched = await broker.dequeue("default", 2500, "ghost", lease_seconds=600)
     assert len(fetched.tasks) == 2500
-    await broker.heartbeat("ghost", {"queues": ["default"]}, ttl=0.05)  # then silence
+    keeping = BlockingKeeping(broker)  # as a worker's heartbeat thread beats
+    await asyncio.to_thread(keeping.heartbeat, "ghost", {"queues": ["default"]}, 0.05)
+    keeping.close()  # then silence
     await wait_until(lambda: broker.lost_workers(), timeout=5)
 
     requeued, _, cursor = await broker.recover("default", 5, 1000, ["ghost"])

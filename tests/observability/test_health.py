@@ -4,14 +4,19 @@ blocked by a careless handler, a draining worker, a Redis too slow for a scrape.
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
+import struct
 import threading
 import time
 
+from prometheus_client import CollectorRegistry
 from support import wait_until
 
 import obsq
 from obsq.broker import Broker
 from obsq.observability.collector import QueueCollector
+from obsq.observability.http import HealthServer
 
 from .helpers import http_get, parse, probe, scrape, value
 
@@ -39,13 +44,13 @@ async def test_readiness_follows_redis_down_and_back(app, private_redis, namespa
     assert (await asyncio.to_thread(probe, port, "/healthz"))[0] == 200
 
 
-async def test_liveness_fails_while_a_handler_blocks_the_event_loop(app, redis_url, namespace,
-                                                                    start_worker):
+async def test_liveness_fails_while_the_event_loop_is_blocked_past_its_limit(
+        app, redis_url, namespace, start_worker):
     @app.task("careless")
     async def careless(task):
         time.sleep(3)  # blocks the event loop: the bug liveness must catch
 
-    worker = await start_worker(http_port=0)
+    worker = await start_worker(http_port=0, blocked_loop_limit=1.0)
     port = start_worker.port(worker)
     seen: list[tuple[float, int, dict]] = []
     stop = threading.Event()
@@ -72,7 +77,40 @@ async def test_liveness_fails_while_a_handler_blocks_the_event_loop(app, redis_u
     first_bad = statuses.index(503)
     assert 200 in statuses[first_bad:]
     assert next(b for _, s, b in seen if s == 503)["reason"].startswith(
-        "the event loop did not answer")
+        "the event loop has been blocked for")
+
+
+async def test_liveness_holds_while_the_event_loop_is_blocked_within_its_limit(
+        app, redis_url, namespace, start_worker):
+    """A loop blocked for seconds is logged and measured, not a reason to restart the pod:
+    liveness fails only past blocked_loop_limit (60 s by default)."""
+    @app.task("careless")
+    async def careless(task):
+        time.sleep(4)
+
+    worker = await start_worker(http_port=0, metrics=True)
+    port = start_worker.port(worker)
+    seen: list[tuple[int, float]] = []  # (/healthz status, lag gauge)
+    stop = threading.Event()
+
+    def poll() -> None:  # a thread: the test shares the blocked loop
+        while not stop.is_set():
+            seen.append((probe(port, "/healthz")[0], value(
+                parse(scrape(port)), "obsq_worker_event_loop_lag_seconds")))
+            time.sleep(0.2)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    client = obsq.Client(redis_url, namespace=namespace, app=app)
+    try:
+        await client.enqueue("careless")
+        await wait_until(lambda: any(lag > 2 for _, lag in seen) and seen[-1][1] < 1,
+                         timeout=20, what="the lag rising past 2 s and falling again")
+    finally:
+        stop.set()
+        await asyncio.to_thread(poller.join)
+        await client.close()
+    assert {status for status, _ in seen} == {200}
 
 
 async def test_readiness_fails_while_draining_and_status_page(app, redis_url, namespace,
@@ -164,3 +202,67 @@ async def test_a_slow_redis_never_hangs_a_scrape(redis_url, namespace):
     calls = slow.calls
     assert await asyncio.to_thread(depth) is not None
     assert slow.calls == calls
+
+
+async def test_a_redis_restarted_empty_is_said_as_lost_data_and_counted(
+        app, private_redis, namespace, start_worker, caplog):
+    started = asyncio.Event()
+
+    @app.task("long")
+    async def long(task):
+        started.set()
+        await asyncio.sleep(4)
+
+    @app.task("quick")
+    async def quick(task):
+        return "ran"
+
+    worker = await start_worker(redis_url=private_redis.url, metrics=True, http_port=0)
+    port = start_worker.port(worker)
+    client = obsq.Client(private_redis.url, namespace, app=app)
+    try:
+        await client.enqueue("long")
+        await wait_until(started.is_set)
+        assert "lost its data" not in caplog.text
+        before = value(parse(await asyncio.to_thread(scrape, port)),
+                       "obsq_redis_data_lost_total")  # the process's, over earlier tests
+        private_redis.stop()  # killed: no persistence, so it comes back empty
+        await asyncio.sleep(1)
+        private_redis.start()
+        await wait_until(lambda: "lost its data" in caplog.text, timeout=15)
+        lost = [r for r in caplog.records if "lost its data (" in r.getMessage()]
+        assert len(lost) == 1 and lost[0].levelname == "ERROR"
+        assert "restarted without persistence" in lost[0].getMessage()
+        samples = parse(await asyncio.to_thread(scrape, port))
+        assert value(samples, "obsq_redis_data_lost_total") == before + 1
+        # it carries on: queues registered again, new tasks run
+        async with obsq.Client(private_redis.url, namespace, app=app) as after:
+            info = await after.enqueue("quick", retention=60)
+            assert await after.result(info, timeout=15) == "ran"
+        taken = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
+        assert all("Redis lost its data" in m for m in taken), taken
+    finally:
+        await client.close()
+
+
+async def test_a_probe_that_leaves_before_its_answer_leaves_no_traceback(capsys, caplog):
+    """A probe timing out closes its connection before the check answers: the endpoint
+    then cannot write its reply, which is nobody's error."""
+    def slow() -> None:
+        time.sleep(0.5)
+
+    server = HealthServer("127.0.0.1", 0, CollectorRegistry(), live=slow, ready=slow,
+                          status=dict)
+    try:
+        for path in ("/healthz", "/readyz"):
+            with socket.create_connection(("127.0.0.1", server.port)) as sock:
+                sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                # reset at once, as a client whose timeout ran out
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            await asyncio.sleep(1)
+        assert probe(server.port, "/healthz")[0] == 200  # still serving
+    finally:
+        server.close()
+    output = capsys.readouterr()
+    assert "Traceback" not in output.err + output.out
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
