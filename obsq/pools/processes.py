@@ -47,21 +47,38 @@ class _Child:
     def __init__(self, process: BaseProcess, conn: Connection) -> None:
         self.process = process
         self.conn = conn
+        self.alive = True  # until its end of the pipe closes, or it is killed
+        self._fd = -1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reply: asyncio.Future[Any] | None = None
+
+    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read its messages as they come: one reader for its life, not one per task."""
+        self._loop, self._fd = loop, self.conn.fileno()
+        loop.add_reader(self._fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            message = self.conn.recv()
+        except (EOFError, OSError):  # it died
+            message = None
+            self._stop_watching()
+        if self._reply is not None and not self._reply.done():
+            self._reply.set_result(message)
 
     async def reply(self) -> Any:
         """The child's next message; None when it died before sending one."""
-        loop = asyncio.get_running_loop()
-        readable = loop.create_future()
-        fd = self.conn.fileno()
-        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+        assert self._loop is not None
+        self._reply = self._loop.create_future()
         try:
-            await readable
+            return await self._reply
         finally:
-            loop.remove_reader(fd)
-        try:
-            return self.conn.recv()
-        except (EOFError, OSError):
-            return None
+            self._reply = None
+
+    def _stop_watching(self) -> None:
+        if self.alive and self._loop is not None:
+            self._loop.remove_reader(self._fd)
+        self.alive = False
 
     async def death(self) -> str:
         await asyncio.to_thread(self.process.join, REAP_TIMEOUT)
@@ -71,6 +88,7 @@ class _Child:
         return f"exit status {code}" if code is not None else "it no longer answers"
 
     def kill(self) -> None:
+        self._stop_watching()  # before its descriptor is closed and reused
         self.conn.close()
         with contextlib.suppress(OSError, ValueError):  # gone already, or closed
             self.process.kill()
@@ -92,7 +110,7 @@ class ProcessSlots:
         try:
             try:
                 child.conn.send((task.portable(), _trace_carrier()))
-            except OSError:  # it died while idle, after the look
+            except OSError:  # it died while idle, unnoticed so far
                 reply = None
             else:
                 reply = await within(child.reply(), task.timeout)
@@ -121,10 +139,15 @@ class ProcessSlots:
     async def _take(self) -> _Child:
         while self._idle:
             child = self._idle.pop()
-            if child.process.is_alive():
+            if child.alive:
                 return child
             self._replace(child)  # died while idle
-        return await asyncio.to_thread(self._spawn)
+        return await self._started()
+
+    async def _started(self) -> _Child:
+        child = await asyncio.to_thread(self._spawn)
+        child.watch(asyncio.get_running_loop())
+        return child
 
     def _spawn(self) -> _Child:
         ours, theirs = self._context.Pipe()
@@ -142,7 +165,7 @@ class ProcessSlots:
             self._in_background(self._refill())
 
     async def _refill(self) -> None:
-        child = await asyncio.to_thread(self._spawn)
+        child = await self._started()
         if self._closed:
             child.kill()
         else:

@@ -30,15 +30,18 @@ log = logging.getLogger("obsq")
 
 
 class _Job:
-    __slots__ = ("call", "done", "finished", "given_up", "loop", "started_at", "thread")
+    __slots__ = ("call", "delivered", "done", "finished", "given_up", "loop", "started_at",
+                 "thread", "timer")
 
     def __init__(self, call: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> None:
         self.call = call
         self.loop = loop
         self.done: asyncio.Future[Any] = loop.create_future()
+        self.timer: asyncio.TimerHandle | None = None
         self.thread: threading.Thread | None = None  # set when its handler starts
         self.started_at: float | None = None  # monotonic
         self.finished = False  # the handler returned or raised
+        self.delivered = False  # its outcome reached `done`
         self.given_up = False  # nobody waits for it any more
 
 
@@ -49,7 +52,7 @@ class ThreadSlots:
         self.size = size
         self._on_stuck = on_stuck
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)  # a token per thread waiting for a job
+        self._idle = 0  # serving threads free for a job
         self._lock = threading.Lock()
         self._serving: set[threading.Thread] = set()
         self._abandoned: dict[threading.Thread, float] = {}  # -> when it was abandoned
@@ -59,30 +62,33 @@ class ThreadSlots:
         context = contextvars.copy_context()  # the trace span follows into the thread
         job = _Job(lambda: context.run(route.handler, task), loop)
         self._submit(job)
+        job.timer = loop.call_later(task.timeout, self._expire, job, task)
         try:
-            # The timeout counts from the handler's start, which the thread records: wait
-            # `timeout` from the submission, then again until `timeout` after the start.
-            while not job.done.done():
-                started = job.started_at
-                left = task.timeout if started is None else \
-                    started + task.timeout - time.monotonic()
-                if left <= 0:
-                    log.warning("task %s (%s) overran its timeout of %g s: its thread is left "
-                                "to finish as a stuck slot, and a fresh one serves the slot",
-                                task.id, task.type, task.timeout)
-                    raise overran(task.timeout)
-                await asyncio.wait((job.done,), timeout=left)
-            return job.done.result()
+            return await job.done
         finally:
-            if not job.done.done():
+            job.timer.cancel()
+            if not job.delivered:  # overran, or the attempt was given up
                 self._give_up(job)
+
+    def _expire(self, job: _Job, task: Task) -> None:
+        """The timeout counts from the handler's start, which the thread records: the first
+        timer runs from the submission, a second one, if need be, to the start's timeout."""
+        started = job.started_at
+        left = task.timeout if started is None else started + task.timeout - time.monotonic()
+        if left > 0:
+            job.timer = job.loop.call_later(left, self._expire, job, task)
+        elif not job.done.done():
+            log.warning("task %s (%s) overran its timeout of %g s: its thread is left to "
+                        "finish as a stuck slot, and a fresh one serves the slot", task.id,
+                        task.type, task.timeout)
+            job.done.set_exception(overran(task.timeout))
 
     def _submit(self, job: _Job) -> None:
         self._jobs.put(job)
-        if self._idle.acquire(blocking=False):
-            return  # an idle thread takes it
         with self._lock:
-            if len(self._serving) < self.size:
+            if self._idle:
+                self._idle -= 1  # a free thread takes it
+            elif len(self._serving) < self.size:
                 thread = threading.Thread(target=self._serve, daemon=True,
                                           name=f"obsq-handler-{len(self._serving)}")
                 self._serving.add(thread)
@@ -107,22 +113,24 @@ class ThreadSlots:
             if job is None:
                 return
             with self._lock:
-                if not job.given_up:
-                    job.thread, job.started_at = me, time.monotonic()
-            if job.thread is me:
-                try:
-                    outcome: tuple[bool, Any] = (True, job.call())
-                except BaseException as exc:  # handed to the attempt, whatever it is
-                    outcome = (False, exc)
-                with self._lock:
-                    job.finished = True
-                    abandoned = self._abandoned.pop(me, None) is not None
-                if abandoned:  # a fresh thread serves in its stead
-                    self._call_soon(job.loop, self._on_stuck)
-                    return
-                self._call_soon(job.loop, _settle, job, outcome)
-                del outcome
-            self._idle.release()
+                if job.given_up:  # before it started: free for the next one
+                    self._idle += 1
+                    continue
+                job.thread, job.started_at = me, time.monotonic()
+            try:
+                outcome: tuple[bool, Any] = (True, job.call())
+            except BaseException as exc:  # handed to the attempt, whatever it is
+                outcome = (False, exc)
+            with self._lock:
+                job.finished = True
+                abandoned = self._abandoned.pop(me, None) is not None
+                if not abandoned:
+                    self._idle += 1
+            if abandoned:  # a fresh thread serves in its stead
+                self._call_soon(job.loop, self._on_stuck)
+                return
+            self._call_soon(job.loop, _settle, job, outcome)
+            del outcome
 
     @staticmethod
     def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None],
@@ -146,6 +154,7 @@ class ThreadSlots:
 def _settle(job: _Job, outcome: tuple[bool, Any]) -> None:
     if job.given_up or job.done.done():  # nobody would read it
         return
+    job.delivered = True
     ok, value = outcome
     if ok:
         job.done.set_result(value)
