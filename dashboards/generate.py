@@ -524,6 +524,48 @@ def overview() -> dash.Dashboard:
     ]:
         board = board.with_panel(panel)
 
+    board = board.with_row(row("Redis and producers"))
+    for panel in [
+        graph(
+            "Redis memory",
+            "Memory Redis uses against its maxmemory (0: no limit). Producers are refused "
+            "from their memory_share of it on (90 % by default); workers never are, so they "
+            "drain the queues.",
+            "bytes",
+            queries(
+                (f"max by ({INSTALLATION}) (obsq_redis_memory_used_bytes{{{SCOPE}}})",
+                 "{{namespace}} {{app_kubernetes_io_instance}} used"),
+                (f"max by ({INSTALLATION}) (obsq_redis_memory_max_bytes{{{SCOPE}}})",
+                 "{{namespace}} {{app_kubernetes_io_instance}} maxmemory"),
+            ),
+        ),
+        graph(
+            "Enqueues refused by reason",
+            "Tasks the scraped producers asked to enqueue that were not written: duplicate, "
+            "too_large, invalid, out_of_memory (Redis above the producers' share), "
+            "permission_denied, redis_error.",
+            "ops",
+            queries((rate("obsq_tasks_refused_total", qsel, "queue, reason"),
+                     "{{queue}} {{reason}}")),
+            bars=True,
+        ),
+        graph(
+            "Age of the queue gauges",
+            "Seconds since the queue-wide gauges were last read from Redis, and 1 while the "
+            "last read worked: a failed read is served from the one before, for 30 s.",
+            "s",
+            queries(
+                (f"time() - max by ({INSTALLATION}) "
+                 f"(obsq_queue_gauges_read_timestamp_seconds{{{SCOPE}}})",
+                 "{{namespace}} {{app_kubernetes_io_instance}} age"),
+                (f"min by ({INSTALLATION}) (obsq_queue_gauges_read_ok{{{SCOPE}}})",
+                 "{{namespace}} {{app_kubernetes_io_instance}} last read ok"),
+            ),
+            width=24,
+        ),
+    ]:
+        board = board.with_panel(panel)
+
     board = board.with_row(row("Scheduler"))
     board = board.with_panel(
         graph(

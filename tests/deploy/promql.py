@@ -27,6 +27,7 @@ import yaml
 CONTRACT_METRICS = frozenset(
     {
         "obsq_tasks_enqueued_total",
+        "obsq_tasks_refused_total",
         "obsq_tasks_processed_total",
         "obsq_task_duration_seconds",
         "obsq_task_wait_seconds",
@@ -41,6 +42,10 @@ CONTRACT_METRICS = frozenset(
         "obsq_queue_paused",
         "obsq_workers",
         "obsq_redis_maxmemory_policy_ok",
+        "obsq_redis_memory_used_bytes",
+        "obsq_redis_memory_max_bytes",
+        "obsq_queue_gauges_read_ok",
+        "obsq_queue_gauges_read_timestamp_seconds",
         "obsq_redis_errors_total",
         "obsq_build_info",
         "obsq_scheduler_fires_total",

@@ -37,6 +37,7 @@ ALERTS = {
     "ObsqHighFailureRatio",
     "ObsqRedisErrors",
     "ObsqRedisMayEvictTasks",
+    "ObsqRedisMemoryHigh",
     "ObsqAggregatorFailing",
     "ObsqWorkersDown",
     "ObsqWorkersAbsent",

@@ -312,6 +312,9 @@ async def test_every_dashboard_query_and_alert_returns_data(
         assert len(await client.publish("e2e.paid", {"wave": n})) == 1
         await client.enqueue("flaky")
         await client.enqueue("doomed")
+        twice = obsq.Job("easy", {}, task_id=f"twice-{n}-{namespace}", delay=3600)
+        assert [i.duplicate for i in await client.enqueue_many([twice, twice])] == [
+            False, True]  # a refused enqueue
         await expire_a_lease()
         await hold_back_and_cancel()
         await lose_a_worker(f"ghost-{n}")
