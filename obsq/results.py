@@ -42,6 +42,7 @@ class ResultWaiter:
         # the reader's current wait
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._listening: dict[str, tuple[str, ...]] = {}
+        self._unwatching: set[asyncio.Task[None]] = set()
 
     async def wait(self, queue: str, task_id: str, timeout: float | None) -> Any:
         """The task's result once it completes; TaskFailed if it ends dead (TaskCancelled
@@ -69,12 +70,21 @@ class ResultWaiter:
             except (TimeoutError, asyncio.TimeoutError, asyncio.CancelledError):
                 self._forget(key, future)
                 if key not in self._waiters:  # nobody here waits for it any more
-                    with contextlib.suppress(BrokerError):
-                        await self.deadlines.run("watch", self.broker.unwatch(
-                            queue, task_id, self.client_id))
+                    self._unwatch(queue, task_id)
                 raise
             finally:
                 self._forget(key, future)
+
+    def _unwatch(self, queue: str, task_id: str) -> None:
+        """Stop the task's end being sent to this client, in the background: the caller's
+        wait is over, and a Redis slow to answer must not make it longer."""
+        async def unwatch() -> None:
+            with contextlib.suppress(BrokerError):
+                await self.deadlines.run("watch", self.broker.unwatch(queue, task_id,
+                                                                      self.client_id))
+        task = asyncio.ensure_future(unwatch())
+        self._unwatching.add(task)
+        task.add_done_callback(self._unwatching.discard)
 
     def _forget(self, key: tuple[str, str], future: asyncio.Future[Ended | None]) -> None:
         futures = self._waiters.get(key, [])
@@ -129,6 +139,7 @@ class ResultWaiter:
                     future.set_result(None)
 
     async def close(self) -> None:
+        await asyncio.gather(*self._unwatching)
         for reader in self._readers.values():
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, BrokerError):

@@ -148,3 +148,19 @@ async def test_result_timeout_is_its_own_timeout_error(client) -> None:
     assert isinstance(caught.value, TimeoutError)
     assert not isinstance(caught.value, obsq.TaskTimeout)
     assert info.id in str(caught.value)
+
+
+async def test_a_result_wait_ends_on_its_own_timeout_on_a_stopped_redis(
+        namespace, private_redis) -> None:
+    """Its clean-up (the task no longer watched) waits for Redis in the background."""
+    client = obsq.Client(private_redis.url, namespace, call_timeout=GUARD)
+    try:
+        info = await client.enqueue("nobody:runs", 1)
+        watched = QueueKeys(namespace, info.queue).watched
+        waiting = asyncio.ensure_future(client.result(info, timeout=3))
+        await wait_until(lambda: sync_redis(private_redis.url).hexists(watched, info.id))
+        with stopped(private_redis), pytest.raises(obsq.ResultTimeout):
+            await asyncio.wait_for(waiting, GUARD / 2)
+        await wait_until(lambda: not sync_redis(private_redis.url).hexists(watched, info.id))
+    finally:
+        await client.close()
