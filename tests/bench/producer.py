@@ -1,49 +1,99 @@
-"""Producer throughput alone: obsq's four enqueue paths, each on its own private
-redis-server, a few rounds. A report, never an assertion.
+"""Producer cost alone: obsq's four enqueue paths against a private redis-server, each
+measured in this process as tasks/s and as the producer's own CPU time per task (the
+figure a shared machine disturbs least). A report, never an assertion.
 
-    python tests/bench/producer.py                 # 3 rounds of 5,000 tasks a path
-    python tests/bench/producer.py --rounds 5 --tasks 20000
+    python tests/bench/producer.py                  # 5 rounds of 3,000 tasks a path
+    python tests/bench/producer.py --rounds 7 --tasks 10000
 
-To compare two versions of obsq, run this file from each checkout in turn (the child
-processes import the obsq of the checkout the script is in), alternating, so that both
-see the same load on a shared machine.
+It imports the obsq of the checkout it is in: to compare two versions, run it from each
+checkout in turn, alternating, so that both see the same load; the best round of each
+path is shown, and every round's figure after it.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import asyncio
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import REPO, RedisServer, find_redis_server
-from run import enqueue
 
-PATHS = (("single", "Client.enqueue, one await at a time"),
-         ("sync", "SyncClient.enqueue, one at a time"),
-         ("concurrent", "1,000 concurrent Client.enqueue"),
-         ("bulk", "enqueue_many, chunks of 1,000"))
+sys.path.insert(0, str(REPO))
+
+import obsq
+
+CONCURRENT = 1000
+
+
+async def client_paths(url: str, n: int) -> dict[str, tuple[float, float]]:
+    client = obsq.Client(url, "bench", app=obsq.App(namespace="bench"))
+    await client.enqueue("t", -1)  # the queue registered, the script loaded
+
+    async def single() -> None:
+        for i in range(n):
+            await client.enqueue("t", i)
+
+    async def concurrent() -> None:
+        for start in range(0, n, CONCURRENT):
+            await asyncio.gather(*(client.enqueue("t", i)
+                                   for i in range(start, min(n, start + CONCURRENT))))
+
+    async def bulk() -> None:
+        for start in range(0, n, 1000):
+            await client.enqueue_many([obsq.Job("t", i)
+                                       for i in range(start, min(n, start + 1000))])
+
+    figures = {}
+    for name, path in (("single", single), ("concurrent", concurrent), ("bulk", bulk)):
+        wall, cpu = time.perf_counter(), time.process_time()
+        await path()
+        figures[name] = (time.perf_counter() - wall, time.process_time() - cpu)
+    await client.close()
+    return figures
+
+
+def sync_path(url: str, n: int) -> tuple[float, float]:
+    with obsq.SyncClient(url, "bench", app=obsq.App(namespace="bench")) as client:
+        client.enqueue("t", -1)
+        wall, cpu = time.perf_counter(), time.process_time()
+        for i in range(n):
+            client.enqueue("t", i)
+        return time.perf_counter() - wall, time.process_time() - cpu
+
+
+PATHS: dict[str, str] = {
+    "single": "Client.enqueue, one await at a time",
+    "sync": "SyncClient.enqueue, one at a time",
+    "concurrent": f"{CONCURRENT:,} concurrent Client.enqueue",
+    "bulk": "enqueue_many, chunks of 1,000",
+}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tasks", type=int, default=5000, help="tasks per path and round")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--tasks", type=int, default=3000, help="tasks per path and round")
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--redis-server", help="redis-server binary (default: newest on PATH)")
     args = p.parse_args()
     binary, version = find_redis_server(args.redis_server)
-    print(f"obsq producer benchmark  obsq from {REPO}  redis-server {version}")
-    rates: dict[str, list[float]] = {mode: [] for mode, _ in PATHS}
+    print(f"obsq producer benchmark  obsq from {REPO}  redis-server {version}  "
+          f"{args.rounds} rounds of {args.tasks:,} tasks")
+    rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in PATHS}
     for _ in range(args.rounds):
-        for mode, _ in PATHS:
-            with RedisServer(binary) as rs:
-                rates[mode].append(enqueue("obsq", rs, args.tasks, mode)["rate"])
-    for mode, label in PATHS:
-        runs = ", ".join(f"{r:,.0f}" for r in rates[mode])
-        print(f"{label:40} median {statistics.median(rates[mode]):>9,.0f} tasks/s  ({runs})")
+        with RedisServer(binary) as rs:
+            for name, figure in asyncio.run(client_paths(rs.url, args.tasks)).items():
+                rounds[name].append(figure)
+            rounds["sync"].append(sync_path(rs.url, args.tasks))
+    for name, label in PATHS.items():
+        walls = [args.tasks / wall for wall, _ in rounds[name]]
+        cpus = [cpu * 1e6 / args.tasks for _, cpu in rounds[name]]
+        print(f"{label:38} {max(walls):>8,.0f} tasks/s  {min(cpus):6.1f} us CPU/task  "
+              f"(rounds: {', '.join(f'{w:,.0f}' for w in walls)} tasks/s)")
 
 
 if __name__ == "__main__":
