@@ -20,6 +20,7 @@ import functools
 import itertools
 import math
 import os
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -29,6 +30,7 @@ from obsq.settings import CALL_TIMEOUT
 T = TypeVar("T")
 P = ParamSpec("P")
 TimedOut = Callable[[str, float], BaseException]  # (operation, seconds) -> the error raised
+COUNTED = sys.version_info >= (3, 11)  # tasks count their cancellations (uncancel)
 
 
 class CallDeadlines:
@@ -52,16 +54,17 @@ class CallDeadlines:
         self._calls[key] = (task, due)
         if self._timer is None:
             self._timer = loop.call_at(due, self._expire, loop)
-        cancelling = _cancelling(task)
+        cancelling = task.cancelling() if COUNTED else 0
         try:
             return await call
         except asyncio.CancelledError:
-            if key not in self._expired or _uncancel(task) > cancelling:
+            if key not in self._expired or (COUNTED and task.uncancel() > cancelling):
                 raise  # cancelled by someone else (too)
             raise self._timed_out(operation, self.seconds) from None
         finally:
             del self._calls[key]
-            self._expired.discard(key)
+            if self._expired:
+                self._expired.discard(key)
 
     def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
         """Cancel the calls that are due, and wake again when the next one is."""
@@ -74,16 +77,6 @@ class CallDeadlines:
             if key not in self._expired:
                 self._expired.add(key)
                 task.cancel()
-
-
-def _cancelling(task: asyncio.Task[Any]) -> int:
-    """The cancellations a task has pending (counted from Python 3.11)."""
-    return task.cancelling() if hasattr(task, "cancelling") else 0
-
-
-def _uncancel(task: asyncio.Task[Any]) -> int:
-    """Take back the deadline's own cancellation; the count of those left."""
-    return task.uncancel() if hasattr(task, "uncancel") else 0
 
 
 class Producer(Protocol):
@@ -100,8 +93,9 @@ def deadline(operation: str) -> Callable[[Method[P, T]], Method[P, T]]:
     error (BrokerTimeout, reported to the broker's error hooks under `operation`)."""
     def bound(method: Method[P, T]) -> Method[P, T]:
         @functools.wraps(method)
-        async def bounded(self: Producer, *args: P.args, **kwargs: P.kwargs) -> T:
-            return await self.deadlines.run(operation, method(self, *args, **kwargs))
+        def bounded(self: Producer, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, T]:
+            # the coroutine of run() itself: no frame of its own in every call
+            return self.deadlines.run(operation, method(self, *args, **kwargs))
         return bounded
     return bound
 

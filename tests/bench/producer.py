@@ -4,6 +4,7 @@ figure a shared machine disturbs least). A report, never an assertion.
 
     python tests/bench/producer.py                  # 5 rounds of 3,000 tasks a path
     python tests/bench/producer.py --rounds 7 --tasks 10000
+    python tests/bench/producer.py --stopped-redis  # calls on a Redis stopped by SIGSTOP
 
 It imports the obsq of the checkout it is in: to compare two versions, run it from each
 checkout in turn, alternating, so that both see the same load; the best round of each
@@ -14,6 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -65,6 +69,40 @@ def sync_path(url: str, n: int) -> tuple[float, float]:
         return time.perf_counter() - wall, time.process_time() - cpu
 
 
+async def stopped_redis(rs: RedisServer) -> None:
+    """With the default deadline: how long producers wait on a Redis that stopped
+    answering, what they get, and how soon they work again once it answers."""
+    client = obsq.Client(rs.url, "bench", app=obsq.App(namespace="bench"))
+    sync_client = obsq.SyncClient(rs.url, "bench", app=obsq.App(namespace="bench"))
+    await client.enqueue("t", 0)
+    sync_client.enqueue("t", 0)
+    assert rs.proc is not None
+    os.kill(rs.proc.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        ends = await asyncio.gather(*(client.enqueue("t", i) for i in range(200)),
+                                    return_exceptions=True)
+        print(f"200 concurrent Client.enqueue ended after {time.monotonic() - start:.2f} s: "
+              f"{', '.join(sorted({type(e).__name__ for e in ends}))}")
+        with concurrent.futures.ThreadPoolExecutor(20) as threads:
+            start = time.monotonic()
+            calls = [threads.submit(sync_client.enqueue, "t", i) for i in range(20)]
+            errors = {type(call.exception()).__name__ for call in calls}
+        print(f"20 threads' SyncClient.enqueue ended after {time.monotonic() - start:.2f} s: "
+              f"{', '.join(sorted(errors))}")
+    finally:
+        os.kill(rs.proc.pid, signal.SIGCONT)
+    start = time.monotonic()
+    await client.enqueue("t", "after")
+    middle = time.monotonic()
+    sync_client.enqueue("t", "after")
+    print(f"once Redis answers again: the next Client.enqueue took "
+          f"{(middle - start) * 1e3:.1f} ms, the next SyncClient.enqueue "
+          f"{(time.monotonic() - middle) * 1e3:.1f} ms")
+    sync_client.close()
+    await client.close()
+
+
 PATHS: dict[str, str] = {
     "single": "Client.enqueue, one await at a time",
     "sync": "SyncClient.enqueue, one at a time",
@@ -79,8 +117,14 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=3000, help="tasks per path and round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--redis-server", help="redis-server binary (default: newest on PATH)")
+    p.add_argument("--stopped-redis", action="store_true",
+                   help="only: producer calls on a Redis stopped by SIGSTOP, then SIGCONT")
     args = p.parse_args()
     binary, version = find_redis_server(args.redis_server)
+    if args.stopped_redis:
+        with RedisServer(binary) as rs:
+            asyncio.run(stopped_redis(rs))
+        return
     print(f"obsq producer benchmark  obsq from {REPO}  redis-server {version}  "
           f"{args.rounds} rounds of {args.tasks:,} tasks")
     rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in PATHS}
