@@ -4,10 +4,11 @@ still accepts the bytes and TCP keepalive sees nothing wrong.
 
 On the event loop a call that outlives its deadline is cancelled, wherever it waits (pool
 checkout, connect, a round trip): no socket timeout, which redis-py turns into a task per
-command, and no timer per call either (asyncio.timeout costs an enqueue a tenth of its
-CPU): the calls of one Client share one length of deadline, so they expire in the order
-they started, and one timer walks them. Cancelling a redis-py call halfway closes its
-connection, so a reply that arrives late is never read as the answer to the next call.
+command, and no timer per call either (asyncio.timeout cost an enqueue 13 µs of its 45 µs
+of CPU; this costs 0.6 µs): the calls of one Client share one length of deadline, so they
+fall due in the order they started, and one timer walks them. Cancelling a redis-py call
+halfway closes its connection, so a reply that arrives late is never read as the answer to
+the next call.
 
 The blocking client of the SyncClient cannot be interrupted; its sockets, connects and
 pool waits get the deadline as their timeout instead (connection.create_client).
