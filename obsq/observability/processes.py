@@ -22,8 +22,10 @@ from obsq.observability.http import HealthServer
 from obsq.observability.instrument import instrument_app, instrument_client
 from obsq.observability.metrics import SchedulerMetrics, endpoint_registry
 from obsq.observability.probes import RedisWatch, loop_liveness
+from obsq.pools.child import on_child_start
 
 if TYPE_CHECKING:
+    from obsq.app import App
     from obsq.scheduler import Scheduler
     from obsq.worker import Worker
 
@@ -69,6 +71,8 @@ async def run_worker(worker: Worker, *, http_port: int | None = None,
     instrument_app(worker.app, metrics=metrics, tracing=tracing,
                    concurrency=worker.concurrency, queues=worker.queues,
                    worker_id=worker.id, redis_url=worker.broker.url)
+    if tracing and worker.settings.pool == "process":
+        on_child_start(trace_handler_process)
     if metrics:
         from obsq.observability.metrics import watch_worker
 
@@ -93,6 +97,20 @@ async def run_worker(worker: Worker, *, http_port: int | None = None,
             await asyncio.shield(running)
         if server is not None:
             await asyncio.to_thread(server.close)
+
+
+def trace_handler_process(app: App) -> None:
+    """In a child process of the process pool: export its spans as the worker does, and
+    put the trace context into the tasks its handlers enqueue through Clients of the App
+    (the worker's App got the same when run_worker instrumented it). Its buffered spans
+    are sent when it ends by itself (multiprocessing runs its finalizers, not atexit)."""
+    from multiprocessing.util import Finalize
+
+    from obsq.observability.tracing import setup_tracing, shutdown_tracing
+
+    setup_tracing()
+    instrument_app(app, metrics=False, tracing=True)
+    Finalize(None, shutdown_tracing, exitpriority=10)
 
 
 async def run_scheduler(scheduler: Scheduler, *, http_port: int | None = None,

@@ -11,6 +11,10 @@ cannot do: `task.update_state` raises RuntimeError (progress is written by the w
 process, which a plain handler cannot await), and `task.cancelled` stays False (a cancelled
 task's child is killed instead). The child ignores SIGINT (a terminal's Ctrl-C is for the
 worker, which decides when its children end) and exits when the worker is gone.
+
+What the worker's process sets up on its App at run time (obsq.observability.run_worker's
+tracing) is not in a freshly imported App: `on_child_start(setup)` registers what each child
+runs on its App after importing it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -29,17 +34,33 @@ from obsq.errors import UnknownTaskType
 from obsq.task import Task
 
 PARENT_CHECK = 1.0  # seconds between looks at whether the worker process still lives
+ChildSetup = Callable[[App], None]
+_setups: list[ChildSetup] = []
+
+
+def on_child_start(setup: ChildSetup) -> None:
+    """Run `setup(app)` in each child process of the process pools started from now on,
+    once it has imported the App. It travels to the child by pickle: a function of a module,
+    or a functools.partial of one. Registering the same one again adds nothing."""
+    if setup not in _setups:
+        _setups.append(setup)
+
+
+def child_setups() -> list[ChildSetup]:
+    return list(_setups)
 
 
 class RemoteError(Exception):
     """A handler's exception that could not travel back as itself (it does not pickle)."""
 
 
-def serve(conn: Connection, app_path: str) -> None:
+def serve(conn: Connection, app_path: str, setups: list[ChildSetup]) -> None:
     """The child's main loop (the target of its multiprocessing.Process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent()
     app = load_app(app_path)
+    for setup in setups:
+        setup(app)
     while True:
         try:
             fields, carrier = conn.recv()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from obsq.errors import ConfigurationError, HandlerCrashed, TaskTimeout
 from obsq.pools.base import Stuck, UnsentResult, within
-from obsq.pools.child import serve
+from obsq.pools.child import child_setups, serve
 
 if TYPE_CHECKING:
     from multiprocessing.context import BaseContext
@@ -151,7 +151,8 @@ class ProcessSlots:
 
     def _spawn(self) -> _Child:
         ours, theirs = self._context.Pipe()
-        process = self._context.Process(target=serve, args=(theirs, self.app_path),
+        process = self._context.Process(target=serve,
+                                        args=(theirs, self.app_path, child_setups()),
                                         name="obsq-handler", daemon=True)
         process.start()
         theirs.close()  # the child's end: only the child may hold it, so its death is EOF

@@ -84,3 +84,12 @@ def describe(task: obsq.Task) -> dict[str, Any]:
             "headers": task.headers, "retry_count": task.retry_count,
             "max_retry": task.max_retry, "timeout": task.timeout, "pid": os.getpid(),
             "cancelled": task.cancelled, "trace": carrier.get("traceparent")}
+
+
+@app.task("relay")
+def relay(task: obsq.Task) -> str:
+    """Passes its payload on to `describe` through a SyncClient of the App, as a handler
+    handing work on does; returns the new task's id."""
+    with obsq.SyncClient(os.environ["OBSQ_ENGINE_RECORD_URL"], app=app,
+                         namespace=os.environ["OBSQ_ENGINE_RECORD_PREFIX"]) as client:
+        return client.enqueue("describe", task.payload, retention=60).id

@@ -136,6 +136,12 @@ async def test_process_pool_hands_the_whole_task_over_and_its_errors_back(
     assert result["cancelled"] is False
     assert result["trace"].split("-")[1] == trace_id  # the process span's trace
 
+    traceparent = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    relay = await client.enqueue("relay", {"n": 1}, retention=60, headers=traceparent)
+    relayed = await client.result(relay.id, timeout=30)
+    passed_on = await client.result(relayed, timeout=30)  # enqueued by a handler's process
+    assert passed_on["headers"]["traceparent"].split("-")[1] == trace_id
+
     failing = await client.enqueue("fail", {"n": 7})
     failed = (await wait_until(lambda: settled(client, [failing.id]), timeout=30))[0]
     assert failed.state == "dead" and failed.error == "ValueError: bad input {'n': 7}"
