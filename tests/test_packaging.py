@@ -8,6 +8,7 @@ network: the build requirement of pyproject.toml decides which setuptools that m
 
 from __future__ import annotations
 
+import configparser
 import email
 import shutil
 import subprocess
@@ -93,5 +94,6 @@ def test_no_extra_brings_a_redis_server_onto_path(wheel: zipfile.ZipFile) -> Non
     scripts = [n for n in wheel.namelist() if ".data/scripts/" in n]
     assert scripts == []
     (entry_points,) = [n for n in wheel.namelist() if n.endswith("entry_points.txt")]
-    assert wheel.read(entry_points).decode().split("[console_scripts]")[1].split() == [
-        "obsq", "=", "obsq.cli:main"]
+    groups = configparser.ConfigParser()
+    groups.read_string(wheel.read(entry_points).decode())
+    assert dict(groups["console_scripts"]) == {"obsq": "obsq.cli:main"}
