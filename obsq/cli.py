@@ -114,7 +114,8 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     )
     from obsq.scheduler import Scheduler
 
-    configure_logging(args.log_format or os.environ.get("OBSQ_LOG_FORMAT", "text"), "INFO")
+    configure_logging(args.log_format or os.environ.get("OBSQ_LOG_FORMAT", "text"),
+                      os.environ.get("OBSQ_LOG_LEVEL", "INFO"))
     # OBSQ_LOCK_TTL, OBSQ_MISSED_AFTER, OBSQ_ALLOW_EVICTION
     settings = SchedulerSettings.from_env(allow_eviction=args.allow_eviction)
     app = load_app(args.app)

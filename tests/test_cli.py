@@ -14,7 +14,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import ROOT, ObsqProcess, obsq_env, one_clear_line, run_obsq, wait_until
+from support import (
+    ROOT,
+    ObsqProcess,
+    obsq_env,
+    one_clear_line,
+    run_obsq,
+    wait_for,
+    wait_until,
+)
 
 import obsq
 
@@ -195,3 +203,27 @@ def test_output_cut_short_by_its_reader_ends_quietly() -> None:
     proc.stdout.close()  # before the interpreter has even started
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0 and not err, err
+
+
+def test_the_scheduler_logs_at_obsq_log_level(redis_url, namespace, tmp_path) -> None:
+    """As the worker, the exporter and the console do (the chart sets it for all). Its
+    endpoint's line is logged before it writes the App's entries, which a test can see."""
+    logs = {}
+    for level in ("INFO", "WARNING"):
+        (tmp_path / f"tick_{level}.py").write_text(
+            f"import obsq\n\napp = obsq.App(namespace={namespace!r})\n"
+            f"app.periodic('@every 1h', 'tick', name='hourly-{level}')\n")
+        env = obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace,
+                       OBSQ_LOG_LEVEL=level, PYTHONUNBUFFERED="1")
+        scheduler = ObsqProcess(["scheduler", f"tick_{level}:app", "--http-port", "0"], env,
+                                tmp_path, tmp_path / f"{level}.log")
+        try:
+            wait_for(lambda env=env, name=f"hourly-{level}":
+                     name in run_obsq("schedules", env=env).stdout,
+                     timeout=30, interval=0.3, what="the App's entry written")
+        finally:
+            assert scheduler.stop() == 0, scheduler.log()
+            logs[level] = scheduler.log()
+            scheduler.close()
+    assert "metrics and probes on" in logs["INFO"]
+    assert "metrics and probes on" not in logs["WARNING"], logs["WARNING"]
