@@ -510,6 +510,24 @@ def overview() -> dash.Dashboard:
             bars=True,
         ),
         graph(
+            "Event loop lag",
+            "How long each worker's event loop has been blocked now (a handler calling "
+            "blocking code in an async def); 0 while it runs. Tasks of a blocked loop do not "
+            "start, and its heartbeats and lease extensions wait.",
+            "s",
+            queries((f"max by (instance) (obsq_worker_event_loop_lag_seconds{{{SCOPE}}})",
+                     "{{instance}}")),
+        ),
+        graph(
+            "Redis lost its data",
+            "Times a worker found that Redis had lost its data (restarted without "
+            "persistence, or flushed): the tasks that were in it are gone.",
+            "short",
+            queries((f"sum(increase(obsq_redis_data_lost_total{{{SCOPE}}}[{RATE}]))",
+                     "data lost")),
+            bars=True,
+        ),
+        graph(
             "Redis errors by operation",
             "Failed Redis calls per second.",
             "ops",

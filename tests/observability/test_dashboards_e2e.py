@@ -7,12 +7,13 @@ The worker serves two queues. The workload gives every series the queries read: 
 outcomes success, retry, dead and lease_lost, both lease recovery reasons (expired, and
 worker_lost from a third queue), a paused queue with pending tasks, a dead-letter set, a
 failed Redis call, a group of tasks aggregated into one (after a failed try), an event
-delivered to its subscriber, and a scheduler in the same process firing an entry every
-second, whose next fire is set back a minute in each wave, as after an outage of the
-schedulers, to miss fires. It runs in two waves with a scrape in between, so the counters
-and histograms grow while Prometheus watches and `rate()` has something to measure (a
-series first seen at its final value has a rate of 0, and a histogram quantile or a
-failure ratio of 0/0 is NaN, not data).
+delivered to its subscriber, a Redis found to have lost its data (another dataset token),
+and a scheduler in the same process firing an entry every second, whose next fire is set
+back a minute in each wave, as after an outage of the schedulers, to miss fires. It runs
+in two waves with a scrape in between, so the counters and histograms grow while
+Prometheus watches and `rate()` has something to measure (a series first seen at its final
+value has a rate of 0, and a histogram quantile or a failure ratio of 0/0 is NaN, not
+data).
 
 No query is exempt.
 """
@@ -302,9 +303,16 @@ async def test_every_dashboard_query_and_alert_returns_data(
         await wait_until(throttled, timeout=15, what="a held-back start counted")
         assert await client.cancel(holding.id) == "running"
 
+    async def lose_the_dataset(n: int) -> None:
+        """Another dataset token, as after a Redis restarted empty: the worker's heartbeat
+        counts a data loss."""
+        raw_redis.set(GlobalKeys(namespace).dataset, f"restarted-{n}")
+        await until_counted(n, "obsq_redis_data_lost_total")
+
     async def wave(n: int) -> None:
         """The same work each time: every outcome, both recovery reasons, a held-back start,
-        a Redis error, fires and missed fires, an aggregation and an event's delivery."""
+        a Redis error, fires and missed fires, an aggregation, an event's delivery and a
+        Redis that lost its data."""
         for i in range(3):
             await client.enqueue("easy", {"i": i})
         for i in range(2):
@@ -320,6 +328,7 @@ async def test_every_dashboard_query_and_alert_returns_data(
         await lose_a_worker(f"ghost-{n}")
         await fail_a_redis_call()
         await miss_fires()
+        await lose_the_dataset(n)
         for (task, outcome), runs in OUTCOMES.items():
             await until_counted(runs * n, "obsq_tasks_processed_total", queue=main, task=task,
                                 outcome=outcome)
