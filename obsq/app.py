@@ -28,7 +28,7 @@ from obsq.settings import (
     DEFAULT_QUEUE,
     MAX_PAYLOAD_BYTES,
 )
-from obsq.task import Job, Task, TaskInfo, TaskMessage
+from obsq.task import Job, Task, TaskInfo, TaskMessage, check_seconds
 
 Handler = Callable[[Task], Any]
 CallNext = Callable[[Task], Awaitable[Any]]
@@ -189,10 +189,10 @@ class App:
             validate_name("queue", queue)
         if max_retry is not None and (not isinstance(max_retry, int) or max_retry < 0):
             raise ValueError(f"max_retry must be a non-negative integer, got {max_retry!r}")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
-        if isinstance(retry_delay, (int, float)) and retry_delay < 0:
-            raise ValueError(f"retry_delay must not be negative, got {retry_delay!r}")
+        if timeout is not None:
+            check_seconds("timeout", timeout)
+        if isinstance(retry_delay, (int, float)):
+            check_seconds("retry_delay", retry_delay, zero=True)
 
         def register(handler: Handler) -> Handler:
             if pattern in self._routes:

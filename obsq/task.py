@@ -126,10 +126,8 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
     if max_retry is not None and (not isinstance(max_retry, int) or max_retry < 0):
         raise ValueError(f"max_retry must be a non-negative integer, got {max_retry!r}")
     timeout = _first(job.timeout, timeout)
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-            timeout, (int, float)) or not 0 < timeout < math.inf):
-        raise ValueError(f"timeout must be a positive, finite number of seconds, got "
-                         f"{timeout!r}")
+    if timeout is not None:
+        check_seconds("timeout", timeout)
     if job.delay is not None and job.eta is not None:
         raise ValueError("give delay or eta, not both")
     delay = _duration("delay", job.delay, minimum=0.0)
@@ -185,6 +183,15 @@ def _first(*values: Any) -> Any:
         if value is not None:
             return value
     return None
+
+
+def check_seconds(name: str, value: Any, *, zero: bool = False) -> None:
+    """A time given as an option: a finite number of seconds, above 0 (or at least 0 with
+    `zero`); inf would be a time that never comes, nan one that never compares."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            (value >= 0 if zero else value > 0) and math.isfinite(value)):
+        raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'}, finite "
+                         f"number of seconds, got {value!r}")
 
 
 def _duration(name: str, value: float | None, minimum: float = 0.001) -> float:

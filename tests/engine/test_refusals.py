@@ -121,3 +121,14 @@ async def test_an_eta_as_a_datetime_still_works(client) -> None:
 async def test_a_task_timeout_that_never_ends_is_refused(client, timeout) -> None:
     with pytest.raises(ValueError, match="timeout must be a positive, finite number"):
         await client.enqueue("t", timeout=timeout)
+
+
+@pytest.mark.parametrize("options, said", [
+    ({"timeout": math.inf}, "timeout must be a positive, finite number"),
+    ({"timeout": math.nan}, "timeout must be a positive, finite number"),
+    ({"retry_delay": math.inf}, "retry_delay must be a non-negative, finite number"),
+    ({"retry_delay": -1}, "retry_delay"),
+])
+def test_a_route_time_that_never_ends_is_refused(options, said) -> None:
+    with pytest.raises(ValueError, match=said):
+        obsq.App(namespace="shop").task("t", **options)
