@@ -6,6 +6,7 @@ exporter and console against a real Redis. Each must answer /healthz (and not ex
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -112,9 +113,18 @@ def test_values_obsq_would_refuse_are_refused_by_the_schema(helm: str) -> None:
     for setting, path in (("tracing.protocol=http/json", "/tracing/protocol"),
                           ("tracing.samplerArg=2", "/tracing/samplerArg"),
                           ("obsq.namespace=a b", "/obsq/namespace"),
-                          ("obsq.namespace=a{b}", "/obsq/namespace")):
+                          ("obsq.namespace=a{b}", "/obsq/namespace"),
+                          ("redis.url=http://redis:6379/0", "/redis/url")):
         render = helm_template(helm, "--set-string", setting, check=False)
         assert render.returncode != 0, f"{setting} was accepted"
         # Helm 4 names the value '/tracing/protocol', Helm 3 'tracing.protocol'
         assert path in render.stderr or path[1:].replace("/", ".") in render.stderr, \
             render.stderr
+
+
+def test_the_schema_takes_every_redis_url_scheme_obsq_takes() -> None:
+    from obsq.broker.connection import SCHEMES
+
+    pattern = re.compile(SCHEMA["properties"]["redis"]["properties"]["url"]["pattern"])
+    assert [s for s in SCHEMES if not pattern.match(f"{s}://redis:6379/0")] == []
+    assert not pattern.match("http://redis:6379/0")
