@@ -114,7 +114,9 @@ def test_values_obsq_would_refuse_are_refused_by_the_schema(helm: str) -> None:
                           ("tracing.samplerArg=2", "/tracing/samplerArg"),
                           ("obsq.namespace=a b", "/obsq/namespace"),
                           ("obsq.namespace=a{b}", "/obsq/namespace"),
-                          ("redis.url=http://redis:6379/0", "/redis/url")):
+                          ("redis.url=http://redis:6379/0", "/redis/url"),
+                          ("obsq.namespace=shop:tenant2", "/obsq/namespace"),
+                          ("obsq.namespace=shop*", "/obsq/namespace")):
         render = helm_template(helm, "--set-string", setting, check=False)
         assert render.returncode != 0, f"{setting} was accepted"
         # Helm 4 names the value '/tracing/protocol', Helm 3 'tracing.protocol'
