@@ -19,11 +19,11 @@ runs on its App after importing it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -33,7 +33,6 @@ from obsq.app import App, load_app
 from obsq.errors import UnknownTaskType
 from obsq.task import Task
 
-PARENT_CHECK = 1.0  # seconds between looks at whether the worker process still lives
 ChildSetup = Callable[[App], None]
 _setups: list[ChildSetup] = []
 
@@ -54,10 +53,12 @@ class RemoteError(Exception):
     """A handler's exception that could not travel back as itself (it does not pickle)."""
 
 
-def serve(conn: Connection, app_path: str, setups: list[ChildSetup]) -> None:
-    """The child's main loop (the target of its multiprocessing.Process)."""
+def serve(conn: Connection, lifeline: Connection, app_path: str,
+          setups: list[ChildSetup]) -> None:
+    """The child's main loop (the target of its multiprocessing.Process). `lifeline`: the
+    read end of a pipe whose write end only the worker holds."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_with_parent()
+    _exit_with_worker(lifeline)
     app = load_app(app_path)
     for setup in setups:
         setup(app)
@@ -119,13 +120,13 @@ def _detach(token: object | None) -> None:
         context.detach(token)  # type: ignore[arg-type]
 
 
-def _exit_with_parent() -> None:
-    """A child must not outlive its worker (a SIGKILLed one) running a hung handler."""
-    parent = os.getppid()
-
+def _exit_with_worker(lifeline: Connection) -> None:
+    """A child must not outlive its worker (a SIGKILLed one) in a hung handler. Its parent
+    is the fork server, which lives as long as any child does, so the child watches a pipe
+    of the worker's instead: nothing is ever written to it, and its end means the worker's."""
     def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(PARENT_CHECK)
+        with contextlib.suppress(EOFError, OSError):
+            lifeline.recv()
         os._exit(1)
 
-    threading.Thread(target=watch, name="obsq-parent-watch", daemon=True).start()
+    threading.Thread(target=watch, name="obsq-worker-watch", daemon=True).start()

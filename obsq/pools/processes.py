@@ -44,9 +44,10 @@ class RemoteTraceback(Exception):
 
 
 class _Child:
-    def __init__(self, process: BaseProcess, conn: Connection) -> None:
+    def __init__(self, process: BaseProcess, conn: Connection, lifeline: Connection) -> None:
         self.process = process
         self.conn = conn
+        self.lifeline = lifeline  # never written: it ends when the worker does
         self.alive = True  # until its end of the pipe closes, or it is killed
         self._fd = -1
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -90,6 +91,7 @@ class _Child:
     def kill(self) -> None:
         self._stop_watching()  # before its descriptor is closed and reused
         self.conn.close()
+        self.lifeline.close()
         with contextlib.suppress(OSError, ValueError):  # gone already, or closed
             self.process.kill()
 
@@ -151,12 +153,14 @@ class ProcessSlots:
 
     def _spawn(self) -> _Child:
         ours, theirs = self._context.Pipe()
-        process = self._context.Process(target=serve,
-                                        args=(theirs, self.app_path, child_setups()),
-                                        name="obsq-handler", daemon=True)
+        lifeline, held = self._context.Pipe(duplex=False)
+        process = self._context.Process(
+            target=serve, args=(theirs, lifeline, self.app_path, child_setups()),
+            name="obsq-handler", daemon=True)
         process.start()
-        theirs.close()  # the child's end: only the child may hold it, so its death is EOF
-        return _Child(process, ours)
+        theirs.close()  # the child's ends: only the child may hold them, so that its death
+        lifeline.close()  # is EOF on ours, and the worker's on its lifeline
+        return _Child(process, ours, held)
 
     def _replace(self, child: _Child) -> None:
         """Kill `child` and start another in its place, both off the event loop."""

@@ -159,3 +159,13 @@ async def test_process_pool_cancelling_a_plain_task_kills_its_process(
     await wait_until(lambda: _state_is(client, info.id, "cancelled"), timeout=30)
     await wait_until(lambda: not alive(pid), timeout=10, what="the child killed")
     assert raw_redis.llen(record(namespace, "finished")) == 0
+
+
+async def test_process_pool_children_do_not_outlive_a_killed_worker(
+        spawn_worker, client, raw_redis, namespace):
+    worker = spawn_worker("--pool", "process", concurrency=2, app=APP)
+    info = await client.enqueue("sleep", 1000, timeout=2000)
+    await wait_until(lambda: info.id in started_pids(raw_redis, namespace), timeout=30)
+    pid = started_pids(raw_redis, namespace)[info.id]
+    worker.signal(signal.SIGKILL)
+    await wait_until(lambda: not alive(pid), timeout=15, what="the hung child gone too")
