@@ -4,6 +4,7 @@ whose lease was taken over cannot settle the task a second time."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from obsq.broker.scripts import FULL_ERROR_BYTES, FULL_NOTE, FULL_TEXT_HOLD, is_
 from obsq.settings import ATTEMPTS_PER_CALL
 
 log = logging.getLogger("obsq")
+FAILURE_CALLS = 8  # retry and fail calls a worker sends at once (see _failure_call)
 # A task handed on is due again after a tenth of the time since its first hand-on, within
 # these bounds (seconds): soon during a deploy, once a minute when no worker has its type.
 HAND_ON_DELAY, HAND_ON_MAX_DELAY = 1.0, 60.0
@@ -127,10 +129,9 @@ class Working(RedisCalls):
                     error: str, traceback: str = "") -> bool:
         k = self.keys(queue)
         error, traceback = self._failure_texts(error, traceback)
-        return self._note_cut(await self._script(
-            "retry", (k.lease, k.retry, k.pending, k.wake, k.active),
-            (0, worker_id, attempt.task_id, attempt.fence, int(delay * 1000), error,
-             traceback, attempt.type, attempt.slot, self.memory_share)))
+        return await self._failure_call("retry", (k.lease, k.retry, k.pending, k.wake, k.active), (
+            0, worker_id, attempt.task_id, attempt.fence, int(delay * 1000), error, traceback,
+            attempt.type, attempt.slot, self.memory_share))
 
     async def hand_on(self, queue: str, attempt: Attempt, worker_id: str, error: str,
                       max_age: float) -> str:
@@ -150,9 +151,9 @@ class Working(RedisCalls):
         """The attempt failed for good: the task goes to the dead set."""
         k = self.keys(queue)
         error, traceback = self._failure_texts(error, traceback)
-        return self._note_cut(await self._script("fail", (k.lease, k.dead, k.active), (
+        return await self._failure_call("fail", (k.lease, k.dead, k.active), (
             0, worker_id, attempt.task_id, attempt.fence, error, traceback, attempt.type,
-            attempt.slot, attempt.ordering_key, self.memory_share)))
+            attempt.slot, attempt.ordering_key, self.memory_share))
 
     _texts_cut_until = 0.0  # Redis said it was above the producers' share: cut until then
 
@@ -166,8 +167,17 @@ class Working(RedisCalls):
         start = error.encode()[:FULL_ERROR_BYTES - len(FULL_NOTE)].decode(errors="ignore")
         return start + FULL_NOTE, ""
 
-    def _note_cut(self, reply: int) -> bool:
-        """A settle's reply -> applied; 2 (the error was cut short) starts a cut spell."""
+    _failure_gate: asyncio.Semaphore | None = None
+
+    async def _failure_call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> bool:
+        """A retry or fail call -> applied; a reply of 2 (the error was cut short) starts a
+        cut spell. At most FAILURE_CALLS at once: when many slots fail together, each call
+        on a connection of its own would open the pool's every connection, and Redis counts
+        each one's buffers (17-50 KB) in its used memory, full or not."""
+        if self._failure_gate is None:
+            self._failure_gate = asyncio.Semaphore(FAILURE_CALLS)
+        async with self._failure_gate:
+            reply = await self._script(name, keys, args)
         if reply == 2:
             self._texts_cut_until = time.monotonic() + FULL_TEXT_HOLD
         return bool(reply)
