@@ -169,9 +169,7 @@ async def test_each_installation_publishes_its_queue_gauges_once(
             async def right() -> bool:
                 got = await asyncio.to_thread(numbers, title, values)
                 return got == {(): expected}
-            await wait_until(right, timeout=20,
-                             what=f"{title} with {values} == {expected}: "
-                                  f"{numbers(title, values)}")
+            await wait_until(right, timeout=20, what=f"{title} with {values} == {expected}")
 
         # Live workers: the chart's two, then the plain worker's one added, not doubled
         # and not hidden behind a max.
