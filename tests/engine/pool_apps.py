@@ -93,3 +93,9 @@ def relay(task: obsq.Task) -> str:
     with obsq.SyncClient(os.environ["OBSQ_ENGINE_RECORD_URL"], app=app,
                          namespace=os.environ["OBSQ_ENGINE_RECORD_PREFIX"]) as client:
         return client.enqueue("describe", task.payload, retention=60).id
+
+
+@app.task("unsendable", max_retry=0)
+def unsendable(task: obsq.Task) -> Any:
+    """Returns what cannot leave its process (nor be JSON)."""
+    return lambda: None

@@ -69,9 +69,10 @@ async def test_hung_plain_handlers_never_starve_the_quick_ones(spawn_worker, cli
     assert raw_redis.llen(record(namespace, "finished")) == 0  # all still hung meanwhile
 
 
-async def test_sigterm_ends_a_worker_whose_threads_hang(spawn_worker, client, raw_redis,
-                                                        namespace):
-    worker = spawn_worker("--shutdown-timeout", "1", concurrency=2, app=APP)
+@pytest.mark.parametrize("pool", ["thread", "process"])
+async def test_sigterm_ends_a_worker_whose_handlers_hang(spawn_worker, client, raw_redis,
+                                                         namespace, pool):
+    worker = spawn_worker("--shutdown-timeout", "1", "--pool", pool, concurrency=2, app=APP)
     stuck = await client.enqueue("sleep", 1000, timeout=1, max_retry=0)  # abandoned at 1 s
     running = await client.enqueue("sleep", 1000, timeout=1000)  # hung while it drains
     await wait_until(lambda: raw_redis.llen(record(namespace, "started")) == 2, timeout=30)
@@ -141,6 +142,11 @@ async def test_process_pool_hands_the_whole_task_over_and_its_errors_back(
     relayed = await client.result(relay.id, timeout=30)
     passed_on = await client.result(relayed, timeout=30)  # enqueued by a handler's process
     assert passed_on["headers"]["traceparent"].split("-")[1] == trace_id
+
+    unsent = await client.enqueue("unsendable", retention=60)
+    kept = (await wait_until(lambda: settled(client, [unsent.id]), timeout=30))[0]
+    assert kept.state == "dead" and "the result of task type 'unsendable' cannot be sent " \
+        "back from the handler's process" in kept.error
 
     failing = await client.enqueue("fail", {"n": 7})
     failed = (await wait_until(lambda: settled(client, [failing.id]), timeout=30))[0]
