@@ -104,6 +104,7 @@ class ProcessSlots:
         self.app_path = import_path(app)
         self._context = _start_context(self.app_path)
         self._idle: list[_Child] = []
+        self._live = 0  # children started and not killed: in use, idle or just started
         self._background: set[asyncio.Future[Any]] = set()
         self._closed = False
 
@@ -147,7 +148,12 @@ class ProcessSlots:
         return await self._started()
 
     async def _started(self) -> _Child:
-        child = await asyncio.to_thread(self._spawn)
+        self._live += 1
+        try:
+            child = await asyncio.to_thread(self._spawn)
+        except BaseException:
+            self._live -= 1
+            raise
         child.watch(asyncio.get_running_loop())
         return child
 
@@ -163,16 +169,21 @@ class ProcessSlots:
         return _Child(process, ours, held)
 
     def _replace(self, child: _Child) -> None:
-        """Kill `child` and start another in its place, both off the event loop."""
-        child.kill()
-        self._in_background(asyncio.to_thread(child.process.join, REAP_TIMEOUT))
-        if not self._closed:
+        """Kill `child` and start another in its place, both off the event loop (unless
+        the slots have their children already: an attempt that found none started one)."""
+        self._kill(child)
+        if not self._closed and self._live < self.size:
             self._in_background(self._refill())
+
+    def _kill(self, child: _Child) -> None:
+        child.kill()
+        self._live -= 1
+        self._in_background(asyncio.to_thread(child.process.join, REAP_TIMEOUT))
 
     async def _refill(self) -> None:
         child = await self._started()
         if self._closed:
-            child.kill()
+            self._kill(child)
         else:
             self._idle.append(child)
 
