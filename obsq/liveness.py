@@ -39,7 +39,8 @@ class Vigil:
         self.running = running
         self.monitor = LoopMonitor(asyncio.get_running_loop())
         self.keeper = Keeper(
-            BlockingKeeping(broker), worker_id, describe, claims,
+            # a call Redis leaves unanswered fails after the TTL, so a stop never hangs on it
+            BlockingKeeping(broker, call_timeout=s.heartbeat_ttl), worker_id, describe, claims,
             interval=s.heartbeat_interval, ttl=s.heartbeat_ttl, lease_seconds=s.lease_seconds,
             policy_interval=s.policy_check_interval, memory_policy=memory_policy,
             subscriptions=subscriptions, subscription_ttl=s.subscription_ttl,
