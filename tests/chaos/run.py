@@ -33,7 +33,7 @@ from chaos.scenarios import SCENARIOS  # noqa: E402
 
 # tasks of the long version, per scenario
 TASKS = {"workers": 100_000, "redis-restart": 10_000, "failover": 10_000, "hang": 10_000,
-         "full": 50_000, "skew": 5_000}
+         "full": 50_000, "skew": 5_000, "blocked-loop": 2_000}
 # scenarios whose loss is not a failure: the Redis settings that do not promise it
 REFERENCE = ("appendonly no", "durable_replicas=0", "appendfsync everysec")
 

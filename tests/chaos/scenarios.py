@@ -272,8 +272,40 @@ async def skew(tasks: int, workdir: Path, quick: bool, offset: str = "+30s"
         server.close()
 
 
+async def blocked_loop(tasks: int, workdir: Path, quick: bool, seconds: float = 15.0
+                       ) -> list[Outcome]:
+    """Two workers with the production heartbeat TTL and lease (quick: the short ones and a
+    3 s lease); one task in 200 calls time.sleep(`seconds`, 4 s quick) in its async handler,
+    blocking its worker's event loop past the heartbeat TTL, while the others await 0.5 s
+    of I/O under a 2 s timeout. No task may start twice (a lease taken from a live worker)
+    or time out; each blocking is logged with its task."""
+    block = 4.0 if quick else seconds
+    server = redis_server().start()
+    pool = Workers(server.url, NS, workdir, quick=quick, OBSQ_CHAOS_WORK_SECONDS="0.5",
+                   OBSQ_CHAOS_TIMEOUT="2", OBSQ_CHAOS_BLOCK_EVERY="200",
+                   OBSQ_CHAOS_BLOCK_SECONDS=str(block),
+                   OBSQ_LEASE_SECONDS="3" if quick else "30")
+    producer = Producer(server.url, NS)
+    ledger = Ledger(workdir / "ledger")
+    try:
+        pool.start(2)
+        await pool.ready()
+        await producer.run(tasks, batch=10, pause=_pace(tasks, 10, 2 * block))
+        await settle(ledger, producer.acked, quiet=_quiet(quick) + block, deadline=300)
+        logs = "".join(p.log() for p in pool.all)
+        return [outcome(f"blocked loop ({block:g} s)", producer.acked, ledger, None,
+                        blocking_tasks=sum(1 for n in producer.acked if n % 200 == 199),
+                        blockings_logged=logs.count("the event loop has been blocked for"),
+                        started_again_without_a_kill=started_again_unkilled(ledger, {}),
+                        timed_out=logs.count("longer than its timeout"))]
+    finally:
+        await producer.close()
+        pool.close()
+        server.close()
+
+
 SCENARIOS = {"workers": workers, "redis-restart": redis_restart, "failover": failover,
-             "hang": hang, "full": full, "skew": skew}
+             "hang": hang, "full": full, "skew": skew, "blocked-loop": blocked_loop}
 
 
 async def _fault_under_load(pool: Workers, producer: Producer, ledger: Ledger, tasks: int,

@@ -19,6 +19,13 @@ import obsq
 
 app = obsq.App(namespace="chaos")
 WORK_SECONDS = float(os.environ.get("OBSQ_CHAOS_WORK_SECONDS", "0.005"))
+# The blocked-loop scenario: every BLOCK_EVERY-th task blocks the event loop for
+# BLOCK_SECONDS on its first attempt (a sync call in an async def); tasks time out after
+# TIMEOUT seconds (unset: the default).
+BLOCK_EVERY = int(os.environ.get("OBSQ_CHAOS_BLOCK_EVERY", "0"))
+BLOCK_SECONDS = float(os.environ.get("OBSQ_CHAOS_BLOCK_SECONDS", "0"))
+TIMEOUT = float(os.environ["OBSQ_CHAOS_TIMEOUT"]) if os.environ.get("OBSQ_CHAOS_TIMEOUT") \
+    else None
 _ledger: int | None = None
 
 
@@ -30,8 +37,11 @@ def record(kind: str, number: int) -> None:
     os.write(_ledger, f"{kind} {number} {time.monotonic():.4f} {os.getpid()}\n".encode())
 
 
-@app.task("work", max_retry=1000, retry_delay=0.1)
+@app.task("work", max_retry=1000, retry_delay=0.1, timeout=TIMEOUT)
 async def work(task: obsq.Task) -> None:
     record("S", task.payload)
-    await asyncio.sleep(WORK_SECONDS)
+    if BLOCK_EVERY and task.payload % BLOCK_EVERY == BLOCK_EVERY - 1 and not task.retry_count:
+        time.sleep(BLOCK_SECONDS)  # blocks the event loop: the bug of a real app
+    else:
+        await asyncio.sleep(WORK_SECONDS)
     record("C", task.payload)

@@ -9,7 +9,7 @@ import pytest
 from support import missing_tool
 
 from .harness import libfaketime, redis_server_executable
-from .scenarios import failover, full, hang, redis_restart, skew, workers
+from .scenarios import blocked_loop, failover, full, hang, redis_restart, skew, workers
 
 pytestmark = pytest.mark.slow
 
@@ -64,3 +64,11 @@ async def test_a_worker_with_a_skewed_clock(tmp_path: Path) -> None:
     assert result.notes["delayed_tasks_started_early"] == 0
     assert result.notes["started_again_without_a_kill"] == 0
     assert result.recovery is not None
+
+
+async def test_a_handler_blocking_the_event_loop_makes_no_task_run_twice(tmp_path: Path) -> None:
+    result, = await blocked_loop(1000, tmp_path, quick=True)
+    assert result.lost == 0, result
+    assert result.notes["started_again_without_a_kill"] == 0, result
+    assert result.notes["timed_out"] == 0, result
+    assert 0 < result.notes["blockings_logged"] <= result.notes["blocking_tasks"], result
