@@ -105,3 +105,18 @@ async def test_a_suspect_runs_beside_a_hung_task_after_waiting_for_it(
     assert not raw_redis.hget(QueueKeys(namespace, "default").task(suspect.id), "iso")
     assert any("runs beside 1 other task(s)" in r.getMessage() for r in caplog.records)
     release.set()
+
+
+async def test_a_fetch_takes_one_suspect_and_leaves_the_others_first_in_line(
+        client, broker, raw_redis, namespace) -> None:
+    """Suspects run one at a time in their worker: the others of a batch go to the head of
+    the queue, for other workers."""
+    infos = await client.enqueue_many([obsq.Job("job", i) for i in range(4)])
+    for info in infos[:3]:
+        _make_suspect(raw_redis, namespace, info.id)
+    _, fetched = await broker.dequeue("default", 10, "w1", lease_seconds=30)
+    assert [(t.id, t.suspect) for t in fetched.tasks] == [(infos[0].id, True),
+                                                          (infos[3].id, False)]
+    _, fetched = await broker.dequeue("default", 10, "w2", lease_seconds=30)
+    assert sorted(t.id for t in fetched.tasks) in ([infos[1].id], [infos[2].id])
+    assert (await depth(broker))["pending"] == 1

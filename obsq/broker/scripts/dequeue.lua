@@ -1,6 +1,7 @@
--- prelude: now_ms, int_text, task_key, call_sliced, covers, hold
+-- prelude: now_ms, int_text, task_key, call_sliced, covers, hold, wake
 -- Take up to ARGV[3] pending tasks of one queue under a lease, each with a new fencing token;
--- a task a route limit holds back is set aside (held, or scheduled for its rate) instead.
+-- a task a route limit holds back is set aside (held, or scheduled for its rate) instead,
+-- and a suspect after the first goes back to the head of the queue.
 -- KEYS: pending, lease, wake, paused, active, fence counter
 -- ARGV: now, lease_ms, count, worker_id, limits: '' or JSON {"g": [[route, concurrency,
 --       interval_ms, tolerance_ms], ...], "l": [[pattern, room], ...]}, the App's routes
@@ -79,7 +80,7 @@ end
 local fence = redis.call('INCRBY', KEYS[6], #ids) - #ids
 local expires = int_text(now + tonumber(ARGV[2]))
 local leases, owners, tasks, held = {}, {}, {}, {}
-local dropped = 0
+local dropped, suspects, returned = 0, 0, 0
 for _, id in ipairs(ids) do
   local f = redis.call('HMGET', task_key(id), 'type', 'payload', 'headers', 'opts', 'retried',
                        'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin', 'sus')
@@ -87,6 +88,12 @@ for _, id in ipairs(ids) do
   if not f[1] then
     dropped = dropped + 1  -- its hash was deleted behind obsq's back: nothing left to run
     why = 'gone'
+  elseif f[13] and suspects > 0 then
+    -- one suspect per fetch: its worker runs it alone, so the others go back to the head of
+    -- the queue for other workers instead of waiting their turn in this one
+    why = 'returned'
+    redis.call('RPUSH', KEYS[1], id)
+    returned = returned + 1
   elseif limits then
     why, slot = limited(id, f[1], tonumber(f[10]))
     if why and not (why == 'concurrency' and f[11]) then
@@ -96,6 +103,9 @@ for _, id in ipairs(ids) do
     end
   end
   if not why then
+    if f[13] then
+      suspects = suspects + 1
+    end
     fence = fence + 1
     leases[#leases + 1] = expires
     leases[#leases + 1] = id
@@ -121,6 +131,9 @@ call_sliced('ZADD', KEYS[2], leases)
 call_sliced('HSET', KEYS[5], owners)
 if redis.call('LLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[3])
+end
+if returned > 0 then
+  wake(KEYS[3], returned)
 end
 local out = {now, dropped, #tasks / 14}
 for _, v in ipairs(tasks) do
