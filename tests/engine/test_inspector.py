@@ -115,7 +115,9 @@ async def test_delete_and_purge(app, client, start_worker, inspector: Inspector,
     assert await inspector.delete(scheduled.id) == "scheduled"
     assert raw_redis.llen(f"{namespace}:{{default}}:pending") == 0
     assert not raw_redis.exists(f"{namespace}:{{default}}:t:{waiting.id}")
-    await client.enqueue("t", 1, unique_for=600)  # its unique lock went with it
+    with pytest.raises(obsq.DuplicateTask):  # its unique lock lasts unique_for all the same
+        await client.enqueue("t", 1, unique_for=600)
+    await client.enqueue("t", 1)
     with pytest.raises(obsq.TaskNotFound):
         await inspector.delete(waiting.id)
 
