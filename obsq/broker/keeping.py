@@ -47,7 +47,8 @@ class BlockingKeeping(BlockingCalls):
         def remove() -> None:
             pipe = self.redis.pipeline(transaction=False)
             pipe.zrem(g.workers, worker_id)
-            pipe.delete(g.worker(worker_id), g.wake(worker_id))
+            for key in (g.worker(worker_id), g.wake(worker_id)):  # a Cluster's slots differ
+                pipe.delete(key)
             pipe.execute()
 
         self._guard("deregister", remove)

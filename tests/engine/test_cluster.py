@@ -81,7 +81,7 @@ async def test_enqueue_work_result_retry_and_delay_on_a_cluster(
     for key in raw_redis.scan_iter(match=f"{namespace}:*", count=1000):
         name = key.decode()
         assert any(f":{{{q}}}:" in name for q in QUEUES) or name.split(":")[1] in (
-            "queues", "workers", "worker", "lock"), name
+            "queues", "workers", "worker", "lock", "dataset"), name
     assert worker.health().redis_ok
     stats = await client.broker.queue_stats(list(QUEUES))
     assert stats["delta"].depth["dead"] == 1
