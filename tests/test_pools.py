@@ -1,6 +1,7 @@
 """The thread pool of plain handlers on its own (no Redis; the worker's use of both pools is
 tests/engine/test_plain_overrun.py): a timeout counts from the handler's start, an
-overrunning handler's thread is replaced and counted as stuck until it returns."""
+overrunning handler's thread is replaced and counted as stuck until it returns; and the
+settings that choose a pool and its stuck limit."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import time
 import pytest
 
 from obsq.app import Route
-from obsq.errors import TaskTimeout
+from obsq.errors import ConfigurationError, TaskTimeout
 from obsq.pools.threads import ThreadSlots
+from obsq.settings import WorkerSettings
 from obsq.task import Task
 
 
@@ -51,3 +53,11 @@ async def test_an_overrunning_handler_is_replaced_and_counted_until_it_returns()
         await asyncio.sleep(0.01)
     assert pool.stuck().slots == 0 and changes == [1, 0]
     pool.close()
+
+
+def test_a_pool_or_stuck_limit_that_cannot_be_is_refused_in_one_line():
+    with pytest.raises(ConfigurationError, match="pool must be thread or process, got 'fork'"):
+        WorkerSettings.from_env({"OBSQ_POOL": "fork"})
+    with pytest.raises(ConfigurationError, match="stuck_limit must be positive, got 0"):
+        WorkerSettings.from_env({"OBSQ_STUCK_LIMIT": "0"})
+    assert WorkerSettings.from_env({"OBSQ_POOL": "process"}).pool == "process"
