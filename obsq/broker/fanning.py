@@ -28,7 +28,8 @@ class Fanning(RedisCalls):
         k = self.keys(queue)
         args: list[Any] = [0, task_type, group]
         for m in messages:
-            args += (m.id, m.payload, "bin" if m.binary else "payload", m.encoded_headers())
+            args += (m.id, m.payload, "bin" if m.binary else "payload", m.encoded_headers(),
+                     "1" if m.id_chosen else "")
         statuses = await self._script("group", (k.group_types, k.grouped), args)
         return [Enqueued(not s) for s in statuses]
 
@@ -59,7 +60,7 @@ class Fanning(RedisCalls):
         return bool(await self._script(
             "end_batch", (k.batches,),
             (0, batch.id, batch.fence, "done" if error is None else "failed", error or "",
-             int(retry_in * 1000))))
+             int(retry_in * 1000), int(self.dedup_window * 1000))))
 
     async def release_batches(self, owner: str, batches: Sequence[Batch]) -> int:
         """Hand back batches `owner` claims and will not end (it is stopping), so that

@@ -113,3 +113,28 @@ async def test_unique_for_refuses_duplicates_whatever_became_of_the_first(
             await client.enqueue("u", {"k": end}, unique_for=60)
     await asyncio.sleep(0.5)
     assert ran == accepted
+
+
+async def test_a_grouped_task_s_id_is_remembered_once_its_batch_ends(
+        app, client, start_worker, raw_redis, namespace) -> None:
+    seen: list[list[int]] = []
+
+    @app.task("part")
+    async def part(task: obsq.Task) -> None:
+        raise AssertionError("grouped tasks never run themselves")
+
+    @app.task("whole")
+    async def whole(task: obsq.Task) -> None:
+        seen.append(task.payload)
+
+    app.aggregate("part", lambda group, tasks: ("whole", [t.payload for t in tasks]),
+                  max_size=2, max_delay=30, grace_period=30)
+    await client.enqueue("part", 1, group="g", task_id="part-1")
+    await client.enqueue("part", 2, group="g")
+    await start_worker()
+    await wait_until(lambda: seen == [[1, 2]], what="the batch aggregated")
+    keys = QueueKeys(namespace, "default")
+    await wait_until(lambda: not raw_redis.exists(keys.task("part-1")), what="the batch ends")
+    with pytest.raises(obsq.DuplicateTask):
+        await client.enqueue("part", 1, group="g", task_id="part-1")
+    assert raw_redis.zcard(keys.ended) == 1  # the generated id is not remembered

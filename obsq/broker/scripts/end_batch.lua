@@ -1,4 +1,4 @@
--- prelude: now_ms, task_key
+-- prelude: now_ms, int_text, task_key, remember_ids
 -- End a claimed batch. 'done' (its aggregated task is enqueued, under the batch's id)
 -- deletes the batch and its grouped tasks (a task cancelled meanwhile stays cancelled)
 -- and counts them out of `grouped`,
@@ -8,7 +8,8 @@
 -- claim holding the current fence, keeps every task in the batch, records the error and
 -- lets the batch be claimed again after `delay_ms`.
 -- KEYS: batches
--- ARGV: now, batch id, fence, 'done' or 'failed', error text, delay_ms
+-- ARGV: now, batch id, fence, 'done' or 'failed', error text, delay_ms, dedup window (ms):
+--       the grouped tasks whose producer chose their ids are remembered that long
 -- Returns 1 (applied) or 0 (the batch is gone, or a failure from a claim taken over).
 local now = now_ms()
 local batch = ARGV[2]
@@ -25,13 +26,20 @@ if ARGV[4] == 'failed' then
 end
 redis.call('ZREM', KEYS[1], batch)
 redis.call('DEL', key)
-local ended = 0
+local ended, forgotten = 0, {}
 for id in string.gmatch(f[2] or '', '%S+') do
   ended = ended + 1
   local task = task_key(id)
-  if redis.call('HGET', task, 'state') == 'aggregating' then
+  local g = redis.call('HMGET', task, 'state', 'own')
+  if g[1] == 'aggregating' then
     redis.call('DEL', task)
+    if g[2] == '1' then
+      forgotten[#forgotten + 1] = id
+    end
   end
+end
+if #forgotten > 0 then
+  remember_ids(forgotten, int_text(now + tonumber(ARGV[7])))
 end
 -- its tasks were counted as aggregating until now (at least 0: a batch claimed by an
 -- earlier version was counted out when it was claimed)

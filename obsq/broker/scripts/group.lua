@@ -7,21 +7,30 @@
 -- time, its size), so that the due groups of a type are found with a range read each.
 -- KEYS: gtypes, grouped
 -- ARGV: now, type, group, then per task: id, payload, the payload's field ('payload' for
---       JSON, 'bin' for the producer's own bytes), headers or ''
---       (plain arguments: bytes payloads need no escaping)
--- Returns per task: '' (added) or 'id' (the id exists).
+--       JSON, 'bin' for the producer's own bytes), headers or '', '1' when the producer
+--       chose the id (it is then also refused while remembered in `ended`, and marked
+--       'own' so that end_batch.lua remembers it) (plain arguments: bytes payloads need no
+--       escaping)
+-- Returns per task: '' (added) or 'id' (the id exists, or is remembered).
 local now = now_ms()
 local task_type, group = ARGV[2], ARGV[3]
 local list = prefix .. 'grp:' .. task_type .. ' ' .. group
 local out, added = {}, 0
-for i = 4, #ARGV, 4 do
+local ended = prefix .. 'ended'
+for i = 4, #ARGV, 5 do
   local id = ARGV[i]
   local key = task_key(id)
-  if redis.call('EXISTS', key) == 1 then
+  local own = ARGV[i + 4] == '1'
+  if redis.call('EXISTS', key) == 1 or
+      (own and (tonumber(redis.call('ZSCORE', ended, id)) or 0) > now) then
     out[#out + 1] = 'id'
   else
     local fields = {'type', task_type, ARGV[i + 2], ARGV[i + 1], 'state', 'aggregating',
                     'enq', now, 'due', now, 'grp', group}
+    if own then
+      fields[#fields + 1] = 'own'
+      fields[#fields + 1] = '1'
+    end
     if ARGV[i + 3] ~= '' then
       fields[#fields + 1] = 'headers'
       fields[#fields + 1] = ARGV[i + 3]
