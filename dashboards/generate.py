@@ -513,7 +513,8 @@ def overview() -> dash.Dashboard:
             "Event loop lag",
             "How long each worker's event loop has been blocked now (a handler calling "
             "blocking code in an async def); 0 while it runs. Tasks of a blocked loop do not "
-            "start, and its heartbeats and lease extensions wait.",
+            "start; its heartbeats and lease extensions go on from their own thread, and "
+            "liveness fails past OBSQ_BLOCKED_LOOP_LIMIT (60 s).",
             "s",
             queries((f"max by (instance) (obsq_worker_event_loop_lag_seconds{{{SCOPE}}})",
                      "{{instance}}")),
