@@ -148,10 +148,10 @@ class Client:
         return await self._chain(*self.producer_hooks)(messages) if messages else []
 
     def _warn_if_unhandled(self, jobs: Sequence[Job], group: bool = False) -> None:
-        """A typo in a task type otherwise shows only as retries of UnknownTaskType for
-        hours, and a grouped task with no aggregator waits for good: say so once per type,
-        where the App given to the Client registers handlers (one that only names the
-        namespace says nothing about types)."""
+        """A typo in a task type otherwise shows only as tasks handed on between workers
+        for a day (none has a handler), and a grouped task with no aggregator waits for
+        good: say so once per type, where the App given to the Client registers handlers
+        (one that only names the namespace says nothing about types)."""
         app = self.app
         if app is None or not app.routes:
             return

@@ -91,6 +91,19 @@ async def test_a_type_no_worker_has_ends_dead_after_the_age(
                                timeout=10) == "old"
 
 
+async def test_a_catch_all_route_knows_every_type(namespace, client, start_worker) -> None:
+    app = obsq.App(namespace=namespace)
+
+    @app.task("*")
+    async def anything(task: obsq.Task) -> str:
+        return task.type
+
+    await start_worker(app)
+    info = await client.enqueue("report:new", retention=60)
+    assert await client.result(info, timeout=10) == "report:new"
+    assert (await client.info(info.id)).retry_count == 0
+
+
 def test_the_age_is_a_setting() -> None:
     assert WorkerSettings().unknown_type_max_age == 24 * 3600
     assert WorkerSettings.from_env({"OBSQ_UNKNOWN_TYPE_MAX_AGE": "3600"}
