@@ -21,7 +21,7 @@ from obsq.redis_server import free_port
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 # the lowest value each of these takes, as the schema allows it
 MINIMA = {"worker": {"concurrency": 1, "shutdownTimeout": 1, "leaseSeconds": 3,
-                     "maxRecoveries": 0}}
+                     "maxRecoveries": 0, "stuckLimit": 1}}
 EDGES: list[dict[str, Any]] = [
     {"tracing": {"samplerArg": "0"}, "worker": {"queues": [{"name": "crit:high.v2-x_1",
                                                            "weight": 1}]}},
