@@ -82,10 +82,14 @@ class Suspects:
 
     async def start_alone(self, task: Task) -> bool:
         """Record that `task` runs alone; False when its lease was taken over meanwhile.
-        Retried while Redis is away: an unmarked run could not be told from a shared one."""
+        Retried while Redis is away: an unmarked run could not be told from a shared one.
+        A full Redis refuses the mark: the task then runs unmarked (its loss uncounted),
+        as this worker's runs are what drain Redis."""
         retry = RedisRetry("marking a suspect that runs alone")
         while True:
             try:
                 return await self.broker.isolate(task.queue, attempt_of(task), self.worker_id)
             except BrokerError as exc:
+                if exc.out_of_memory:
+                    return True
                 await asyncio.sleep(retry.failed(exc))

@@ -231,3 +231,26 @@ async def test_above_the_share_long_errors_and_results_are_not_kept(full_redis, 
         raw.close()
         await broker.close()
         await client.close()
+
+
+async def test_a_suspect_runs_on_a_full_redis(full_redis, namespace, app, start_worker
+                                              ) -> None:
+    """A full Redis refuses the mark of a suspect's run alone: it runs unmarked, as the
+    worker's runs are what drain Redis."""
+    ran: list[str] = []
+
+    @app.task("t")
+    async def handler(task: obsq.Task) -> None:
+        ran.append(task.id)
+
+    raw = redis.Redis.from_url(full_redis.url)
+    client = obsq.Client(full_redis.url, namespace, app=app)
+    try:
+        info = await client.enqueue("t", {"n": 0})
+        raw.hset(QueueKeys(namespace, "default").task(info.id), "sus", "1")  # as recovered
+        top_up(raw)
+        await start_worker(redis_url=full_redis.url)
+        await wait_until(lambda: ran == [info.id], what="the suspect ran")
+    finally:
+        raw.close()
+        await client.close()
