@@ -137,6 +137,7 @@ class Worker:
         self.settler = Settler(self.broker, self.id, self.app.outcome_hooks,
                                unknown_type_max_age=s.unknown_type_max_age, claims=self.claims)
         self._vigil = vigil
+        self.started_at = time.time()  # in the first heartbeat's description already
         await vigil.start()  # registers its subscriptions before it serves
         self._loops = [
             Forwarder(self.broker, self.id, s.forward_interval, s.lock_ttl),
@@ -155,7 +156,6 @@ class Worker:
             self._aggregation.start()
         for loop in self._loops:
             loop.start()
-        self.started_at = time.time()
         self.started.set()
         log.info("worker %s started: queues %s, concurrency %d, Redis %s", self.id,
                  ",".join(f"{q}={w}" for q, w in self.queues.items()), self.concurrency,
