@@ -35,7 +35,6 @@ class Vigil:
         s = self.settings = settings
         self.broker = broker
         self.worker_id = worker_id
-        self.claims = claims
         self.running = running
         self.monitor = LoopMonitor(asyncio.get_running_loop())
         self.keeper = Keeper(
