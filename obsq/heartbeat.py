@@ -126,7 +126,7 @@ class Keeper:
     def stalled_for(self) -> float:
         """Seconds the thread has not come round, not counting a Redis call under way (a
         hung Redis is readiness's matter); 0 while it turns as it should."""
-        if self._thread is None or self.calling:
+        if self._thread is None or self.calling or self._stop.is_set():  # stopped: no fault
             return 0.0
         if not self._thread.is_alive():
             return float("inf")

@@ -8,7 +8,9 @@ a temporary one if unset), which the supervisor cleans at start and serves, merg
 the queue-wide gauges it reads from Redis on an event loop of its own. A child that dies
 is restarted with backoff (its live gauges are dropped); a child that exits with a
 configuration error (status 2) stops the whole pod with that status, as a single worker
-would. /healthz: every child is running; /readyz: Redis answers.
+would. /healthz: every child is running; /readyz: Redis answers. A child judges its own
+liveness as a single worker's probe would (obsq/health.py) and ends when it fails, so that
+the supervisor starts another.
 
 Stopping, as a single worker does: the first SIGTERM or SIGINT is one graceful drain in
 every child, a second one means "stop now"; the supervisor then waits for their drain and
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from obsq._version import __version__
 from obsq.app import load_app
+from obsq.health import LIVENESS, first_problem
 from obsq.loop import on_stop_signals
 from obsq.settings import RESTART_MAX, RESTART_MIN, STABLE_AFTER, STOP_MARGIN, WorkerSettings
 
@@ -52,6 +55,7 @@ CONFIG_ERROR = 2  # the exit status of `obsq` for a configuration error
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LIFELINE_FLAG = "--supervisor-fd"  # hidden `obsq worker` flag: the child's end of the pipe
 STOP_NOW = b"!"  # written to the pipe of each child on the supervisor's second stop signal
+CHILD_LIVENESS_CHECK = 5.0  # how often a child judges its own liveness
 
 
 class _Child:
@@ -344,6 +348,22 @@ def serve_supervised(worker: Worker, fd: int) -> None:
 
     on_stop_signals(lambda sig: drain(f"received {sig.name}"))
     loop.add_reader(fd, from_supervisor)
+    threading.Thread(target=_end_when_not_alive, args=(worker,), name="obsq-liveness",
+                     daemon=True).start()
+
+
+def _end_when_not_alive(worker: Worker) -> None:
+    """A child has no probe of its own, and the pod's /healthz sees only that it runs: what
+    fails a single worker's liveness (its event loop blocked past the limit, its heartbeat
+    thread dead, a slot stuck past the limit) ends the child, and the supervisor starts
+    another, as Kubernetes restarts a pod. Its tasks run again once its heartbeat lapses."""
+    while True:
+        time.sleep(CHILD_LIVENESS_CHECK)
+        problem = first_problem(worker.health(), LIVENESS)
+        if problem is not None and not worker.draining:  # a drain ends by its own deadline
+            log.error("worker %s: %s; this process ends, and the supervisor starts another",
+                      worker.id, problem)
+            os._exit(1)
 
 
 def _describe_exit(code: int) -> str:

@@ -188,3 +188,55 @@ async def test_a_pod_left_without_queue_gauges_serves_none(redis_url, namespace,
     finally:
         code = await asyncio.to_thread(supervisor.stop, 40)
     assert code == 0, (tmp_path / "supervisor.log").read_text()
+
+
+BLOCKING_APP = """
+import os, pathlib, time
+import obsq
+
+app = obsq.App(namespace=os.environ["OBSQ_NAMESPACE"])
+MARK = pathlib.Path(os.environ["BLOCK_MARK"])
+
+
+@app.task("block")
+async def block(task):
+    if not MARK.exists():  # the first run blocks the event loop for good
+        MARK.touch()
+        time.sleep(600)
+    return os.getpid()
+"""
+
+
+async def test_a_child_whose_event_loop_stays_blocked_is_replaced(redis_url, namespace,
+                                                                  tmp_path):
+    """The pod's /healthz sees only that its children run: a child judges its own liveness
+    as a single worker's probe would, and ends; the supervisor starts another."""
+    (tmp_path / "block_app.py").write_text(BLOCKING_APP)
+    port = free_port()
+    supervisor = ObsqProcess(
+        ["worker", "block_app:app", "--processes", "2", "--http-port", str(port),
+         "--shutdown-timeout", "5"],
+        obsq_env(OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace,
+                 OBSQ_BLOCKED_LOOP_LIMIT="2", OBSQ_HEARTBEAT_TTL="3",
+                 OBSQ_HEARTBEAT_INTERVAL="0.5", BLOCK_MARK=str(tmp_path / "blocked")),
+        tmp_path, tmp_path / "supervisor.log")
+    client = obsq.Client(redis_url, namespace=namespace)
+    try:
+        async def up():
+            try:
+                return value(parse(await asyncio.to_thread(scrape, port)), "obsq_workers") == 2
+            except OSError:
+                return False
+        await wait_until(up, timeout=30, what="two children heartbeating")
+        info = await client.enqueue("block")
+        # the blocked child ends, its task runs again once its heartbeat lapses
+        assert await client.result(info, timeout=60)
+        log = supervisor.log()
+        assert "the event loop has been blocked for" in log
+        assert "this process ends, and the supervisor starts another" in log
+        assert "exited with status 1; restarting it" in log
+        await wait_until(lambda: asyncio.to_thread(lambda: probe(port, "/healthz")[0] == 200),
+                         timeout=30, what="both children running again")
+    finally:
+        await client.close()
+        await asyncio.to_thread(supervisor.stop, 40)
