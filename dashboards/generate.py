@@ -510,6 +510,17 @@ def overview() -> dash.Dashboard:
             bars=True,
         ),
         graph(
+            "Tasks of unknown types",
+            "Tasks a worker took without a handler for their type: handed_on (back to the "
+            "queue for a worker that has one, no retry spent: usual during a rolling deploy) "
+            "or dead (handed on for longer than OBSQ_UNKNOWN_TYPE_MAX_AGE, 24 h). Dead ones "
+            "mean no worker of this installation knows the type.",
+            "ops",
+            queries((rate("obsq_tasks_unknown_type_total", qsel, "queue, outcome"),
+                     "{{queue}} {{outcome}}")),
+            bars=True,
+        ),
+        graph(
             "Event loop lag",
             "How long each worker's event loop has been blocked now (a handler calling "
             "blocking code in an async def); 0 while it runs. Tasks of a blocked loop do not "

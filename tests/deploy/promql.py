@@ -37,6 +37,7 @@ CONTRACT_METRICS = frozenset(
         "obsq_worker_event_loop_lag_seconds",
         "obsq_redis_data_lost_total",
         "obsq_lease_recoveries_total",
+        "obsq_tasks_unknown_type_total",
         "obsq_queue_depth",
         "obsq_queue_latency_seconds",
         "obsq_queue_paused",

@@ -309,10 +309,20 @@ async def test_every_dashboard_query_and_alert_returns_data(
         raw_redis.set(GlobalKeys(namespace).dataset, f"restarted-{n}")
         await until_counted(n, "obsq_redis_data_lost_total")
 
+    async def hand_on_an_unknown_type(n: int) -> None:
+        """A task no handler knows: handed on, and again every few seconds from then on
+        (wave 1's too), so the count reaches at least n."""
+        await client.enqueue(f"unknown:{n}", queue=main)
+
+        async def handed_on() -> bool:
+            return await scraped("obsq_tasks_unknown_type_total", queue=main,
+                                 outcome="handed_on") >= n
+        await wait_until(handed_on, timeout=15, what="a task of an unknown type handed on")
+
     async def wave(n: int) -> None:
         """The same work each time: every outcome, both recovery reasons, a held-back start,
-        a Redis error, fires and missed fires, an aggregation, an event's delivery and a
-        Redis that lost its data."""
+        a Redis error, fires and missed fires, an aggregation, an event's delivery, a
+        Redis that lost its data and a task of a type no worker knows."""
         for i in range(3):
             await client.enqueue("easy", {"i": i})
         for i in range(2):
@@ -329,6 +339,7 @@ async def test_every_dashboard_query_and_alert_returns_data(
         await fail_a_redis_call()
         await miss_fires()
         await lose_the_dataset(n)
+        await hand_on_an_unknown_type(n)
         for (task, outcome), runs in OUTCOMES.items():
             await until_counted(runs * n, "obsq_tasks_processed_total", queue=main, task=task,
                                 outcome=outcome)
