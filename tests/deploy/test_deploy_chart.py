@@ -1154,6 +1154,7 @@ def test_worker_settings_accept_the_rendered_environment(helm: str, scenario_nam
     assert settings.max_recoveries == int(env["OBSQ_MAX_RECOVERIES"])
     assert settings.pool == env["OBSQ_POOL"]
     assert settings.stuck_limit == float(env["OBSQ_STUCK_LIMIT"])
+    assert settings.unknown_type_max_age == float(env["OBSQ_UNKNOWN_TYPE_MAX_AGE"])
     assert settings.log_format == env["OBSQ_LOG_FORMAT"]
     assert settings.namespace == env["OBSQ_NAMESPACE"]
     assert settings.queue_metrics is False  # the exporter publishes them
