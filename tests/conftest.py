@@ -157,7 +157,7 @@ async def start_worker(redis_url: str, app: obsq.App
             http_host="127.0.0.1", serving=lambda server: ports.__setitem__(worker,
                                                                             server.port)))
         running.append((worker, task))
-        await wait_until(lambda: worker.started_at or task.done(), timeout=10)
+        await wait_until(lambda: worker.started.is_set() or task.done(), timeout=10)
         if task.done():
             task.result()  # its start-up error
         return worker
