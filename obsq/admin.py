@@ -13,6 +13,7 @@ from typing import Any
 from obsq.app import load_app
 from obsq.broker import DEPTH_STATES, TASK_STATES
 from obsq.broker.inspection import PURGEABLE, REVIVABLE
+from obsq.doctor import Doctor
 from obsq.errors import (
     ConfigurationError,
     QueueNotFound,
@@ -63,6 +64,10 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
     groups.add_argument("--group")
     groups.add_argument("--app", metavar="MODULE:APP",
                         help="the App, to show when each group is due by its aggregator")
+    doctor = looking("doctor", "check the namespace's invariants (counters, ids with no task, "
+                     "orphaned attempts); exit 1 naming each problem")
+    doctor.add_argument("--repair", action="store_true", help="mend what can be mended "
+                        "safely, say what was done, and check again")
     looking("workers", "live workers: host, pid, queues, busy slots, last heartbeat")
     looking("schedules", "schedule entries: spec, timezone, missed policy, next and last fire")
     requeue = command("requeue", "put dead (or retry/scheduled) tasks back to pending now",
@@ -275,9 +280,34 @@ async def pause(inspector: Inspector, args: argparse.Namespace, out: Output) -> 
     print(f"queue {args.queue} {args.command}d")
 
 
+async def doctor(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
+    healer = Doctor(inspector.broker)
+    found = await healer.diagnose()
+    if args.repair and found.problems:
+        await healer.repair(found)
+        repairs, found = found.repairs, await healer.diagnose()
+        found.repairs = repairs
+    if found.problems:
+        out.status = 1
+    if out.as_json:
+        return out.data({"namespace": found.namespace, "queues": found.queues,
+                         "clean": found.clean,
+                         "problems": [{"queue": p.queue, "what": p.what, "count": p.count,
+                                       "examples": p.examples} for p in found.problems],
+                         "repairs": found.repairs, "notes": found.notes})
+    for line in found.repairs:
+        print(f"repaired {line}")
+    for note in found.notes:
+        print(out.paint(f"info: {note}", "dim"))
+    for problem in found.problems:
+        print(out.paint(problem.line(), "error"))
+    if found.clean:
+        print(f"namespace {found.namespace!r}: {len(found.queues)} queue(s), no problems")
+
+
 HANDLERS = {"stats": stats, "queues": queues, "tasks": tasks, "task": task, "groups": groups,
-            "workers": workers, "schedules": schedules, "requeue": requeue, "cancel": cancel,
-            "delete": delete, "purge": purge, "pause": pause, "unpause": pause}
+            "workers": workers, "schedules": schedules, "doctor": doctor, "requeue": requeue,
+            "cancel": cancel, "delete": delete, "purge": purge, "pause": pause, "unpause": pause}
 
 
 async def _empty(inspector: Inspector) -> str:

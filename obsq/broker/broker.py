@@ -3,6 +3,7 @@ grouped by who calls them. This package is the only code in obsq that speaks Red
 
 from __future__ import annotations
 
+from obsq.broker.checking import Checking
 from obsq.broker.fanning import Fanning
 from obsq.broker.inspection import Inspection
 from obsq.broker.producing import Producing
@@ -11,5 +12,5 @@ from obsq.broker.upkeep import Upkeep
 from obsq.broker.working import Working
 
 
-class Broker(Producing, Working, Upkeep, Inspection, Scheduling, Fanning):
+class Broker(Producing, Working, Upkeep, Inspection, Scheduling, Fanning, Checking):
     """Every Redis call of obsq, on one connection pool."""

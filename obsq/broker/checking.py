@@ -1,0 +1,111 @@
+"""What `obsq doctor` (obsq/doctor.py) asks of Redis: one bounded step of a queue's
+invariants per call of doctor.lua (a window of a list or zset, of the leases, of the active
+hash, the counters against what they count), the ordering-key lists found by SCAN, and the
+repairs that re-check what they mend in the same script."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from obsq.broker.calls import RedisCalls
+from obsq.broker.inspection import _text
+
+# A queue's lists and zsets of task ids, by the state their tasks' hashes must name ('':
+# any; running tasks keep the state they were fetched in).
+ID_KEYS = (("pending", "list", "pending"), ("lease", "zset", ""),
+           ("scheduled", "zset", "scheduled"), ("retry", "zset", "retry"),
+           ("dead", "zset", "dead"), ("completed", "zset", "completed"),
+           ("cancelled", "zset", "cancelled"))
+
+# One finding of a window: (id, problem, what was found: a state, a field's value, an owner)
+Finding = tuple[str, str, str]
+
+
+class Checking(RedisCalls):
+    async def check_ids(self, key: str, kind: str, offset: int, count: int, state: str = "",
+                        field: str = "", value: str = "") -> tuple[int, list[Finding]]:
+        """(length of the list or zset, the findings among `count` ids from `offset`)."""
+        reply = await self._script("doctor", (key,),
+                                   (0, kind, offset, count, state, field, value))
+        return reply[0], [_finding(r) for r in reply[1:]]
+
+    async def check_leases(self, queue: str, offset: int, count: int, grace_ms: int
+                           ) -> tuple[int, list[Finding]]:
+        """(attempts in all, those among `count` from `offset` with no task, no owner, or a
+        lease that ended over `grace_ms` ago)."""
+        k = self.keys(queue)
+        reply = await self._script("doctor", (k.lease, k.active),
+                                   (0, "lease", offset, count, grace_ms))
+        return reply[0], [_finding(r) for r in reply[1:]]
+
+    async def check_owners(self, queue: str, cursor: str, count: int
+                           ) -> tuple[str, list[str]]:
+        """(next cursor, '0' at the end; ids in the active hash without a lease)."""
+        reply = await self._script("doctor", (self.keys(queue).active,),
+                                   (0, "owners", cursor, count))
+        return _text(reply[0]), [_text(i) for i in reply[1:]]
+
+    async def ordering_keys(self, queue: str, count: int) -> list[str]:
+        """The ordering keys with a list in the queue (SCAN in steps of `count`)."""
+        start = self.keys(queue).prefix + "ord:"
+        found = []
+        async for key in self.redis.scan_iter(match=_glob(start) + "*", count=count):
+            found.append(_text(key)[len(start):])
+        return found
+
+    async def ordering_waiting(self, queue: str, keys: Sequence[str]) -> int:
+        """The tasks waiting behind the first of the given ordering keys' lists."""
+        return await self._script("doctor", (self.keys(queue).pending,), (0, "ord", *keys))
+
+    async def counters(self, queue: str) -> tuple[int, int, int, int, int, list[str]]:
+        """(waiting, tasks in held lists, grouped, tasks in groups, tasks in batches, the
+        patterns with held lists), read together."""
+        k = self.keys(queue)
+        *counts, patterns = await self._script("doctor", (k.group_types, k.batches),
+                                               (0, "counters"))
+        return (*counts, [_text(p) for p in patterns])
+
+    async def drop_missing(self, key: str, kind: str, ids: Sequence[str]) -> int:
+        """Remove from a list, zset or the leases ('lease') those ids with no task hash."""
+        return await self._script("doctor", (key,), (0, "drop", kind, *ids)) if ids else 0
+
+    async def settle_counter(self, key: str, expected: int, value: int) -> bool:
+        """Set a counter to `value` if it still reads `expected`."""
+        return bool(await self._script("doctor", (key,), (0, "settle", expected, value)))
+
+    async def live_workers(self, worker_ids: Sequence[str]) -> set[str]:
+        """Those of the given workers whose heartbeat key exists."""
+        if not worker_ids:
+            return set()
+        pipe = self.redis.pipeline(transaction=False)
+        for worker in worker_ids:
+            pipe.exists(self.global_keys.worker(worker))
+        alive = await self._guard("doctor", pipe.execute())
+        return {w for w, a in zip(worker_ids, alive) if a}
+
+    async def firing_claims(self) -> dict[str, int]:
+        """{schedule entry: the fire (ms) claimed and not confirmed}."""
+        raw = await self._guard("doctor", self.redis.hgetall(self.schedule_keys.firing))
+        return {_text(k): int(_text(v).split(" ", 1)[0] or 0) for k, v in raw.items()}
+
+    async def lapsed_subscriptions(self, now_ms: int) -> dict[str, list[str]]:
+        """{event: subscriptions ('<subscriber> <queue>') lapsed by `now_ms`}."""
+        e = self.event_keys
+        events = await self._guard("doctor", self.redis.smembers(e.subscribed))
+        found = {}
+        for event in sorted(_text(x) for x in events):
+            lapsed = await self._guard("doctor", self.redis.zrange(
+                e.subscribers(event), "-inf", now_ms, byscore=True))
+            if lapsed:
+                found[event] = [_text(s) for s in lapsed]
+        return found
+
+
+def _finding(raw: Sequence[Any]) -> Finding:
+    return _text(raw[0]), _text(raw[1]), _text(raw[2])
+
+
+def _glob(text: str) -> str:
+    """`text` with SCAN's pattern characters escaped."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

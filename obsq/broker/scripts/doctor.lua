@@ -1,0 +1,131 @@
+-- prelude: now_ms, task_key
+-- `obsq doctor`: one bounded step of checking a queue's invariants, or one safe repair.
+-- Reads only, but for the repairs ('drop', 'settle'), which re-check what they mend.
+-- KEYS[1] is the key a step reads (a list, a zset, the lease zset or a counter); KEYS[2],
+-- when given, the active hash ('lease') or the batches zset ('counters').
+-- ARGV: now, step, then by step:
+--   'list' offset count state field value: ids of a list (from its head) whose task hash is
+--       gone ('missing'), whose state is not `state`, or whose `field` is not `value` (''
+--       skips either check); returns {length, {id, problem, what was found}, ...}
+--   'zset' offset count state: the same for a zset, by rank
+--   'lease' offset count grace_ms: attempts (KEYS[1] lease, KEYS[2] active) whose lease
+--       ended over grace_ms ago ('expired', owner), with no owner ('unowned') or no task
+--       hash ('missing'); returns {length, {id, problem, owner}, ...}
+--   'owners' cursor count: attempts of the active hash without a lease; {cursor, {id, ...}}
+--   'ord' key...: the tasks waiting for their ordering keys (all but the first of each)
+--   'counters': {waiting, held, grouped, in groups, in batches, {held pattern, ...}}
+--       (KEYS[1] gtypes, KEYS[2] batches)
+--   'drop' kind id...: remove the ids without a task hash from the list or zset
+--       (kind 'list', 'zset', or 'lease', which drops their active entries too); returns
+--       how many went
+--   'settle' expected value: set the counter to `value` if it still reads `expected`
+local step = ARGV[2]
+
+local function check(id, state, field, value)
+  local f = redis.call('HMGET', task_key(id), 'state', field ~= '' and field or 'state')
+  if not f[1] then
+    return {id, 'missing', ''}
+  elseif state ~= '' and f[1] ~= state then
+    return {id, 'state', f[1]}
+  elseif field ~= '' and f[2] ~= value then
+    return {id, field, f[2] or ''}
+  end
+  return nil
+end
+
+if step == 'list' or step == 'zset' then
+  local offset, count = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local ids, length
+  if step == 'list' then
+    ids = redis.call('LRANGE', KEYS[1], offset, offset + count - 1)
+    length = redis.call('LLEN', KEYS[1])
+  else
+    ids = redis.call('ZRANGE', KEYS[1], offset, offset + count - 1)
+    length = redis.call('ZCARD', KEYS[1])
+  end
+  local out = {length}
+  for _, id in ipairs(ids) do
+    out[#out + 1] = check(id, ARGV[5], ARGV[6] or '', ARGV[7] or '')
+  end
+  return out
+elseif step == 'lease' then
+  local now = now_ms()
+  local offset, count = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local raw = redis.call('ZRANGE', KEYS[1], offset, offset + count - 1, 'WITHSCORES')
+  local out = {redis.call('ZCARD', KEYS[1])}
+  for i = 1, #raw, 2 do
+    local id = raw[i]
+    local owner = redis.call('HGET', KEYS[2], id)
+    if redis.call('EXISTS', task_key(id)) == 0 then
+      out[#out + 1] = {id, 'missing', owner or ''}
+    elseif not owner then
+      out[#out + 1] = {id, 'unowned', ''}
+    elseif tonumber(raw[i + 1]) < now - tonumber(ARGV[5]) then
+      out[#out + 1] = {id, 'expired', owner}
+    end
+  end
+  return out
+elseif step == 'owners' then
+  local scan = redis.call('HSCAN', KEYS[1], ARGV[3], 'COUNT', ARGV[4])
+  local out = {scan[1]}
+  for i = 1, #scan[2], 2 do
+    if not redis.call('ZSCORE', prefix .. 'lease', scan[2][i]) then
+      out[#out + 1] = scan[2][i]
+    end
+  end
+  return out
+elseif step == 'ord' then
+  local waiting = 0
+  for i = 3, #ARGV do
+    waiting = waiting + math.max(redis.call('LLEN', prefix .. 'ord:' .. ARGV[i]) - 1, 0)
+  end
+  return waiting
+elseif step == 'counters' then
+  local patterns = redis.call('SMEMBERS', prefix .. 'holding')
+  table.sort(patterns)
+  local held = 0
+  for _, pattern in ipairs(patterns) do
+    held = held + redis.call('LLEN', prefix .. 'held:' .. pattern)
+  end
+  local in_groups = 0
+  for _, task_type in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+    for _, group in ipairs(redis.call('ZRANGE', prefix .. 'gsize:' .. task_type, 0, -1)) do
+      in_groups = in_groups + redis.call('LLEN', prefix .. 'grp:' .. task_type .. ' ' .. group)
+    end
+  end
+  local in_batches = 0
+  for _, batch in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+    local ids = redis.pcall('HGET', prefix .. 'batch:' .. batch, 'ids')
+    if type(ids) == 'string' then
+      for _ in string.gmatch(ids, '%S+') do
+        in_batches = in_batches + 1
+      end
+    end
+  end
+  return {tonumber(redis.call('GET', prefix .. 'waiting')) or 0, held,
+          tonumber(redis.call('GET', prefix .. 'grouped')) or 0, in_groups, in_batches,
+          patterns}
+elseif step == 'drop' then
+  local dropped = 0
+  for i = 4, #ARGV do
+    local id = ARGV[i]
+    if redis.call('EXISTS', task_key(id)) == 0 then
+      if ARGV[3] == 'list' then
+        dropped = dropped + redis.call('LREM', KEYS[1], 0, id)
+      else
+        dropped = dropped + redis.call('ZREM', KEYS[1], id)
+        if ARGV[3] == 'lease' then
+          redis.call('HDEL', prefix .. 'active', id)
+        end
+      end
+    end
+  end
+  return dropped
+elseif step == 'settle' then
+  if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[3] then
+    return 0
+  end
+  redis.call('SET', KEYS[1], ARGV[4])
+  return 1
+end
+return redis.error_reply('unknown step ' .. tostring(step))
