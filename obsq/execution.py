@@ -21,7 +21,7 @@ from obsq.errors import PayloadError, Retry, SkipRetry, UnknownTaskType
 from obsq.pools import make_pool
 from obsq.pools.base import UnsentResult, within
 from obsq.settings import BACKOFF_BASE, BACKOFF_CAP, DEFAULT_MAX_RETRY, DEFAULT_TIMEOUT
-from obsq.task import Task
+from obsq.task import Task, encode_json
 
 log = logging.getLogger("obsq")
 MAX_ERROR_LENGTH = 2000
@@ -113,16 +113,15 @@ class Executor:
         if isinstance(result, UnsentResult):
             return self._unencodable_result(task, result.reason)
         try:
-            return Verdict("success", orjson.dumps(result))
-        except orjson.JSONEncodeError as exc:
-            return self._unencodable_result(task, exc)
+            return Verdict("success", encode_json(
+                result, f"the result of task type {task.type!r}"))
+        except (TypeError, ValueError) as exc:
+            return self._unencodable_result(task, str(exc))
 
-    def _unencodable_result(self, task: Task, exc: Exception | str) -> Verdict:
+    def _unencodable_result(self, task: Task, problem: str) -> Verdict:
         """The handler ran to its end, so it is never run again for its result: without
         retention the result is dropped (a warning once per type); a task asked to keep
         its result ends dead with the reason, as what was asked cannot be kept."""
-        problem = exc if isinstance(exc, str) else \
-            f"the result of task type {task.type!r} is not JSON-serializable: {exc}"
         if task.retention:
             return Verdict("dead", error=SkipRetry(f"{problem}; the handler ran and is not "
                                                    "run again"))

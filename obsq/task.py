@@ -42,9 +42,10 @@ def bytes_preview(data: bytes, size: int | None = None, shown: int = BYTES_SHOWN
 
 
 def encode_json(value: Any, what: str) -> bytes:
-    """JSON, refusing what JSON cannot say: orjson would write NaN and infinities as null."""
+    """JSON, refusing what JSON cannot say: orjson would write NaN and infinities as null,
+    and a `datetime` as text that reads back as a str. Payloads and results both pass here."""
     try:
-        encoded = orjson.dumps(value)
+        encoded = orjson.dumps(value, option=orjson.OPT_PASSTHROUGH_DATETIME)
     except TypeError as exc:
         raise TypeError(f"{what} is not JSON-serializable: {exc}") from None
     if b"null" in encoded and _has_non_finite(value):  # the walk only when it may matter

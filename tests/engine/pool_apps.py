@@ -99,3 +99,11 @@ def relay(task: obsq.Task) -> str:
 def unsendable(task: obsq.Task) -> Any:
     """Returns what cannot leave its process (nor be JSON)."""
     return lambda: None
+
+
+@app.task("not_json", max_retry=0)
+def not_json(task: obsq.Task) -> Any:
+    """Returns what pickles back but is not JSON: a datetime, or NaN (payload["nan"])."""
+    import datetime
+
+    return {"ratio": float("nan")} if task.payload.get("nan") else datetime.datetime.now()

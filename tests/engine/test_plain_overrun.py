@@ -147,6 +147,10 @@ async def test_process_pool_hands_the_whole_task_over_and_its_errors_back(
     kept = (await wait_until(lambda: settled(client, [unsent.id]), timeout=30))[0]
     assert kept.state == "dead" and "the result of task type 'unsendable' cannot be sent " \
         "back from the handler's process" in kept.error
+    for payload, problem in (({}, "not JSON-serializable"), ({"nan": 1}, "NaN or an infinity")):
+        unkept = await client.enqueue("not_json", payload, retention=60)
+        ended = (await wait_until(lambda u=unkept: settled(client, [u.id]), timeout=30))[0]
+        assert ended.state == "dead" and problem in ended.error, ended
 
     failing = await client.enqueue("fail", {"n": 7})
     failed = (await wait_until(lambda: settled(client, [failing.id]), timeout=30))[0]

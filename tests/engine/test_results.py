@@ -187,3 +187,29 @@ def _watchers(raw_redis, namespace: str, info: obsq.TaskInfo) -> int:
     """How many clients wait for the task (one entry each, whatever their waiters)."""
     entry = raw_redis.hget(QueueKeys(namespace, info.queue).watched, info.id)
     return len(entry.split()) if entry else 0
+
+
+async def test_results_follow_the_payload_rules_a_datetime_or_nan_is_not_json(
+        app, client, start_worker, caplog) -> None:
+    import datetime
+
+    @app.task("when")
+    def when(task: obsq.Task):
+        return datetime.datetime(2026, 12, 3, 16, 4, 10)
+
+    @app.task("ratio")
+    async def ratio(task: obsq.Task):
+        return {"ratio": float("nan")}
+
+    await start_worker()
+    kept = [await client.enqueue(name, retention=60) for name in ("when", "ratio")]
+    await client.enqueue("ratio")  # without retention: completes, the result dropped
+    for info in kept:
+        with pytest.raises(obsq.TaskFailed) as caught:
+            await client.result(info.id, timeout=15)
+        assert "is not run again" in caught.value.error
+    assert "not JSON-serializable" in (await client.info(kept[0].id)).error
+    assert "NaN or an infinity" in (await client.info(kept[1].id)).error
+    await wait_until(lambda: "the result of task type 'ratio' holds NaN or an infinity, "
+                     "which JSON cannot represent; it is not kept" in caplog.text,
+                     what="the warning for the dropped result")
