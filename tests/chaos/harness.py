@@ -28,6 +28,8 @@ from typing import Any
 from support import ROOT, ObsqProcess, newest_redis_server, obsq_env, short_interval_env
 
 import obsq
+from obsq.broker import Broker
+from obsq.doctor import Doctor
 from obsq.redis_server import RedisServer, free_port
 
 from .tasks import app as tasks_app
@@ -128,6 +130,15 @@ class Workers:
                     p.log()[-2000:] for p in self.running))
             await asyncio.sleep(0.1)
 
+    async def doctor(self) -> list[str]:
+        """What `obsq doctor` finds in the namespace (its problem lines; [] when clean): a
+        drift of a counter or a list left behind by the fault fails the scenario's test."""
+        broker = Broker(self.url, self.namespace)
+        try:
+            return [p.line() for p in (await Doctor(broker).diagnose()).problems]
+        finally:
+            await broker.close()
+
     def kill(self, process: ObsqProcess) -> None:
         self.kills[process.pid] = time.monotonic()
         process.signal(signal.SIGKILL)
@@ -212,11 +223,13 @@ async def settle(ledger: Ledger, acked: dict[int, float], *, quiet: float,
     return ledger
 
 
-def outcome(scenario: str, acked: dict[int, float], ledger: Ledger,
+def outcome(scenario: str, acked: dict[int, float], ledger: Ledger, doctor: list[str],
             recovery: float | None, **notes: Any) -> Outcome:
+    """The figures of a run, and what `obsq doctor` found in its namespace at the end."""
     completed = sum(1 for n in acked if n in ledger.ends)
     return Outcome(scenario, len(acked), completed, len(acked) - completed,
-                   sum(1 for n in acked if len(ledger.ends.get(n, ())) > 1), recovery, notes)
+                   sum(1 for n in acked if len(ledger.ends.get(n, ())) > 1), recovery,
+                   {"doctor": doctor, **notes})
 
 
 def takeover_times(ledger: Ledger, kills: dict[int, float]) -> list[float]:

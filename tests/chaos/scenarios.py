@@ -55,7 +55,7 @@ async def workers(tasks: int, workdir: Path, quick: bool) -> list[Outcome]:
             pool.start()
         await producing
         await settle(ledger, producer.acked, quiet=_quiet(quick), deadline=300)
-        return [outcome("workers", producer.acked, ledger,
+        return [outcome("workers", producer.acked, ledger, await pool.doctor(),
                         max(takeover_times(ledger, pool.kills), default=None),
                         kills=len(pool.kills),
                         started_again_without_a_kill=started_again_unkilled(ledger,
@@ -91,6 +91,7 @@ async def redis_restart(tasks: int, workdir: Path, quick: bool,
                                              2 if quick else 10, crash_and_restart)
             name = "appendonly no" if mode == "no" else f"appendfsync {mode}"
             outcomes.append(outcome(f"redis-restart ({name})", producer.acked, ledger,
+                                    await pool.doctor(),
                                     _flowing_again(ledger, killed),
                                     refused_batches=producer.refusals))
         finally:
@@ -136,6 +137,7 @@ async def _failover_once(tasks: int, run_dir: Path, quick: bool, replicas: int) 
         killed = await _fault_under_load(pool, producer, ledger, tasks, quick,
                                          6 if quick else 12, fail_over)
         return outcome(f"failover (durable_replicas={replicas})", producer.acked, ledger,
+                       await pool.doctor(),
                        _flowing_again(ledger, killed),
                        promoted_after=round(promoted, 2),
                        refused_batches=producer.refusals,
@@ -179,7 +181,7 @@ async def hang(tasks: int, workdir: Path, quick: bool, seconds: float = 5.0
         await producing
         await settle(ledger, producer.acked, quiet=_quiet(quick), deadline=120)
         said = next((body for status, body in reports if status == 503), "")
-        return [outcome(f"hang ({seconds:g} s)", producer.acked, ledger,
+        return [outcome(f"hang ({seconds:g} s)", producer.acked, ledger, await pool.doctor(),
                         _flowing_again(ledger, thawed),
                         started_again_without_a_kill=started_again_unkilled(ledger, {}),
                         readyz_during_the_freeze=said or "never 503")]
@@ -210,7 +212,7 @@ async def full(tasks: int, workdir: Path, quick: bool) -> list[Outcome]:
         accepted_again = min((sent for n, sent in producer.acked.items() if n >= queued),
                              default=None)
         await settle(ledger, producer.acked, quiet=_quiet(quick), deadline=300)
-        return [outcome("full (noeviction)", producer.acked, ledger,
+        return [outcome("full (noeviction)", producer.acked, ledger, await pool.doctor(),
                         accepted_again - started if accepted_again else None,
                         queued_when_full=queued, refused_batches=producer.refusals,
                         refused_at_share_of_maxmemory=f"{share:.0%}",
@@ -260,7 +262,7 @@ async def skew(tasks: int, workdir: Path, quick: bool, offset: str = "+30s"
         await settle(ledger, producer.acked, quiet=_quiet(quick), deadline=120)
         early = sum(1 for n, sent in producer.acked.items() if n < half and n in ledger.starts
                     and min(at for at, _ in ledger.starts[n]) < sent + 1.0)
-        return [outcome(f"skew ({offset})", producer.acked, ledger,
+        return [outcome(f"skew ({offset})", producer.acked, ledger, await pool.doctor(),
                         max(takeover_times(ledger, pool.kills), default=None),
                         started_by_the_skewed_worker_before_its_kill=ran_before_its_kill,
                         delayed_tasks_started_early=early,
@@ -293,7 +295,8 @@ async def blocked_loop(tasks: int, workdir: Path, quick: bool, seconds: float = 
         await producer.run(tasks, batch=10, pause=_pace(tasks, 10, 2 * block))
         await settle(ledger, producer.acked, quiet=_quiet(quick) + block, deadline=300)
         logs = "".join(p.log() for p in pool.all)
-        return [outcome(f"blocked loop ({block:g} s)", producer.acked, ledger, None,
+        return [outcome(f"blocked loop ({block:g} s)", producer.acked, ledger,
+                        await pool.doctor(), None,
                         blocking_tasks=sum(1 for n in producer.acked if n % 200 == 199),
                         blockings_logged=logs.count("the event loop has been blocked for"),
                         started_again_without_a_kill=started_again_unkilled(ledger, {}),
