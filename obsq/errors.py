@@ -106,18 +106,24 @@ class BrokerError(ObsqError):
             super().__init__(f"Redis call {operation!r} failed: {cause}")
 
 
+READ_ONLY_CALLS = frozenset({"task_info", "memory_policy", "watch", "find_queue",
+                             "read_inbox", "schedules"})
+
+
 class BrokerTimeout(BrokerError):
     """A producer's call got no answer from Redis within its deadline (Client(call_timeout=),
     OBSQ_CALL_TIMEOUT): Redis is stopped, overloaded or out of reach. Whether a write sent
     before the deadline happened is unknown: Redis may still run it when it wakes up, so
-    retry an enqueue with the same task_id."""
+    retry an enqueue with the same task_id (a DuplicateTask then means it is there). A call
+    that only reads (READ_ONLY_CALLS) wrote nothing and is simply made again."""
 
     def __init__(self, operation: str, timeout: float, url: str) -> None:
         self.timeout = timeout
+        advice = "" if operation in READ_ONLY_CALLS else (
+            "; a write it carried may still happen: retry an enqueue with the same task_id")
         super().__init__(operation, TimeoutError(f"no answer within {timeout:g} s"), (
             f"Redis at {url} did not answer {operation!r} within the call deadline of "
-            f"{timeout:g} s (Client(call_timeout=...), OBSQ_CALL_TIMEOUT); a write it "
-            "carried may still happen: retry an enqueue with the same task_id"))
+            f"{timeout:g} s (Client(call_timeout=...), OBSQ_CALL_TIMEOUT){advice}"))
 
 
 def denied_by_acl(cause: BaseException | str) -> bool:
