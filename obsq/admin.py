@@ -21,7 +21,7 @@ from obsq.errors import (
     TaskNotFound,
     TaskRunning,
 )
-from obsq.inspector import Inspector, QueueInfo
+from obsq.inspector import MAX_PAGE, Inspector, QueueInfo
 from obsq.terminal import (
     Output,
     first_line,
@@ -36,6 +36,21 @@ from obsq.terminal import (
 Command = Callable[[str, str, Callable[[argparse.Namespace], int]], argparse.ArgumentParser]
 
 
+
+def whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from `low` (to `high`); else a usage error (exit 2)
+    before anything is read."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number from {low}" + (f" to {high}" if high else ""))
+        return value
+    return parse
+
 def add_commands(command: Command, handler: Callable[[argparse.Namespace], int]) -> None:
     """Register the operator's subcommands on the `obsq` parser; `command(name, help,
     handler)` adds one with the shared --redis-url and --namespace options."""
@@ -49,8 +64,9 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
     tasks = looking("tasks", "list the tasks of a queue in one state, a page at a time")
     tasks.add_argument("queue")
     tasks.add_argument("state", choices=TASK_STATES)
-    tasks.add_argument("--limit", type=int, default=20)
-    tasks.add_argument("--offset", type=int, default=0)
+    tasks.add_argument("--limit", type=whole(1, MAX_PAGE), default=20,
+                       help=f"tasks a page (1 to {MAX_PAGE}; 20)")
+    tasks.add_argument("--offset", type=whole(0), default=0)
     tasks.add_argument("--type", help="only this task type (or prefix ending in : or .)")
     task = looking("task", "everything about one task: payload, error, traceback, worker")
     task.add_argument("id")
@@ -58,8 +74,9 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
     groups = looking("groups", "task groups waiting for their aggregator, and batches "
                      "claimed or failing; with --type and --group, one group's tasks")
     groups.add_argument("queue")
-    groups.add_argument("--limit", type=int, default=20)
-    groups.add_argument("--offset", type=int, default=0)
+    groups.add_argument("--limit", type=whole(1, MAX_PAGE), default=20,
+                       help=f"tasks a page (1 to {MAX_PAGE}; 20)")
+    groups.add_argument("--offset", type=whole(0), default=0)
     groups.add_argument("--type", help="with --group: list the tasks of this group")
     groups.add_argument("--group")
     groups.add_argument("--app", metavar="MODULE:APP",

@@ -253,9 +253,7 @@ class App:
         if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
             raise ValueError(f"max_size must be a positive integer, got {max_size!r}")
         for name, value in (("max_delay", max_delay), ("grace_period", grace_period)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    0 < value < math.inf):
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+            check_seconds(name, value)
         if pattern in self._aggregations:
             raise ValueError(f"an aggregator for {pattern!r} is already registered")
         entry = Aggregation(pattern, aggregator, max_size, float(max_delay),

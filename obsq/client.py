@@ -21,11 +21,18 @@ from obsq.broker import Broker
 from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
 from obsq.broker.deadline import CallDeadlines, call_timeout_of, deadline
 from obsq.enqueued import group_by_queue, info_after_enqueue, infos_in_order, unless_duplicate
-from obsq.errors import BrokerError, ConfigurationError, DuplicateTask, TaskNotFound, TaskRunning
+from obsq.errors import (
+    BrokerError,
+    ConfigurationError,
+    DuplicateTask,
+    ResultTimeout,
+    TaskNotFound,
+    TaskRunning,
+)
 from obsq.fanout import check_event, check_grouped, event_jobs
 from obsq.names import validate_namespace
 from obsq.producer_chain import ProducerChain
-from obsq.results import ResultWaiter
+from obsq.results import ResultWaiter, waited_too_long
 from obsq.schedule import Schedule, ScheduleInfo
 from obsq.settings import (
     DEFAULT_NAMESPACE,
@@ -289,6 +296,16 @@ class Client:
         is gone."""
         if isinstance(task_id, TaskInfo):
             queue, task_id = task_id.queue, task_id.id
+        if timeout is None:
+            return await self._result(task_id, None, queue)
+        try:  # a Redis that stops answering cannot stretch the wait past `timeout` either
+            return await asyncio.wait_for(self._result(task_id, timeout, queue), timeout)
+        except ResultTimeout:
+            raise
+        except asyncio.TimeoutError:
+            raise waited_too_long(task_id, timeout) from None
+
+    async def _result(self, task_id: str, timeout: float | None, queue: str | None) -> Any:
         queue = queue or await self.deadlines.run("find_queue",
                                                   self.broker.find_queue(task_id))
         if queue is None:

@@ -157,8 +157,7 @@ async def _until(future: asyncio.Future[Ended | None], deadline: float | None, t
         return await asyncio.wait_for(future, remaining)
     except asyncio.TimeoutError:
         if deadline is not None and time.monotonic() >= deadline:
-            raise ResultTimeout(f"task {task_id} did not finish within the {timeout:g} s "
-                                "result() waits") from None
+            raise waited_too_long(task_id, timeout) from None
         return None
 
 
@@ -168,3 +167,8 @@ def _outcome(task_id: str, state: str, value: Any) -> Any:
     if state == "dead":
         raise TaskFailed(task_id, value)
     return decode_stored_json(value)
+
+
+def waited_too_long(task_id: str, timeout: float) -> ResultTimeout:
+    return ResultTimeout(f"task {task_id} did not finish within the {timeout:g} s result() "
+                         "waits")

@@ -5,7 +5,6 @@ in seconds."""
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass, fields
@@ -13,6 +12,7 @@ from typing import Any, TypeVar
 
 from obsq.errors import ConfigurationError
 from obsq.names import validate_name, validate_namespace
+from obsq.seconds import is_seconds, seconds_rule
 
 # What a task gets when neither the producer nor its route says otherwise.
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -240,14 +240,13 @@ class EnvSettings:
     """A settings dataclass that can be read from `OBSQ_<FIELD>` variables."""
 
     def check_times(self) -> None:
-        """Every time (a float field) is a finite number: `inf` or `nan` would turn a lease,
-        a timeout or an interval into one that never ends or never compares."""
+        """Every time (a float field) is one obsq can keep (obsq/seconds.py): `inf`, `nan`
+        or 1e16 would make a lease, a timeout or an interval one that never ends, never
+        compares, or ends at once."""
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(f.default, float) and not (
-                    isinstance(value, (int, float)) and not isinstance(value, bool)
-                    and math.isfinite(value)):
-                raise ConfigurationError(f"{f.name} must be a finite number of seconds, "
+            if isinstance(f.default, float) and not is_seconds(value, zero=True):
+                raise ConfigurationError(f"{f.name} must be {seconds_rule(zero=True)}, "
                                          f"got {value!r}")
 
     @classmethod

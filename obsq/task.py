@@ -23,6 +23,7 @@ import orjson
 
 from obsq.errors import PayloadError, Retry, TaskTooLarge
 from obsq.names import validate_name
+from obsq.seconds import LONGEST_SECONDS, is_seconds, seconds_rule
 from obsq.settings import BYTES_SHOWN, DEFAULT_QUEUE, MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
@@ -187,12 +188,10 @@ def _first(*values: Any) -> Any:
 
 
 def check_seconds(name: str, value: Any, *, zero: bool = False) -> None:
-    """A time given as an option: a finite number of seconds, above 0 (or at least 0 with
-    `zero`); inf would be a time that never comes, nan one that never compares."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            (value >= 0 if zero else value > 0) and math.isfinite(value)):
-        raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'}, finite "
-                         f"number of seconds, got {value!r}")
+    """A time given as an option: a number of seconds obsq can keep (obsq/seconds.py),
+    above 0 (or at least 0 with `zero`)."""
+    if not is_seconds(value, zero=zero):
+        raise ValueError(f"{name} must be {seconds_rule(zero)}, got {value!r}")
 
 
 def _duration(name: str, value: float | None, minimum: float = 0.001) -> float:
@@ -200,10 +199,9 @@ def _duration(name: str, value: float | None, minimum: float = 0.001) -> float:
     counts expiries in whole milliseconds and refuses 0)."""
     if value is None or value == 0:
         return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value >= minimum):
-        raise ValueError(f"{name} must be 0 or a number of seconds of at least {minimum:g}, "
-                         f"got {value!r}")
+    if not (is_seconds(value) and value >= minimum):
+        raise ValueError(f"{name} must be 0 or a number of seconds of at least {minimum:g} "
+                         f"and at most {LONGEST_SECONDS:.0f} (ten years), got {value!r}")
     return float(value)
 
 

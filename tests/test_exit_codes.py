@@ -66,3 +66,10 @@ def test_ui_port_is_http_port_and_the_old_flag_still_works(redis_url) -> None:
     assert "--port is deprecated, use --http-port" in result.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
     assert "--http-port" in run_obsq("ui", "--help").stdout
+
+
+def test_a_page_the_inspector_cannot_read_is_a_usage_error(redis_url) -> None:
+    for flag, value in (("--limit", "0"), ("--limit", "100000000"), ("--offset", "-5")):
+        result = run_obsq("tasks", "default", "dead", flag, value, "--redis-url", redis_url)
+        assert result.returncode == 2, (flag, value, result.stderr)
+        assert f"argument {flag}: {value!r} is not a whole number" in result.stderr

@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import math
 import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from obsq.errors import ConfigurationError
+from obsq.seconds import is_seconds, seconds_rule
 from obsq.settings import CALL_TIMEOUT
 
 T = TypeVar("T")
@@ -103,7 +103,7 @@ def deadline(operation: str) -> Callable[[Method[P, T]], Method[P, T]]:
 
 def call_timeout_of(value: float | None) -> float:
     """A Client's call deadline: `value`, else OBSQ_CALL_TIMEOUT, else CALL_TIMEOUT; a
-    positive, finite number of seconds."""
+    number of seconds obsq can keep (obsq/seconds.py)."""
     if value is None:
         raw = os.environ.get("OBSQ_CALL_TIMEOUT", "").strip()
         try:
@@ -111,8 +111,6 @@ def call_timeout_of(value: float | None) -> float:
         except ValueError:
             raise ConfigurationError(f"OBSQ_CALL_TIMEOUT={raw!r} is not a number of "
                                      "seconds") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            0 < value < math.inf):
-        raise ConfigurationError(f"call_timeout must be a positive, finite number of "
-                                 f"seconds, got {value!r}")
+    if not is_seconds(value):
+        raise ConfigurationError(f"call_timeout must be {seconds_rule()}, got {value!r}")
     return float(value)

@@ -132,7 +132,7 @@ def test_the_sync_client_ends_every_call_on_a_stopped_redis_and_recovers(
         client.close()
 
 
-@pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), "5"])
+@pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), "5", 1e300])
 def test_a_call_timeout_that_is_not_a_positive_number_is_refused(value) -> None:
     with pytest.raises(obsq.ConfigurationError, match="call_timeout"):
         obsq.Client("redis://127.0.0.1:1/0", call_timeout=value)
@@ -167,5 +167,19 @@ async def test_a_result_wait_ends_on_its_own_timeout_on_a_stopped_redis(
         with stopped(private_redis), pytest.raises(obsq.ResultTimeout):
             await asyncio.wait_for(waiting, GUARD / 2)
         await wait_until(lambda: not sync_redis(private_redis.url).hexists(watched, info.id))
+    finally:
+        await client.close()
+
+
+async def test_a_result_wait_begun_on_a_stopped_redis_ends_on_its_own_timeout(
+        namespace, private_redis) -> None:
+    """Its first call (watching the task) gets no answer: the wait still ends after its own
+    timeout, shorter than the call deadline, as the timeout result() was given."""
+    client = obsq.Client(private_redis.url, namespace, call_timeout=GUARD)
+    try:
+        info = await client.enqueue("nobody:runs", 1)
+        with stopped(private_redis), pytest.raises(obsq.ResultTimeout, match=info.id):
+            await asyncio.wait_for(client.result(info, timeout=1), GUARD / 2)
+        assert await client.info(info.id) is not None  # the Client works on afterwards
     finally:
         await client.close()
