@@ -79,7 +79,7 @@ class Doctor:
             if name == "lease":
                 await self._leases(queue, found)
             else:
-                await self._ids(getattr(k, name), kind, name, state, found)
+                await self._ids(queue, getattr(k, name), kind, name, state, found)
         cursor = "0"
         while True:
             cursor, unleased = await self.broker.check_owners(queue, cursor, STEP)
@@ -95,7 +95,8 @@ class Doctor:
         what they count (last, as dropping a held id changes what `waiting` should be)."""
         for problem in diagnosis.problems:
             if problem.repair == "drop":
-                n = await self.broker.drop_missing(problem.key, problem.kind, problem.ids)
+                n = await self.broker.drop_missing(problem.queue, problem.key, problem.kind,
+                                                   problem.ids)
                 diagnosis.repairs.append(f"{problem.queue}: dropped {n} id(s) with no task "
                                          f"from {problem.key}")
             elif problem.repair == "recover":
@@ -115,13 +116,15 @@ class Doctor:
                          f"next publish): {', '.join(subs[:EXAMPLES])}")
         return notes
 
-    async def _ids(self, key: str, kind: str, name: str, state: str, found: _Findings,
-                   field: str = "", value: str = "") -> None:
+    async def _ids(self, queue: str, key: str, kind: str, name: str, state: str,
+                   found: _Findings, field: str = "", value: str = "") -> None:
         offset = 0
         while True:
-            length, findings = await self.broker.check_ids(key, kind, offset, STEP, state,
-                                                           field, value)
-            found.sort_out(name, key, kind, findings)
+            length, findings = await self.broker.check_ids(queue, key, kind, offset, STEP,
+                                                           state, field, value)
+            # held and ordering-key lists are mended their own way (broker drop_missing)
+            found.sort_out(name, key, {"held": "held", "ordk": "ord"}.get(field, kind),
+                           findings)
             offset += STEP
             if offset >= length:
                 return
@@ -146,11 +149,11 @@ class Doctor:
         k = self.broker.keys(queue)
         _, _, _, _, _, patterns = await self.broker.counters(queue)
         for pattern in patterns:
-            await self._ids(f"{k.prefix}held:{pattern}", "list", f"held:{pattern}", "",
-                            found, "held", pattern)
+            await self._ids(queue, f"{k.prefix}held:{pattern}", "list", f"held:{pattern}",
+                            "", found, "held", pattern)
         ordering = await self.broker.ordering_keys(queue, STEP)
         for key in ordering:
-            await self._ids(f"{k.prefix}ord:{key}", "list", f"ord:{key}", "", found,
+            await self._ids(queue, f"{k.prefix}ord:{key}", "list", f"ord:{key}", "", found,
                             "ordk", key)
         first = await self._count(queue, ordering)
         if first != await self._count(queue, ordering):  # moving: not a drift
@@ -214,9 +217,8 @@ class _Findings:
             by_problem[f[1]].append(f)
         for problem, fs in sorted(by_problem.items()):
             ids = [i for i, _, _ in fs]
-            if problem == "missing":  # dropping the head of a key's list would strand the rest
-                self.add(f"ids with no task in {name}", ids,
-                         "" if name.startswith("ord:") else "drop", key, kind)
+            if problem == "missing":
+                self.add(f"ids with no task in {name}", ids, "drop", key, kind)
             elif problem == "unowned":
                 self.add(f"leases in {name} with no attempt in active", ids)
             else:  # a state, or the field naming the list's pattern or key

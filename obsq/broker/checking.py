@@ -23,10 +23,12 @@ Finding = tuple[str, str, str]
 
 
 class Checking(RedisCalls):
-    async def check_ids(self, key: str, kind: str, offset: int, count: int, state: str = "",
-                        field: str = "", value: str = "") -> tuple[int, list[Finding]]:
-        """(length of the list or zset, the findings among `count` ids from `offset`)."""
-        reply = await self._script("doctor", (key,),
+    async def check_ids(self, queue: str, key: str, kind: str, offset: int, count: int,
+                        state: str = "", field: str = "", value: str = ""
+                        ) -> tuple[int, list[Finding]]:
+        """(length of the queue's list or zset `key`, the findings among `count` ids from
+        `offset`)."""
+        reply = await self._script("doctor", (self.keys(queue).pending, key),
                                    (0, kind, offset, count, state, field, value))
         return reply[0], [_finding(r) for r in reply[1:]]
 
@@ -66,9 +68,13 @@ class Checking(RedisCalls):
                                                (0, "counters"))
         return (*counts, [_text(p) for p in patterns])
 
-    async def drop_missing(self, key: str, kind: str, ids: Sequence[str]) -> int:
-        """Remove from a list, zset or the leases ('lease') those ids with no task hash."""
-        return await self._script("doctor", (key,), (0, "drop", kind, *ids)) if ids else 0
+    async def drop_missing(self, queue: str, key: str, kind: str, ids: Sequence[str]) -> int:
+        """Remove from a list of the queue, a held list ('held'), an ordering key's list
+        ('ord'), a zset or the leases ('lease') those ids with no task hash."""
+        if not ids:
+            return 0
+        return await self._script("doctor", (self.keys(queue).pending, key),
+                                  (0, "drop", kind, *ids))
 
     async def settle_counter(self, key: str, expected: int, value: int) -> bool:
         """Set a counter to `value` if it still reads `expected`."""

@@ -89,6 +89,11 @@ async def test_damage_is_named_then_repaired(app, client, start_worker, obsq_cli
     raw_redis.hset(prefix + "active", "ghost-4", "7:dead-worker")
     # a task whose hash says dead in the retry set; an attempt of a lost worker long expired
     raw_redis.zadd(prefix + "retry", {stale.id: 1})
+    # the first task of an ordering key gone, the next waiting behind it
+    first = await client.enqueue("ledger", 1, ordering_key="acct:9")
+    second = await client.enqueue("ledger", 2, ordering_key="acct:9")
+    raw_redis.lrem(prefix + "pending", 0, first.id)
+    raw_redis.delete(prefix + "t:" + first.id)
     orphan = await client.enqueue("nobody-runs-this", queue="idle")
     idle = f"{namespace}:{{idle}}:"
     raw_redis.lrem(idle + "pending", 0, orphan.id)
@@ -98,7 +103,8 @@ async def test_damage_is_named_then_repaired(app, client, start_worker, obsq_cli
     code, out = await obsq_cli("doctor")
     assert code == 1, out
     lines = out.splitlines()
-    for expected in ("default: counter waiting is 3, the held and key-waiting tasks are 1: 2",
+    for expected in ("default: counter waiting is 4, the held and key-waiting tasks are 2: 2",
+                     f"default: ids with no task in ord:acct:9: 1 (e.g. {first.id})",
                      "default: counter grouped is 2, the tasks in groups and batches are 0: 2",
                      "default: ids with no task in pending: 1 (e.g. ghost-1)",
                      "default: ids with no task in retry: 1 (e.g. ghost-2)",
@@ -122,7 +128,7 @@ async def test_damage_is_named_then_repaired(app, client, start_worker, obsq_cli
     code, out = await obsq_cli("doctor", "--repair")
     assert "repaired default: dropped 1 id(s) with no task from " + prefix + "pending" in out
     assert "repaired idle: took back 1 orphaned attempt(s)" in out
-    assert "repaired default: set waiting from 3 to 0" in out
+    assert "repaired default: set waiting from 2 to 0" in out
     assert "repaired default: set grouped from 2 to 0" in out
     # what cannot be mended safely stays named
     assert code == 1 and out.strip().splitlines()[-1].startswith(
@@ -131,6 +137,7 @@ async def test_damage_is_named_then_repaired(app, client, start_worker, obsq_cli
     code, out = await obsq_cli("doctor")
     assert code == 0, out
     assert raw_redis.lrange(idle + "pending", 0, -1) == [orphan.id.encode()]
+    assert raw_redis.lrange(prefix + "pending", 0, -1) == [second.id.encode()]
 
 
 async def _state(client, task_id: str, state: str) -> bool:

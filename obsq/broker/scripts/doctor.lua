@@ -1,8 +1,10 @@
--- prelude: now_ms, task_key
+-- prelude: now_ms, task_key, release_successor
 -- `obsq doctor`: one bounded step of checking a queue's invariants, or one safe repair.
 -- Reads only, but for the repairs ('drop', 'settle'), which re-check what they mend.
--- KEYS[1] is the key a step reads (a list, a zset, the lease zset or a counter); KEYS[2],
--- when given, the active hash ('lease') or the batches zset ('counters').
+-- KEYS[1] is a key of the queue whose name has no colon (pending, lease, active, gtypes, a
+-- counter), so that the queue's prefix is found in it; KEYS[2] the list or zset a step
+-- reads ('list', 'zset', 'drop': a held list's or ordering key's name may hold colons), the
+-- active hash ('lease') or the batches zset ('counters').
 -- ARGV: now, step, then by step:
 --   'list' offset count state field value: ids of a list (from its head) whose task hash is
 --       gone ('missing'), whose state is not `state`, or whose `field` is not `value` (''
@@ -15,9 +17,10 @@
 --   'ord' key...: the tasks waiting for their ordering keys (all but the first of each)
 --   'counters': {waiting, held, grouped, in groups, in batches, {held pattern, ...}}
 --       (KEYS[1] gtypes, KEYS[2] batches)
---   'drop' kind id...: remove the ids without a task hash from the list or zset
---       (kind 'list', 'zset', or 'lease', which drops their active entries too); returns
---       how many went
+--   'drop' kind id...: remove the ids without a task hash from the list or zset (kind
+--       'list'; 'held', which counts them out of `waiting`; 'ord', an ordering key's list,
+--       whose next task is let out as when a task of the key ends; 'zset'; or 'lease',
+--       which drops their active entries too); returns how many went
 --   'settle' expected value: set the counter to `value` if it still reads `expected`
 local step = ARGV[2]
 
@@ -37,11 +40,11 @@ if step == 'list' or step == 'zset' then
   local offset, count = tonumber(ARGV[3]), tonumber(ARGV[4])
   local ids, length
   if step == 'list' then
-    ids = redis.call('LRANGE', KEYS[1], offset, offset + count - 1)
-    length = redis.call('LLEN', KEYS[1])
+    ids = redis.call('LRANGE', KEYS[2], offset, offset + count - 1)
+    length = redis.call('LLEN', KEYS[2])
   else
-    ids = redis.call('ZRANGE', KEYS[1], offset, offset + count - 1)
-    length = redis.call('ZCARD', KEYS[1])
+    ids = redis.call('ZRANGE', KEYS[2], offset, offset + count - 1)
+    length = redis.call('ZCARD', KEYS[2])
   end
   local out = {length}
   for _, id in ipairs(ids) do
@@ -106,15 +109,23 @@ elseif step == 'counters' then
           tonumber(redis.call('GET', prefix .. 'grouped')) or 0, in_groups, in_batches,
           patterns}
 elseif step == 'drop' then
-  local dropped = 0
+  local now, kind, dropped = now_ms(), ARGV[3], 0
   for i = 4, #ARGV do
     local id = ARGV[i]
     if redis.call('EXISTS', task_key(id)) == 0 then
-      if ARGV[3] == 'list' then
-        dropped = dropped + redis.call('LREM', KEYS[1], 0, id)
+      if kind == 'ord' then
+        local before = redis.call('LLEN', KEYS[2])
+        release_successor(id, string.sub(KEYS[2], #prefix + 5), now)
+        dropped = dropped + before - redis.call('LLEN', KEYS[2])
+      elseif kind == 'list' or kind == 'held' then
+        local n = redis.call('LREM', KEYS[2], 0, id)
+        if kind == 'held' and n > 0 then
+          redis.call('DECRBY', prefix .. 'waiting', n)
+        end
+        dropped = dropped + n
       else
-        dropped = dropped + redis.call('ZREM', KEYS[1], id)
-        if ARGV[3] == 'lease' then
+        dropped = dropped + redis.call('ZREM', KEYS[2], id)
+        if kind == 'lease' then
           redis.call('HDEL', prefix .. 'active', id)
         end
       end
