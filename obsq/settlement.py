@@ -129,8 +129,10 @@ class Settler:
             verdict = Verdict(state, error=verdict.error)
         return bool(state), verdict
 
-    async def hand_back(self, tasks: list[Task]) -> None:
-        """Return unfinished attempts to pending at once (graceful shutdown)."""
+    async def hand_back(self, tasks: list[Task]) -> int:
+        """Return unfinished attempts to pending at once (graceful shutdown); how many
+        went back (one that ended meanwhile, cancelled or its lease lost, does not)."""
+        handed = 0
         by_queue: dict[str, list[Task]] = {}
         for task in tasks:
             by_queue.setdefault(task.queue, []).append(task)
@@ -144,6 +146,8 @@ class Settler:
             for task, ok in zip(group, accepted or [None] * len(group)):
                 self.report(task, {True: "requeued", False: "lease_lost",
                                    None: "unrecorded"}[ok], None)
+                handed += bool(ok)
+        return handed
 
     def report(self, task: Task, outcome: str, error: BaseException | None) -> None:
         for hook in self.hooks:

@@ -364,8 +364,10 @@ class Worker:
             runner.cancel()
         if unfinished:
             await asyncio.gather(*cancelled, return_exceptions=True)
-            await self.settler.hand_back(unfinished)
-            log.info("handed %d unfinished task(s) back to pending", len(unfinished))
+            handed = await self.settler.hand_back(unfinished)
+            log.info("handed %d unfinished task(s) back to pending%s", handed,
+                     f" ({len(unfinished) - handed} had ended)" if handed < len(unfinished)
+                     else "")
         await self.settler.close(timeout=self.settings.settle_timeout)
         settling = [r for r in self._running if not r.done()]
         if settling:

@@ -179,3 +179,17 @@ async def test_process_pool_children_do_not_outlive_a_killed_worker(
     pid = started_pids(raw_redis, namespace)[info.id]
     worker.signal(signal.SIGKILL)
     await wait_until(lambda: not alive(pid), timeout=15, what="the hung child gone too")
+
+
+async def test_a_drain_counts_only_the_tasks_it_really_handed_back(
+        spawn_worker, client, raw_redis, namespace):
+    worker = spawn_worker("--shutdown-timeout", "1", concurrency=2, app=APP)
+    info = await client.enqueue("sleep", 20, timeout=60)  # ignores task.cancelled
+    await wait_until(lambda: info.id in started_pids(raw_redis, namespace), timeout=30)
+    assert await client.cancel(info.id) == "running"
+    await asyncio.sleep(5)  # the worker hears of the cancel (its handler sleeps on)
+    worker.signal(signal.SIGTERM)  # the drain cancels the runner: the task ends cancelled
+    await asyncio.to_thread(worker.wait, 60)
+    assert (await client.info(info.id)).state == "cancelled"
+    assert "handed 1 unfinished task(s) back" not in worker.log()
+    assert "handed 0 unfinished task(s) back to pending" in worker.log(), worker.log()
