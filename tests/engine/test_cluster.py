@@ -226,3 +226,15 @@ async def test_credentials_from_the_environment_reach_every_node(
         clients = [c for node in raw_redis.get_primaries()
                    for c in raw_redis.client_list(target_nodes=node)]
         assert user in {c["user"] for c in clients}
+
+
+async def test_doctor_reads_and_mends_every_queue_on_its_node(namespace, client, raw_redis,
+                                                              obsq_cli) -> None:
+    for queue in QUEUES:
+        await client.enqueue("echo", queue=queue, ordering_key="k:1")
+        await client.enqueue("echo", queue=queue, ordering_key="k:1")
+    raw_redis.lpush(f"{namespace}:{{beta}}:pending", "ghost")
+    code, out = await obsq_cli("doctor")
+    assert code == 1 and out.splitlines() == ["beta: ids with no task in pending: 1 (e.g. ghost)"]
+    code, out = await obsq_cli("doctor", "--repair")
+    assert code == 0 and "repaired beta: dropped 1 id(s) with no task" in out, out

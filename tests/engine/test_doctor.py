@@ -152,3 +152,21 @@ async def _gone(client, infos) -> bool:
             continue
         return False
     return True
+
+
+async def test_what_the_engine_mends_itself_is_information(client, obsq_cli, raw_redis,
+                                                           namespace) -> None:
+    """A fire claimed by a scheduler that died and a lapsed subscription: the next
+    scheduler and the next publish mend them, so they are shown, and the exit is 0."""
+    await client.enqueue("t", 1)
+    raw_redis.hset(f"{namespace}:{{schedules}}:firing", "nightly", "1700000000000 {}")
+    raw_redis.sadd(f"{namespace}:{{events}}:subscribed", "order.paid")
+    raw_redis.zadd(f"{namespace}:{{events}}:sub:order.paid", {"mailer default": 1})
+    code, out = await obsq_cli("doctor")
+    assert code == 0, out
+    assert "info: schedule nightly: fire at 1700000000000 ms claimed and not confirmed" in out
+    assert "info: event order.paid: 1 lapsed subscription(s)" in out
+    assert "1 queue(s), no problems" in out
+    code, out = await obsq_cli("doctor", "--json")
+    assert code == 0 and json.loads(out)["clean"] is True
+    assert len(json.loads(out)["notes"]) == 2
