@@ -9,7 +9,7 @@ import asyncio
 import logging
 import random
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,7 @@ def default_backoff(retry_count: int) -> float:
 
 class Executor:
     def __init__(self, app: App, concurrency: int,
-                 update_state: Callable[[Task, Any], Awaitable[None]], *,
+                 update_state: Callable[[Task, Any], Coroutine[Any, Any, None]], *,
                  pool: str = "thread", on_stuck: Callable[[], None] = lambda: None,
                  loop_blocked: Callable[[], float] = lambda: 0.0) -> None:
         """`loop_blocked()`: seconds the event loop has stood blocked (LoopMonitor), which

@@ -23,11 +23,12 @@ import orjson
 
 from obsq.errors import PayloadError, Retry, TaskTooLarge
 from obsq.names import validate_name
+from obsq.progress_call import running_loop, written_from_here
 from obsq.seconds import LONGEST_SECONDS, is_seconds, seconds_rule
 from obsq.settings import BYTES_SHOWN, DEFAULT_QUEUE, MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Coroutine
 
 def new_task_id() -> str:
     """128 random bits as 32 hex digits (a uuid4's entropy, a quarter of its cost)."""
@@ -212,6 +213,7 @@ class Task:
     __slots__ = (
         "_binary",
         "_headers",
+        "_loop",
         "_payload",
         "_raw_headers",
         "_raw_payload",
@@ -239,7 +241,8 @@ class Task:
                  retention: float, fence: int = 0, wait_seconds: float = 0.0,
                  route: str = "other", id_chosen: bool = False, ordering_key: str = "",
                  slot: str = "", binary: bool = False, suspect: bool = False,
-                 update_state: Callable[[Task, Any], Awaitable[None]] | None = None) -> None:
+                 update_state: Callable[[Task, Any], Coroutine[Any, Any, None]] | None = None,
+                 ) -> None:
         self.id = id
         self.type = type
         self.queue = queue
@@ -265,6 +268,7 @@ class Task:
         self._payload: Any = _UNSET
         self._headers: dict[str, str] | None = None
         self._update_state = update_state
+        self._loop = running_loop()  # the worker's: a plain handler's progress goes there
 
     @property
     def payload(self) -> Any:
@@ -288,11 +292,13 @@ class Task:
             self._headers = decoded if isinstance(decoded, dict) else {}
         return self._headers
 
-    async def update_state(self, state: Any) -> None:
-        """Publish progress; clients read it with `Client.info(id).progress`."""
+    def update_state(self, state: Any) -> Awaitable[None]:
+        """Publish progress; clients read it with `Client.info(id).progress`. An async
+        handler awaits it; a plain handler (a thread of the worker) just calls it: the
+        write is sent to the worker's event loop and the call returns once it is done."""
         if self._update_state is None:
             raise RuntimeError("update_state is only available inside a worker")
-        await self._update_state(self, state)
+        return written_from_here(self._update_state(self, state), self._loop)
 
     def portable(self) -> dict[str, Any]:
         """What builds this task again in another process (`Task(**fields)`): every
@@ -311,6 +317,7 @@ class Task:
 
 
 _UNSET = object()
+
 _STORED_AS = {"raw_payload": "_raw_payload", "raw_headers": "_raw_headers", "binary": "_binary"}
 _PORTABLE = tuple(name for name in inspect.signature(Task.__init__).parameters
                   if name not in ("self", "update_state"))

@@ -27,7 +27,7 @@ import threading
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 from obsq.app import App, load_app
 from obsq.errors import UnknownTaskType
@@ -99,7 +99,7 @@ def _sendable(exc: BaseException) -> BaseException:
         return RemoteError(f"{type(exc).__qualname__}: {exc}")
 
 
-async def _no_update_state(task: Task, state: Any) -> None:
+def _no_update_state(task: Task, state: Any) -> NoReturn:
     raise RuntimeError("task.update_state is not available to a plain handler run in a "
                        "process pool (the worker process writes progress); return it in the "
                        "result, or make the handler async")

@@ -107,3 +107,9 @@ def not_json(task: obsq.Task) -> Any:
     import datetime
 
     return {"ratio": float("nan")} if task.payload.get("nan") else datetime.datetime.now()
+
+
+@app.task("progress", max_retry=0)
+def progress(task: obsq.Task) -> None:
+    """Calls update_state, which a process pool's child cannot do."""
+    task.update_state({"step": 1})

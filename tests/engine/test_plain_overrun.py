@@ -152,6 +152,12 @@ async def test_process_pool_hands_the_whole_task_over_and_its_errors_back(
         ended = (await wait_until(lambda u=unkept: settled(client, [u.id]), timeout=30))[0]
         assert ended.state == "dead" and problem in ended.error, ended
 
+    progressing = await client.enqueue("progress")
+    refused = (await wait_until(lambda: settled(client, [progressing.id]), timeout=30))[0]
+    assert refused.state == "dead" and refused.error.startswith(
+        "RuntimeError: task.update_state is not available to a plain handler run in a "
+        "process pool"), refused
+
     failing = await client.enqueue("fail", {"n": 7})
     failed = (await wait_until(lambda: settled(client, [failing.id]), timeout=30))[0]
     assert failed.state == "dead" and failed.error == "ValueError: bad input {'n': 7}"

@@ -213,3 +213,24 @@ async def test_results_follow_the_payload_rules_a_datetime_or_nan_is_not_json(
     await wait_until(lambda: "the result of task type 'ratio' holds NaN or an infinity, "
                      "which JSON cannot represent; it is not kept" in caplog.text,
                      what="the warning for the dropped result")
+
+
+async def test_a_plain_handler_calls_update_state_without_await(
+        app, client, start_worker, recwarn) -> None:
+    import threading
+
+    finish = threading.Event()
+
+    @app.task("plain_long")
+    def plain_long(task: obsq.Task):
+        task.update_state({"step": 1})  # returns once written
+        finish.wait(20)
+        return "done"
+
+    await start_worker()
+    info = await client.enqueue("plain_long", retention=60)
+    first = await wait_until(lambda: _progress(client, info.id, {"step": 1}))
+    assert first.state == "active"
+    finish.set()
+    assert await client.result(info, timeout=10) == "done"
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
