@@ -147,7 +147,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     return asyncio.run(run_demo(args.redis_url or os.environ.get("OBSQ_REDIS_URL"),
                                 args.duration, args.http_port,
-                                args.namespace or os.environ.get("OBSQ_NAMESPACE")))
+                                args.namespace))  # not OBSQ_NAMESPACE: its keys go
 
 
 def cmd_acl(args: argparse.Namespace) -> int:
@@ -168,12 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-V", "--version", action="version", version=f"obsq {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    def command(name: str, help: str, handler: Any) -> argparse.ArgumentParser:
+    def command(name: str, help: str, handler: Any, namespace_help: str =
+                "key prefix shared by producers and workers (OBSQ_NAMESPACE; default: the "
+                "App's, else obsq)") -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
         sub.add_argument("--redis-url", help="redis://[:password@]host:port/db, rediss://, "
                          "unix://, redis+cluster://, redis+sentinel:// (OBSQ_REDIS_URL)")
-        sub.add_argument("--namespace", help="key prefix shared by producers and workers "
-                         "(OBSQ_NAMESPACE; default: the App's, else obsq)")
+        sub.add_argument("--namespace", help=namespace_help)
         sub.set_defaults(handler=handler)
         return sub
 
@@ -224,7 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = command("demo", "a worker, a producer and the HTTP endpoint in one process, in a "
                    "namespace of its own (obsq-demo-<random> unless --namespace names an "
-                   "unused one) whose keys it removes at the end", cmd_demo)
+                   "unused one) whose keys it removes at the end", cmd_demo,
+                   namespace_help="an unused key prefix for the demo (default: "
+                   "obsq-demo-<random>; OBSQ_NAMESPACE is not read, as the demo deletes "
+                   "its namespace's keys)")
     demo.add_argument("--duration", type=float, default=12.0, help="seconds to run (12)")
     demo.add_argument("--http-port", type=int, default=WORKER_HTTP_PORT,
                       help=f"{WORKER_HTTP_PORT} (another free one when taken; 0: any free port)")

@@ -70,7 +70,7 @@ async def run_demo(redis_url: str | None, duration: float, http_port: int,
                 return 1
             redis_url = server.url
             print(f"No Redis on 127.0.0.1:6379, so the demo started a private redis-server "
-                  f"at {redis_url}.")
+                  f"{await _version(redis_url)} ({server.executable}) at {redis_url}.")
     elif not await _reachable(redis_url):
         print(f"Cannot reach Redis at {redis_url}.")
         return 1
@@ -134,6 +134,14 @@ async def _clean_up(redis_url: str, namespace: str) -> None:
         print(f"Removed the demo's {removed} key(s) (namespace {namespace!r}) from {redis_url}.")
     except BrokerError as exc:
         print(f"Could not remove the demo's keys (namespace {namespace!r}): {exc}")
+    finally:
+        await broker.close()
+
+
+async def _version(redis_url: str) -> str:
+    broker = Broker(redis_url, NAMESPACE)
+    try:
+        return str((await broker.redis.info("server"))["redis_version"])
     finally:
         await broker.close()
 

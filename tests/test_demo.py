@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -13,10 +14,11 @@ from support import missing_tool, redis_6_2_server
 from obsq.redis_server import RedisServer, redis_servers, start_private_redis
 
 
-def run_demo(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run_demo(redis_url: str, *args: str, **environ: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "obsq", "demo", "--duration", "4", "--http-port", "0",
-         "--redis-url", redis_url, *args], capture_output=True, text=True, timeout=60)
+         "--redis-url", redis_url, *args], capture_output=True, text=True, timeout=60,
+        env={**os.environ, **environ})
 
 
 def test_the_demo_runs_tasks_and_shows_metrics(redis_url, admin_redis_url):
@@ -60,6 +62,35 @@ def test_the_demo_takes_an_unused_namespace_and_refuses_one_in_use(
     assert f"Namespace {namespace!r} already holds keys" in refused.stdout
     assert "enqueued" not in refused.stdout
     assert raw.get(f"{namespace}:kept") == b"1"
+    exported = run_demo(redis_url, OBSQ_NAMESPACE=namespace)  # an app's, in the shell
+    assert exported.returncode == 0, exported.stdout
+    assert "(namespace 'obsq-demo-" in exported.stdout
+    assert raw.get(f"{namespace}:kept") == b"1"
+    helped = subprocess.run([sys.executable, "-m", "obsq", "demo", "--help"],
+                            capture_output=True, text=True, timeout=60).stdout
+    assert "OBSQ_NAMESPACE is not read" in " ".join(helped.split())
+    assert "the App's" not in helped
+
+
+async def test_the_demo_says_which_redis_server_it_started(monkeypatch, capsys):
+    """With no Redis given and none on 6379 (as on a new machine) the demo starts the newest
+    redis-server on PATH and prints its path and version."""
+    from obsq import demo
+
+    found = redis_servers()
+    if not found:
+        missing_tool("redis-server is not on PATH")
+    original = demo._reachable
+    monkeypatch.setattr(demo, "_reachable", lambda url: _false() if url.endswith(":6379/0")
+                        else original(url))  # this host's 6379 may be taken
+    assert await demo.run_demo(None, 2, 0) == 0
+    version = ".".join(map(str, max(found)))
+    out = capsys.readouterr().out
+    assert f"started a private redis-server {version} ({found[max(found)]}) at" in out, out
+
+
+async def _false() -> bool:
+    return False
 
 
 def test_the_private_redis_is_the_newest_redis_server_on_path():
