@@ -54,6 +54,9 @@ log = logging.getLogger("obsq")
 T = TypeVar("T")
 
 
+PRODUCER_ALLOWS_EVICTION = "Client(allow_eviction=True) or OBSQ_ALLOW_EVICTION=true"
+
+
 class Client:
     def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str | None = None, *,
                  app: App | None = None, broker: Broker | None = None,
@@ -215,13 +218,15 @@ class Client:
     async def _register_queues(self, queues: set[str]) -> None:
         """Before a queue's first task: refuse a Redis that may evict tasks (unless allowed),
         and add the queue to the namespace's set."""
-        await self.broker.check_memory_policy(refuse=not self.allow_eviction)
+        await self.broker.check_memory_policy(refuse=not self.allow_eviction,
+                                              allowed_by=PRODUCER_ALLOWS_EVICTION)
         await self.broker.register_queues(queues)
 
     @deadline("memory_policy")
     async def _check_memory_policy(self) -> None:
         """Refuse a Redis that may evict tasks, unless allowed (asked once)."""
-        await self.broker.check_memory_policy(refuse=not self.allow_eviction)
+        await self.broker.check_memory_policy(refuse=not self.allow_eviction,
+                                              allowed_by=PRODUCER_ALLOWS_EVICTION)
 
     def check_served(self, new_queues: set[str]) -> None:
         """Without an App nothing says where tasks belong: look, once a queue, whether a

@@ -176,11 +176,12 @@ class RedisCalls:
             raise self._failed("memory_policy", exc, None if self._policy_checked
                                else self._contact_failure(exc)) from exc
 
-    async def check_memory_policy(self, *, refuse: bool) -> str | None:
+    async def check_memory_policy(self, *, refuse: bool, allowed_by: str = (
+            "--allow-eviction (OBSQ_ALLOW_EVICTION=true)")) -> str | None:
         """At start: a Redis that may evict task data is refused with one ConfigurationError
         (`refuse`: workers and clients not told to allow it) or warned about (the tools
         that only look). Redis is asked once per broker; returns the policy (None:
-        unreadable, which is warned about once)."""
+        unreadable, which is warned about once); `allowed_by`: the refusal's advice."""
         if not self._policy_checked:
             self._start_policy = await self.memory_policy()
             self._policy_checked = True
@@ -196,7 +197,7 @@ class RedisCalls:
         if refuse and policy is not None and policy != SAFE_MEMORY_POLICY:
             raise StartupError(
                 f"{eviction_problem(self.safe_url, policy)}; set it to {SAFE_MEMORY_POLICY}, "
-                "or accept losing tasks with --allow-eviction (OBSQ_ALLOW_EVICTION=true)")
+                f"or accept losing tasks with {allowed_by}")
         return policy
 
     async def close(self) -> None:

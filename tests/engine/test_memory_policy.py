@@ -78,8 +78,10 @@ def test_the_scheduler_command_refuses_it_too(evicting_redis) -> None:
 async def test_a_client_refuses_before_writing_unless_allowed(evicting_redis,
                                                               monkeypatch) -> None:
     async with obsq.Client(evicting_redis.url, "ns") as client:
-        with pytest.raises(ConfigurationError, match=f"maxmemory-policy {EVICTING}"):
+        with pytest.raises(ConfigurationError, match=f"maxmemory-policy {EVICTING}") as no:
             await client.enqueue("t", 1)
+        assert str(no.value).endswith("accept losing tasks with Client(allow_eviction=True) "
+                                      "or OBSQ_ALLOW_EVICTION=true"), no.value
         with pytest.raises(ConfigurationError):  # and again: refused every time
             await client.enqueue("t", 2)
     assert keys_of(evicting_redis) == []
@@ -93,7 +95,7 @@ async def test_a_client_refuses_before_writing_unless_allowed(evicting_redis,
 
 def test_the_sync_client_refuses_too(evicting_redis) -> None:
     with obsq.SyncClient(evicting_redis.url, "ns") as client, \
-            pytest.raises(ConfigurationError, match="noeviction"):
+            pytest.raises(ConfigurationError, match=r"Client\(allow_eviction=True\)"):
         client.enqueue("t", 1)
     assert keys_of(evicting_redis) == []
 
