@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from obsq.broker import DEPTH_STATES, Broker
 from obsq.errors import BrokerError
+from obsq.loop_watch import BLOCKED_AT_LEAST
 from obsq.settings import (
     COLLECTOR_CACHE,
     COLLECTOR_STALE_LIMIT,
@@ -42,10 +43,13 @@ QueueSource = Sequence[str] | Callable[[], Awaitable[Sequence[str]]]
 class QueueCollector:
     def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop, queues: QueueSource,
                  *, cache_seconds: float = COLLECTOR_CACHE,
-                 timeout: float = COLLECTOR_TIMEOUT) -> None:
+                 timeout: float = COLLECTOR_TIMEOUT,
+                 loop_lag: Callable[[], float] | None = None) -> None:
         """`queues`: the names to report, or an async function returning them (the exporter
-        reports every queue Redis knows)."""
+        reports every queue Redis knows). `loop_lag`: how long `loop` has been blocked now
+        (any thread), so that a read it did not run is not blamed on Redis."""
         self.broker = broker
+        self.loop_lag = loop_lag
         self.loop = loop
         self.queues = queues
         self.cache_seconds = cache_seconds
@@ -85,7 +89,7 @@ class QueueCollector:
             stats, workers, policy, memory = future.result(self.timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            self._failed(f"Redis did not answer within {self.timeout:g} s")
+            self._failed(self._why_late())
             return
         except BrokerError as exc:  # already counted by the broker's error hooks
             self._failed(str(exc))
@@ -100,9 +104,21 @@ class QueueCollector:
             log.info("queue metrics: Redis answers again")
         self._failing = False
 
+    def _why_late(self) -> str:
+        lag = self.loop_lag() if self.loop_lag is not None else 0.0
+        if lag >= BLOCKED_AT_LEAST:
+            return (f"the read did not finish within {self.timeout:g} s because the event "
+                    f"loop that runs it has been blocked for {lag:.1f} s (a handler holds it); "
+                    "Redis was not the cause")
+        return (f"the read did not finish within {self.timeout:g} s: Redis did not answer, "
+                "or the event loop that runs it was too busy")
+
     def _failed(self, reason: str) -> None:
         if not self._failing:
-            log.warning("queue metrics: %s; serving the last values", reason)
+            recent = self._read_wall_time and time.monotonic() - self._read_at <= \
+                COLLECTOR_STALE_LIMIT
+            log.warning("queue metrics: %s; %s", reason, "serving the last values" if recent
+                        else "serving none until a read works")
         self._failing = True
 
     async def _read(self) -> tuple[dict[str, dict[str, Any]], int, str | None,

@@ -41,7 +41,8 @@ def serve_worker(worker: Worker, host: str, port: int, *, queue_metrics: bool = 
     Redis answering (READINESS). `queue_metrics`: with the queue-wide gauges of its queues
     (off where an `obsq exporter` publishes them for the installation)."""
     loop = asyncio.get_running_loop()
-    collectors = [QueueCollector(worker.broker, loop, list(worker.queues))
+    collectors = [QueueCollector(worker.broker, loop, list(worker.queues),
+                                 loop_lag=lambda: worker.health().loop_lag)
                   ] if queue_metrics else []
     registry = endpoint_registry(*collectors)
 

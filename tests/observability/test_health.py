@@ -15,6 +15,7 @@ from support import wait_until
 
 import obsq
 from obsq.broker import Broker
+from obsq.loop_watch import LoopMonitor
 from obsq.observability.collector import QueueCollector
 from obsq.observability.http import HealthServer
 
@@ -266,3 +267,35 @@ async def test_a_probe_that_leaves_before_its_answer_leaves_no_traceback(capsys,
     output = capsys.readouterr()
     assert "Traceback" not in output.err + output.out
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+async def test_a_blocked_loop_is_named_not_redis_and_no_last_values_are_claimed(
+        redis_url, namespace, caplog):
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    broker = Broker(redis_url, namespace)
+
+    async def started_monitor() -> LoopMonitor:
+        monitor = LoopMonitor(asyncio.get_running_loop())
+        monitor.start()
+        return monitor
+
+    monitor = asyncio.run_coroutine_threadsafe(started_monitor(), loop).result(5)
+    collector = QueueCollector(broker, loop, ["q1"], timeout=1, loop_lag=monitor.lag)
+    try:
+        loop.call_soon_threadsafe(time.sleep, 4)  # an async handler calling time.sleep
+        families = {f.name: f for f in await asyncio.to_thread(collector.collect)}
+        assert families["obsq_queue_gauges_read_ok"].samples[0].value == 0
+        assert "obsq_queue_depth" not in families
+        assert "has been blocked for" in caplog.text and "Redis was not the cause" in \
+            caplog.text, caplog.text
+        assert "Redis did not answer" not in caplog.text
+        assert "serving none until a read works" in caplog.text
+        assert "serving the last values" not in caplog.text
+    finally:
+        asyncio.run_coroutine_threadsafe(broker.close(), loop).result(10)
+        loop.call_soon_threadsafe(monitor.stop)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
