@@ -338,3 +338,27 @@ def test_the_shell_command_runs(command: str, redis_url: str) -> None:
     handler = _handler(command)
     assert handler is not None
     handler(command, redis_url)
+
+
+def _table(text: str, first_row: str) -> str:
+    start = text.index(first_row)
+    return text[start:text.index("\n\n", start)]
+
+
+def test_the_metrics_table_lists_every_metric_of_the_design() -> None:
+    readme, design = ((ROOT / name).read_text() for name in ("README.md", "DESIGN.md"))
+    contract = {m for row in design.splitlines() if row.startswith("| `obsq_")
+                for m in re.findall(r"`(obsq_\w+)`", row.split(" | ")[0])}
+    listed = set(re.findall(r"`(obsq_\w+)`", _table(readme, "| `obsq_tasks_enqueued_total`")))
+    assert contract and contract <= listed, sorted(contract - listed)
+
+
+def test_the_configuration_table_lists_every_worker_setting() -> None:
+    import dataclasses
+
+    from obsq.settings import WorkerSettings
+
+    table = _table((ROOT / "README.md").read_text(), "| `--redis-url` |")
+    missing = [f"OBSQ_{f.name.upper()}" for f in dataclasses.fields(WorkerSettings)
+               if f"`OBSQ_{f.name.upper()}`" not in table]
+    assert not missing, missing
