@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from deploytools import CHART, helm_template
 from rendered import container, resolved_env, start
-from support import wait_for
+from support import sync_redis, wait_for
 
 from obsq.redis_server import free_port
 
@@ -25,7 +25,7 @@ MINIMA = {"worker": {"concurrency": 1, "shutdownTimeout": 1, "leaseSeconds": 3,
 EDGES: list[dict[str, Any]] = [
     {"tracing": {"samplerArg": "0"}, "worker": {"queues": [{"name": "crit:high.v2-x_1",
                                                            "weight": 1}]}},
-    {"tracing": {"samplerArg": "1"}, "obsq": {"namespace": "jobs.v2-edge_1"}},
+    {"tracing": {"samplerArg": "1"}, "obsq": {"namespace": "{ns}.v2-edge_1"}},
     {"tracing": {"samplerArg": ".5"}},
     {"tracing": {"samplerArg": "1.0"}},
     {"tracing": {"samplerArg": "0.25"}},
@@ -69,44 +69,57 @@ def variants() -> list[dict[str, Any]]:
     return out
 
 
-def test_every_value_the_schema_allows_starts(helm: str, redis_url: str, tmp_path: Path
-                                             ) -> None:
-    for number, values in enumerate(variants()):
-        port, ui_port = free_port(), free_port()
-        values = merged(values, {
-            "app": "tests.engine.apps:app", "redis": {"url": redis_url},
-            "scheduler": {"enabled": True}, "exporter": {"enabled": True},
-            "ui": {"enabled": True, "port": ui_port},
-            "tracing": {"enabled": True, "endpoint": f"http://127.0.0.1:{free_port()}"},
-            "metrics": {"port": port},
-            # spans to nowhere: give up at once when the processes flush them on stop
-            "extraEnv": [{"name": "OTEL_EXPORTER_OTLP_TIMEOUT", "value": "1"}]})
-        file = tmp_path / f"values-{number}.yaml"
-        file.write_text(yaml.safe_dump(values))
-        render = helm_template(helm, "-f", str(file))
-        for deployment in render.all("Deployment"):
-            c = container(deployment)
-            env = resolved_env(c)
-            kind = c["args"][0]
-            if kind != "ui":  # the processes share a host here, not a pod each
-                env["OBSQ_HTTP_PORT"] = str(free_port())
-            answer = env.get("OBSQ_UI_PORT") if kind == "ui" else env["OBSQ_HTTP_PORT"]
-            log = tmp_path / f"{number}-{kind}.log"
-            process = start(c, env, Path(__file__).resolve().parents[2], log)
-            try:
-                def up_or_gone(answer: str | None = answer, process: Any = process) -> bool:
-                    if process.poll() is not None:
-                        return True
-                    with urllib.request.urlopen(f"http://127.0.0.1:{answer}/healthz",
-                                                timeout=2) as response:
-                        return response.status == 200
-                wait_for(up_or_gone, timeout=40, interval=0.2, what=f"obsq {kind} up")
-                assert process.poll() is None, (
-                    f"`obsq {kind}` with {file.read_text()}\nexited:\n{process.log()}")
-            finally:
-                code = process.stop()
-                process.close()
-            assert code == 0, process.log()
+def test_every_value_the_schema_allows_starts(helm: str, redis_url: str, admin_redis_url: str,
+                                             namespace: str, tmp_path: Path) -> None:
+    try:
+        for number, values in enumerate(variants()):
+            start_rendered(helm, redis_url, namespace, number, values, tmp_path)
+    finally:  # the test's namespaces only: the chart's default one is another test's
+        r = sync_redis(admin_redis_url)
+        for key in list(r.scan_iter(match=f"{namespace}*", count=1000)):
+            r.delete(key)
+
+
+def start_rendered(helm: str, redis_url: str, namespace: str, number: int,
+                   values: dict[str, Any], tmp_path: Path) -> None:
+    """Render `values`, start each Deployment's process and see it answer /healthz."""
+    edge = values.get("obsq", {}).get("namespace", "{ns}")
+    values = merged(values, {"obsq": {"namespace": edge.replace("{ns}", namespace)}})
+    port, ui_port = free_port(), free_port()
+    values = merged(values, {
+        "app": "tests.engine.apps:app", "redis": {"url": redis_url},
+        "scheduler": {"enabled": True}, "exporter": {"enabled": True},
+        "ui": {"enabled": True, "port": ui_port},
+        "tracing": {"enabled": True, "endpoint": f"http://127.0.0.1:{free_port()}"},
+        "metrics": {"port": port},
+        # spans to nowhere: give up at once when the processes flush them on stop
+        "extraEnv": [{"name": "OTEL_EXPORTER_OTLP_TIMEOUT", "value": "1"}]})
+    file = tmp_path / f"values-{number}.yaml"
+    file.write_text(yaml.safe_dump(values))
+    render = helm_template(helm, "-f", str(file))
+    for deployment in render.all("Deployment"):
+        c = container(deployment)
+        env = resolved_env(c)
+        kind = c["args"][0]
+        if kind != "ui":  # the processes share a host here, not a pod each
+            env["OBSQ_HTTP_PORT"] = str(free_port())
+        answer = env.get("OBSQ_UI_PORT") if kind == "ui" else env["OBSQ_HTTP_PORT"]
+        log = tmp_path / f"{number}-{kind}.log"
+        process = start(c, env, Path(__file__).resolve().parents[2], log)
+        try:
+            def up_or_gone(answer: str | None = answer, process: Any = process) -> bool:
+                if process.poll() is not None:
+                    return True
+                with urllib.request.urlopen(f"http://127.0.0.1:{answer}/healthz",
+                                            timeout=2) as response:
+                    return response.status == 200
+            wait_for(up_or_gone, timeout=40, interval=0.2, what=f"obsq {kind} up")
+            assert process.poll() is None, (
+                f"`obsq {kind}` with {file.read_text()}\nexited:\n{process.log()}")
+        finally:
+            code = process.stop()
+            process.close()
+        assert code == 0, process.log()
 
 
 def test_values_obsq_would_refuse_are_refused_by_the_schema(helm: str) -> None:
