@@ -135,8 +135,7 @@ class Keeper:
     # -- the thread -----------------------------------------------------------------------
 
     def begin(self) -> None:
-        self._dataset = self.calls.dataset()
-        self.beat()
+        self.beat()  # its data-set check reads the first token this worker knows
 
     def start(self) -> None:
         self._stop.clear()
@@ -147,8 +146,10 @@ class Keeper:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        with contextlib.suppress(BrokerError):  # else its key expires by itself
-            self.calls.deregister(self.worker_id)
+        # a thread still in a Redis call could beat after the deregistration and undo it
+        if self._thread is None or not self._thread.is_alive():
+            with contextlib.suppress(BrokerError):  # else its key expires by itself
+                self.calls.deregister(self.worker_id)
         self.calls.close()
 
     def _run(self) -> None:
