@@ -120,3 +120,22 @@ async def test_a_fetch_takes_one_suspect_and_leaves_the_others_first_in_line(
     _, fetched = await broker.dequeue("default", 10, "w2", lease_seconds=30)
     assert sorted(t.id for t in fetched.tasks) in ([infos[1].id], [infos[2].id])
     assert (await depth(broker))["pending"] == 1
+
+
+async def test_a_suspect_that_ran_to_its_end_is_no_longer_one(
+        app, client, raw_redis, namespace, start_worker) -> None:
+    """Its run ended by itself (a failure retried here), so it did not kill its worker: the
+    next attempt, and one an operator requeues, runs like any other."""
+    suspected: list[bool] = []
+
+    @app.task("flaky", retry_delay=0)
+    async def flaky(task: obsq.Task) -> None:
+        suspected.append(task.suspect)
+        if len(suspected) == 1:
+            raise ValueError("not yet")
+
+    info = await client.enqueue("flaky")
+    _make_suspect(raw_redis, namespace, info.id)
+    await start_worker()
+    await wait_until(lambda: len(suspected) == 2, what="the retry ran")
+    assert suspected == [True, False]

@@ -17,6 +17,7 @@ local key = task_key(id)
 release_limits(id, ARGV[8], ARGV[9])
 local error, traceback = kept_failure(tonumber(ARGV[10]), ARGV[6], ARGV[7])
 record_failure(key, error, traceback, fence)
+redis.call('HDEL', key, 'sus', 'iso')  -- it ran to its end: it did not kill its worker
 local applied = traceback and 1 or 2
 if cancel_requested(id) then
   end_cancelled(id, now)

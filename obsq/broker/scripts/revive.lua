@@ -21,7 +21,7 @@ for _, id in ipairs(ids) do
   local key = task_key(id)
   if redis.call('ZREM', KEYS[1], id) == 1 and redis.call('EXISTS', key) == 1 then
     redis.call('HSET', key, 'state', 'pending', 'due', now)
-    redis.call('HDEL', key, 'done', 'recov', 'unk0', 'unkn')
+    redis.call('HDEL', key, 'done', 'recov', 'unk0', 'unkn', 'sus', 'iso')
     if ARGV[2] == '1' then
       redis.call('HDEL', key, 'retried')
     end
