@@ -4,7 +4,7 @@
 -- KEYS: lease, completed, active, watched
 -- ARGV: now, worker_id, resent (1 when an earlier send may have been applied already),
 --       dedup window (ms), the producers' share of maxmemory (above it a result longer
---       than 64 bytes is not kept: its task reads null, with an error saying so), then
+--       than FULL_ERROR_BYTES (64) is not kept: its task reads null, with an error saying so), then
 --       per task: id, fence, retention_ms, result, '1' when the
 --       producer chose its id (remembered for the window once its hash is deleted) or '',
 --       type, route slot or '', ordering key or ''
@@ -49,7 +49,7 @@ for j, n in ipairs(done) do
   local retention = tonumber(ARGV[i + 2])
   if retention > 0 then
     local result = ARGV[i + 3]
-    if #result > 64 and above_share(tonumber(ARGV[5]), #result) then
+    if #result > FULL_ERROR_BYTES and above_share(tonumber(ARGV[5]), #result) then
       result = 'null'
       redis.call('HSET', key, 'error', 'result not kept: Redis full')
     end
