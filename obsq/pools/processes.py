@@ -130,7 +130,7 @@ class ProcessSlots:
         except BaseException:  # given up (cancelled, the worker stops), or the child died
             self._replace(child)
             raise
-        self._idle.append(child)
+        self._keep(child)
         kind, value, *details = reply
         if kind == "ok":
             return value
@@ -144,7 +144,7 @@ class ProcessSlots:
             child = self._idle.pop()
             if child.alive:
                 return child
-            self._replace(child)  # died while idle
+            self._kill(child)  # died while idle: the child started below takes its place
         return await self._started()
 
     async def _started(self) -> _Child:
@@ -181,7 +181,10 @@ class ProcessSlots:
         self._in_background(asyncio.to_thread(child.process.join, REAP_TIMEOUT))
 
     async def _refill(self) -> None:
-        child = await self._started()
+        self._keep(await self._started())
+
+    def _keep(self, child: _Child) -> None:
+        """Keep `child` for the next task, unless the slots closed meanwhile."""
         if self._closed:
             self._kill(child)
         else:
