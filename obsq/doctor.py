@@ -186,10 +186,12 @@ class Doctor:
         return done
 
     async def _recover(self, queue: str) -> int:
+        """Hand the queue's expired attempts back as the recoverer does, with the workers'
+        max_recoveries (OBSQ_MAX_RECOVERIES, as they read it)."""
+        max_recoveries = WorkerSettings.from_env().max_recoveries
         total = 0
         while True:
-            requeued, killed, _ = await self.broker.recover(
-                queue, WorkerSettings.max_recoveries, STEP)
+            requeued, killed, _ = await self.broker.recover(queue, max_recoveries, STEP)
             total += requeued + killed
             if requeued + killed < STEP:
                 return total

@@ -170,3 +170,19 @@ async def test_what_the_engine_mends_itself_is_information(client, obsq_cli, raw
     code, out = await obsq_cli("doctor", "--json")
     assert code == 0 and json.loads(out)["clean"] is True
     assert len(json.loads(out)["notes"]) == 2
+
+
+async def test_repair_counts_a_recovery_against_the_workers_max_recoveries(
+        client, raw_redis, namespace, obsq_cli, monkeypatch) -> None:
+    """An orphaned attempt of a task that ran alone is taken back as the recoverer takes it,
+    with the max_recoveries the workers read (OBSQ_MAX_RECOVERIES), not the default."""
+    orphan = await client.enqueue("nobody-runs-this", queue="idle")
+    idle = f"{namespace}:{{idle}}:"
+    raw_redis.lrem(idle + "pending", 0, orphan.id)
+    raw_redis.zadd(idle + "lease", {orphan.id: 1})
+    raw_redis.hset(idle + "active", orphan.id, "3:lost-worker")
+    raw_redis.hset(idle + "t:" + orphan.id, "iso", "3")  # its attempt ran alone
+    monkeypatch.setenv("OBSQ_MAX_RECOVERIES", "0")
+    code, out = await obsq_cli("doctor", "--repair")
+    assert "repaired idle: took back 1 orphaned attempt(s)" in out, out
+    assert (await client.info(orphan.id)).state == "dead"
