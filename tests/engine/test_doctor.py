@@ -185,4 +185,5 @@ async def test_repair_counts_a_recovery_against_the_workers_max_recoveries(
     monkeypatch.setenv("OBSQ_MAX_RECOVERIES", "0")
     code, out = await obsq_cli("doctor", "--repair")
     assert "repaired idle: took back 1 orphaned attempt(s)" in out, out
+    assert code == 0, out
     assert (await client.info(orphan.id)).state == "dead"
