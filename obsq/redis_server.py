@@ -82,8 +82,11 @@ def redis_servers() -> dict[tuple[int, ...], str]:
     for directory in os.environ.get("PATH", "").split(os.pathsep):
         candidate = Path(directory) / "redis-server"
         if candidate.is_file() and os.access(candidate, os.X_OK):
-            out = subprocess.run([str(candidate), "--version"], capture_output=True,
-                                 text=True, timeout=10).stdout
+            try:
+                out = subprocess.run([str(candidate), "--version"], capture_output=True,
+                                     text=True, timeout=10).stdout
+            except (OSError, subprocess.SubprocessError):  # broken or hanging: not a choice
+                continue
             version = out.partition(" v=")[2].split()[0] if " v=" in out else "0"
             found.setdefault(tuple(int(p) for p in version.split(".") if p.isdigit()),
                              str(candidate))

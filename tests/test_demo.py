@@ -118,3 +118,16 @@ def test_the_demo_runs_on_redis_6_2():
         assert "dead     payment:charge" in result.stdout
     finally:
         server.close()
+
+
+def test_a_redis_server_that_cannot_say_its_version_is_passed_over(tmp_path, monkeypatch
+                                                                  ) -> None:
+    """A broken binary on PATH (here one its interpreter cannot start) is not a choice, and
+    does not stop the search for the others."""
+    from obsq.redis_server import redis_servers
+
+    broken = tmp_path / "redis-server"
+    broken.write_text("#!/nonexistent/interpreter\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert str(broken) not in redis_servers().values()
