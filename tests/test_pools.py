@@ -1,21 +1,28 @@
-"""The thread pool of plain handlers on its own (no Redis; the worker's use of both pools is
-tests/engine/test_plain_overrun.py): a timeout counts from the handler's start, an
-overrunning handler's thread is replaced and counted as stuck until it returns; and the
-settings that choose a pool and its stuck limit."""
+"""The pools of plain handlers on their own (no Redis; the worker's use of both pools is
+tests/engine/test_plain_overrun.py): a thread pool's timeout counts from the handler's
+start, an overrunning handler's thread is replaced and counted as stuck until it returns;
+a process pool keeps its children, replaces one that overran or died, and never holds more
+than its size; and the settings that choose a pool and its stuck limit."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from obsq.app import Route
-from obsq.errors import ConfigurationError, TaskTimeout
+from obsq.errors import ConfigurationError, HandlerCrashed, TaskTimeout
+from obsq.pools.processes import ProcessSlots
 from obsq.pools.threads import ThreadSlots
 from obsq.settings import WorkerSettings
 from obsq.task import Task
+from tests.engine import pool_apps
 
 
 def plain(handler) -> Route:
@@ -61,3 +68,99 @@ def test_a_pool_or_stuck_limit_that_cannot_be_is_refused_in_one_line():
     with pytest.raises(ConfigurationError, match="stuck_limit must be positive, got 0"):
         WorkerSettings.from_env({"OBSQ_STUCK_LIMIT": "0"})
     assert WorkerSettings.from_env({"OBSQ_POOL": "process"}).pool == "process"
+
+
+# -- the process pool's slots: children kept, replaced, never more than the size ----------
+
+
+def pool_task(task_type: str, payload: object, timeout: float = 30) -> Task:
+    return Task(id=task_type, type=task_type, queue="q", raw_payload=json.dumps(payload).encode(),
+                raw_headers=b"", retry_count=0, max_retry=0, timeout=timeout, retention=0)
+
+
+@pytest.fixture
+def process_slots() -> Iterator[Callable[[int], ProcessSlots]]:
+    made: list[ProcessSlots] = []
+
+    def make(size: int) -> ProcessSlots:
+        pool_apps.app.import_path = "tests.engine.pool_apps:app"
+        made.append(ProcessSlots(size, pool_apps.app))
+        return made[-1]
+
+    yield make
+    for pool in made:
+        pool.close()
+
+
+async def nap(pool: ProcessSlots, seconds: float = 0, timeout: float = 30) -> int:
+    return await pool.run(pool_apps.app.route("nap"), pool_task("nap", seconds, timeout))
+
+
+async def test_process_slots_keep_their_children(process_slots) -> None:
+    pool = process_slots(2)
+    pids = [pid for _ in range(3)  # as a worker runs them: at most `size` at once
+            for pid in await asyncio.gather(nap(pool, 0.05), nap(pool, 0.05))]
+    assert len(set(pids)) == 2  # two children, each used for three tasks
+    assert pool._live == 2 and len(pool._idle) == 2
+
+
+async def settled(pool: ProcessSlots) -> ProcessSlots:
+    """The pool once its replacements have started and its killed children are reaped."""
+    while pool._background:
+        await asyncio.gather(*pool._background)
+    return pool
+
+
+async def test_a_child_that_overran_is_killed_and_replaced_within_the_size(
+        process_slots) -> None:
+    pool = process_slots(1)
+    first = await nap(pool)
+    with pytest.raises(TaskTimeout):
+        await nap(pool, 30, timeout=0.2)
+    # a new child: the replacement, or one this attempt started while it was starting
+    assert await nap(pool) != first
+    await settled(pool)
+    assert pool._live == 1 and len(pool._idle) == 1
+    assert not await pid_alive(first)
+
+
+async def test_a_child_that_died_by_itself_fails_only_its_attempt(process_slots) -> None:
+    pool = process_slots(2)
+    with pytest.raises(HandlerCrashed, match="exit status 3"):
+        await pool.run(pool_apps.app.route("crash_quietly"), pool_task("crash_quietly", 0))
+    pids = await asyncio.gather(nap(pool, 0.05), nap(pool, 0.05))
+    assert len(set(pids)) == 2
+    await settled(pool)
+    assert pool._live == 2 and len(pool._idle) == 2
+
+
+async def test_a_child_found_dead_while_idle_is_replaced_not_doubled(process_slots) -> None:
+    pool = process_slots(2)
+    first, second = await asyncio.gather(nap(pool, 0.05), nap(pool, 0.05))
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while all(child.alive for child in pool._idle) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)  # the worker's loop hears of its death
+    pids = await asyncio.gather(nap(pool, 0.05), nap(pool, 0.05))
+    assert second in pids and first not in pids
+    await settled(pool)
+    assert pool._live == 2 and len(pool._idle) == 2
+
+
+async def test_closed_process_slots_leave_no_child(process_slots) -> None:
+    pool = process_slots(2)
+    pids = await asyncio.gather(nap(pool, 0.05), nap(pool, 0.05))
+    pool.close()
+    assert not [pid for pid in pids if await pid_alive(pid)]
+
+
+async def pid_alive(pid: int) -> bool:
+    """Whether `pid` still runs (a killed child is reaped in the background: wait for it)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        await asyncio.sleep(0.01)
+    return True

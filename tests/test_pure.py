@@ -1,5 +1,6 @@
 """The parts that need no Redis, tested fast: building a message from a job, reading
-`--queues`, settings and names (schedule entries: test_schedule.py)."""
+`--queues`, settings, names and the pattern table of routes (schedule entries:
+test_schedule.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import obsq
+from obsq.app import PatternTable
 from obsq.errors import ConfigurationError
 from obsq.names import validate_name
 from obsq.settings import DEFAULT_QUEUE, WorkerSettings, parse_queues
@@ -105,3 +107,33 @@ def test_names() -> None:
     for bad in ("", "x" * 201, "a\nb", "{a}"):
         with pytest.raises(ValueError):
             validate_name("queue", bad)
+
+
+def test_the_pattern_table_finds_the_exact_type_then_the_longest_prefix_then_star() -> None:
+    table: PatternTable[str] = PatternTable()
+    assert table.match("mail:send") is None
+    for pattern in ("*", "mail:", "mail:bulk.", "mail:send"):
+        table.add(pattern, pattern)
+    assert table.match("mail:send") == "mail:send"
+    assert table.match("mail:bulk.daily") == "mail:bulk."  # the longest prefix
+    assert table.match("mail:receive") == "mail:"
+    assert table.match("mailer") == "*"  # a prefix ends at ':' or '.', not mid-word
+    assert "mail:" in table and "mail" not in table
+    assert sorted(table.values()) == ["*", "mail:", "mail:bulk.", "mail:send"]
+
+
+def test_the_pattern_table_forgets_what_it_found_when_a_pattern_is_added() -> None:
+    table: PatternTable[str] = PatternTable()
+    table.add("mail:", "prefix")
+    assert table.match("mail:send") == "prefix"  # now cached
+    assert table.match("other") is None  # a miss is cached too
+    table.add("mail:send", "exact")
+    table.add("*", "any")
+    assert table.match("mail:send") == "exact" and table.match("other") == "any"
+
+
+def test_the_pattern_tables_cache_stays_bounded_under_unbounded_types() -> None:
+    table: PatternTable[int] = PatternTable()
+    table.add("*", 1)
+    assert all(table.match(f"type-{i}") == 1 for i in range(10_050))
+    assert len(table._cache) == 10_000

@@ -184,8 +184,10 @@ class ProcessSlots:
         self._keep(await self._started())
 
     def _keep(self, child: _Child) -> None:
-        """Keep `child` for the next task, unless the slots closed meanwhile."""
-        if self._closed:
+        """Keep `child` for the next task, unless the slots closed meanwhile, or hold more
+        children than their size (an attempt that found none idle while a replacement was
+        starting started one of its own)."""
+        if self._closed or self._live > self.size:
             self._kill(child)
         else:
             self._idle.append(child)

@@ -68,6 +68,20 @@ def crash(task: obsq.Task) -> None:
     os._exit(3)
 
 
+@app.task("nap")
+def nap(task: obsq.Task) -> int:
+    """Sleeps payload seconds and returns its pid, recording nothing (the direct tests of
+    the process slots run it without a recording Redis)."""
+    time.sleep(task.payload)
+    return os.getpid()
+
+
+@app.task("crash_quietly")
+def crash_quietly(task: obsq.Task) -> None:
+    """`crash` without its record."""
+    os._exit(3)
+
+
 @app.task("fail", max_retry=0)
 def fail(task: obsq.Task) -> None:
     raise ValueError(f"bad input {task.payload!r}")
