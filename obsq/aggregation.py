@@ -47,7 +47,7 @@ class AggregationLoop(BackgroundLoop):
     def __init__(self, app: App, broker: Broker, owner: str, queues: Sequence[str],
                  interval: float, lease: float, allow_eviction: bool = False) -> None:
         """`allow_eviction`: the worker's (it checked Redis's policy at start)."""
-        super().__init__(interval)
+        super().__init__(interval, broker.clock)
         self.app = app
         self.broker = broker
         self.owner = owner

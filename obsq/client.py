@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -20,6 +19,7 @@ from obsq.app import App, ProducerHook, RefusalHook
 from obsq.broker import Broker
 from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
 from obsq.broker.deadline import CallDeadlines, call_timeout_of, deadline
+from obsq.clock import Clock
 from obsq.enqueued import group_by_queue, info_after_enqueue, infos_in_order, unless_duplicate
 from obsq.errors import (
     BrokerError,
@@ -61,8 +61,8 @@ class Client:
     def __init__(self, redis_url: str = DEFAULT_REDIS_URL, namespace: str | None = None, *,
                  app: App | None = None, broker: Broker | None = None,
                  allow_eviction: bool | None = None, durable_replicas: int | None = None,
-                 memory_share: float | None = None, call_timeout: float | None = None
-                 ) -> None:
+                 memory_share: float | None = None, call_timeout: float | None = None,
+                 clock: Clock | None = None) -> None:
         """`app` supplies the namespace (unless `namespace` is given), each route's default
         queue, max_retry and timeout, and its producer hooks (the outermost). The first
         enqueue refuses a Redis whose maxmemory-policy may evict task data (ConfigurationError)
@@ -75,12 +75,13 @@ class Client:
         ENQUEUE_MEMORY_SHARE; 1: only Redis's own limit), keeping the rest for workers.
 
         `call_timeout` (None: OBSQ_CALL_TIMEOUT, else 5 s): each call (but result's wait)
-        that Redis does not answer within it fails with BrokerTimeout."""
+        that Redis does not answer within it fails with BrokerTimeout. `clock`: the time
+        its scripts and its `eta`s count from (None: Redis's; obsq.testing gives its own)."""
         namespace = namespace or (app.namespace if app is not None else DEFAULT_NAMESPACE)
         self.namespace = validate_namespace(namespace)
         self.call_timeout = call_timeout_of(call_timeout)
         self.app = app
-        self.broker = broker or Broker(redis_url, self.namespace)
+        self.broker = broker or Broker(redis_url, self.namespace, clock=clock)
         self.deadlines = CallDeadlines(self.call_timeout, self.broker.timed_out)
         if durable_replicas:
             if durable_replicas < 0 or self.broker.is_cluster:
@@ -180,7 +181,7 @@ class Client:
 
     def _messages(self, jobs: Sequence[Job]) -> list[TaskMessage]:
         """The jobs checked and encoded, with their route's defaults."""
-        now = time.time()
+        now = self.broker.clock.time()
         return [self._message(job, now) for job in jobs]
 
     def _message(self, job: Job, now: float) -> TaskMessage:
@@ -248,7 +249,7 @@ class Client:
 
         self._warn_if_unhandled([job], group=True)
         write = ProducerChain(store)(*self.producer_hooks)
-        info = (await write([self._message(job, time.time())]))[0]
+        info = (await write([self._message(job, self.broker.clock.time())]))[0]
         if info.duplicate:
             raise DuplicateTask(f"task id {info.id!r} is taken", info.id)
         return info

@@ -15,7 +15,6 @@ and a counter that disagrees is read again before it is reported."""
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -107,7 +106,7 @@ class Doctor:
             diagnosis.repairs += await self._recount(queue)
 
     async def notes(self) -> list[str]:
-        now = int(time.time() * 1000)
+        now = int(self.broker.clock.time() * 1000)
         notes = [f"schedule {name}: fire at {fire} ms claimed and not confirmed (the next "
                  "scheduler finishes or counts it missed)"
                  for name, fire in sorted((await self.broker.firing_claims()).items())]
@@ -191,7 +190,7 @@ class Doctor:
         max_recoveries = WorkerSettings.from_env().max_recoveries
         total = 0
         while True:
-            requeued, killed, _ = await self.broker.recover(queue, max_recoveries, STEP)
+            requeued, killed, *_ = await self.broker.recover(queue, max_recoveries, STEP)
             total += requeued + killed
             if requeued + killed < STEP:
                 return total

@@ -12,6 +12,7 @@ import signal
 from collections.abc import Callable
 
 from obsq.broker import Broker
+from obsq.clock import REDIS_CLOCK, Clock
 from obsq.errors import BrokerError
 from obsq.settings import REDIS_RETRY_MAX, redis_retry_delay
 
@@ -52,8 +53,11 @@ class RedisRetry:
 class BackgroundLoop:
     name = "loop"
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, clock: Clock = REDIS_CLOCK) -> None:
+        """`clock`: what its sleeps are measured on; a loop that waits for something to
+        become due (a task, a fire, a lease's end) sleeps on the broker's clock."""
         self.interval = interval
+        self.clock = clock
         self.retry = RedisRetry(self.name)
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -93,9 +97,8 @@ class BackgroundLoop:
             await self.sleep(self.interval if wait is None else wait)
 
     async def sleep(self, seconds: float) -> None:
-        """Sleep, but wake at once when stopped."""
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), timeout=max(seconds, 0))
+        """Sleep on the loop's clock, but wake at once when stopped."""
+        await self.clock.sleep(seconds, self._stopping)
 
 
 class LockedLoop(BackgroundLoop):
@@ -103,7 +106,7 @@ class LockedLoop(BackgroundLoop):
     tick takes (or keeps) a short lock named after the loop, then calls `work()`."""
 
     def __init__(self, broker: Broker, owner: str, interval: float, lock_ttl: float) -> None:
-        super().__init__(interval)
+        super().__init__(interval, broker.clock)
         self.broker = broker
         self.owner = owner
         self.lock_ttl = lock_ttl

@@ -30,6 +30,7 @@ from typing import Any
 from obsq._version import __version__
 from obsq.app import App
 from obsq.client import Client
+from obsq.clock import Clock
 from obsq.errors import BrokerError, DuplicateTask
 from obsq.loop import LockedLoop, on_stop_signals
 from obsq.schedule import Schedule, fire_text, parse_claim
@@ -73,7 +74,7 @@ class SchedulerLoop(LockedLoop):
         to wait for the next fire (or a change of the entries), at most a third of the
         lock's TTL so that the lock is kept."""
         self.holding = True
-        started = time.monotonic()
+        started = self.clock.monotonic()
         state = await self.broker.due_fires(SCHEDULE_DUE_BATCH)
         if state.version != self.version:
             await self._load(state.version)
@@ -84,14 +85,15 @@ class SchedulerLoop(LockedLoop):
             soonest = min(soonest, await self._advance(name, next_ms, state.now_ms))
         if len(state.due) == SCHEDULE_DUE_BATCH:
             return 0.0  # more are due
-        wait = (soonest - state.now_ms) / 1000 - (time.monotonic() - started)
+        wait = (soonest - state.now_ms) / 1000 - (self.clock.monotonic() - started)
         return min(max(wait, 0.0), self.interval)
 
     async def sleep(self, seconds: float) -> None:
         """The lock holder waits on Redis, which an entry's change ends at once; a stop
         ends it through the same list. Redis ends a blocking wait up to SCHEDULER_WAIT_SLACK
         late, so the last moments before a fire are slept here."""
-        if not self.holding or seconds < 2 * SCHEDULER_WAIT_SLACK:
+        if (not self.holding or seconds < 2 * SCHEDULER_WAIT_SLACK
+                or not self.clock.read_by_scripts):
             return await super().sleep(seconds)
         waiter = asyncio.ensure_future(self.broker.wait_schedule_change(
             seconds - SCHEDULER_WAIT_SLACK))
@@ -246,12 +248,13 @@ class SchedulerLoop(LockedLoop):
 class Scheduler:
     def __init__(self, app: App, redis_url: str = DEFAULT_REDIS_URL,
                  namespace: str | None = None, *, settings: SchedulerSettings | None = None,
-                 handle_signals: bool = True) -> None:
+                 handle_signals: bool = True, clock: Clock | None = None) -> None:
+        """`clock`: the time its fires count by (None: Redis's)."""
         self.app = app
         self.handle_signals = handle_signals
         self.settings = settings or SchedulerSettings()
         self.client = Client(redis_url, namespace or app.namespace, app=app,
-                             allow_eviction=self.settings.allow_eviction)
+                             allow_eviction=self.settings.allow_eviction, clock=clock)
         self.loop = SchedulerLoop(self.client, app.schedules,
                                   f"scheduler-{id(self):x}-{time.time_ns()}", self.settings)
         self.started_at = 0.0

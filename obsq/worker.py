@@ -29,6 +29,7 @@ from obsq.aggregation import AggregationLoop
 from obsq.app import App
 from obsq.broker import Broker, Fetched
 from obsq.cancelling import CancelWatcher
+from obsq.clock import Clock
 from obsq.errors import BrokerError
 from obsq.execution import Executor, Verdict
 from obsq.fetching import Fetcher
@@ -54,9 +55,11 @@ class Worker:
                  strict_priority: bool | None = None, shutdown_timeout: float | None = None,
                  lease_seconds: float | None = None, namespace: str | None = None,
                  max_recoveries: int | None = None, settings: WorkerSettings | None = None,
-                 handle_signals: bool = True, **tunables: Any) -> None:
+                 handle_signals: bool = True, clock: Clock | None = None,
+                 **tunables: Any) -> None:
         """Options left as None come from `settings`, else from OBSQ_* variables; the other
-        fields of WorkerSettings (heartbeat_ttl, ...) may be given as keywords too."""
+        fields of WorkerSettings (heartbeat_ttl, ...) may be given as keywords too.
+        `clock`: the time its scripts and sweeps count by (None: Redis's)."""
         given = {"redis_url": redis_url, "queues": queues, "concurrency": concurrency,
                  "strict_priority": strict_priority, "shutdown_timeout": shutdown_timeout,
                  "lease_seconds": lease_seconds, "namespace": namespace,
@@ -81,7 +84,7 @@ class Worker:
         self.started = asyncio.Event()  # set once it serves (after Redis answered)
         self.draining = False
         self.processed = 0
-        self.broker = Broker(settings.redis_url, self.namespace)
+        self.broker = Broker(settings.redis_url, self.namespace, clock=clock)
         self.broker.on_error = app.redis_error_hooks  # the App's list: hooks added later count
         self.broker.dedup_window, self.broker.dedup_max_ids = (settings.dedup_window,
                                                                settings.dedup_max_ids)
@@ -196,6 +199,12 @@ class Worker:
     @property
     def busy(self) -> int:
         return self._busy
+
+    @property
+    def in_flight(self) -> int:
+        """Tasks fetched whose end is not recorded in Redis yet: running, settling, or
+        waiting in the buffer for a slot."""
+        return len(self._running) + len(self._buffer) + len(self._suspects.waiting)
 
     # -- slots ----------------------------------------------------------------------------
 

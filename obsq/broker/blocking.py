@@ -58,6 +58,7 @@ class BlockingCalls:
 
     def _call(self, name: str, script: Script, keys: Sequence[str], args: Sequence[Any]
               ) -> Any:
+        args = self.broker.argv(args)
         try:
             try:
                 return self.redis.evalsha(script.sha, len(keys), *keys, *args)
@@ -115,7 +116,7 @@ class BlockingProducer(BlockingCalls):
             try:
                 kept = self._kept_connection()
                 if kept is not None:
-                    return call_on_blocking(kept, script, keys, args)
+                    return call_on_blocking(kept, script, keys, self.broker.argv(args))
             except (RedisError, OSError) as exc:
                 raise self._failure(name, exc) from exc
             finally:

@@ -27,6 +27,7 @@ from obsq.broker.connection import create_client, kept_connection
 from obsq.broker.diagnosis import acl_advice, hint, reason, safe
 from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import Script, call_on, is_noscript, load_scripts
+from obsq.clock import REDIS_CLOCK, Clock
 from obsq.errors import BrokerError, BrokerTimeout, StartupError, denied_by_acl
 from obsq.settings import (
     DEDUP_MAX_IDS,
@@ -59,8 +60,10 @@ UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)  # said as "can
 
 
 class RedisCalls:
-    def __init__(self, url: str, namespace: str, *, client: Any = None) -> None:
+    def __init__(self, url: str, namespace: str, *, client: Any = None,
+                 clock: Clock | None = None) -> None:
         self.url = url
+        self.clock = clock or REDIS_CLOCK  # the time every script is given (argv)
         self.safe_url = safe(url)  # the URL without its password, for messages and logs
         self.namespace = namespace
         self.redis = client if client is not None else create_client(url)
@@ -253,13 +256,19 @@ class RedisCalls:
             pipe.get(key)
         return await self._guard(operation, pipe.execute())
 
+    def argv(self, args: Sequence[Any]) -> Sequence[Any]:
+        """A script's arguments as sent: every script's first is the time, which the calls
+        leave 0 and the broker's clock fills (0 again for Redis's own clock)."""
+        now = self.clock.script_now()
+        return (now, *args[1:]) if now else args
+
     def _register_queues_call(self, queues: Iterable[str]) -> ScriptCall:
         return ("register", (self.global_keys.queues,), (0, "set", *queues))
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any],
                       redis: Any = None) -> Any:
         try:
-            return await _evalsha(redis or self.redis, SCRIPTS[name], keys, args)
+            return await _evalsha(redis or self.redis, SCRIPTS[name], keys, self.argv(args))
         except (RedisError, OSError) as exc:
             raise self._failed(name, exc) from exc
 
@@ -273,7 +282,8 @@ class RedisCalls:
             return await self._script(name, keys, args)
         self._producer_busy = True
         try:
-            return await call_on(self.producer_connection, SCRIPTS[name], keys, args)
+            return await call_on(self.producer_connection, SCRIPTS[name], keys,
+                                 self.argv(args))
         except (RedisError, OSError) as exc:
             raise self._failed(name, exc) from exc
         finally:
@@ -284,7 +294,7 @@ class RedisCalls:
         """The script, then WAIT on the same connection: it answers once `durable_replicas`
         replicas have the script's writes, else after `durable_timeout`, which refuses the
         call (the writes are then on the master only, and a failover may lose them)."""
-        script, redis = SCRIPTS[name], self.redis
+        script, redis, args = SCRIPTS[name], self.redis, self.argv(args)
         try:
             for _ in range(2):  # again after loading the script (NOSCRIPT)
                 pipe = redis.pipeline(transaction=False)
@@ -313,6 +323,7 @@ class RedisCalls:
             return []
         if len(calls) == 1:
             return [await self._script(*calls[0])]
+        calls = [(name, keys, self.argv(args)) for name, keys, args in calls]
         if self.is_cluster:  # its pipelines refuse EVALSHA: the calls
             return list(await asyncio.gather(*(self._script(*c) for c in calls)))  # at once
         try:

@@ -4,7 +4,6 @@ Inspector's other reads and repairs are in inspection.py, schedules in schedulin
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +29,7 @@ class Upkeep(RedisCalls):
             ("heartbeat", (g.worker(worker_id),),
              (0, max(int(ttl * 1000), 1), orjson.dumps(description))),
             ("register", (g.workers,),  # scored by its own clock: shown, never compared
-             (0, "zset", int(time.time() * 1000), worker_id))]
+             (0, "zset", int(self.clock.time() * 1000), worker_id))]
         if description.get("queues"):
             calls.append(self._register_queues_call(description["queues"]))
         return calls
@@ -65,14 +64,16 @@ class Upkeep(RedisCalls):
 
     async def recover(self, queue: str, max_recoveries: int, batch: int,
                       lost_workers: Sequence[str] = (), cursor: str = "0"
-                      ) -> tuple[int, int, str]:
+                      ) -> tuple[int, int, str, float | None]:
         """Expired leases, or given lost workers their attempts (`batch` entries of the active
-        hash scanned from `cursor`) -> (requeued, moved to dead, next cursor; "0": done)."""
+        hash scanned from `cursor`) -> (requeued, moved to dead, next cursor ("0": done),
+        seconds until the queue's next lease ends, on the broker's clock; None: none)."""
         k = self.keys(queue)
-        requeued, killed, cursor = await self._script(
+        requeued, killed, cursor, ends_in = await self._script(
             "recover", (k.lease, k.pending, k.dead, k.wake, k.active),
             (0, max_recoveries, batch, cursor, *lost_workers))
-        return requeued, killed, cursor.decode() if isinstance(cursor, bytes) else str(cursor)
+        return (requeued, killed, cursor.decode() if isinstance(cursor, bytes) else str(cursor),
+                int(ends_in) / 1000 if int(ends_in) >= 0 else None)
 
     async def forward(self, sets: Sequence[tuple[str, str]], batch: int
                       ) -> list[tuple[int, float | None]]:
@@ -122,6 +123,20 @@ class Upkeep(RedisCalls):
                                       max(now - oldest, 0) / 1000 if oldest >= 0 else 0.0,
                                       bool(paused))
         return stats
+
+    async def unfinished(self, queues: Sequence[str], worker_id: str) -> int:
+        """Tasks of `queues` a worker could take now (the pending lists of those not paused;
+        tasks held by a limit or waiting for their ordering key are not in them) and the
+        attempts `worker_id` holds, read at one moment (on one node)."""
+        pipe = self.redis.pipeline(transaction=not self.is_cluster)
+        for queue in queues:
+            pipe.llen(self.keys(queue).pending)
+            pipe.exists(self.keys(queue).paused)
+            pipe.hvals(self.keys(queue).active)
+        replies = await self._guard("queues", pipe.execute())
+        mine = f":{worker_id}".encode()
+        return sum((0 if paused else length) + sum(1 for a in active if a.endswith(mine))
+                   for length, paused, active in zip(*[iter(replies)] * 3))
 
     async def memory_usage(self) -> tuple[int, int] | None:
         """Redis's used memory and its maxmemory (0: no limit) in bytes, from INFO memory;

@@ -95,17 +95,19 @@ class Working(RedisCalls):
         dequeue of `queue` queued right behind on the same connection: Redis runs it the
         moment the BLPOP returns, so an idle worker gets its task in the round trip that
         wakes it. Returns (woken, fetched). On a Cluster, whose keys live in different
-        slots, it only waits; the caller fetches."""
-        if self.is_cluster:
-            woken = await self._blpop_any("wait_for_work", [self.keys(q).wake for q in queues],
-                                          timeout)
+        slots, or with a clock the scripts do not read themselves (the dequeue would carry
+        the time of the wait's start), it only waits; the caller fetches."""
+        wake = [self.keys(q).wake for q in queues]
+        if not self.is_cluster:  # where interrupt_wait can reach it
+            wake.append(self.global_keys.wake(worker_id))
+        if self.is_cluster or not self.clock.read_by_scripts:
+            woken = await self._blpop_any("wait_for_work", wake, timeout)
             return woken is not None, Fetched(0, [])
-        wake = [self.keys(q).wake for q in queues] + [self.global_keys.wake(worker_id)]
         name, keys, args = self._dequeue_call(queue, count, worker_id, lease_seconds, limits)
         pipe = self.redis.pipeline(transaction=False)
         asked_at = time.monotonic()
         pipe.blpop(wake, timeout=timeout)
-        pipe.evalsha(SCRIPTS[name].sha, len(keys), *keys, *args)
+        pipe.evalsha(SCRIPTS[name].sha, len(keys), *keys, *self.argv(args))
         woken, fetched = await self._guard("wait_for_work", pipe.execute(raise_on_error=False))
         if isinstance(woken, Exception):
             raise self._failed("wait_for_work", woken)

@@ -3,8 +3,6 @@ earliest due task, at most its interval, so a delay is kept to within that."""
 
 from __future__ import annotations
 
-import time
-
 from obsq.loop import LockedLoop
 from obsq.settings import SWEEP_BATCH
 
@@ -15,7 +13,7 @@ class Forwarder(LockedLoop):
     async def work(self) -> float:
         """Returns how long to sleep: until the earliest due task, on Redis's clock. Every
         queue's sets are swept in one round trip (again for those with more due)."""
-        started = time.monotonic()
+        started = self.clock.monotonic()
         soonest = self.interval
         sets = [(queue, state) for queue in await self.broker.queues()
                 for state in ("scheduled", "retry")]
@@ -25,4 +23,4 @@ class Forwarder(LockedLoop):
                 if due_in is not None:
                     soonest = min(soonest, due_in)
             sets = [s for s, (moved, _) in zip(sets, swept) if moved == SWEEP_BATCH]
-        return max(soonest - (time.monotonic() - started), 0.001)
+        return max(soonest - (self.clock.monotonic() - started), 0.001)

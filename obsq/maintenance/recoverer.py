@@ -23,25 +23,30 @@ class Recoverer(LockedLoop):
         self.max_recoveries = max_recoveries
         self.hooks = hooks
 
-    async def work(self) -> None:
+    async def work(self) -> float:
+        """Returns how long to sleep: the interval, or less when a lease ends sooner."""
+        soonest = self.interval
         lost = await self.broker.lost_workers()
         for queue in await self.broker.queues():
             cursor = "0"
             while lost:  # the attempts of lost workers, a bounded scan at a time
-                requeued, killed, cursor = await self.broker.recover(
+                requeued, killed, cursor, _ = await self.broker.recover(
                     queue, self.max_recoveries, SWEEP_BATCH, lost, cursor)
                 self._report(queue, "worker_lost", requeued, killed)
                 if cursor == "0":
                     break
             requeued, killed = SWEEP_BATCH, 0
             while requeued + killed >= SWEEP_BATCH:
-                requeued, killed, _ = await self.broker.recover(queue, self.max_recoveries,
-                                                                SWEEP_BATCH)
+                requeued, killed, _, ends_in = await self.broker.recover(
+                    queue, self.max_recoveries, SWEEP_BATCH)
                 self._report(queue, "expired", requeued, killed)
+            if ends_in is not None:
+                soonest = min(soonest, ends_in)
         if lost:
             await self.broker.forget_workers(lost)
             log.warning("workers stopped heartbeating, their tasks were taken back: %s",
                         ", ".join(lost))
+        return soonest
 
     def _report(self, queue: str, reason: str, requeued: int, killed: int) -> None:
         if requeued or killed:

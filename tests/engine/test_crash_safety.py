@@ -188,7 +188,7 @@ async def test_fencing_after_recovery_at_the_broker(client, broker) -> None:
     fence = first.fence
 
     async def recovered() -> bool:
-        requeued, _, _ = await broker.recover("default", max_recoveries=5, batch=100)
+        requeued, *_ = await broker.recover("default", max_recoveries=5, batch=100)
         return requeued == 1
 
     await wait_until(recovered, timeout=5)

@@ -29,7 +29,7 @@ async def test_a_lost_workers_attempts_are_recovered_in_bounded_steps(client, br
     keeping.close()  # then silence
     await wait_until(lambda: broker.lost_workers(), timeout=5)
 
-    requeued, _, cursor = await broker.recover("default", 5, 1000, ["ghost"])
+    requeued, _, cursor, _ = await broker.recover("default", 5, 1000, ["ghost"])
     assert cursor != "0" and requeued <= 1100  # one call scans about `batch` entries
     recoverer = Recoverer(broker, "tester", 1.0, 1.0, max_recoveries=5, hooks=[])
     await recoverer.work()  # the sweep calls again until the scan ends

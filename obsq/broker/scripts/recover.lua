@@ -12,7 +12,7 @@
 -- ARGV: now, max_recoveries, batch, cursor, then the ids of lost workers (none: expired
 --       leases only). With lost workers, one call scans `batch` entries of the active hash
 --       from `cursor`; the caller calls again with the returned cursor until it is '0'.
--- Returns {requeued, killed, next cursor}.
+-- Returns {requeued, killed, next cursor, milliseconds until the next lease ends (-1: none)}.
 local now = now_ms()
 local max_recoveries = tonumber(ARGV[2])
 local ids, cursor = {}, '0'
@@ -62,4 +62,5 @@ for _, id in ipairs(ids) do
   end
 end
 wake(KEYS[4], requeued)
-return {requeued, killed, cursor}
+local next_end = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {requeued, killed, cursor, next_end[2] and math.max(tonumber(next_end[2]) - now, 0) or -1}
