@@ -1,7 +1,9 @@
-"""Every code block of the README runs here, as a user would run it, so that the README
-cannot rot: the Python blocks as the files of a small project against a real Redis (the
-only change is the Redis address), and each shell command by what it is. A block the suite
-does not know how to run fails `test_every_shell_command_is_run_by_this_suite`."""
+"""The code blocks of the README and of the site (tests/pages.py finds them) run here, as a
+user would run them, so that the pages cannot rot: the Python blocks with checks of their
+own as the files of a small project against a real Redis (the only change is the Redis
+address; tests/test_docs.py runs the others), and each shell command by what it is. A
+command the suite does not know how to run fails
+`test_every_shell_command_is_run_by_this_suite`."""
 
 from __future__ import annotations
 
@@ -11,40 +13,16 @@ import shlex
 import shutil
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from pages import PAGE_URL, python_block, shell_commands
 from support import ROOT, missing_tool, obsq_env, wait_for
 
 import obsq
-
-README_URL = "redis://localhost:6379/0"
-BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
-
-
-def blocks(language: str) -> list[str]:
-    return [text for lang, text in BLOCK.findall((ROOT / "README.md").read_text())
-            if lang == language]
-
-
-def shell_commands() -> list[str]:
-    """Each command of the shell blocks; a block's `export` lines count as one command."""
-    commands = []
-    for text in blocks("sh"):
-        lines = [line.strip() for line in text.splitlines()
-                 if line.strip() and not line.startswith("#")]
-        exports = [line.removeprefix("export ") for line in lines if line.startswith("export ")]
-        if exports:
-            commands.append("export " + " ".join(exports))
-        commands += [line for line in lines if not line.startswith("export ")]
-    return commands
-
-
-def python_block(marker: str) -> str:
-    (found,) = [text for text in blocks("python") if marker in text]
-    return found
 
 
 def run(args: list[str], **options) -> subprocess.CompletedProcess[str]:
@@ -64,7 +42,7 @@ def project(tmp_path: Path, redis_url: str) -> Path:
     (package / "__init__.py").write_text("")
     (package / "tasks.py").write_text(python_block('app = obsq.App(namespace="myproject")'))
     (tmp_path / "produce.py").write_text(
-        python_block("asyncio.run(main())").replace(README_URL, redis_url))
+        python_block("asyncio.run(main())\n\nwith obsq.SyncClient(").replace(PAGE_URL, redis_url))
     return tmp_path
 
 
@@ -102,7 +80,7 @@ def test_the_console_section_runs_as_written(project, readme_worker, redis_url) 
                "asyncio.run(main())\n")
     run([sys.executable, "-c", produce], cwd=project, env=obsq_env(OBSQ_REDIS_URL=redis_url))
     (project / "look.py").write_text(
-        python_block("obsq.Inspector(").replace(README_URL, redis_url))
+        python_block("obsq.Inspector(").replace(PAGE_URL, redis_url))
     out = run([sys.executable, "look.py"], cwd=project,
               env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout
     assert out.splitlines()[0].startswith("critical {'pending': 0")
@@ -111,7 +89,7 @@ def test_the_console_section_runs_as_written(project, readme_worker, redis_url) 
 
 def test_the_limits_section_runs_as_written(project, redis_url) -> None:
     (project / "control.py").write_text(
-        python_block("ordering_key=").replace(README_URL, redis_url))
+        python_block("ordering_key=").replace(PAGE_URL, redis_url))
     out = run([sys.executable, "control.py"], cwd=project,
               env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout.splitlines()
     assert out == ["['acct-42 step 0', 'acct-42 step 1', 'acct-42 step 2']", "running",
@@ -119,7 +97,7 @@ def test_the_limits_section_runs_as_written(project, redis_url) -> None:
 
 
 def test_the_groups_and_events_section_runs_as_written(project, redis_url) -> None:
-    (project / "fan.py").write_text(python_block("app.aggregate(").replace(README_URL, redis_url))
+    (project / "fan.py").write_text(python_block("app.aggregate(").replace(PAGE_URL, redis_url))
     out = run([sys.executable, "fan.py"], cwd=project,
               env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout.splitlines()
     assert out == ["aggregating", "['order.created@billing', 'order.created@email']",
@@ -127,7 +105,7 @@ def test_the_groups_and_events_section_runs_as_written(project, redis_url) -> No
 
 
 def test_the_bytes_section_runs_as_written(project, redis_url) -> None:
-    (project / "blobs.py").write_text(python_block("blob:store").replace(README_URL, redis_url))
+    (project / "blobs.py").write_text(python_block("blob:store").replace(PAGE_URL, redis_url))
     out = run([sys.executable, "blobs.py"], cwd=project,
               env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout.splitlines()
     assert out == ["10000", "b'x\\x9c'"]
@@ -145,7 +123,7 @@ def test_the_schedules_section_runs_as_written(project, redis_url) -> None:
         wait_for(lambda: "schedule report:nightly (0 3 * * *, report:nightly) written"
                  in log_path.read_text(), timeout=30, what="the App's entry written")
         (project / "plan.py").write_text(
-            python_block("client.schedule(").replace(README_URL, redis_url))
+            python_block("client.schedule(").replace(PAGE_URL, redis_url))
         *listed, removed = run([sys.executable, "plan.py"], cwd=project,
                                env=env).stdout.splitlines()
         assert sorted(listed) == ["acme-monthly-report 0 6 1 * * America/New_York skip client",
@@ -239,6 +217,36 @@ def export_otel(command: str, redis_url: str) -> None:
     assert out.strip() == "True"
 
 
+def export_obsq(command: str, redis_url: str) -> None:
+    """The variables every command reads: with them exported as written (the test's Redis
+    for the page's), `obsq queues` without a flag looks at that namespace."""
+    env = obsq_env()
+    env.update(assignment.split("=", 1) for assignment in shlex.split(command)[1:])
+    assert set(env) >= {"OBSQ_REDIS_URL", "OBSQ_NAMESPACE"}
+    env["OBSQ_REDIS_URL"] = env["OBSQ_REDIS_URL"].replace(PAGE_URL, redis_url)
+    out = run([sys.executable, "-m", "obsq", "queues"], cwd=ROOT, env=env).stdout
+    assert f"namespace {env['OBSQ_NAMESPACE']!r}" in out or out.startswith("queue "), out
+
+
+def kubectl_exec(command: str, redis_url: str) -> None:
+    """`kubectl exec` of an obsq command in a pod, which has OBSQ_REDIS_URL and
+    OBSQ_NAMESPACE set by the chart: here the command after `--` with them set alike (the
+    test's Redis, a namespace holding a dead task in `default`), and no flag."""
+    args = shlex.split(command)
+    assert args[:3] == ["kubectl", "-n", "jobs"] and args[3] == "exec"
+    obsq_args = args[args.index("--") + 1:]
+    assert obsq_args[0] == "obsq"
+    namespace = f"t{uuid.uuid4().hex[:10]}"
+    with obsq.SyncClient(redis_url, namespace=namespace) as client:
+        info = client.enqueue("page:example", retention=60)
+        try:
+            out = run([sys.executable, "-m", "obsq", *obsq_args[1:]], cwd=ROOT, env=obsq_env(
+                OBSQ_REDIS_URL=redis_url, OBSQ_NAMESPACE=namespace)).stdout
+        finally:
+            client.delete(info.id)
+    assert "default" in out, out
+
+
 def kubectl(command: str, redis_url: str) -> None:
     if not shutil.which("kubectl"):
         missing_tool("kubectl is not on PATH (.ci/install-tools.sh installs it)")
@@ -317,6 +325,8 @@ HANDLERS: dict[str, Callable[[str, str], None]] = {
     "obsq groups ": groups,
     "obsq ui ": console,
     "export OTEL_": export_otel,
+    "export OBSQ_": export_obsq,
+    "kubectl -n jobs exec ": kubectl_exec,
     "kubectl ": kubectl,
     "helm upgrade ": helm_upgrade,
     "docker build ": image_build,
@@ -338,27 +348,3 @@ def test_the_shell_command_runs(command: str, redis_url: str) -> None:
     handler = _handler(command)
     assert handler is not None
     handler(command, redis_url)
-
-
-def _table(text: str, first_row: str) -> str:
-    start = text.index(first_row)
-    return text[start:text.index("\n\n", start)]
-
-
-def test_the_metrics_table_lists_every_metric_of_the_design() -> None:
-    readme, design = ((ROOT / name).read_text() for name in ("README.md", "DESIGN.md"))
-    contract = {m for row in design.splitlines() if row.startswith("| `obsq_")
-                for m in re.findall(r"`(obsq_\w+)`", row.split(" | ")[0])}
-    listed = set(re.findall(r"`(obsq_\w+)`", _table(readme, "| `obsq_tasks_enqueued_total`")))
-    assert contract and contract <= listed, sorted(contract - listed)
-
-
-def test_the_configuration_table_lists_every_worker_setting() -> None:
-    import dataclasses
-
-    from obsq.settings import WorkerSettings
-
-    table = _table((ROOT / "README.md").read_text(), "| `--redis-url` |")
-    missing = [f"OBSQ_{f.name.upper()}" for f in dataclasses.fields(WorkerSettings)
-               if f"`OBSQ_{f.name.upper()}`" not in table]
-    assert not missing, missing

@@ -1,0 +1,96 @@
+"""The site's pages, as a reader meets them: every Python block that tests/test_readme.py
+does not run with checks of its own runs here as a program against a real Redis (the only
+change is the Redis address), beside the README's tasks module as `myproject/tasks.py`;
+every block is in a language the suite runs; every page is in the navigation. `mkdocs
+build --strict` (a step of .ci/run) fails on a broken link or anchor."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+import yaml
+from pages import (
+    INCLUDED,
+    PAGE_URL,
+    RUN_BY_TEST_README,
+    SNIPPET,
+    Block,
+    all_blocks,
+    blocks,
+    python_block,
+)
+from support import ROOT, obsq_env
+
+# What the suite runs: Python blocks here or in tests/test_readme.py, shell commands in
+# tests/test_readme.py, each by what it is.
+LANGUAGES = {"python", "sh"}
+
+
+def standalone() -> list[Block]:
+    return [b for b in blocks("python")
+            if not SNIPPET.match(b.text) and not any(m in b.text for m in RUN_BY_TEST_README)]
+
+
+def namespaces_of(text: str) -> set[str]:
+    return set(re.findall(r'obsq\.App\(namespace="([\w.-]+)"', text))
+
+
+@pytest.mark.parametrize("block", standalone(), ids=lambda b: b.where)
+def test_the_python_block_runs_as_written(block: Block, tmp_path: Path, redis_url: str,
+                                          admin_redis_url: str) -> None:
+    (tmp_path / "myproject").mkdir()
+    (tmp_path / "myproject" / "__init__.py").write_text("")
+    (tmp_path / "myproject" / "tasks.py").write_text(
+        python_block('app = obsq.App(namespace="myproject")'))
+    (tmp_path / "example.py").write_text(block.text.replace(PAGE_URL, redis_url))
+    try:
+        result = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, text=True,
+                                capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
+                                env=obsq_env(OBSQ_REDIS_URL=redis_url))
+    finally:  # the keys of the namespaces it made, so that a rerun starts afresh
+        r = redis.Redis.from_url(admin_redis_url)
+        for namespace in namespaces_of(block.text) - {"myproject"}:
+            for key in r.scan_iter(match=f"{namespace}:*", count=1000):
+                r.unlink(key)
+        r.close()
+    assert result.returncode == 0, f"{block.where}\n{result.stdout}\n{result.stderr}"
+
+
+def test_every_block_is_in_a_language_the_suite_runs() -> None:
+    others = [f"{b.where} ({b.language})" for b in all_blocks() if b.language not in LANGUAGES]
+    assert not others, f"blocks no test runs: {others}"
+
+
+def test_every_marker_names_one_block() -> None:
+    for marker in RUN_BY_TEST_README:
+        python_block(marker)
+
+
+def test_an_included_file_is_one_a_test_runs() -> None:
+    for block in blocks("python"):
+        included = SNIPPET.match(block.text)
+        if included:
+            path = included[1]
+            assert path in INCLUDED, f"{block.where}: {path} is run by no test named here"
+            assert (ROOT / path).is_file() and (ROOT / INCLUDED[path]).is_file()
+            assert Path(path).stem in (ROOT / INCLUDED[path]).read_text()
+
+
+def nav_pages(entries: list) -> list[str]:
+    found: list[str] = []
+    for entry in entries:
+        for value in (entry.values() if isinstance(entry, dict) else [entry]):
+            found += nav_pages(value) if isinstance(value, list) else [value]
+    return found
+
+
+def test_every_page_is_in_the_navigation_once() -> None:
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)
+    listed = nav_pages(config["nav"])
+    pages = sorted(str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md"))
+    assert sorted(listed) == pages
