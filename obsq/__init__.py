@@ -10,6 +10,7 @@ from obsq.errors import (
     BrokerTimeout,
     ConfigurationError,
     DuplicateTask,
+    FlowFailed,
     HandlerCrashed,
     ObsqError,
     PayloadError,
@@ -25,6 +26,7 @@ from obsq.errors import (
     TaskTooLarge,
     UnknownTaskType,
 )
+from obsq.flow import FlowInfo, StepFailure, chain, chord
 from obsq.inspector import Inspector
 from obsq.sync_client import SyncClient
 from obsq.task import Job, Task, TaskInfo, TaskMessage
@@ -32,9 +34,9 @@ from obsq.worker import Worker
 
 __all__ = [
     "App", "BrokerError", "BrokerTimeout", "Client", "ConfigurationError", "DuplicateTask",
-    "HandlerCrashed", "Inspector", "Job", "ObsqError", "PayloadError", "QueueNotFound",
-    "ResultTimeout", "Retry", "Route", "SkipRetry", "SyncClient", "Task", "TaskCancelled",
-    "TaskFailed", "TaskInfo", "TaskMessage", "TaskNotFound", "TaskRunning", "TaskTimeout",
-    "TaskTooLarge", "UnknownTaskType", "Worker",
-    "__version__",
+    "FlowFailed", "FlowInfo", "HandlerCrashed", "Inspector", "Job", "ObsqError", "PayloadError",
+    "QueueNotFound", "ResultTimeout", "Retry", "Route", "SkipRetry", "StepFailure",
+    "SyncClient", "Task", "TaskCancelled", "TaskFailed", "TaskInfo", "TaskMessage",
+    "TaskNotFound", "TaskRunning", "TaskTimeout", "TaskTooLarge", "UnknownTaskType", "Worker",
+    "__version__", "chain", "chord",
 ]

@@ -30,17 +30,13 @@ from obsq.errors import (
     TaskRunning,
 )
 from obsq.fanout import check_event, check_grouped, event_jobs
+from obsq.flow import Chain, Chord, FlowInfo
+from obsq.flow_client import ClientFlows
 from obsq.names import validate_namespace
 from obsq.producer_chain import ProducerChain
 from obsq.results import ResultWaiter, waited_too_long
-from obsq.schedule import Schedule, ScheduleInfo
-from obsq.settings import (
-    DEFAULT_NAMESPACE,
-    DEFAULT_REDIS_URL,
-    ENQUEUE_BATCH,
-    SCHEDULES_SHOWN,
-    env_flag,
-)
+from obsq.schedule import Schedule, ScheduleInfo, read_schedules
+from obsq.settings import DEFAULT_NAMESPACE, DEFAULT_REDIS_URL, ENQUEUE_BATCH, env_flag
 from obsq.task import (
     Job,
     TaskInfo,
@@ -105,6 +101,7 @@ class Client:
         self._unhandled: set[str] = set()  # types the App has no handler for, warned of
         self._checks: set[asyncio.Future[None]] = set()
         self._chain = ProducerChain(self._store)
+        self.flows = ClientFlows(self)  # enqueue, info, result, cancel, delete of a flow
 
     def use(self, hook: ProducerHook) -> ProducerHook:
         """Add a producer hook; the first added is the outermost (after the App's)."""
@@ -122,19 +119,23 @@ class Client:
         """The App's producer hooks (the outermost), and this Client's."""
         return (self.app.producer_hooks if self.app is not None else []), self.hooks
 
-    async def enqueue(self, task_type: str, payload: Any = None, *, queue: str | None = None,
+    async def enqueue(self, task_type: str | Chain | Chord, payload: Any = None, *,
+                      queue: str | None = None,
                       max_retry: int | None = None, timeout: float | None = None,
                       delay: float | None = None, eta: datetime | None = None,
                       unique_for: float | None = None, task_id: str | None = None,
                       retention: float | None = None, headers: dict[str, str] | None = None,
-                      ordering_key: str | None = None, group: str | None = None) -> TaskInfo:
+                      ordering_key: str | None = None, group: str | None = None) -> Any:
         """Enqueue one task. Raises DuplicateTask when its id, or its type and payload
         within `unique_for` seconds, is taken; ValueError/TypeError for bad options.
         Tasks sharing an `ordering_key` run one at a time, in the order they were
         enqueued, across all workers (each queue keeps its own order). A task given a
         `group` waits in it (state `aggregating`) for the aggregator of its type
         (app.aggregate), and takes no option but queue, task_id and headers. The enqueues
-        of concurrent callers share round trips (EnqueueCoalescer)."""
+        of concurrent callers share round trips (EnqueueCoalescer). Given a flow
+        (obsq.chain, obsq.chord), it enqueues that and returns its FlowInfo."""
+        if isinstance(task_type, (Chain, Chord)):
+            return await self.flows.enqueue(task_type)
         if group is not None:
             check_grouped(group, {"max_retry": max_retry, "timeout": timeout, "delay": delay,
                                   "eta": eta, "unique_for": unique_for,
@@ -285,8 +286,10 @@ class Client:
                         "tasks go to their route's queue", queue, self.namespace, queue)
 
     @deadline("task_info")
-    async def info(self, task_id: str, queue: str | None = None) -> TaskInfo:
-        """The task's current state; raises TaskNotFound."""
+    async def info(self, task_id: str | FlowInfo, queue: str | None = None) -> Any:
+        """The task's (or flow's) current state; raises TaskNotFound."""
+        if isinstance(task_id, FlowInfo):
+            return await self.flows.info(task_id.id)
         queue = queue or await self.broker.find_queue(task_id)
         if queue is not None:
             fields, progress = await self.broker.task_fields(queue, task_id)
@@ -295,11 +298,13 @@ class Client:
         raise TaskNotFound(f"no task {task_id!r} (tasks without retention are removed "
                            "when they complete)")
 
-    async def result(self, task_id: str | TaskInfo, timeout: float | None = None,
+    async def result(self, task_id: str | TaskInfo | FlowInfo, timeout: float | None = None,
                      queue: str | None = None) -> Any:
         """Wait until the task completes and return its result. Raises TaskFailed if it ends
         dead, ResultTimeout (a TimeoutError) after `timeout` seconds, TaskNotFound if it
-        is gone."""
+        is gone. A flow's is its last step's (FlowFailed when a step ended it)."""
+        if isinstance(task_id, FlowInfo):
+            return await self.flows.result(task_id.id, timeout)
         if isinstance(task_id, TaskInfo):
             queue, task_id = task_id.queue, task_id.id
         if timeout is None:
@@ -319,12 +324,14 @@ class Client:
         return await self.results.wait(queue, task_id, timeout)
 
     @deadline("cancel")
-    async def cancel(self, task_id: str, queue: str | None = None) -> str:
+    async def cancel(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
         """Cancel a task. One waiting (pending, scheduled, retrying, held) never runs and
         ends in state `cancelled`: returns "cancelled". One running is stopped by its worker
         within moments (async handlers get asyncio.CancelledError, plain functions see
         `task.cancelled`) and then ends cancelled: returns "running". One that ended already
-        stays as it is: returns its state. Raises TaskNotFound."""
+        stays as it is: returns its state. Raises TaskNotFound. A flow: see ClientFlows."""
+        if isinstance(task_id, FlowInfo):
+            return await self.flows.cancel(task_id.id)
         queue = queue or await self.broker.find_queue(task_id)
         state = await self.broker.cancel(queue, task_id) if queue else ""
         if not state:
@@ -332,9 +339,11 @@ class Client:
         return state
 
     @deadline("delete")
-    async def delete(self, task_id: str, queue: str | None = None) -> str:
-        """Delete a task that is not running, with all that is kept for it; returns the
-        state it was in. Raises TaskRunning (cancel it first) or TaskNotFound."""
+    async def delete(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
+        """Delete a task (or an ended flow and its steps) that is not running, with all kept
+        for it; returns the state it was in. Raises TaskRunning (cancel first), TaskNotFound."""
+        if isinstance(task_id, FlowInfo):
+            return await self.flows.delete(task_id.id)
         queue = queue or await self.broker.find_queue(task_id)
         state = await self.broker.delete_task(queue, task_id) if queue else ""
         if state == "running":
@@ -387,13 +396,6 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-async def read_schedules(broker: Broker, limit: int = SCHEDULES_SHOWN) -> list[ScheduleInfo]:
-    """Up to `limit` schedule entries, soonest next fire first (the Client's and the
-    Inspector's listing)."""
-    now_ms, records = await broker.schedule_table(limit)
-    return [ScheduleInfo.from_stored(*record, now_ms=now_ms) for record in records]
 
 
 __all__ = ["Client", "ProducerHook"]

@@ -59,6 +59,16 @@ class TaskFailed(ObsqError):
         self.error = error
 
 
+class FlowFailed(TaskFailed):
+    """`Client.result` of a flow: the step `task_id` ended dead or cancelled (or the flow was
+    cancelled: `task_id` is then the flow's id), so the flow stopped there."""
+
+    def __init__(self, flow_id: str, task_id: str, error: str | None) -> None:
+        super().__init__(task_id, error)
+        self.flow_id = flow_id
+        self.args = (f"flow {flow_id} failed at step {task_id}: {error}",)
+
+
 class ResultTimeout(ObsqError, TimeoutError):
     """`Client.result(timeout=)`: the task did not end within the time the caller waits (the
     task goes on; it is not the handler's TaskTimeout)."""

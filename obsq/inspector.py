@@ -19,11 +19,11 @@ from typing import Any
 from obsq.app import App
 from obsq.broker import TASK_STATES, Broker
 from obsq.broker.inspection import PURGEABLE, REVIVABLE, PageRow
-from obsq.client import Client, read_schedules
+from obsq.client import Client
 from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound
 from obsq.group_view import BatchInfo, GroupInfo, GroupPage, group_page
 from obsq.names import validate_namespace
-from obsq.schedule import ScheduleInfo
+from obsq.schedule import ScheduleInfo, read_schedules
 from obsq.settings import DEFAULT_REDIS_URL
 from obsq.task import (
     TaskInfo,

@@ -16,15 +16,23 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 import orjson
 from croniter import CroniterBadDateError, croniter
 
 from obsq.names import validate_name
-from obsq.settings import SCHEDULE_COUNT_LIMIT, SCHEDULE_MIN_EVERY, SCHEDULE_NAME_MAX
+from obsq.settings import (
+    SCHEDULE_COUNT_LIMIT,
+    SCHEDULE_MIN_EVERY,
+    SCHEDULE_NAME_MAX,
+    SCHEDULES_SHOWN,
+)
 from obsq.task import Job, build_message, decode_stored_json, timestamp_to_datetime
+
+if TYPE_CHECKING:
+    from obsq.broker import Broker
 
 log = logging.getLogger("obsq")
 
@@ -318,3 +326,10 @@ def _firing_at(raw: bytes | None) -> datetime | None:
         return timestamp_to_datetime(parse_claim(raw)[0]) if raw else None
     except ValueError:
         return None
+
+
+async def read_schedules(broker: Broker, limit: int = SCHEDULES_SHOWN) -> list[ScheduleInfo]:
+    """Up to `limit` schedule entries, soonest next fire first (the Client's and the
+    Inspector's listing)."""
+    now_ms, records = await broker.schedule_table(limit)
+    return [ScheduleInfo.from_stored(*record, now_ms=now_ms) for record in records]

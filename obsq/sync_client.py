@@ -20,6 +20,7 @@ from obsq.app import ProducerHook
 from obsq.broker.blocking import BlockingProducer
 from obsq.client import Client
 from obsq.enqueued import group_by_queue, infos_in_order, unless_duplicate
+from obsq.flow import Chain, Chord, FlowInfo
 from obsq.producer_chain import ProducerChain, is_sync_safe
 from obsq.schedule import Schedule, ScheduleInfo
 from obsq.settings import DEFAULT_REDIS_URL, ENQUEUE_BATCH
@@ -53,8 +54,9 @@ class SyncClient:
     def use(self, hook: ProducerHook) -> ProducerHook:
         return self._client.use(hook)
 
-    def enqueue(self, task_type: str, payload: Any = None, **options: Any) -> TaskInfo:
-        if options.get("group") is not None:  # into a group: the Client's own path
+    def enqueue(self, task_type: str | Chain | Chord, payload: Any = None, **options: Any
+                ) -> Any:
+        if options.get("group") is not None or isinstance(task_type, (Chain, Chord)):
             return self._run(self._client.enqueue(task_type, payload, **options))
         options.pop("group", None)
         return unless_duplicate(self.enqueue_many([Job(task_type, payload, **options)])[0])
@@ -88,17 +90,17 @@ class SyncClient:
     def publish(self, event: str, payload: Any = None, **options: Any) -> list[TaskInfo]:
         return self._run(self._client.publish(event, payload, **options))
 
-    def info(self, task_id: str, queue: str | None = None) -> TaskInfo:
+    def info(self, task_id: str | FlowInfo, queue: str | None = None) -> Any:
         return self._run(self._client.info(task_id, queue))
 
-    def result(self, task_id: str | TaskInfo, timeout: float | None = None,
+    def result(self, task_id: str | TaskInfo | FlowInfo, timeout: float | None = None,
                queue: str | None = None) -> Any:
         return self._run(self._client.result(task_id, timeout, queue))
 
-    def cancel(self, task_id: str, queue: str | None = None) -> str:
+    def cancel(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
         return self._run(self._client.cancel(task_id, queue))
 
-    def delete(self, task_id: str, queue: str | None = None) -> str:
+    def delete(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
         return self._run(self._client.delete(task_id, queue))
 
     def schedule(self, name: str, spec: str, task_type: str, payload: Any = None,

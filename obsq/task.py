@@ -225,6 +225,7 @@ class Task:
         "id_chosen",
         "max_retry",
         "ordering_key",
+        "previous",
         "queue",
         "retention",
         "retry_count",
@@ -241,6 +242,7 @@ class Task:
                  retention: float, fence: int = 0, wait_seconds: float = 0.0,
                  route: str = "other", id_chosen: bool = False, ordering_key: str = "",
                  slot: str = "", binary: bool = False, suspect: bool = False,
+                 previous: Any = None,
                  update_state: Callable[[Task, Any], Coroutine[Any, Any, None]] | None = None,
                  ) -> None:
         self.id = id
@@ -258,6 +260,7 @@ class Task:
         self.slot = slot  # the route whose concurrency limit this attempt counts under
         # It was running beside others when a worker was lost: its worker runs it alone.
         self.suspect = suspect
+        self.previous = previous  # a flow's step: the result(s) of the step(s) before it
         # Set when the task was cancelled while this attempt ran: an async handler gets
         # asyncio.CancelledError, a plain function should look here and return early.
         self.cancelled = False

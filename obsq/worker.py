@@ -33,6 +33,7 @@ from obsq.clock import Clock
 from obsq.errors import BrokerError
 from obsq.execution import Executor, Verdict
 from obsq.fetching import Fetcher
+from obsq.flow_loop import FlowLoop
 from obsq.health import WorkerHealth
 from obsq.heartbeat import Claims
 from obsq.isolation import Suspects
@@ -142,7 +143,9 @@ class Worker:
         self._vigil = vigil
         self.started_at = time.time()  # in the first heartbeat's description already
         await vigil.start()  # registers its subscriptions before it serves
+        self._flows = FlowLoop(self.broker, list(self.queues))  # chains and chords
         self._loops = [
+            self._flows,
             Forwarder(self.broker, self.id, s.forward_interval, s.lock_ttl),
             Recoverer(self.broker, self.id, s.recover_interval, s.lock_ttl,
                       max_recoveries=s.max_recoveries, hooks=self.app.recovery_hooks),
@@ -295,7 +298,7 @@ class Worker:
             elif not await self._vigil.still_ours(task):  # type: ignore[union-attr]
                 verdict = None  # taken over while the worker was frozen: it runs elsewhere
             else:
-                verdict = await self.executor.run(task)
+                verdict = await self._flows.run(task, self.executor.run)
         except asyncio.CancelledError:
             if not task.cancelled:
                 del self._running[runner]  # type: ignore[index]
@@ -314,6 +317,7 @@ class Worker:
             if verdict is not None:
                 await self.settler.settle(task, verdict)
                 self.processed += 1
+                self._flows.ended(task)
         finally:
             self.limits.released(task)
             self.claims.released(task.queue, task.id, task.fence)  # also when never settled

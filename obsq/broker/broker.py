@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from obsq.broker.checking import Checking
 from obsq.broker.fanning import Fanning
+from obsq.broker.flowing import Flowing
 from obsq.broker.inspection import Inspection
 from obsq.broker.producing import Producing
 from obsq.broker.scheduling import Scheduling
@@ -12,5 +13,5 @@ from obsq.broker.upkeep import Upkeep
 from obsq.broker.working import Working
 
 
-class Broker(Producing, Working, Upkeep, Inspection, Scheduling, Fanning, Checking):
+class Broker(Producing, Working, Upkeep, Inspection, Scheduling, Fanning, Flowing, Checking):
     """Every Redis call of obsq, on one connection pool."""

@@ -49,7 +49,8 @@ SCRIPTS = load_scripts()
 # Every `operation` a failed call is reported under (the label of obsq_redis_errors_total):
 # the scripts, and the plain commands and calls named here, so that metrics can start each
 # at 0.
-COMMANDS = ("dataset", "delete_namespace", "deregister", "find_queue", "forget_workers",
+COMMANDS = ("dataset", "delete_namespace", "deregister", "find_queue", "flow_delete",
+            "flow_info", "forget_workers",
             "lost_workers", "memory_policy", "memory_usage", "namespaces", "publish",
             "queues", "read_cancels", "read_inbox", "schedule_entries", "set_progress",
             "still_held",

@@ -7,6 +7,7 @@ TASK_STATES = ("pending", "active", "scheduled", "retry", "dead", "completed", "
 # What a queue's depth counts: its tasks by state, and the grouped tasks waiting for their
 # aggregator (kept in groups, not in a state's list).
 DEPTH_STATES = (*TASK_STATES, "aggregating")
+FLOW_WATCHER = "~flows"  # the pseudo-client watching every flow step (_prelude.lua)
 
 
 class QueueKeys:
@@ -67,6 +68,10 @@ class QueueKeys:
     def inbox(self, client_id: str) -> str:
         return self.prefix + "inbox:" + client_id  # list of watched tasks' ends for a client
 
+    @property
+    def flow_inbox(self) -> str:
+        return self.inbox(FLOW_WATCHER)  # list of flow steps' ends, until recorded
+
     def group(self, task_type: str, group: str) -> str:
         return self.prefix + "grp:" + task_type + " " + group  # list of a group's ids
 
@@ -75,7 +80,7 @@ class QueueKeys:
 
 
 class GlobalKeys:
-    __slots__ = ("dataset", "namespace", "queues", "workers")
+    __slots__ = ("dataset", "flows", "namespace", "queues", "workers")
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
@@ -83,6 +88,7 @@ class GlobalKeys:
         self.workers = f"{namespace}:workers"  # zset worker id -> last heartbeat (ms)
         # a token the first worker writes, no expiry: missing, the data set is gone
         self.dataset = f"{namespace}:dataset"
+        self.flows = f"{namespace}:flows"  # zset flow id -> the flow sweep's next look (ms)
 
     def worker(self, worker_id: str) -> str:
         return f"{self.namespace}:worker:{worker_id}"  # hash describing a live worker
@@ -110,6 +116,20 @@ class ScheduleKeys:
         self.counts = self.prefix + "counts"  # hash "fires:<name>" / "missed:<name>" -> count
         self.version = self.prefix + "version"  # counter: bumped by every change of an entry
         self.changes = self.prefix + "changes"  # list (one token) the scheduler blocks on
+
+
+class FlowKeys:
+    """The keys of one flow (a chain or chord) share its hash tag, so that one script records
+    a step's end and decides the next (scripts/_prelude_flows.lua). A queue named
+    "flow:<id>" would share it: flow ids are 32 random hex digits."""
+
+    __slots__ = ("flow", "launching", "results")
+
+    def __init__(self, namespace: str, flow_id: str) -> None:
+        prefix = f"{namespace}:{{flow:{flow_id}}}:"
+        self.flow = prefix + "flow"  # hash: state, steps (s:, k:, d:, q:, m: <step>), error
+        self.results = prefix + "res"  # hash step -> its result (JSON), or '!' and its error
+        self.launching = prefix + "launching"  # set of steps decided and not yet enqueued
 
 
 class EventKeys:

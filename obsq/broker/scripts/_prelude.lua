@@ -131,6 +131,12 @@ local function make_pending(pending_key, id, due, first)
   end
 end
 
+-- The steps of flows (chains, chords) are watched by this pseudo-client from their enqueue
+-- (enqueue.lua sees their `obsq-flow` header): their ends land in the queue's
+-- `inbox:~flows`, in the same step as the end itself, and stay there (no expiry) until a
+-- worker's FlowLoop has recorded them in their flow.
+local FLOW_WATCHER = '~flows'
+
 -- Clients waiting in Client.result() are listed in the queue's "watched" hash (task id ->
 -- space-separated client ids); each gets the outcome on its inbox list, which its single
 -- reader blocks on. `watchers` is that hash's value when the caller read it already.
@@ -144,7 +150,9 @@ local function notify_done(id, state, value, watchers)
   for client in string.gmatch(watchers, '%S+') do
     local inbox = prefix .. 'inbox:' .. client
     redis.call('LPUSH', inbox, id .. '\n' .. state .. '\n' .. value)
-    redis.call('EXPIRE', inbox, @INBOX_TTL)
+    if client ~= FLOW_WATCHER then
+      redis.call('EXPIRE', inbox, @INBOX_TTL)
+    end
   end
   redis.call('HDEL', prefix .. 'watched', id)
 end

@@ -92,6 +92,9 @@ for i = 3, #ARGV, STRIDE do
       end
     end
     redis.call('HSET', key, unpack(fields))
+    if ARGV[i + 5] ~= '' and string.find(ARGV[i + 5], '"obsq-flow"', 1, true) then
+      redis.call('HSET', prefix .. 'watched', id, FLOW_WATCHER)  -- a flow's step (notify_done)
+    end
     if behind then
       -- it waits for the tasks ahead of it on its key (release_successor)
     elseif state == 'scheduled' then

@@ -1,0 +1,102 @@
+"""The flows' side of Redis (chains and chords): write a flow, record a step's end and read
+the steps it launches, mark them launched, cancel, read and delete a flow; each queue's flow
+inbox, and the namespace's index of flows. A flow's own keys share its hash tag; a step's
+task lives in its queue's slot, so a launch is two calls made safe by the order they run in
+(obsq/flow_steps.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from obsq.broker.calls import RedisCalls
+from obsq.broker.keys import FlowKeys
+
+
+class Flowing(RedisCalls):
+    def flow_keys(self, flow_id: str) -> FlowKeys:
+        return FlowKeys(self.namespace, flow_id)
+
+    async def create_flow(self, flow_id: str, first: Sequence[int], fields: Sequence[Any],
+                          look_at_ms: int) -> bool:
+        """Index the flow (the sweep looks at it at `look_at_ms`), then write it with its
+        `first` steps launching; False when it existed."""
+        await self.index_flows("add", flow_id, look_at_ms)
+        k = self.flow_keys(flow_id)
+        return bool(await self._script("flow_create", (k.flow, k.launching),
+                                       (0, len(first), *first, *fields)))
+
+    async def flow_step_ended(self, flow_id: str, step: int, state: str, value: bytes
+                              ) -> tuple[str, list[tuple[int, bytes]]]:
+        """Record a step's end: the flow's state, and the steps to launch (step, task)."""
+        k = self.flow_keys(flow_id)
+        reply = await self._script("flow_step", (k.flow, k.results, k.launching),
+                                   (0, step, state, value))
+        return _state(reply[0]), [(int(s), m) for s, m in zip(reply[1::2], reply[2::2])]
+
+    async def flow_launching(self, flow_id: str) -> tuple[str, list[tuple[int, bytes]]]:
+        """The flow's state and the steps it has launching (those of a process that died
+        before it enqueued them)."""
+        return await self.flow_step_ended(flow_id, -1, "", b"")
+
+    async def flow_launched(self, flow_id: str, steps: Sequence[int]) -> None:
+        k = self.flow_keys(flow_id)
+        await self._script("flow_launched", (k.flow, k.launching), (0, *steps))
+
+    async def cancel_flow(self, flow_id: str) -> tuple[str, list[tuple[int, str, str]]]:
+        """End a running flow cancelled: the state it was in ('' for none), and its steps
+        that may wait or run (step, queue, type)."""
+        k = self.flow_keys(flow_id)
+        reply = await self._script("flow_cancel", (k.flow, k.results, k.launching), (0,))
+        steps = []
+        for step, where in zip(reply[1::2], reply[2::2]):
+            queue, _, task_type = where.decode().partition("\t")
+            steps.append((int(step), queue, task_type))
+        return _state(reply[0]), steps
+
+    async def flow_previous(self, flow_id: str, step: int
+                            ) -> tuple[bool, str, list[bytes | None]]:
+        """The results a step waited for: (it is a chord's callback, the steps it waited
+        for, their results in order)."""
+        k = self.flow_keys(flow_id)
+        reply = await self._script("flow_previous", (k.flow, k.results), (0, step))
+        return reply[0] == b"1", reply[1].decode(), list(reply[2:])
+
+    async def flow_state(self, flow_id: str) -> tuple[str, str, str, bytes | None]:
+        """(state, failed step, error, the last step's result); state '' when it is gone."""
+        k = self.flow_keys(flow_id)
+        reply = await self._script("flow_state", (k.flow, k.results), (0,))
+        if not reply[0]:
+            return "", "", "", None
+        state, failed, error, *result = reply
+        return (state.decode(), failed.decode(), error.decode(errors="replace"),
+                result[0] if result else None)
+
+    async def flow_record(self, flow_id: str) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
+        """The flow's hash and its results ({} when it is gone)."""
+        k = self.flow_keys(flow_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(k.flow)
+        pipe.hgetall(k.results)
+        return tuple(await self._guard("flow_info", pipe.execute()))  # type: ignore[return-value]
+
+    async def delete_flow(self, flow_id: str) -> None:
+        k = self.flow_keys(flow_id)
+        await self._guard("flow_delete", self.redis.delete(k.flow, k.results, k.launching))
+        await self.index_flows("remove", flow_id)
+
+    async def flow_ends(self, queue: str, count: int) -> list[bytes]:
+        """The oldest `count` entries of the queue's flow inbox, oldest first."""
+        return await self._script("flow_ends", (self.keys(queue).flow_inbox,),
+                                  (0, "read", count))
+
+    async def drop_flow_ends(self, queue: str, entries: Sequence[bytes]) -> None:
+        await self._script("flow_ends", (self.keys(queue).flow_inbox,), (0, "drop", *entries))
+
+    async def index_flows(self, mode: str, *args: Any) -> Any:
+        """flow_index.lua on the namespace's index of flows."""
+        return await self._script("flow_index", (self.global_keys.flows,), (0, mode, *args))
+
+
+def _state(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -1,0 +1,18 @@
+-- Workflows (chains and chords): a flow's keys share the hash tag `{flow:<id>}`, so one
+-- script records a step's end and decides the next steps. KEYS[1] is the flow's hash, and
+-- `prefix` its tag: `prefix .. 'res'` holds the steps' results, `prefix .. 'launching'` the
+-- steps whose enqueue is decided and not yet confirmed (flow_launched.lua).
+
+-- The flow ends in `state` ('completed', 'failed' or 'cancelled'; `failed`: the step, with
+-- `error`): nothing more is launched, and its keys go after the flow's retention (`ret`, ms).
+local function end_flow(state, now, failed, error)
+  local flow = KEYS[1]
+  redis.call('HSET', flow, 'state', state, 'done', now)
+  if failed then
+    redis.call('HSET', flow, 'failed', failed, 'error', error)
+  end
+  redis.call('DEL', prefix .. 'launching')
+  local keep = redis.call('HGET', flow, 'ret') or '3600000'
+  redis.call('PEXPIRE', flow, keep)
+  redis.call('PEXPIRE', prefix .. 'res', keep)
+end

@@ -1,0 +1,29 @@
+-- prelude: now_text, hmget_sliced, end_flow
+-- Cancel a running flow: no step is launched any more, and the caller cancels the steps
+-- that are enqueued or running (each in its queue's slot: cancel.lua).
+-- KEYS: flow hash, results hash, launching set
+-- ARGV: now
+-- Returns {the state it was in ('' when there is no such flow), then per step that may
+-- still wait or run: step, '<queue>\t<type>'}
+local flow = KEYS[1]
+local state = redis.call('HGET', flow, 'state')
+if not state then
+  return {''}
+end
+local out = {state}
+if state == 'running' then
+  local count = tonumber(redis.call('HGET', flow, 'nodes'))
+  local fields = {}
+  for n = 0, count - 1 do
+    fields[#fields + 1] = 's:' .. n
+  end
+  local states = hmget_sliced(flow, fields)
+  for n = 0, count - 1 do
+    if states[n + 1] == 'l' or states[n + 1] == 'r' then
+      out[#out + 1] = n
+      out[#out + 1] = redis.call('HGET', flow, 'q:' .. n)
+    end
+  end
+  end_flow('cancelled', now_text(), nil, nil)
+end
+return out

@@ -1,0 +1,22 @@
+-- prelude: now_text, call_sliced
+-- A new flow (Client.enqueue of a chain or chord): its steps, what each waits for, and its
+-- first steps marked as launching, so that a producer that dies before enqueueing them
+-- leaves them to the flow sweep (FlowLoop). A flow that exists already is left as it is.
+-- KEYS: flow hash, launching set
+-- ARGV: now, n (the first steps' count), the n first steps, then field, value pairs
+-- Returns 1 when written, 0 when the flow existed.
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+local count = tonumber(ARGV[2])
+local first, fields = {}, {}
+for i = 3, 2 + count do
+  first[#first + 1] = ARGV[i]
+end
+for i = 3 + count, #ARGV do
+  fields[#fields + 1] = ARGV[i]
+end
+call_sliced('HSET', KEYS[1], fields)
+redis.call('HSET', KEYS[1], 'state', 'running', 'enq', now_text())
+call_sliced('SADD', KEYS[2], first)
+return 1

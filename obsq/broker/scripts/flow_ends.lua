@@ -1,0 +1,20 @@
+-- prelude: call_sliced
+-- A queue's flow inbox (`inbox:~flows`: the ends of flow steps, `<id>\n<state>\n<value>`,
+-- newest first): read the oldest, or drop those recorded in their flows. Entries leave only
+-- once recorded, so a worker killed in between leaves them to the next.
+-- KEYS: the inbox
+-- ARGV: now, 'read' and a count, or 'drop' and the entries
+-- Returns the entries read, oldest first; or the number dropped.
+if ARGV[2] == 'read' then
+  local entries = redis.call('LRANGE', KEYS[1], -tonumber(ARGV[3]), -1)
+  local out = {}
+  for i = #entries, 1, -1 do
+    out[#out + 1] = entries[i]
+  end
+  return out
+end
+local dropped = 0
+for i = 3, #ARGV do
+  dropped = dropped + redis.call('LREM', KEYS[1], -1, ARGV[i])
+end
+return dropped

@@ -1,0 +1,110 @@
+"""A Client's flows: enqueue a chain or chord, read where it stands, wait for its result,
+cancel and delete it (Client's enqueue, info, result, cancel and delete given a flow).
+
+Every step's task is checked and passes the producer hooks (trace context, counts) when the
+flow is enqueued, so a flow is refused whole or written whole. The flow is indexed, then
+written with its first steps launching, then those are enqueued: a producer that dies in
+between leaves them to the flow sweep (FlowLoop)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Any
+
+from obsq.broker import Enqueued
+from obsq.enqueued import info_after_enqueue
+from obsq.errors import FlowFailed, TaskNotFound, TaskRunning
+from obsq.flow import (
+    FLOW_HEADER,
+    Flow,
+    FlowInfo,
+    encode_message,
+    flatten,
+    step_id,
+    stored_fields,
+)
+from obsq.flow_steps import launch
+from obsq.producer_chain import ProducerChain
+from obsq.results import waited_too_long
+from obsq.settings import FLOW_LAUNCH_GRACE, FLOW_POLL_MAX, FLOW_POLL_MIN
+from obsq.task import TaskInfo, TaskMessage, decode_stored_json, new_task_id
+
+if TYPE_CHECKING:
+    from obsq.client import Client
+
+
+class ClientFlows:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.broker = client.broker
+
+    async def enqueue(self, flow: Flow) -> FlowInfo:
+        """Check every step, pass them through the producer hooks, write the flow and
+        enqueue its first steps."""
+        steps, last = flatten(flow)
+        flow_id = new_task_id()
+        now = time.time()
+        messages = [self.client._message(step.job, now) for step in steps]
+        for n, m in enumerate(messages):
+            m.id, m.id_chosen = step_id(flow_id, n), True
+            m.headers[FLOW_HEADER] = f"{flow_id} {n}"
+        first = [n for n, step in enumerate(steps) if not step.waits_for]
+
+        async def store(checked: list[TaskMessage]) -> list[TaskInfo]:
+            await self.broker.create_flow(flow_id, first, stored_fields(
+                steps, checked, last, flow.retention), int((now + FLOW_LAUNCH_GRACE) * 1000))
+            await launch(self.broker, flow_id, [(n, encode_message(checked[n]))
+                                                for n in first])
+            return [info_after_enqueue(m, Enqueued(True)) for m in checked]
+
+        await ProducerChain(store)(*self.client.producer_hooks)(messages)
+        return await self.info(flow_id)
+
+    async def info(self, flow_id: str) -> FlowInfo:
+        fields, results = await self.broker.flow_record(flow_id)
+        if not fields:
+            raise TaskNotFound(f"no flow {flow_id!r} (an ended flow is kept for its "
+                               "retention)")
+        return FlowInfo.from_record(flow_id, fields, results)
+
+    async def result(self, flow_id: str, timeout: float | None) -> Any:
+        """Its last step's result, once the flow completed; FlowFailed when a step ended it
+        (or it was cancelled). Reads where the flow stands, more seldom the longer it runs."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = FLOW_POLL_MIN
+        while True:
+            state, failed, error, result = await self.client.deadlines.run(
+                "flow_state", self.broker.flow_state(flow_id))
+            if state == "completed":
+                return decode_stored_json(result)
+            if state in ("failed", "cancelled"):
+                raise FlowFailed(flow_id, step_id(flow_id, int(failed)) if failed else flow_id,
+                                 error or state)
+            if not state:
+                raise TaskNotFound(f"no flow {flow_id!r}")
+            if deadline is not None and time.monotonic() + pause > deadline:
+                raise waited_too_long(flow_id, timeout or 0)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, FLOW_POLL_MAX)
+
+    async def cancel(self, flow_id: str) -> str:
+        """End a running flow cancelled and cancel its enqueued steps; the state it was in."""
+        state, steps = await self.broker.cancel_flow(flow_id)
+        if not state:
+            raise TaskNotFound(f"no flow {flow_id!r}")
+        for n, queue, _ in steps:
+            await self.broker.cancel(queue, step_id(flow_id, n))
+        return state
+
+    async def delete(self, flow_id: str) -> str:
+        """Delete an ended flow and its steps' tasks; TaskRunning while it runs."""
+        info = await self.info(flow_id)
+        if info.state == "running":
+            raise TaskRunning(f"flow {flow_id} is running: cancel it first")
+        for step in info.steps:
+            if step.state != "waiting":
+                await self.broker.delete_task(step.queue, step.id)
+        await self.broker.delete_flow(flow_id)
+        return info.state
+

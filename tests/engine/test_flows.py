@@ -1,0 +1,170 @@
+"""Workflows on a real Redis: a chain runs its steps in order, each reading the one before
+as `task.previous`; a chord's callback runs once, after all its members, with their results
+in order; flows nest; a dead step fails its flow (or, with `with_failures`, reaches the
+callback); a flow is cancelled, deleted, and its keys go after its retention."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from support import wait_until
+
+import obsq
+from obsq import Job, chain, chord
+from obsq.broker import FlowKeys
+
+
+def _add_handlers(app: obsq.App, ran: list[tuple[str, object, object]]) -> None:
+    @app.task("add", max_retry=0)
+    async def add(task: obsq.Task):
+        ran.append(("add", task.payload, task.previous))
+        return (task.previous or 0) + task.payload
+
+    @app.task("total", max_retry=0)
+    def total(task: obsq.Task):  # a plain handler: task.previous reaches threads too
+        ran.append(("total", task.payload, task.previous))
+        return sum(p if isinstance(p, int) else 1000 for p in task.previous)
+
+    @app.task("boom", max_retry=1, retry_delay=0)
+    async def boom(task: obsq.Task):
+        ran.append(("boom", task.payload, task.retry_count))
+        raise RuntimeError(f"boom {task.payload}")
+
+
+async def test_a_chain_runs_in_order_each_step_reading_the_one_before(
+        app, client, start_worker) -> None:
+    ran: list[tuple[str, object, object]] = []
+    _add_handlers(app, ran)
+    await start_worker()
+    flow = await client.enqueue(chain(Job("add", 1), Job("add", 10), Job("add", 100)))
+    assert isinstance(flow, obsq.FlowInfo)
+    assert await client.result(flow, timeout=20) == 111
+    assert ran == [("add", 1, None), ("add", 10, 1), ("add", 100, 11)]
+    info = await client.info(flow)
+    assert info.state == "completed" and info.result == 111
+    assert [s.state for s in info.steps] == ["completed"] * 3
+    assert [s.waits_for for s in info.steps] == [[], [0], [1]]
+
+
+async def test_a_chord_callback_runs_once_with_the_results_in_order(
+        app, client, start_worker) -> None:
+    ran: list[tuple[str, object, object]] = []
+    _add_handlers(app, ran)
+    await start_worker(concurrency=20)
+    flow = await client.enqueue(chord([Job("add", n) for n in range(30)], Job("total", "t")))
+    assert await client.result(flow, timeout=30) == sum(range(30))
+    callbacks = [r for r in ran if r[0] == "total"]
+    assert callbacks == [("total", "t", list(range(30)))]
+
+
+async def test_nested_flows(app, client, start_worker) -> None:
+    """A chain whose step is a chord, whose member is a chain."""
+    ran: list[tuple[str, object, object]] = []
+    _add_handlers(app, ran)
+    await start_worker(concurrency=10)
+    flow = await client.enqueue(chain(
+        Job("add", 1),
+        chord([chain(Job("add", 2), Job("add", 3)), Job("add", 4)], Job("total", "cb")),
+        Job("add", 1000)))
+    # 1; members: (1+2)+3 = 6 and 1+4 = 5; callback 11; then 1011
+    assert await client.result(flow, timeout=30) == 1011
+    assert ("total", "cb", [6, 5]) in ran
+    assert ran[-1] == ("add", 1000, 11)
+
+
+
+async def test_a_dead_step_fails_its_flow_and_later_steps_never_run(
+        app, client, start_worker) -> None:
+    ran: list[tuple[str, object, object]] = []
+    _add_handlers(app, ran)
+    await start_worker()
+    flow = await client.enqueue(chain(Job("add", 1), Job("boom", "x"), Job("add", 5)))
+    with pytest.raises(obsq.FlowFailed) as failed:
+        await client.result(flow, timeout=20)
+    assert failed.value.task_id == flow.steps[1].id
+    assert "boom x" in str(failed.value.error)
+    info = await client.info(flow)
+    assert (info.state, info.failed_step) == ("failed", 1)
+    assert "RuntimeError: boom x" in info.error
+    assert [s.state for s in info.steps] == ["completed", "dead", "waiting"]
+    assert [r[2] for r in ran if r[0] == "boom"] == [0, 1]  # the step's own retries
+    assert not [r for r in ran if r[:2] == ("add", 5)]
+
+
+async def test_a_chord_with_failures_runs_its_callback_with_them(
+        app, client, start_worker) -> None:
+    ran: list[tuple[str, object, object]] = []
+    _add_handlers(app, ran)
+    await start_worker()
+    flow = await client.enqueue(chord([Job("add", 1), Job("boom", "m"), Job("add", 2)],
+                                      Job("total", "cb"), with_failures=True))
+    assert await client.result(flow, timeout=20) == 1003
+    [(_, _, previous)] = [r for r in ran if r[0] == "total"]
+    assert previous[0] == 1 and previous[2] == 2
+    assert isinstance(previous[1], obsq.StepFailure)
+    assert previous[1].task_id == flow.steps[1].id and "boom m" in previous[1].error
+    without = await client.enqueue(chord([Job("boom", "n")], Job("total", "never")))
+    with pytest.raises(obsq.FlowFailed):
+        await client.result(without, timeout=20)
+    assert not [r for r in ran if r[1] == "never"]
+
+
+async def test_cancel_and_delete_a_flow(app, client, start_worker, raw_redis,
+                                        namespace) -> None:
+    started = asyncio.Event()
+
+    @app.task("wait")
+    async def wait(task: obsq.Task):
+        started.set()
+        await asyncio.sleep(60)
+
+    @app.task("after")
+    async def after(task: obsq.Task):
+        raise AssertionError("a cancelled flow's later step ran")
+
+    await start_worker()
+    flow = await client.enqueue(chain(Job("wait"), Job("after")))
+    with pytest.raises(obsq.TaskRunning):
+        await client.delete(flow)
+    await asyncio.wait_for(started.wait(), 10)
+    assert await client.cancel(flow) == "running"
+    with pytest.raises(obsq.FlowFailed):
+        await client.result(flow, timeout=5)
+    await wait_until(lambda: raw_redis.hget(f"{namespace}:{{default}}:t:{flow.steps[0].id}",
+                                            "state") == b"cancelled", what="step cancelled")
+    assert (await client.info(flow)).state == "cancelled"
+    assert await client.delete(flow) == "cancelled"
+    with pytest.raises(obsq.TaskNotFound):
+        await client.info(flow)
+    keys = FlowKeys(namespace, flow.id)
+    assert not raw_redis.exists(keys.flow, keys.results, keys.launching)
+    assert not raw_redis.exists(f"{namespace}:{{default}}:t:{flow.steps[0].id}")
+
+
+async def test_an_ended_flow_keeps_its_keys_for_its_retention_only(
+        app, client, start_worker, raw_redis, namespace) -> None:
+    ran: list[tuple[str, object, object]] = []
+    _add_handlers(app, ran)
+    await start_worker()
+    flow = await client.enqueue(chord([Job("add", n) for n in range(50)], Job("total", "t"),
+                                      retention=1))
+    assert await client.result(flow, timeout=30) == sum(range(50))
+    keys = FlowKeys(namespace, flow.id)
+    assert 0 < raw_redis.pttl(keys.flow) <= 1000 and raw_redis.pttl(keys.results) <= 1000
+    await wait_until(lambda: not raw_redis.exists(keys.flow, keys.results), timeout=10,
+                     what="the flow's keys gone")
+    # no step's task is left behind, nor an end waiting in a flow inbox
+    assert not raw_redis.keys(f"{namespace}:{{default}}:t:*")
+    assert not raw_redis.llen(f"{namespace}:{{default}}:inbox:~flows")
+
+
+def test_a_flow_checks_its_steps() -> None:
+    with pytest.raises(ValueError):
+        chain()
+    with pytest.raises(ValueError):
+        chord([], Job("t"))
+    with pytest.raises(TypeError):
+        chain("t")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        chain(Job("t", task_id="mine"))
