@@ -19,6 +19,12 @@ from obsq.task import Job, Task, TaskMessage, decode_stored_json, timestamp_to_d
 FLOW_HEADER = "obsq-flow"  # "<flow id> <step>" on each step's task (enqueue.lua watches it)
 __all__ = ["FLOW_HEADER", "Chain", "Chord", "FlowInfo", "StepFailure", "chain", "chord"]
 FLOW_RETENTION = 3600.0  # how long an ended flow's state and results are kept (seconds)
+# The sweep launches a flow's first steps this long after it was written if its producer did
+# not (it died); a worker reads its flow inboxes at least every FLOW_SWEEP_INTERVAL (and at
+# once after it ends a step), FLOW_BATCH entries a call; result() reads a running flow's
+# state between FLOW_POLL_MIN and FLOW_POLL_MAX apart.
+FLOW_LAUNCH_GRACE, FLOW_SWEEP_INTERVAL, FLOW_BATCH = 10.0, 1.0, 100
+FLOW_POLL_MIN, FLOW_POLL_MAX = 0.005, 0.2
 STEP_STATES = {"w": "waiting", "l": "launching", "r": "enqueued", "c": "completed",
                "d": "dead", "x": "cancelled"}
 

@@ -17,6 +17,9 @@ from obsq.enqueued import info_after_enqueue
 from obsq.errors import FlowFailed, TaskNotFound, TaskRunning
 from obsq.flow import (
     FLOW_HEADER,
+    FLOW_LAUNCH_GRACE,
+    FLOW_POLL_MAX,
+    FLOW_POLL_MIN,
     Flow,
     FlowInfo,
     encode_message,
@@ -27,7 +30,6 @@ from obsq.flow import (
 from obsq.flow_steps import launch
 from obsq.producer_chain import ProducerChain
 from obsq.results import waited_too_long
-from obsq.settings import FLOW_LAUNCH_GRACE, FLOW_POLL_MAX, FLOW_POLL_MIN
 from obsq.task import TaskInfo, TaskMessage, decode_stored_json, new_task_id
 
 if TYPE_CHECKING:

@@ -15,10 +15,9 @@ from collections.abc import Awaitable, Callable
 from obsq.broker import Broker
 from obsq.errors import BrokerError
 from obsq.execution import Verdict
-from obsq.flow import previous_value, step_of
+from obsq.flow import FLOW_BATCH, FLOW_SWEEP_INTERVAL, previous_value, step_of
 from obsq.flow_steps import record_end, relaunch
 from obsq.loop import BackgroundLoop
-from obsq.settings import FLOW_BATCH, FLOW_SWEEP_INTERVAL
 from obsq.task import Task
 
 RUNNING_LOOK = 60.0  # seconds until the sweep looks at a running flow again

@@ -83,13 +83,6 @@ REDIS_RETRY_MAX = 2.0
 WAKE_CAP = 64
 LUA_SLICE = 1000
 INBOX_TTL = 300
-# Flows: the sweep launches a flow's first steps this long after it was written, if its
-# producer has not (it died); a worker looks at its queues' flow inboxes at least this often
-# (at once after it ends a step); result() reads a running flow's state between these.
-FLOW_LAUNCH_GRACE = 10.0
-FLOW_SWEEP_INTERVAL = 1.0
-FLOW_POLL_MIN, FLOW_POLL_MAX = 0.005, 0.2
-FLOW_BATCH = 100  # inbox entries a worker records per call
 # Attempts per call of ack, extend and hand_back, and results per inbox read.
 ATTEMPTS_PER_CALL = 1000
 INBOX_BATCH = 1000

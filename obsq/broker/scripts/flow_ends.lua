@@ -1,4 +1,4 @@
--- prelude: call_sliced
+-- prelude: (none)
 -- A queue's flow inbox (`inbox:~flows`: the ends of flow steps, `<id>\n<state>\n<value>`,
 -- newest first): read the oldest, or drop those recorded in their flows. Entries leave only
 -- once recorded, so a worker killed in between leaves them to the next.
