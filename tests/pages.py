@@ -17,7 +17,9 @@ PAGE_URL = "redis://localhost:6379/0"
 # A block that is one snippet line: the site shows that file of the repository, and the
 # test named here runs it.
 SNIPPET = re.compile(r'^--8<-- "([^"]+)"\n$')
-INCLUDED = {"examples/webapp.py": "tests/observability/test_examples.py"}
+INCLUDED = {"examples/webapp.py": "tests/observability/test_examples.py",
+            **{f"examples/testing/{name}.py": "tests/test_testing.py"
+               for name in ("shop", "conftest", "test_tasks")}}
 # The blocks that tests/test_readme.py runs with checks of their own (their output, or a
 # worker beside them), by marker; tests/test_docs.py runs every other Python block.
 RUN_BY_TEST_README = (

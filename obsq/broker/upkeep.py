@@ -125,18 +125,12 @@ class Upkeep(RedisCalls):
         return stats
 
     async def unfinished(self, queues: Sequence[str], worker_id: str) -> int:
-        """Tasks of `queues` a worker could take now (the pending lists of those not paused;
-        tasks held by a limit or waiting for their ordering key are not in them) and the
-        attempts `worker_id` holds, read at one moment (on one node)."""
-        pipe = self.redis.pipeline(transaction=not self.is_cluster)
-        for queue in queues:
-            pipe.llen(self.keys(queue).pending)
-            pipe.exists(self.keys(queue).paused)
-            pipe.hvals(self.keys(queue).active)
-        replies = await self._guard("queues", pipe.execute())
-        mine = f":{worker_id}".encode()
-        return sum((0 if paused else length) + sum(1 for a in active if a.endswith(mine))
-                   for length, paused, active in zip(*[iter(replies)] * 3))
+        """Tasks of `queues` a worker could take now and the attempts `worker_id` holds
+        (unfinished.lua), each queue read at one moment."""
+        calls: list[ScriptCall] = [
+            ("unfinished", (self.keys(q).pending, self.keys(q).paused, self.keys(q).active),
+             (0, worker_id)) for q in queues]
+        return sum(await self._scripts(calls))
 
     async def memory_usage(self) -> tuple[int, int] | None:
         """Redis's used memory and its maxmemory (0: no limit) in bytes, from INFO memory;

@@ -1,0 +1,18 @@
+-- prelude: (none)
+-- What is left for a worker in one queue (obsq.testing waits for none): the tasks it could
+-- take now (none while the queue is paused; held and ordering-key tasks are not in pending)
+-- and the attempts it holds.
+-- KEYS: pending, paused, active
+-- ARGV: now, worker_id
+-- Returns their count.
+local left = 0
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  left = redis.call('LLEN', KEYS[1])
+end
+local mine = ':' .. ARGV[2]
+for _, owner in ipairs(redis.call('HVALS', KEYS[3])) do
+  if string.sub(owner, -#mine) == mine then
+    left = left + 1
+  end
+end
+return left
