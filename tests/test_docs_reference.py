@@ -1,7 +1,8 @@
 """The reference pages of the site held to the code, so that they cannot drift: the command
 line page to the `obsq` parser, the configuration page to every `OBSQ_*` variable the
 package reads, the metrics page to every metric the package registers, every span
-attribute it sets and the observability contract of DESIGN.md. No Redis."""
+attribute it sets and the observability contract of DESIGN.md, and the Kubernetes guide to
+every alert of alerts/obsq.rules.yml. No Redis."""
 
 from __future__ import annotations
 
@@ -116,3 +117,13 @@ def test_the_metrics_page_lists_every_span_attribute() -> None:
     assert "messaging.system" in attributes and not missing, missing
     for name in ("send {queue}", "create {queue}", "process {queue}"):
         assert f"`{name}`" in spans
+
+
+def test_the_kubernetes_guide_lists_every_alert_with_its_runbook_section() -> None:
+    import yaml
+
+    rules = yaml.safe_load((ROOT / "alerts" / "obsq.rules.yml").read_text())
+    alerts = [r["alert"] for g in rules["groups"] for r in g["rules"] if "alert" in r]
+    page = (ROOT / "docs" / "guides" / "kubernetes.md").read_text()
+    missing = [a for a in alerts if f"[{a}](../runbook.md#{a.lower()})" not in page]
+    assert alerts and not missing, missing
