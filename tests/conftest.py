@@ -26,6 +26,7 @@ from obsq.observability import run_scheduler, run_worker
 from obsq.redis_server import RedisServer
 from obsq.scheduler import Scheduler
 from obsq.settings import SchedulerSettings, env_flag
+from obsq.testing import Environment
 
 
 @pytest.fixture(scope="session")
@@ -168,6 +169,21 @@ async def start_worker(redis_url: str, app: obsq.App
         worker.stop()
     for _, task in running:  # a worker that failed or would not stop fails the test
         await asyncio.wait_for(task, timeout=30)
+
+
+@pytest.fixture
+async def start_env(redis_url: str, namespace: str, app: obsq.App
+                    ) -> AsyncIterator[Callable[..., Any]]:
+    """`env = await start_env(**worker_settings)`: an obsq.testing.Environment of the test's
+    App (its handlers registered first) on the test's namespace, stopped at the end of the
+    test: a worker, the scheduler and the aggregator on a clock that moves only when the test
+    steps it (`await env.advance(seconds)`), for the tests of timing logic."""
+    async with contextlib.AsyncExitStack() as stack:
+        async def start(env_app: obsq.App | None = None, **options: Any) -> Environment:
+            return await stack.enter_async_context(Environment(
+                env_app or app, redis_url=redis_url, namespace=namespace, **options))
+
+        yield start
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The maintenance sweeps: forwarder (due tasks to pending), janitor (retention) and the
-lock that lets one process at a time run each sweep."""
+lock that lets one process at a time run each sweep. Due times and retention are checked on
+a clock the test steps; the locks expire on Redis's own clock, in real time."""
 
 from __future__ import annotations
 
@@ -9,48 +10,49 @@ from support import depth, wait_until
 
 import obsq
 from obsq.broker import Broker, GlobalKeys, QueueKeys
-from obsq.maintenance import Forwarder, Janitor
+from obsq.clock import ManualClock
+from obsq.maintenance import Forwarder
 
 
-async def test_the_forwarder_runs_delayed_tasks_once_due_in_order(app, client, raw_redis,
-                                                                  start_worker) -> None:
-    """Each runs once Redis's clock has passed its due time, in the order they fall due
-    (when the forwarder is late is the benchmark's business, not a test's)."""
-    ran: list[int] = []
-    early: list[int] = []
+async def test_the_forwarder_runs_delayed_tasks_once_due_in_order(app, start_env) -> None:
+    """Each runs at its due time, not a millisecond before, in the order they fall due."""
+    ran: list[tuple[int, float]] = []
 
     @app.task("later")
     async def later(task: obsq.Task):
-        seconds, micros = raw_redis.time()
-        due = int(raw_redis.hget(QueueKeys(client.namespace, "default").task(task.id), "due"))
-        if seconds * 1000 + micros // 1000 < due:
-            early.append(task.payload)
-        ran.append(task.payload)
+        ran.append((task.payload, env.clock.time() - start))
 
-    await start_worker()
-    infos = await client.enqueue_many([obsq.Job("later", n, delay=0.3 * n, retention=60)
-                                       for n in (4, 1, 3, 2)])
+    env = await start_env()
+    start = env.clock.time()
+    infos = await env.client.enqueue_many([obsq.Job("later", n, delay=30 * n, retention=600)
+                                           for n in (4, 1, 3, 2)])
     assert all(i.state == "scheduled" for i in infos)
-    await wait_until(lambda: len(ran) == 4, timeout=10)
-    assert ran == [1, 2, 3, 4]
-    assert early == []
+    await env.advance(29.999)
+    assert ran == []
+    await env.advance(120)
+    assert ran == [(1, 30), (2, 60), (3, 90), (4, 120)]
 
 
-async def test_the_forwarder_moves_due_retries_and_scheduled_tasks(client, broker: Broker,
-                                                                   namespace) -> None:
-    info = await client.enqueue("t", delay=0.05)
-    forwarder = Forwarder(broker, "test-forwarder", 0.05, lock_ttl=1)
-    forwarder.start()
-    try:
-        await wait_until(lambda: _state(client, info.id, "pending"), timeout=5)
-    finally:
-        await forwarder.stop()
-    stats = await depth(broker)
+async def test_the_forwarder_moves_due_retries_and_scheduled_tasks(redis_url, namespace
+                                                                   ) -> None:
+    clock = ManualClock()
+    async with obsq.Client(redis_url, namespace, clock=clock) as client:
+        broker = client.broker
+        info = await client.enqueue("t", delay=5)
+        forwarder = Forwarder(broker, "test-forwarder", 60, lock_ttl=1)
+        assert await forwarder.work() == 5  # it sleeps until the task is due
+        assert (await client.info(info.id)).state == "scheduled"
+        clock.set(clock.now_ms + 4999)
+        assert await forwarder.work() == 0.001
+        assert (await client.info(info.id)).state == "scheduled"
+        clock.set(clock.now_ms + 1)
+        assert await forwarder.work() == 60  # nothing left: its interval
+        stats = await depth(broker)
     assert (stats["scheduled"], stats["pending"]) == (0, 1)
 
 
-async def test_the_janitor_deletes_completed_tasks_after_retention(app, client, broker: Broker,
-                                                                   start_worker, raw_redis,
+async def test_the_janitor_deletes_completed_tasks_after_retention(app, broker: Broker,
+                                                                   start_env, raw_redis,
                                                                    namespace) -> None:
     @app.task("t")
     async def handler(task: obsq.Task):
@@ -58,27 +60,22 @@ async def test_the_janitor_deletes_completed_tasks_after_retention(app, client, 
             raise obsq.SkipRetry("dead on purpose")
         return task.payload
 
-    worker = await start_worker()
+    env = await start_env(dead_max_age=3600, dead_max_count=2)
+    client = env.client
     short = await client.enqueue("t", "short", retention=0.5)
     long = await client.enqueue("t", "long", retention=600)
-    assert await client.result(short, timeout=10) == "short"
-    assert await client.result(long, timeout=10) == "long"
     dead = []
     for _ in range(3):  # one after the other, so they die in this order
         dead.append(await client.enqueue("t", "fail"))
-        await wait_until(lambda: _state(client, dead[-1].id, "dead"))
-    worker.stop()  # it releases its janitor lock
-    await wait_until(lambda: not raw_redis.exists(GlobalKeys(namespace).lock("janitor")))
-
-    janitor = Janitor(broker, "test-janitor", 0.1, lock_ttl=1, dead_max_age=3600,
-                      dead_max_count=2)
-    janitor.start()
+        await env.advance(0.001)
+    assert await client.result(short, timeout=10) == "short"
+    assert await client.result(long, timeout=10) == "long"
     keys = QueueKeys(namespace, "default")
-    try:
-        await wait_until(lambda: not raw_redis.exists(keys.task(short.id)), timeout=10)
-        await wait_until(lambda: _depth(broker, "dead", 2))
-    finally:
-        await janitor.stop()
+    await env.advance(0.496)
+    assert raw_redis.exists(keys.task(short.id))  # its retention is not over yet
+    await env.advance(0.001)
+    assert not raw_redis.exists(keys.task(short.id))
+    assert (await depth(broker))["dead"] == 2
     assert not raw_redis.zscore(keys.completed, short.id)
     assert (await client.info(long.id)).result == "long"  # still within its retention
     # the oldest dead task went first
@@ -117,10 +114,3 @@ async def test_a_lock_is_taken_by_one_owner_at_a_time(broker: Broker) -> None:
     assert await broker.try_lock("sweep", "b", 0.1)
     await wait_until(lambda: broker.try_lock("sweep", "a", 5), timeout=5)  # b's lapsed
 
-
-async def _state(client: obsq.Client, task_id: str, state: str) -> bool:
-    return (await client.info(task_id)).state == state
-
-
-async def _depth(broker: Broker, state: str, expected: int) -> bool:
-    return (await depth(broker))[state] == expected

@@ -2,6 +2,7 @@
 added, replaced and removed at run time and picked up without a restart or polling, the
 App's entries written by the scheduler, bad entries refused before anything is written,
 tampered ones skipped, and each fire claimed once even by schedulers that ignore the lock.
+Fires are counted on a clock the test steps (obsq.testing, or a ManualClock of its own).
 The replicas as processes, SIGKILLed mid-fire and stopped through an outage, are in
 test_scheduler_replicas.py."""
 
@@ -20,6 +21,7 @@ from support import wait_until
 import obsq
 from obsq.broker import ScheduleKeys
 from obsq.broker.keys import QueueKeys
+from obsq.clock import ManualClock
 from obsq.inspector import Inspector
 from obsq.schedule import FIRE_HEADER
 from obsq.scheduler import SchedulerLoop
@@ -127,11 +129,7 @@ async def test_the_scheduler_picks_up_changes_at_once_and_never_polls(
             await wait_until(lambda: len(names(enqueued, "blink")) >= 3, timeout=5)
 
             await client.unschedule("blink")
-            removed_at = _redis_now(admin)
             await wait_until(lambda: "blink" not in scheduler.loop.entries, timeout=5)
-            await asyncio.sleep(1.5)  # three intervals: no fire after the removal
-            fired = [_fire_time(i) for i in enqueued]
-            assert fired and max(fired) <= removed_at
 
             before = _calls(admin)
             await asyncio.sleep(3)
@@ -144,16 +142,28 @@ async def test_the_scheduler_picks_up_changes_at_once_and_never_polls(
     assert idle_calls <= 6  # per 10 s wait: the lock, the due read and the wait itself
 
 
+async def test_an_entry_removed_fires_no_more(client, start_env, enqueued) -> None:
+    env = await start_env()
+    await env.client.schedule("blink", "@every 0.5s", "blink")
+    await env.advance(1.5)
+    assert len(names(enqueued, "blink")) == 3
+    await env.client.unschedule("blink")
+    await env.advance(1.5)  # three more intervals: none fired
+    assert len(names(enqueued, "blink")) == 3
+
+
 async def test_the_app_entries_are_written_by_the_scheduler(app, client, start_scheduler,
-                                                            namespace, enqueued) -> None:
+                                                            start_env, namespace,
+                                                            enqueued) -> None:
     app.periodic("@every 0.5s", "tick", {"n": 1}, name="ticker")
     app.periodic("0 3 * * *", "report:nightly", timezone="Europe/Paris")
-    scheduler = await start_scheduler()
-    await wait_until(lambda: len(names(enqueued, "ticker")) >= 2)
+    env = await start_env()
+    await env.advance(1)
+    assert len(names(enqueued, "ticker")) == 2
     listed = {s.name: s for s in await client.schedules()}
     assert {name: s.source for name, s in listed.items()} == {"ticker": "app",
                                                                "report:nightly": "app"}
-    assert listed["ticker"].fire_count >= 2 and listed["ticker"].last_fire_at is not None
+    assert listed["ticker"].fire_count == 2 and listed["ticker"].last_fire_at is not None
     task = await client.info(names(enqueued, "ticker")[0])
     assert task.payload == {"n": 1} and task.headers["obsq-schedule"] == "ticker"
     assert task.id == f"ticker@{task.headers[FIRE_HEADER]}"
@@ -163,14 +173,14 @@ async def test_the_app_entries_are_written_by_the_scheduler(app, client, start_s
         await client.unschedule("report:nightly")
 
     # a scheduler of a newer version of the code, without the nightly report, removes it
-    await scheduler.loop.stop()
+    await env.scheduler.loop.stop()
     newer = obsq.App(namespace=namespace)
     newer.periodic("@every 0.5s", "tick", {"n": 1}, name="ticker")
     await start_scheduler(newer)
     await wait_until(lambda: _names(client, {"ticker"}), timeout=10)
 
 
-async def test_a_tampered_entry_is_logged_and_skipped(client, start_scheduler, raw_redis,
+async def test_a_tampered_entry_is_logged_and_skipped(client, start_env, raw_redis,
                                                       namespace, enqueued, caplog) -> None:
     caplog.set_level(logging.INFO, "obsq")
     keys = ScheduleKeys(namespace)
@@ -178,8 +188,9 @@ async def test_a_tampered_entry_is_logged_and_skipped(client, start_scheduler, r
     await client.schedule("victim", "@every 0.5s", "tick")
     raw_redis.hset(keys.entries, "victim", b'{"spec": "@every 0.5s", "type": "t{x}"}')
     raw_redis.hset(keys.firing, "ghost", b"not a claim")
-    scheduler = await start_scheduler()
-    await wait_until(lambda: len(names(enqueued, "good")) >= 3)
+    env = await start_env()
+    await env.advance(1.5)
+    assert len(names(enqueued, "good")) == 3
     assert names(enqueued, "victim") == []
     assert raw_redis.zscore(keys.next, "victim") == float("inf")  # parked
     assert raw_redis.hexists(keys.firing, "ghost") is False
@@ -191,52 +202,51 @@ async def test_a_tampered_entry_is_logged_and_skipped(client, start_scheduler, r
     # written again properly, it fires
     raw_redis.hset(keys.entries, "wreck", b"\xff\xfe")
     await client.schedule("victim", "@every 0.5s", "tick")
-    await wait_until(lambda: names(enqueued, "victim"))
-    assert not scheduler.loop.failures
+    await env.advance(0.5)
+    assert len(names(enqueued, "victim")) == 1
+    assert not env.scheduler.loop.failures
     assert caplog.text.count("schedule 'victim' in Redis is not valid") == 1
 
 
-async def test_claims_alone_keep_each_fire_once(app, redis_url, namespace, client,
-                                                enqueued) -> None:
+async def test_claims_alone_keep_each_fire_once(app, redis_url, namespace, enqueued) -> None:
     """Three schedulers that skip the lock and run their rounds at once, as replicas do
-    when a paused one wakes up believing it still holds it."""
-    await client.schedule("busy", "@every 0.1s", "tick")
+    when a paused one wakes up believing it still holds it: 40 rounds, 50 ms apart on their
+    shared clock."""
+    clock = ManualClock()
     settings = SchedulerSettings(lock_ttl=1.0)
-    clients = [obsq.Client(redis_url, namespace, app=app) for _ in range(3)]
+    clients = [obsq.Client(redis_url, namespace, app=app, clock=clock) for _ in range(3)]
+    client = clients[0]
+    await client.schedule("busy", "@every 0.1s", "tick")
     loops = [SchedulerLoop(c, {}, f"rogue-{i}", settings) for i, c in enumerate(clients)]
-
-    async def run(loop: SchedulerLoop) -> None:
-        for _ in range(40):
-            await loop.work()
-            await asyncio.sleep(0.05)
-
     try:
-        await asyncio.gather(*(run(loop) for loop in loops))
+        for _ in range(40):
+            await asyncio.gather(*(loop.work() for loop in loops))
+            clock.set(clock.now_ms + 50)
+        fires = sorted(_fire_time(i) for i in enqueued)
+        listed = {s.name: s for s in await client.schedules()}["busy"]
     finally:
         for c in clients:
             await c.close()
-    fires = sorted(_fire_time(i) for i in enqueued)
     counts = collections.Counter(fires)
-    assert len(fires) >= 10 and max(counts.values()) == 1, counts.most_common(3)
+    assert len(fires) == 19 and max(counts.values()) == 1, counts.most_common(3)
     assert {b - a for a, b in itertools.pairwise(fires)} == {100}  # no gap
-    listed = {s.name: s for s in await client.schedules()}["busy"]
     assert listed.fire_count == len(fires)
 
 
-async def test_the_inspector_shows_every_entry(client, start_scheduler, redis_url,
+async def test_the_inspector_shows_every_entry(client, start_env, redis_url,
                                                namespace, app, enqueued) -> None:
     app.periodic("@every 0.5s", "tick", name="ticker", missed="skip")
     await client.schedule("nightly", "0 3 * * *", "report:nightly", timezone="Asia/Tokyo")
-    await start_scheduler()
-    await wait_until(lambda: names(enqueued, "ticker"))
+    env = await start_env()
+    await env.advance(0.5)
+    assert len(names(enqueued, "ticker")) == 1
     async with Inspector(redis_url, namespace) as inspector:
-        found = await wait_until(lambda: _fired(inspector, "ticker"))
+        found = await inspector.schedules()
     assert [s.name for s in found] == ["ticker", "nightly"]  # soonest first
     ticker, nightly = found
     assert (ticker.spec, ticker.missed, ticker.source, ticker.timezone) == (
         "@every 0.5s", "skip", "app", "UTC")
-    assert ticker.next_fire_at - ticker.last_fire_at in (timedelta(seconds=0.5),
-                                                         timedelta(seconds=1))  # one claimed
+    assert ticker.next_fire_at - ticker.last_fire_at == timedelta(seconds=0.5)
     assert nightly.source == "client" and nightly.last_fire_at is None
     tokyo = nightly.next_fire_at.astimezone(timezone(timedelta(hours=9)))
     assert (tokyo.hour, tokyo.minute) == (3, 0)
@@ -261,11 +271,6 @@ def _fire_time(info: obsq.TaskInfo) -> int:
     return round(datetime.fromisoformat(text).timestamp() * 1000)
 
 
-def _redis_now(r: redis.Redis) -> int:
-    seconds, micros = r.time()
-    return seconds * 1000 + micros // 1000
-
-
 def _calls(r: redis.Redis) -> int:
     """Commands Redis has run, not counting INFO itself."""
     stats = r.info("commandstats")
@@ -274,9 +279,4 @@ def _calls(r: redis.Redis) -> int:
 
 async def _names(client: obsq.Client, expected: set[str]) -> bool:
     return {s.name for s in await client.schedules()} == expected
-
-
-async def _fired(inspector: Inspector, name: str) -> list | None:
-    found = await inspector.schedules()
-    return found if any(s.name == name and s.fire_count for s in found) else None
 
