@@ -100,3 +100,25 @@ def test_every_script_names_the_prelude_helpers_it_uses() -> None:
         named = set(re.findall(r"\w+", header[1])) - {"none"}
         used = {h for h in helpers if re.search(rf"\b{h}\(", body)}
         assert named == used, f"{path.name}: names {sorted(named)}, uses {sorted(used)}"
+
+
+# redis-py below its public API, and scripts called by SHA or loaded: the runner's alone.
+RUNNER_ONLY = re.compile(r"\b(send_packed_command|read_response|can_read\w*|pack_command|"
+                         r"evalsha|script_load|is_noscript|NoScriptError)\b")
+
+
+def test_only_the_runner_calls_scripts_and_drives_connections() -> None:
+    runner = PACKAGE / "broker" / "runner.py"
+    offenders = {
+        path.name: sorted(set(RUNNER_ONLY.findall(_code(path))))
+        for path in PACKAGE.rglob("*.py") if path != runner}
+    assert {name: words for name, words in offenders.items() if words} == {}
+
+
+def _code(path: Path) -> str:
+    """A module's code without its comments and strings (acl.py names commands)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            node.value = ""
+    return ast.unparse(tree)

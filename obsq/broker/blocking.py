@@ -12,26 +12,24 @@ one: a pool checkout and release cost a third of a round trip on loopback.
 No timer can interrupt a blocking call, so the Client's call deadline is the timeout of
 every socket read and write, connect and wait for a free connection of this client: a
 stopped Redis fails the call with BrokerTimeout, and the connection it was read on is
-closed (redis-py and call_on_blocking drop a connection that failed halfway), so a late
+closed (redis-py and the runner drop a connection that failed halfway), so a late
 reply is never read as the answer to the next call.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
-from obsq.broker.connection import create_client, kept_connection
+from obsq.broker.connection import create_client
 from obsq.broker.producing import enqueue_args, enqueue_statuses
 from obsq.broker.records import Enqueued
-from obsq.broker.scripts import Script, call_on_blocking, is_noscript
+from obsq.broker.runner import BlockingRunner
 from obsq.errors import BrokerError
 from obsq.task import TaskMessage
 
@@ -39,40 +37,29 @@ from obsq.task import TaskMessage
 class BlockingCalls:
     """Scripts of `broker`'s namespace on a blocking client of its URL, made at the first
     call; failures are reported and raised as the broker's own (BrokerError, BrokerTimeout
-    past `call_timeout`; None: no deadline)."""
+    past `call_timeout`; None: no deadline). `keep`: a connection kept beside the pool."""
 
-    def __init__(self, broker: RedisCalls, call_timeout: float | None = None) -> None:
+    def __init__(self, broker: RedisCalls, call_timeout: float | None = None, *,
+                 keep: bool = False) -> None:
         self.broker = broker
         self.call_timeout = call_timeout
-        self._redis: Any = None
-        self._made = threading.Lock()
+        self.runner = BlockingRunner(
+            lambda: create_client(broker.url, blocking=True, call_timeout=call_timeout),
+            keep=keep, now=lambda: broker.runner.now())
 
     @property
     def redis(self) -> Any:
-        if self._redis is None:
-            with self._made:
-                if self._redis is None:
-                    self._redis = create_client(self.broker.url, blocking=True,
-                                                call_timeout=self.call_timeout)
-        return self._redis
+        return self.runner.redis
 
-    def _call(self, name: str, script: Script, keys: Sequence[str], args: Sequence[Any]
-              ) -> Any:
-        args = self.broker.argv(args)
+    def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
-            try:
-                return self.redis.evalsha(script.sha, len(keys), *keys, *args)
-            except ResponseError as exc:
-                if not is_noscript(exc):
-                    raise
-                self.redis.script_load(script.source)
-                return self.redis.evalsha(script.sha, len(keys), *keys, *args)
+            return self.runner.call(SCRIPTS[name], keys, args)
         except (RedisError, OSError) as exc:
             raise self._failure(name, exc) from exc
 
     def _scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Several script calls (name, keys, args), one after the other."""
-        return [self._call(name, SCRIPTS[name], keys, args) for name, keys, args in calls]
+        return [self._script(name, keys, args) for name, keys, args in calls]
 
     def _guard(self, operation: str, call: Callable[[], Any]) -> Any:
         try:
@@ -88,18 +75,15 @@ class BlockingCalls:
         return self.broker._failed(operation, exc)
 
     def close(self) -> None:
-        if self._redis is not None:
-            self._redis.close()
+        self.runner.close()
 
 
 class BlockingProducer(BlockingCalls):
-    """Enqueue and register queues for `broker`'s namespace, blocking."""
+    """Enqueue and register queues for `broker`'s namespace, blocking, on a connection kept
+    beside the pool for whichever thread finds it free."""
 
     def __init__(self, broker: RedisCalls, call_timeout: float) -> None:
-        super().__init__(broker, call_timeout)
-        self._kept: Any = None  # the kept connection, made at its first use
-        self._kept_pid = 0  # the process it was made in: a forked child makes its own
-        self._kept_free = threading.Lock()
+        super().__init__(broker, call_timeout, keep=True)
 
     def register_queues(self, queues: Iterable[str]) -> None:
         self._script(*self.broker._register_queues_call(queues))
@@ -109,32 +93,6 @@ class BlockingProducer(BlockingCalls):
         reply = self._script("enqueue", self.broker.enqueue_keys(queue),
                              enqueue_args(messages, self.broker.memory_share))
         return enqueue_statuses(reply, len(messages))
-
-    def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        script = SCRIPTS[name]
-        if self._kept_free.acquire(blocking=False):
-            try:
-                kept = self._kept_connection()
-                if kept is not None:
-                    return call_on_blocking(kept, script, keys, self.broker.argv(args))
-            except (RedisError, OSError) as exc:
-                raise self._failure(name, exc) from exc
-            finally:
-                self._kept_free.release()
-        return self._call(name, script, keys, args)
-
-    def _kept_connection(self) -> Any:
-        """The kept connection (None on a Cluster or Sentinel); the caller holds the lock."""
-        if self._kept_pid != os.getpid():
-            self._kept = kept_connection(self.redis)
-            self._kept_pid = os.getpid()
-        return self._kept
-
-    def close(self) -> None:
-        with self._kept_free:
-            if self._kept is not None and self._kept_pid == os.getpid():
-                self._kept.disconnect()
-        super().close()
 
 
 def _no_free_connection(exc: RedisConnectionError) -> bool:

@@ -1,6 +1,6 @@
-"""How the broker calls Redis: scripts by SHA (loaded again after NOSCRIPT), pipelines of
-them in one round trip, and every failure reported to the `on_error(operation, exc)`
-callbacks (the metrics count them) and raised as BrokerError."""
+"""How the broker calls Redis: scripts through its runner (runner.py), pipelines of them in
+one round trip, and every failure reported to the `on_error(operation, exc)` callbacks
+(the metrics count them) and raised as BrokerError."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from obsq.broker.acl import PROBE, probed_commands
-from obsq.broker.connection import create_client, kept_connection
+from obsq.broker.connection import create_client
 from obsq.broker.diagnosis import acl_advice, hint, reason, safe
 from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
-from obsq.broker.scripts import Script, call_on, is_noscript, load_scripts
+from obsq.broker.runner import Runner, first_error
+from obsq.broker.scripts import Script, load_scripts
 from obsq.clock import REDIS_CLOCK, Clock
 from obsq.errors import BrokerError, BrokerTimeout, StartupError, denied_by_acl
 from obsq.settings import (
@@ -44,7 +45,7 @@ ErrorHook = Callable[[str, BaseException], None]
 ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # script name, keys, arguments
 MIN_REDIS_VERSION = (6, 2)
 ACL_PROBE_VERSION = (7, 0)  # scripts flagged no-writes, which the ACL probe needs
-ACL_PROBE = Script("acl_probe", PROBE)
+ACL_PROBE = Script("acl_probe", PROBE, takes_now=False)
 SCRIPTS = load_scripts()
 # Every `operation` a failed call is reported under (the label of obsq_redis_errors_total):
 # the scripts, and the plain commands and calls named here, so that metrics can start each
@@ -64,15 +65,13 @@ class RedisCalls:
     def __init__(self, url: str, namespace: str, *, client: Any = None,
                  clock: Clock | None = None) -> None:
         self.url = url
-        self.clock = clock or REDIS_CLOCK  # the time every script is given (argv)
+        self.clock = clock or REDIS_CLOCK  # the time every script is given (the runner's now)
         self.safe_url = safe(url)  # the URL without its password, for messages and logs
         self.namespace = namespace
         self.redis = client if client is not None else create_client(url)
         self.is_cluster = isinstance(self.redis, RedisCluster)
-        # enqueues go over one connection kept for them while it is free (no pool checkout
-        # per call); None where a kept connection would not follow a failover
-        self.producer_connection = kept_connection(self.redis)
-        self._producer_busy = False
+        # every script call; enqueues go over one connection kept for them while it is free
+        self.runner = Runner(self.redis, keep=True, now=self.clock.script_now)
         self.memory_share = ENQUEUE_MEMORY_SHARE  # enqueues refused above it (enqueue.lua)
         self.durable_replicas = 0  # replicas each enqueue waits for (WAIT)
         # how long a deleted task's producer-chosen id is remembered, and how many per queue
@@ -139,7 +138,7 @@ class RedisCalls:
             denied = [name for name, call in self._outside_probes(key).items()
                       if await _refused(call())]
             if "script|load" not in denied:  # else the probe may not be there to run
-                denied += await _evalsha(self.redis, ACL_PROBE, [key], probed_commands())
+                denied += await self.runner.call(ACL_PROBE, [key], probed_commands())
         except ResponseError as exc:
             if not denied_by_acl(exc):
                 return  # not a matter of permissions: the real calls will tell
@@ -155,7 +154,7 @@ class RedisCalls:
         """acl.OUTSIDE_SCRIPTS, as the start-up check sends them, doing nothing: SCRIPT LOAD
         of the probe, BLPOP of a key never written for a millisecond, WAIT for no replica
         (not on a Cluster, where nothing waits for replicas)."""
-        probes = {"script|load": lambda: self.redis.script_load(PROBE),
+        probes = {"script|load": lambda: self.runner.load(ACL_PROBE),
                   "blpop": lambda: self.redis.blpop([key], timeout=0.001),
                   "wait": lambda: self.redis.wait(0, 0)}
         if self.is_cluster:
@@ -206,8 +205,7 @@ class RedisCalls:
 
     async def close(self) -> None:
         with contextlib.suppress(RedisError, OSError):
-            if self.producer_connection is not None:
-                await self.producer_connection.disconnect()
+            await self.runner.close()
             await self.redis.aclose()
 
     def _failed(self, operation: str, exc: BaseException, message: str | None = None
@@ -257,60 +255,38 @@ class RedisCalls:
             pipe.get(key)
         return await self._guard(operation, pipe.execute())
 
-    def argv(self, args: Sequence[Any]) -> Sequence[Any]:
-        """A script's arguments as sent: every script's first is the time, which the calls
-        leave 0 and the broker's clock fills (0 again for Redis's own clock)."""
-        now = self.clock.script_now()
-        return (now, *args[1:]) if now else args
-
     def _register_queues_call(self, queues: Iterable[str]) -> ScriptCall:
-        return ("register", (self.global_keys.queues,), (0, "set", *queues))
+        return ("register", (self.global_keys.queues,), ("set", *queues))
 
-    async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any],
-                      redis: Any = None) -> Any:
+    async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
-            return await _evalsha(redis or self.redis, SCRIPTS[name], keys, self.argv(args))
+            return await self.runner.call(SCRIPTS[name], keys, args)
         except (RedisError, OSError) as exc:
             raise self._failed(name, exc) from exc
 
     async def _producer_script(self, name: str, keys: Sequence[str], args: Sequence[Any]
                                ) -> Any:
-        """A script call on the connection kept for producing when it is free, else on one
-        from the pool (another queue's batch is using it)."""
-        if self.durable_replicas:  # a pipeline from the pool: the kept client has no room
+        """A script call on the runner's kept connection when it is free, else on one from
+        the pool; with `durable_replicas`, followed by WAIT (_script_replicated)."""
+        if self.durable_replicas:
             return await self._script_replicated(name, keys, args)
-        if self.producer_connection is None or self._producer_busy:
-            return await self._script(name, keys, args)
-        self._producer_busy = True
         try:
-            return await call_on(self.producer_connection, SCRIPTS[name], keys,
-                                 self.argv(args))
+            return await self.runner.call_kept(SCRIPTS[name], keys, args)
         except (RedisError, OSError) as exc:
             raise self._failed(name, exc) from exc
-        finally:
-            self._producer_busy = False
 
     async def _script_replicated(self, name: str, keys: Sequence[str], args: Sequence[Any]
                                  ) -> Any:
         """The script, then WAIT on the same connection: it answers once `durable_replicas`
         replicas have the script's writes, else after `durable_timeout`, which refuses the
         call (the writes are then on the master only, and a failover may lose them)."""
-        script, redis, args = SCRIPTS[name], self.redis, self.argv(args)
+        wait = ("WAIT", self.durable_replicas, max(int(self.durable_timeout * 1000), 1))
         try:
-            for _ in range(2):  # again after loading the script (NOSCRIPT)
-                pipe = redis.pipeline(transaction=False)
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-                pipe.execute_command("WAIT", self.durable_replicas,
-                                     max(int(self.durable_timeout * 1000), 1))
-                reply, replicas = await pipe.execute(raise_on_error=False)
-                if not is_noscript(reply):
-                    break
-                await redis.script_load(script.source)
-            for result in (reply, replicas):
-                if isinstance(result, Exception):
-                    raise result
+            replies = await self.runner.calls([(SCRIPTS[name], keys, args)], after=wait)
+            first_error(replies)
         except (RedisError, OSError) as exc:
             raise self._failed(name, exc) from exc
+        reply, replicas = replies
         if replicas < self.durable_replicas:
             raise self._failed(name, RedisError(
                 f"the write reached {replicas} of the {self.durable_replicas} replica(s) "
@@ -324,37 +300,12 @@ class RedisCalls:
             return []
         if len(calls) == 1:
             return [await self._script(*calls[0])]
-        calls = [(name, keys, self.argv(args)) for name, keys, args in calls]
-        if self.is_cluster:  # its pipelines refuse EVALSHA: the calls
-            return list(await asyncio.gather(*(self._script(*c) for c in calls)))  # at once
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            for name, keys, args in calls:
-                pipe.evalsha(SCRIPTS[name].sha, len(keys), *keys, *args)
-            results = await pipe.execute(raise_on_error=False)
-            for i, (name, keys, args) in enumerate(calls):
-                if is_noscript(results[i]):
-                    await self.redis.script_load(SCRIPTS[name].source)
-                    results[i] = await self.redis.evalsha(SCRIPTS[name].sha, len(keys), *keys,
-                                                          *args)
-            for result in results:
-                if isinstance(result, Exception):
-                    raise result
+            results = await self.runner.calls([(SCRIPTS[n], k, a) for n, k, a in calls])
+            first_error(results)
             return results
         except (RedisError, OSError) as exc:
             raise self._failed(calls[0][0], exc) from exc
-
-
-async def _evalsha(redis: Any, script: Script, keys: Sequence[str], args: Sequence[Any]
-                   ) -> Any:
-    """A script by its SHA, loaded first when Redis has not got it (NOSCRIPT)."""
-    try:
-        return await redis.evalsha(script.sha, len(keys), *keys, *args)
-    except ResponseError as exc:
-        if not is_noscript(exc):
-            raise
-        await redis.script_load(script.source)
-        return await redis.evalsha(script.sha, len(keys), *keys, *args)
 
 
 def eviction_problem(where: str, policy: str) -> str:

@@ -29,7 +29,7 @@ class Checking(RedisCalls):
         """(length of the queue's list or zset `key`, the findings among `count` ids from
         `offset`)."""
         reply = await self._script("doctor", (self.keys(queue).pending, key),
-                                   (0, kind, offset, count, state, field, value))
+                                   (kind, offset, count, state, field, value))
         return reply[0], [_finding(r) for r in reply[1:]]
 
     async def check_leases(self, queue: str, offset: int, count: int, grace_ms: int
@@ -38,14 +38,14 @@ class Checking(RedisCalls):
         lease that ended over `grace_ms` ago)."""
         k = self.keys(queue)
         reply = await self._script("doctor", (k.lease, k.active),
-                                   (0, "lease", offset, count, grace_ms))
+                                   ("lease", offset, count, grace_ms))
         return reply[0], [_finding(r) for r in reply[1:]]
 
     async def check_owners(self, queue: str, cursor: str, count: int
                            ) -> tuple[str, list[str]]:
         """(next cursor, '0' at the end; ids in the active hash without a lease)."""
         reply = await self._script("doctor", (self.keys(queue).active,),
-                                   (0, "owners", cursor, count))
+                                   ("owners", cursor, count))
         return _text(reply[0]), [_text(i) for i in reply[1:]]
 
     async def ordering_keys(self, queue: str, count: int) -> list[str]:
@@ -58,14 +58,14 @@ class Checking(RedisCalls):
 
     async def ordering_waiting(self, queue: str, keys: Sequence[str]) -> int:
         """The tasks waiting behind the first of the given ordering keys' lists."""
-        return await self._script("doctor", (self.keys(queue).pending,), (0, "ord", *keys))
+        return await self._script("doctor", (self.keys(queue).pending,), ("ord", *keys))
 
     async def counters(self, queue: str) -> tuple[int, int, int, int, int, list[str]]:
         """(waiting, tasks in held lists, grouped, tasks in groups, tasks in batches, the
         patterns with held lists), read together."""
         k = self.keys(queue)
         *counts, patterns = await self._script("doctor", (k.group_types, k.batches),
-                                               (0, "counters"))
+                                               ("counters",))
         return (*counts, [_text(p) for p in patterns])
 
     async def drop_missing(self, queue: str, key: str, kind: str, ids: Sequence[str]) -> int:
@@ -74,11 +74,11 @@ class Checking(RedisCalls):
         if not ids:
             return 0
         return await self._script("doctor", (self.keys(queue).pending, key),
-                                  (0, "drop", kind, *ids))
+                                  ("drop", kind, *ids))
 
     async def settle_counter(self, key: str, expected: int, value: int) -> bool:
         """Set a counter to `value` if it still reads `expected`."""
-        return bool(await self._script("doctor", (key,), (0, "settle", expected, value)))
+        return bool(await self._script("doctor", (key,), ("settle", expected, value)))
 
     async def live_workers(self, worker_ids: Sequence[str]) -> set[str]:
         """Those of the given workers whose heartbeat key exists."""

@@ -26,7 +26,7 @@ class Fanning(RedisCalls):
                     messages: Sequence[TaskMessage]) -> list[Enqueued]:
         """Add tasks of one type to a group of `queue` (group.lua)."""
         k = self.keys(queue)
-        args: list[Any] = [0, task_type, group]
+        args: list[Any] = [task_type, group]
         for m in messages:
             args += (m.id, m.payload, "bin" if m.binary else "payload", m.encoded_headers(),
                      "1" if m.id_chosen else "")
@@ -44,7 +44,7 @@ class Fanning(RedisCalls):
                          for p, size, delay, grace in aggregations]})
         wait, batches = await self._script(
             "claim_batches", (k.batches, k.grouped, k.group_types),
-            (0, owner, max(int(lease * 1000), 1), argument))
+            (owner, max(int(lease * 1000), 1), argument))
         return Claimed(
             [Batch(b[0].decode(), queue, b[1].decode(), b[2].decode(), int(b[3]), int(b[4]),
                    [GroupedTask(t[0].decode(), t[1], t[2], bool(t[3])) for t in b[5]])
@@ -59,7 +59,7 @@ class Fanning(RedisCalls):
         k = self.keys(batch.queue)
         return bool(await self._script(
             "end_batch", (k.batches,),
-            (0, batch.id, batch.fence, "done" if error is None else "failed", error or "",
+            (batch.id, batch.fence, "done" if error is None else "failed", error or "",
              int(retry_in * 1000), int(self.dedup_window * 1000))))
 
     async def release_batches(self, owner: str, batches: Sequence[Batch]) -> int:
@@ -72,7 +72,7 @@ class Fanning(RedisCalls):
         released = 0
         for queue, args in by_queue.items():
             released += await self._script("release_batches", (self.keys(queue).batches,),
-                                           (0, owner, *args))
+                                           (owner, *args))
         return released
 
     # -- event subscriptions --------------------------------------------------------------
@@ -80,7 +80,7 @@ class Fanning(RedisCalls):
     def _subscribe_call(self, subscriptions: Sequence[tuple[str, str, str]], ttl: float
                         ) -> ScriptCall:
         """Register or renew (event, subscriber, queue) subscriptions for `ttl` seconds."""
-        args: list[Any] = [0, max(int(ttl * 1000), 1)]
+        args: list[Any] = [max(int(ttl * 1000), 1)]
         for event, subscriber, queue in subscriptions:
             args += [event, f"{subscriber} {queue}"]
         return ("subscribe", (self.event_keys.subscribed,), args)
@@ -89,5 +89,5 @@ class Fanning(RedisCalls):
         """(subscriber, queue) of each live subscription of `event`."""
         e = self.event_keys
         members = await self._script("subscribers", (e.subscribers(event), e.subscribed),
-                                     (0, event))
+                                     (event,))
         return sorted(tuple(m.decode().split(" ", 1)) for m in members)  # type: ignore[misc]

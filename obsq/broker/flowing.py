@@ -24,14 +24,14 @@ class Flowing(RedisCalls):
         await self.index_flows("add", flow_id, look_at_ms)
         k = self.flow_keys(flow_id)
         return bool(await self._script("flow_create", (k.flow, k.launching),
-                                       (0, len(first), *first, *fields)))
+                                       (len(first), *first, *fields)))
 
     async def flow_step_ended(self, flow_id: str, step: int, state: str, value: bytes
                               ) -> tuple[str, list[tuple[int, bytes]]]:
         """Record a step's end: the flow's state, and the steps to launch (step, task)."""
         k = self.flow_keys(flow_id)
         reply = await self._script("flow_step", (k.flow, k.results, k.launching),
-                                   (0, step, state, value))
+                                   (step, state, value))
         return _state(reply[0]), [(int(s), m) for s, m in zip(reply[1::2], reply[2::2])]
 
     async def flow_launching(self, flow_id: str) -> tuple[str, list[tuple[int, bytes]]]:
@@ -41,13 +41,13 @@ class Flowing(RedisCalls):
 
     async def flow_launched(self, flow_id: str, steps: Sequence[int]) -> None:
         k = self.flow_keys(flow_id)
-        await self._script("flow_launched", (k.flow, k.launching), (0, *steps))
+        await self._script("flow_launched", (k.flow, k.launching), steps)
 
     async def cancel_flow(self, flow_id: str) -> tuple[str, list[tuple[int, str, str]]]:
         """End a running flow cancelled: the state it was in ('' for none), and its steps
         that may wait or run (step, queue, type)."""
         k = self.flow_keys(flow_id)
-        reply = await self._script("flow_cancel", (k.flow, k.results, k.launching), (0,))
+        reply = await self._script("flow_cancel", (k.flow, k.results, k.launching), ())
         steps = []
         for step, where in zip(reply[1::2], reply[2::2]):
             queue, _, task_type = where.decode().partition("\t")
@@ -59,13 +59,13 @@ class Flowing(RedisCalls):
         """The results a step waited for: (it is a chord's callback, the steps it waited
         for, their results in order)."""
         k = self.flow_keys(flow_id)
-        reply = await self._script("flow_previous", (k.flow, k.results), (0, step))
+        reply = await self._script("flow_previous", (k.flow, k.results), (step,))
         return reply[0] == b"1", reply[1].decode(), list(reply[2:])
 
     async def flow_state(self, flow_id: str) -> tuple[str, str, str, bytes | None]:
         """(state, failed step, error, the last step's result); state '' when it is gone."""
         k = self.flow_keys(flow_id)
-        reply = await self._script("flow_state", (k.flow, k.results), (0,))
+        reply = await self._script("flow_state", (k.flow, k.results), ())
         if not reply[0]:
             return "", "", "", None
         state, failed, error, *result = reply
@@ -88,14 +88,14 @@ class Flowing(RedisCalls):
     async def flow_ends(self, queue: str, count: int) -> list[bytes]:
         """The oldest `count` entries of the queue's flow inbox, oldest first."""
         return await self._script("flow_ends", (self.keys(queue).flow_inbox,),
-                                  (0, "read", count))
+                                  ("read", count))
 
     async def drop_flow_ends(self, queue: str, entries: Sequence[bytes]) -> None:
-        await self._script("flow_ends", (self.keys(queue).flow_inbox,), (0, "drop", *entries))
+        await self._script("flow_ends", (self.keys(queue).flow_inbox,), ("drop", *entries))
 
     async def index_flows(self, mode: str, *args: Any) -> Any:
         """flow_index.lua on the namespace's index of flows."""
-        return await self._script("flow_index", (self.global_keys.flows,), (0, mode, *args))
+        return await self._script("flow_index", (self.global_keys.flows,), (mode, *args))
 
 
 def _state(raw: bytes | str) -> str:

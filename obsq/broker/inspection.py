@@ -46,7 +46,7 @@ class Inspection(RedisCalls):
         k = self.keys(queue)
         return _page(await self._script(
             "page", (k.by_state(state),),
-            (0, PAGE_ORDER[state], offset, limit, task_type, scan_cap)))
+            (PAGE_ORDER[state], offset, limit, task_type, scan_cap)))
 
     async def group_page(self, queue: str, task_type: str, group: str, offset: int,
                          limit: int) -> tuple[int, int | None, list[PageRow]]:
@@ -54,7 +54,7 @@ class Inspection(RedisCalls):
         k = self.keys(queue)
         return _page(await self._script(
             "page", (k.group_types, k.group(task_type, group)),
-            (0, "head", offset, limit, "", limit)))
+            ("head", offset, limit, "", limit)))
 
     async def group_listing(self, queue: str, offset: int, limit: int, batch_offset: int,
                             batch_limit: int) -> GroupListing:
@@ -63,7 +63,7 @@ class Inspection(RedisCalls):
         k = self.keys(queue)
         now, total, next_offset, batch_total, next_batch, groups, batches = await self._script(
             "groups", (k.group_types, k.batches),
-            (0, offset, limit, batch_offset, batch_limit))
+            (offset, limit, batch_offset, batch_limit))
         return GroupListing(
             now, total, next_offset if next_offset >= 0 else None, batch_total,
             next_batch if next_batch >= 0 else None,
@@ -100,26 +100,26 @@ class Inspection(RedisCalls):
         pending. Returns (moved, left in the state, given ids that were not in it)."""
         k = self.keys(queue)
         reply = await self._script("revive", (k.by_state(state), k.pending, k.wake),
-                                   (0, 1 if state in ("dead", "cancelled") else 0, batch,
+                                   (1 if state in ("dead", "cancelled") else 0, batch,
                                     *task_ids))
         return reply[0], reply[1], [_text(i) for i in reply[2:]]
 
     async def delete_task(self, queue: str, task_id: str) -> str:
         """The state the deleted task was in; 'running' (refused) or '' (no such task)."""
         k = self.keys(queue)
-        return _text(await self._script("delete", _delete_keys(k), (0, "id", task_id)))
+        return _text(await self._script("delete", _delete_keys(k), ("id", task_id)))
 
     async def purge_step(self, queue: str, state: str, batch: int) -> tuple[int, int]:
         """Delete up to `batch` tasks of a state: (deleted, left)."""
         k = self.keys(queue)
-        deleted, left = await self._script("delete", _delete_keys(k), (0, state, batch))
+        deleted, left = await self._script("delete", _delete_keys(k), (state, batch))
         return deleted, left
 
     async def tally(self, counts: Mapping[str, Mapping[str, int]], ttl: float) -> None:
         """Add {queue: {outcome: count}} to the current minute's buckets."""
         calls = []
         for queue, by_outcome in counts.items():
-            args: list[Any] = [0, int(ttl * 1000)]
+            args: list[Any] = [int(ttl * 1000)]
             for outcome, n in by_outcome.items():
                 args += (outcome, n)
             calls.append(("tally", (self.keys(queue).stats,), args))
@@ -131,7 +131,7 @@ class Inspection(RedisCalls):
                              ) -> dict[str, tuple[int, list[list[int]]]]:
         """{queue: (Redis clock in ms, per minute, the current one first: the count of each
         outcome)}."""
-        calls = [("throughput", (self.keys(q).stats,), (0, minutes, *outcomes)) for q in queues]
+        calls = [("throughput", (self.keys(q).stats,), (minutes, *outcomes)) for q in queues]
         replies = await self._scripts(calls) if calls else []
         n = len(outcomes)
         return {q: (r[0], [r[i:i + n] for i in range(1, len(r), n)])

@@ -67,7 +67,7 @@ class Producing(RedisCalls):
         'running' (its worker was told to stop it), or '' (no such task)."""
         k = self.keys(queue)
         state = await self._script("cancel", (k.pending, k.scheduled, k.retry, k.active,
-                                              k.lease), (0, "task", task_id))
+                                              k.lease), ("task", task_id))
         return state.decode() if isinstance(state, bytes) else str(state)
 
     async def watch(self, queue: str, task_id: str, client_id: str
@@ -76,7 +76,7 @@ class Producing(RedisCalls):
         the same step: (state, result, error), or None when there is no such task."""
         k = self.keys(queue)
         reply = await self._script("watch", (k.active, k.watched, k.task(task_id)),
-                                   (0, task_id, client_id, 1))
+                                   (task_id, client_id, 1))
         if reply is None:
             return None
         state, result, error = reply
@@ -86,7 +86,7 @@ class Producing(RedisCalls):
     async def unwatch(self, queue: str, task_id: str, client_id: str) -> None:
         k = self.keys(queue)
         await self._script("watch", (k.active, k.watched, k.task(task_id)),
-                           (0, task_id, client_id, 0))
+                           (task_id, client_id, 0))
 
     async def read_inbox(self, queues: Sequence[str], client_id: str, timeout: float
                          ) -> list[Ended]:
@@ -120,7 +120,7 @@ class Producing(RedisCalls):
 def enqueue_args(messages: Sequence[TaskMessage], memory_share: float) -> list[Any]:
     """enqueue.lua's arguments: Redis's clock, the producers' share of maxmemory, then 11
     plain values per message."""
-    args: list[Any] = [0, memory_share]
+    args: list[Any] = [memory_share]
     for m in messages:
         args += (m.id, "1" if m.id_chosen else "", m.type, m.payload,
                  "bin" if m.binary else "payload", m.encoded_headers(),

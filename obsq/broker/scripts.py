@@ -1,19 +1,12 @@
-"""Lua scripts, one file per state change, called by SHA and loaded again after NOSCRIPT
-(a restarted or failed-over Redis has none); and a script's call on a bare connection that
-a producer keeps beside its pool (asyncio and blocking alike)."""
+"""Lua scripts, one file per state change, each with the prelude definitions it uses; how
+they are called is runner.py's."""
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
 from importlib import resources
 from string import Template
-from typing import Any
-
-from hiredis import pack_command
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 
 from obsq.settings import INBOX_TTL, LUA_SLICE, MEMORY_LOOK_MS, WAKE_CAP
 
@@ -28,12 +21,16 @@ SCRIPT_DIR = resources.files("obsq.broker") / "scripts"
 
 
 class Script:
-    __slots__ = ("name", "sha", "source")
+    """A script's text and SHA; `takes_now`: its first argument is the time it is to read
+    (every obsq script; not the ACL probe, whose arguments are all commands)."""
 
-    def __init__(self, name: str, source: str) -> None:
+    __slots__ = ("name", "sha", "source", "takes_now")
+
+    def __init__(self, name: str, source: str, *, takes_now: bool = True) -> None:
         self.name = name
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
+        self.takes_now = takes_now
 
 
 class _Constants(Template):
@@ -88,74 +85,3 @@ def load_scripts() -> dict[str, Script]:
             name, body = path.name[:-4], path.read_text()
             scripts[name] = Script(name, _prelude_for(body, blocks) + "\n" + body)
     return scripts
-
-
-def is_noscript(result: Any) -> bool:
-    return isinstance(result, NoScriptError) or (
-        isinstance(result, ResponseError) and str(result).startswith("NOSCRIPT"))
-
-
-# A kept connection is used by one caller at a time, with nothing else in flight on it. Its
-# commands are packed by hiredis at once (redis-py's asyncio packer encodes every argument
-# in Python: 9 µs of an enqueue's 150). One the server closed while it sat idle (a
-# restart) is made again before the call; one that failed or was cancelled halfway is
-# closed, as a reply may be left unread on it, and made again at the next call.
-
-
-def _packed(script: Script, keys: Sequence[str], args: Sequence[Any]) -> list[bytes]:
-    return [pack_command(("EVALSHA", script.sha, len(keys), *keys, *args))]
-
-
-async def call_on(connection: Any, script: Script, keys: Sequence[str],
-                  args: Sequence[Any]) -> Any:
-    """`script` on a kept redis-py asyncio connection."""
-    try:
-        try:
-            # the check a pool makes before lending a connection (renamed in redis-py 8)
-            can_read = getattr(connection, "can_read", None) or connection.can_read_destructive
-            stale = connection.is_connected and await can_read()
-        except RedisConnectionError:
-            stale = True
-        if stale:
-            await connection.disconnect()
-        for attempt in range(2):
-            try:
-                await connection.send_packed_command(_packed(script, keys, args),
-                                                     check_health=False)
-                return await connection.read_response()
-            except ResponseError as exc:
-                if attempt or not is_noscript(exc):
-                    raise
-                await connection.send_command("SCRIPT", "LOAD", script.source)
-                await connection.read_response()
-    except ResponseError:
-        raise
-    except BaseException:
-        await connection.disconnect(nowait=True)
-        raise
-
-
-def call_on_blocking(connection: Any, script: Script, keys: Sequence[str],
-                     args: Sequence[Any]) -> Any:
-    """`script` on a kept redis-py blocking connection."""
-    try:
-        try:
-            stale = connection.can_read()  # connects one that is not
-        except RedisConnectionError:
-            stale = True
-        if stale:
-            connection.disconnect()
-        for attempt in range(2):
-            try:
-                connection.send_packed_command(_packed(script, keys, args), check_health=False)
-                return connection.read_response()
-            except ResponseError as exc:
-                if attempt or not is_noscript(exc):
-                    raise
-                connection.send_command("SCRIPT", "LOAD", script.source)
-                connection.read_response()
-    except ResponseError:
-        raise
-    except BaseException:
-        connection.disconnect()
-        raise

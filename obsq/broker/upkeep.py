@@ -27,9 +27,9 @@ class Upkeep(RedisCalls):
         g = self.global_keys
         calls: list[ScriptCall] = [
             ("heartbeat", (g.worker(worker_id),),
-             (0, max(int(ttl * 1000), 1), orjson.dumps(description))),
+             (max(int(ttl * 1000), 1), orjson.dumps(description))),
             ("register", (g.workers,),  # scored by its own clock: shown, never compared
-             (0, "zset", int(self.clock.time() * 1000), worker_id))]
+             ("zset", int(self.clock.time() * 1000), worker_id))]
         if description.get("queues"):
             calls.append(self._register_queues_call(description["queues"]))
         return calls
@@ -71,7 +71,7 @@ class Upkeep(RedisCalls):
         k = self.keys(queue)
         requeued, killed, cursor, ends_in = await self._script(
             "recover", (k.lease, k.pending, k.dead, k.wake, k.active),
-            (0, max_recoveries, batch, cursor, *lost_workers))
+            (max_recoveries, batch, cursor, *lost_workers))
         return (requeued, killed, cursor.decode() if isinstance(cursor, bytes) else str(cursor),
                 int(ends_in) / 1000 if int(ends_in) >= 0 else None)
 
@@ -85,7 +85,7 @@ class Upkeep(RedisCalls):
         for queue, state in sets:
             k = self.keys(queue)
             calls.append(("forward", (k.by_state(state), k.pending, k.wake),
-                          (0, batch, 1 if state == "scheduled" else 0)))
+                          (batch, 1 if state == "scheduled" else 0)))
         return [(moved, int(due) / 1000 if int(due) >= 0 else None)
                 for moved, due in await self._scripts(calls)]
 
@@ -95,16 +95,16 @@ class Upkeep(RedisCalls):
         ids past the dedup window or count -> entries removed (a full batch: call again)."""
         k = self.keys(queue)
         return await self._script("cleanup", (k.completed, k.dead, k.cancelled, k.ended),
-                                  (0, int(dead_max_age * 1000), dead_max_count, batch,
+                                  (int(dead_max_age * 1000), dead_max_count, batch,
                                    int(self.dedup_window * 1000), self.dedup_max_ids))
 
     async def try_lock(self, name: str, owner: str, ttl: float) -> bool:
         """Take or keep a short lock so one process at a time runs a sweep."""
         return bool(await self._script("lock", (self.global_keys.lock(name),),
-                                       (0, owner, max(int(ttl * 1000), 1))))
+                                       (owner, max(int(ttl * 1000), 1))))
 
     async def release_lock(self, name: str, owner: str) -> None:
-        await self._script("lock", (self.global_keys.lock(name),), (0, owner, 0))
+        await self._script("lock", (self.global_keys.lock(name),), (owner, 0))
 
     # -- inspecting and repairing ---------------------------------------------------------
 
@@ -114,7 +114,7 @@ class Upkeep(RedisCalls):
         for queue in queues:
             k = self.keys(queue)
             calls.append(("stats", (k.pending, k.lease, k.scheduled, k.retry, k.dead,
-                                    k.completed, k.cancelled, k.paused), (0,)))
+                                    k.completed, k.cancelled, k.paused), ()))
         stats = {}
         for queue, r in zip(queues, await self._scripts(calls)):
             oldest, paused, now, aggregating = r[7:11]
@@ -159,4 +159,4 @@ class Upkeep(RedisCalls):
 
     async def set_paused(self, queue: str, paused: bool) -> None:
         k = self.keys(queue)
-        await self._script("pause", (k.paused, k.pending, k.wake), (0, 1 if paused else 0))
+        await self._script("pause", (k.paused, k.pending, k.wake), (1 if paused else 0,))

@@ -14,7 +14,7 @@ import orjson
 
 from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
 from obsq.broker.records import Attempt, Completions, Fetched, FetchedTask
-from obsq.broker.scripts import FULL_ERROR_BYTES, FULL_NOTE, FULL_TEXT_HOLD, is_noscript
+from obsq.broker.scripts import FULL_ERROR_BYTES, FULL_NOTE, FULL_TEXT_HOLD
 from obsq.settings import ATTEMPTS_PER_CALL
 
 log = logging.getLogger("obsq")
@@ -51,7 +51,7 @@ class Working(RedisCalls):
         for queue, items in completions.items():
             k = self.keys(queue)
             for start in range(0, len(items), ATTEMPTS_PER_CALL):
-                args: list[Any] = [0, worker_id, 1 if resent else 0,
+                args: list[Any] = [worker_id, 1 if resent else 0,
                                    int(self.dedup_window * 1000), self.memory_share]
                 for c in items[start:start + ATTEMPTS_PER_CALL]:
                     a = c.attempt
@@ -70,7 +70,7 @@ class Working(RedisCalls):
                       limits: bytes) -> ScriptCall:
         k = self.keys(queue)
         return ("dequeue", (k.pending, k.lease, k.wake, k.paused, k.active, k.fence),
-                (0, int(lease_seconds * 1000), count, worker_id, limits))
+                (int(lease_seconds * 1000), count, worker_id, limits))
 
     def _parse_dequeue(self, queue: str, reply: list[Any], asked_at: float) -> Fetched:
         if reply[1]:
@@ -104,16 +104,12 @@ class Working(RedisCalls):
             woken = await self._blpop_any("wait_for_work", wake, timeout)
             return woken is not None, Fetched(0, [])
         name, keys, args = self._dequeue_call(queue, count, worker_id, lease_seconds, limits)
-        pipe = self.redis.pipeline(transaction=False)
         asked_at = time.monotonic()
-        pipe.blpop(wake, timeout=timeout)
-        pipe.evalsha(SCRIPTS[name].sha, len(keys), *keys, *self.argv(args))
-        woken, fetched = await self._guard("wait_for_work", pipe.execute(raise_on_error=False))
+        woken, fetched = await self._guard("wait_for_work", self.runner.calls(
+            [(SCRIPTS[name], keys, args)], before=("BLPOP", *wake, timeout)))
         if isinstance(woken, Exception):
             raise self._failed("wait_for_work", woken)
-        if is_noscript(fetched):  # Redis restarted empty: load it and fetch again
-            fetched = await self._script(name, keys, args)
-        elif isinstance(fetched, Exception):
+        if isinstance(fetched, Exception):
             raise self._failed(name, fetched)
         return woken is not None, self._parse_dequeue(queue, fetched, asked_at)
 
@@ -121,18 +117,18 @@ class Working(RedisCalls):
         """Record that a suspect's attempt starts alone in its worker (isolate.lua); False
         when the attempt no longer holds the task."""
         return bool(await self._script("isolate", (self.keys(queue).active,), (
-            0, worker_id, attempt.task_id, attempt.fence)))
+            worker_id, attempt.task_id, attempt.fence)))
 
     async def interrupt_wait(self, worker_id: str) -> None:
         """End the worker's wait_and_dequeue at once (the tasks it takes are returned)."""
-        await self._script("interrupt", (self.global_keys.wake(worker_id),), (0, 10_000))
+        await self._script("interrupt", (self.global_keys.wake(worker_id),), (10_000,))
 
     async def retry(self, queue: str, attempt: Attempt, worker_id: str, delay: float,
                     error: str, traceback: str = "") -> bool:
         k = self.keys(queue)
         error, traceback = self._failure_texts(error, traceback)
         return await self._failure_call("retry", (k.lease, k.retry, k.pending, k.wake, k.active), (
-            0, worker_id, attempt.task_id, attempt.fence, int(delay * 1000), error, traceback,
+            worker_id, attempt.task_id, attempt.fence, int(delay * 1000), error, traceback,
             attempt.type, attempt.slot, self.memory_share))
 
     async def hand_on(self, queue: str, attempt: Attempt, worker_id: str, error: str,
@@ -143,7 +139,7 @@ class Working(RedisCalls):
         token is stale."""
         k = self.keys(queue)
         state = await self._script("hand_on", (k.lease, k.scheduled, k.dead, k.active), (
-            0, worker_id, attempt.task_id, attempt.fence, int(HAND_ON_DELAY * 1000),
+            worker_id, attempt.task_id, attempt.fence, int(HAND_ON_DELAY * 1000),
             int(HAND_ON_MAX_DELAY * 1000), int(max_age * 1000), error, attempt.type,
             attempt.slot, attempt.ordering_key))
         return _text(state) if state else ""
@@ -154,7 +150,7 @@ class Working(RedisCalls):
         k = self.keys(queue)
         error, traceback = self._failure_texts(error, traceback)
         return await self._failure_call("fail", (k.lease, k.dead, k.active), (
-            0, worker_id, attempt.task_id, attempt.fence, error, traceback, attempt.type,
+            worker_id, attempt.task_id, attempt.fence, error, traceback, attempt.type,
             attempt.slot, attempt.ordering_key, self.memory_share))
 
     _texts_cut_until = 0.0  # Redis said it was above the producers' share: cut until then
@@ -189,7 +185,7 @@ class Working(RedisCalls):
         k = self.keys(queue)
         return bool(await self._script(
             "cancel", (k.pending, k.scheduled, k.retry, k.active, k.lease),
-            (0, "attempt", attempt.task_id, attempt.fence, worker_id, attempt.type,
+            ("attempt", attempt.task_id, attempt.fence, worker_id, attempt.type,
              attempt.slot)))
 
     async def read_cancels(self, queues: Sequence[str], worker_id: str, timeout: float
@@ -215,7 +211,7 @@ class Working(RedisCalls):
         k = self.keys(queue)
         calls = []
         for start in range(0, len(attempts), ATTEMPTS_PER_CALL):
-            args: list[Any] = [0, worker_id]
+            args: list[Any] = [worker_id]
             for a in attempts[start:start + ATTEMPTS_PER_CALL]:
                 args += (a.task_id, a.fence, a.type, a.slot)
             calls.append(("hand_back", (k.lease, k.pending, k.wake, k.active), args))
@@ -228,7 +224,7 @@ class Working(RedisCalls):
         for queue, items in attempts.items():
             k = self.keys(queue)
             for start in range(0, len(items), ATTEMPTS_PER_CALL):
-                args: list[Any] = [0, int(lease_seconds * 1000), worker_id]
+                args: list[Any] = [int(lease_seconds * 1000), worker_id]
                 for a in items[start:start + ATTEMPTS_PER_CALL]:
                     args += (a.task_id, a.fence)
                 calls.append(("extend", (k.lease, k.active), args))
