@@ -31,7 +31,7 @@ COPY pyproject.toml README.md LICENSE ./
 # The dependencies, built from pyproject.toml and an empty package: only a change of
 # pyproject.toml rebuilds this layer and the one that installs them.
 RUN mkdir obsq && touch obsq/__init__.py \
-    && pip wheel --wheel-dir /wheels/dependencies ".[ui]" \
+    && pip wheel --wheel-dir /wheels/dependencies ".[ui,uvloop]" \
     && rm -rf obsq build obsq.egg-info /wheels/dependencies/obsq-*.whl \
     && sha256sum /wheels/dependencies/*.whl \
         | awk '{ print $2 " --hash=sha256:" $1 }' > /wheels/dependencies.txt

@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Any
 
+from obsq import eventloop
 from obsq._version import __version__
 from obsq.admin import add_commands as add_admin_commands
 from obsq.app import load_app
@@ -17,6 +18,7 @@ from obsq.errors import BrokerError, ConfigurationError, StartupError
 from obsq.settings import (
     DEFAULT_NAMESPACE,
     EXPORTER_HTTP_PORT,
+    LOOPS,
     POOLS,
     SCHEDULER_HTTP_PORT,
     WORKER_HTTP_PORT,
@@ -67,6 +69,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         strict_priority=args.strict_priority, max_recoveries=args.max_recoveries,
         log_format=args.log_format, log_level=args.log_level,
         allow_eviction=args.allow_eviction, pool=args.pool, stuck_limit=args.stuck_limit,
+        loop=args.loop,
         metrics=False if args.no_metrics else None, tracing=False if args.no_tracing else None,
         queue_metrics=False if args.no_queue_metrics else None)
     if settings.http_port is None:
@@ -99,7 +102,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
                          queue_metrics=settings.queue_metrics)
 
     try:
-        asyncio.run(serve(Worker(app, settings=settings, handle_signals=not supervised)))
+        eventloop.run(serve(Worker(app, settings=settings, handle_signals=not supervised)),
+                      settings.loop)
     finally:
         shutdown_tracing()
     return 0
@@ -195,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--max-recoveries", type=int, help="OBSQ_MAX_RECOVERIES, 5")
     worker.add_argument("--pool", choices=POOLS, help="where plain handlers run: threads, "
                         "or child processes killed when they overrun (OBSQ_POOL, thread)")
+    worker.add_argument("--loop", choices=LOOPS, help="the event loop: uvloop where "
+                        "installed (auto), or asyncio's own (OBSQ_LOOP, auto)")
     worker.add_argument("--stuck-limit", type=float, help="seconds a thread may stay stuck "
                         "in a handler past its timeout before liveness fails "
                         "(OBSQ_STUCK_LIMIT, 300)")

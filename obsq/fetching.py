@@ -16,39 +16,35 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from obsq.broker import Broker, Fetched
+from obsq.broker import Broker
 from obsq.errors import BrokerError
 from obsq.loop import RedisRetry
 from obsq.settings import ACK_LINGER, MAX_FETCH, REDIS_RETRY_MAX, STOP_WAIT
 from obsq.settlement import Settler
 
+if TYPE_CHECKING:
+    from obsq.slots import Slots
+
 log = logging.getLogger("obsq")
 
 
 class Fetcher:
-    def __init__(self, broker: Broker, settler: Settler, worker_id: str, *,
+    def __init__(self, broker: Broker, settler: Settler, worker_id: str, slots: Slots, *,
                  queues: dict[str, int], strict_priority: bool, lease_seconds: float,
-                 wait_timeout: float, room: Callable[[], tuple[int, int]],
-                 take: Callable[[str, Fetched], None], limits: Callable[[], bytes],
-                 slot_free: asyncio.Event, stopped: asyncio.Event) -> None:
-        """`room()` says how many tasks to fetch now (0: wait for a slot) and how many an
-        idle wait may take; `take(queue, fetched)` starts or buffers what came; `limits()`
-        the route limits each fetch applies (obsq.limits)."""
+                 wait_timeout: float) -> None:
+        """`slots` is what the fetcher asks (obsq/slots.py): how many tasks to fetch now
+        (0: wait for `slots.freed`) and how many an idle wait may take, the route limits
+        each fetch applies; it takes what came, and `slots.stopped` ends the loop."""
         self.broker = broker
         self.settler = settler
         self.worker_id = worker_id
+        self.slots = slots
         self.queues = queues
         self.strict_priority = strict_priority
         self.lease_seconds = lease_seconds
         self.wait_timeout = wait_timeout
-        self.room = room
-        self.take = take
-        self.limits = limits
-        self.slot_free = slot_free
-        self.stopped = stopped
         self._order = sorted(queues, key=lambda q: -queues[q])
 
     def queue_order(self) -> list[str]:
@@ -66,12 +62,13 @@ class Fetcher:
     async def run(self) -> None:
         """Fetch until the worker stops; Redis errors are retried with backoff."""
         retry = RedisRetry("fetching tasks")
-        while not self.stopped.is_set():
-            wanted, _ = self.room()
+        slots = self.slots
+        while not slots.stopped.is_set():
+            wanted, _ = slots.room()
             try:
                 if wanted <= 0:
-                    self.slot_free.clear()
-                    await self.settler.wait_carrying(self.slot_free, ACK_LINGER)
+                    slots.freed.clear()
+                    await self.settler.wait_carrying(slots.freed, ACK_LINGER)
                     continue
                 got = 0
                 for queue in self.queue_order():
@@ -91,26 +88,27 @@ class Fetcher:
         """Take up to `count` tasks of `queue`; the completions gathered so far ride along."""
         fetched = await self.settler.riding(lambda completions, resent: self.broker.dequeue(
             queue, count, self.worker_id, self.lease_seconds, completions, resent,
-            self.limits()))
-        self.take(queue, fetched)
+            self.slots.limits()))
+        self.slots.take(queue, fetched)
         return len(fetched.tasks)
 
     async def _wait_for_work(self) -> None:
         """Block on Redis until a producer signals a queue, with the fetch of the first queue
         riding behind the wait. Meanwhile completions of running tasks are sent on their
         own, and a stop interrupts the wait through the worker's own wake list."""
-        self.slot_free.clear()
+        slots = self.slots
+        slots.freed.clear()
         if self.settler.acks_waiting.is_set():
             return  # the next fetch carries them
         first = self.queue_order()[0]
         waiter = asyncio.ensure_future(self.broker.wait_and_dequeue(
-            list(self.queues), self.wait_timeout, first, min(self.room()[1], MAX_FETCH),
-            self.worker_id, self.lease_seconds, self.limits()))
+            list(self.queues), self.wait_timeout, first, min(slots.room()[1], MAX_FETCH),
+            self.worker_id, self.lease_seconds, slots.limits()))
         interrupted = False
         try:
             while not waiter.done():
                 events = [] if interrupted else [asyncio.ensure_future(e.wait())
-                                                 for e in (self.stopped, self.slot_free)]
+                                                 for e in (slots.stopped, slots.freed)]
                 await asyncio.wait([waiter, *events], return_when=asyncio.FIRST_COMPLETED,
                                    timeout=STOP_WAIT if interrupted else None)
                 for event in events:
@@ -120,11 +118,11 @@ class Fetcher:
                 if interrupted:  # Redis did not answer the interruption: give up the wait
                     _abandon(waiter)
                     return
-                if self.stopped.is_set():
+                if slots.stopped.is_set():
                     interrupted = True
                     await self._interrupt(waiter)
                     continue
-                self.slot_free.clear()
+                slots.freed.clear()
                 with contextlib.suppress(BrokerError):  # kept for the next try
                     await self.settler.flush()
             if waiter.cancelled():  # abandoned on a stop (a Cluster's plain wait)
@@ -134,7 +132,7 @@ class Fetcher:
             if not waiter.done():
                 waiter.cancel()
             raise
-        self.take(first, fetched)
+        slots.take(first, fetched)
         await asyncio.sleep(0)  # let the handlers just started begin before the next fetch
 
     async def _interrupt(self, waiter: asyncio.Future[Any]) -> None:
@@ -148,7 +146,7 @@ class Fetcher:
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.stopped.wait(), timeout=seconds)
+            await asyncio.wait_for(self.slots.stopped.wait(), timeout=seconds)
 
 
 def _abandon(waiter: asyncio.Future[Any]) -> None:

@@ -146,6 +146,7 @@ STOP_MARGIN = 10.0
 SAFE_MEMORY_POLICY = "noeviction"
 POLICY_CHECK_INTERVAL = 30.0
 POOLS = ("thread", "process")  # where plain handlers run (obsq/pools)
+LOOPS = ("auto", "uvloop", "asyncio")  # the event loop a worker runs on (obsq/eventloop.py)
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
@@ -320,6 +321,7 @@ class WorkerSettings(EnvSettings):
     stuck_limit: float = 300.0
     blocked_loop_warning: float = 2.0  # a handler blocking the event loop is logged past it
     blocked_loop_limit: float = 60.0  # and liveness fails past this (the pod is restarted)
+    loop: str = "auto"  # uvloop where installed, else asyncio's (obsq/eventloop.py)
 
     def __post_init__(self) -> None:
         self.check_times()
@@ -353,11 +355,11 @@ class WorkerSettings(EnvSettings):
             raise ConfigurationError("subscription_ttl must be longer than heartbeat_interval")
         if self.http_port is not None and not -1 <= self.http_port <= 65535:  # -1: off
             raise ConfigurationError(f"http_port {self.http_port} is not a TCP port")
-        if self.log_format not in ("text", "json"):
-            raise ConfigurationError(f"log_format must be text or json, got {self.log_format!r}")
-        if self.pool not in POOLS:
-            raise ConfigurationError(f"pool must be {' or '.join(POOLS)}, got {self.pool!r}")
-
+        for name, allowed in (("log_format", ("text", "json")), ("pool", POOLS),
+                              ("loop", LOOPS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigurationError(f"{name} must be {' or '.join(allowed)}, "
+                                         f"got {getattr(self, name)!r}")
 
 
 @dataclass

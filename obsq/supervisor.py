@@ -173,6 +173,7 @@ class Supervisor:
             "OBSQ_LOG_LEVEL": str(s.log_level),
             "OBSQ_PROCESSES": "1",
             "OBSQ_POOL": s.pool,
+            "OBSQ_LOOP": s.loop,
             "OBSQ_STUCK_LIMIT": repr(float(s.stuck_limit)),
             "OBSQ_HTTP_PORT": "-1",  # the supervisor serves the pod's endpoint
             MULTIPROC_ENV: self._dir,

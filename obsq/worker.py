@@ -13,7 +13,6 @@ those on through the App's hooks, and asks the worker how it is through `health(
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import os
@@ -31,18 +30,19 @@ from obsq.broker import Broker, Fetched
 from obsq.cancelling import CancelWatcher
 from obsq.clock import Clock
 from obsq.errors import BrokerError
+from obsq.eventloop import loop_name
 from obsq.execution import Executor, Verdict
 from obsq.fetching import Fetcher
 from obsq.flow_loop import FlowLoop
 from obsq.health import WorkerHealth
 from obsq.heartbeat import Claims
-from obsq.isolation import Suspects
 from obsq.limits import RouteLimits
 from obsq.liveness import Vigil
 from obsq.loop import BackgroundLoop, on_stop_signals
 from obsq.maintenance import Forwarder, Janitor, Recoverer
-from obsq.settings import FETCH_STOP_TIMEOUT, PREFETCH_BELOW_SECONDS, WorkerSettings
+from obsq.settings import FETCH_STOP_TIMEOUT, WorkerSettings
 from obsq.settlement import Settler
+from obsq.slots import Slots
 from obsq.task import Task
 from obsq.throughput import ThroughputCounter
 
@@ -83,22 +83,15 @@ class Worker:
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.started_at = 0.0
         self.started = asyncio.Event()  # set once it serves (after Redis answered)
-        self.draining = False
         self.processed = 0
         self.broker = Broker(settings.redis_url, self.namespace, clock=clock)
         self.broker.on_error = app.redis_error_hooks  # the App's list: hooks added later count
         self.broker.dedup_window, self.broker.dedup_max_ids = (settings.dedup_window,
                                                                settings.dedup_max_ids)
         self.limits = RouteLimits(app, settings.route_concurrency)
-        self._busy = 0
-        self._buffer: collections.deque[Task] = collections.deque()  # fetched, awaiting a slot
-        self._suspects = Suspects(self.broker, self.id, self._start_next)  # to run alone
-        self._recent_duration = PREFETCH_BELOW_SECONDS  # moving average of handler run time
-        self._slot_free = asyncio.Event()
-        self._stopped = asyncio.Event()
+        self.slots = Slots(self.concurrency, self.broker, self.id, run=self._process,
+                           admit=self._admit, limits=self.limits.encoded)
         self._hurry = asyncio.Event()
-        self._running: dict[asyncio.Task[None], Task] = {}
-        self._handling: set[asyncio.Task[None]] = set()
         self._loops: list[BackgroundLoop] = []
         self._aggregation: AggregationLoop | None = None  # stopped first when draining
         self.claims = Claims()  # the attempts it holds, which its heartbeat thread extends
@@ -117,7 +110,7 @@ class Worker:
         try:
             fetching = await self._start_serving()
             try:
-                await self._stopped.wait()
+                await self.slots.stopped.wait()
             finally:
                 await self._drain(fetching)
         finally:
@@ -132,7 +125,7 @@ class Worker:
         await self.broker.register_queues(self.queues)
         vigil = Vigil(
             self.broker, self.id, s, self.claims, describe=self.describe,
-            running=self._running.get, memory_policy=policy,
+            running=self.slots.running.get, memory_policy=policy,
             subscriptions=[(sub.event, sub.name, sub.queue) for sub in self.subscriptions],
             lag_hooks=self.loop_lag_hooks, data_lost_hooks=self.data_lost_hooks)
         self.executor = Executor(self.app, self.concurrency, self._update_state, pool=s.pool,
@@ -163,28 +156,26 @@ class Worker:
         for loop in self._loops:
             loop.start()
         self.started.set()
-        log.info("worker %s started: queues %s, concurrency %d, Redis %s", self.id,
-                 ",".join(f"{q}={w}" for q, w in self.queues.items()), self.concurrency,
-                 self.broker.safe_url)
-        fetcher = Fetcher(self.broker, self.settler, self.id, queues=self.queues,
+        log.info("worker %s started: queues %s, concurrency %d, event loop %s, Redis %s",
+                 self.id, ",".join(f"{q}={w}" for q, w in self.queues.items()),
+                 self.concurrency, loop_name(), self.broker.safe_url)
+        fetcher = Fetcher(self.broker, self.settler, self.id, self.slots, queues=self.queues,
                           strict_priority=s.strict_priority, lease_seconds=s.lease_seconds,
-                          wait_timeout=s.wait_timeout, room=self._room, take=self._take,
-                          limits=self.limits.encoded, slot_free=self._slot_free,
-                          stopped=self._stopped)
+                          wait_timeout=s.wait_timeout)
         return asyncio.create_task(fetcher.run(), name="obsq-fetch")
 
     def stop(self, now: bool = False) -> None:
         """Begin a graceful drain; a second call, or `now`, stops waiting for running
         handlers (they are handed back)."""
-        if self._stopped.is_set() or now:
+        if self.slots.stopped.is_set() or now:
             self._hurry.set()
-        self.draining = True  # readiness fails from now, not when the run loop gets to it
-        self._stopped.set()
+        self.slots.draining = True  # readiness fails from now, not when the run loop gets to it
+        self.slots.stopped.set()
 
     def describe(self) -> dict[str, Any]:
         """What the heartbeat publishes in Redis, and the endpoint's status shows."""
         return {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(),
-                "queues": self.queues, "concurrency": self.concurrency, "busy": self._busy,
+                "queues": self.queues, "concurrency": self.concurrency, "busy": self.slots.busy,
                 "started": self.started_at, "version": __version__,
                 "processed": self.processed, "draining": self.draining,
                 "subscriptions": [sub.task_type for sub in self.subscriptions],
@@ -201,35 +192,28 @@ class Worker:
 
     @property
     def busy(self) -> int:
-        return self._busy
+        return self.slots.busy
 
     @property
     def in_flight(self) -> int:
         """Tasks fetched whose end is not recorded in Redis yet: running, settling, or
         waiting in the buffer for a slot."""
-        return len(self._running) + len(self._buffer) + len(self._suspects.waiting)
+        slots = self.slots
+        return len(slots.running) + len(slots.buffer) + len(slots.suspects.waiting)
 
-    # -- slots ----------------------------------------------------------------------------
+    @property
+    def draining(self) -> bool:
+        """Stopping: readiness fails, and nothing more starts."""
+        return self.slots.draining
 
-    def _room(self) -> tuple[int, int]:
-        """(tasks to fetch now, tasks an idle wait may take). While tasks are short the
-        worker holds up to twice its slots and fetches only once a whole batch fits, so
-        each round trip carries many tasks; the buffer keeps the slots fed meanwhile."""
-        if self._suspects.blocking:
-            return 0, 0
-        held = self._busy + len(self._buffer)
-        prefetching = self._recent_duration < PREFETCH_BELOW_SECONDS
-        wanted = self.concurrency * (2 if prefetching else 1) - held
-        if prefetching and held > self.concurrency:
-            wanted = 0
-        return wanted, self.concurrency - self._busy
+    # -- tasks ----------------------------------------------------------------------------
 
-    def _take(self, queue: str, fetched: Fetched) -> None:
-        """Start fetched tasks in free slots; the rest wait in the buffer (all of them once
-        the worker is stopping: the drain hands the buffer back)."""
-        fetched_at = time.monotonic()
+    def _admit(self, queue: str, fetched: Fetched) -> list[Task]:
+        """The tasks of a fetch, each held by the worker (its lease kept, its own route
+        limit counted) from now; the routes it left behind are told to the throttle hooks."""
         for task_type, reason in fetched.held:
             self._throttled(queue, task_type, reason)
+        tasks = []
         for raw in fetched.tasks:
             task = self.executor.build_task(queue, raw, fetched.now_ms)
             task.context["asked_at"] = fetched.asked_at
@@ -237,49 +221,19 @@ class Worker:
             self.limits.took(task)
             if raw.waited:
                 self._throttled(queue, raw.type, "ordering")
-            if task.suspect:
-                self._suspects.hold(task)
-            elif (self._busy < self.concurrency and not self._stopped.is_set()
-                    and not self._suspects.blocking):
-                self._start(task)
-            else:
-                task.context["fetched_at"] = fetched_at
-                self._buffer.append(task)
-        self._start_next()
-
-    def _start_next(self) -> None:
-        """Fill free slots from the buffer, a suspect first (alone once no other task runs),
-        and let the fetcher look again."""
-        self._slot_free.set()
-        if self.draining:
-            return
-        suspect = self._suspects.next_to_start(self._busy)
-        if suspect is not None:
-            self._start(suspect)
-        while self._buffer and self._busy < self.concurrency and not self._suspects.blocking:
-            self._start(self._buffer.popleft())
-
-    def _start(self, task: Task) -> None:
-        fetched_at = task.context.pop("fetched_at", None)
-        if fetched_at is not None:  # waited in the buffer too
-            task.wait_seconds += time.monotonic() - fetched_at
-        self._busy += 1
-        runner = asyncio.create_task(self._process(task))
-        self._running[runner] = task
-        self._handling.add(runner)
+            tasks.append(task)
+        return tasks
 
     def _cancel(self, queue: str, task_id: str) -> None:
         """The task was cancelled: an async handler is cancelled (a plain one's process
-        too), a plain function in a thread sees `task.cancelled`; either way the attempt
-        ends as cancelled. The handler of one still waiting in the buffer never runs."""
-        for waiting in (self._buffer, self._suspects.waiting):
-            for task in waiting:
-                if (task.id, task.queue) == (task_id, queue):
-                    waiting.remove(task)
-                    task.cancelled = True
-                    self._start(task)  # to settle it at once, as cancelled
-                    return
-        for runner, task in self._running.items():
+        too), a plain function in a thread sees `task.cancelled`. The handler of one still
+        waiting in the buffer never runs: it starts only to be settled."""
+        task = self.slots.waiting(queue, task_id)
+        if task is not None:
+            task.cancelled = True
+            self.slots.start(task)
+            return
+        for runner, task in self.slots.running.items():
             if (task.id, task.queue) == (task_id, queue) and not task.cancelled:
                 task.cancelled = True
                 route = self.app.route(task.type)
@@ -288,40 +242,38 @@ class Worker:
                 return
 
     async def _process(self, task: Task) -> None:
-        runner = asyncio.current_task()
+        runner: asyncio.Task[None] = asyncio.current_task()  # type: ignore[assignment]
         started = time.monotonic()
+        verdict = None  # None: nothing to record (taken over before it started)
         try:
-            if task.cancelled:
-                verdict: Verdict | None = Verdict("cancelled")
-            elif task.suspect and not await self._suspects.start_alone(task):
-                verdict = None  # taken over before it started: nothing to record
-            elif not await self._vigil.still_ours(task):  # type: ignore[union-attr]
-                verdict = None  # taken over while the worker was frozen: it runs elsewhere
-            else:
+            if not task.cancelled and await self._still_to_run(task):
                 verdict = await self._flows.run(task, self.executor.run)
         except asyncio.CancelledError:
             if not task.cancelled:
-                del self._running[runner]  # type: ignore[index]
+                del self.slots.running[runner]
                 return  # the drain hands it back
-            runner.uncancel()  # type: ignore[union-attr]
-            verdict = Verdict("cancelled")
+            runner.uncancel()
         finally:
-            self._busy -= 1
-            self._handling.discard(runner)  # type: ignore[arg-type]
-            self._suspects.ended(task)
-            self._start_next()
-        self._recent_duration += (time.monotonic() - started - self._recent_duration) * 0.1
-        if task.cancelled:  # its result, if any, no longer matters
-            verdict = Verdict("cancelled")
+            self.slots.ended(runner, task, time.monotonic() - started)
+        if task.cancelled:  # the one place an attempt is judged cancelled: its result,
+            verdict = Verdict("cancelled")  # if any, no longer matters
         try:
             if verdict is not None:
                 await self.settler.settle(task, verdict)
                 self.processed += 1
                 self._flows.ended(task)
+            else:
+                self.claims.released(task.queue, task.id, task.fence)
         finally:
             self.limits.released(task)
-            self.claims.released(task.queue, task.id, task.fence)  # also when never settled
-            del self._running[runner]  # type: ignore[index]
+            del self.slots.running[runner]
+
+    async def _still_to_run(self, task: Task) -> bool:
+        """Whether a started task still runs here: a suspect first gets to run alone, and a
+        task fetched before the worker's claims were in doubt is still its own."""
+        if task.suspect and not await self.slots.suspects.start_alone(task):
+            return False
+        return await self._vigil.still_ours(task)  # type: ignore[union-attr]
 
     def _throttled(self, queue: str, task_type: str, reason: str) -> None:
         route = self.app.route(task_type)
@@ -345,11 +297,11 @@ class Worker:
     # -- stopping -------------------------------------------------------------------------
 
     async def _drain(self, fetching: asyncio.Task[None]) -> None:
-        self.draining = True
-        self._stopped.set()
+        self.slots.draining = True
+        self.slots.stopped.set()
         if self._aggregation is not None:  # its batches go to other workers at once
             await self._aggregation.stop()
-        self._slot_free.set()  # a fetcher waiting for room sees the stop and ends
+        self.slots.freed.set()  # a fetcher waiting for room sees the stop and ends
         # Not cancelled: a fetch cut short would strand the completions it carries (their
         # handlers would wait for them until the shutdown timeout) and the tasks it took.
         if not (await asyncio.wait([fetching], timeout=FETCH_STOP_TIMEOUT))[0]:
@@ -359,20 +311,20 @@ class Worker:
         self.settler.direct = True  # no fetch loop carries completions any more
         with contextlib.suppress(BrokerError):
             await self.settler.flush()
-        self._buffer.extend(self._suspects.take_all())
-        if self._buffer:
-            await self.settler.hand_back(list(self._buffer))
-            self._buffer.clear()
+        unstarted = self.slots.unstarted()
+        if unstarted:
+            await self.settler.hand_back(unstarted)
+        handling = self.slots.handling
         log.info("worker %s draining: %d task(s) running, waiting up to %g s", self.id,
-                 len(self._handling), self.settings.shutdown_timeout)
-        if self._handling:
+                 len(handling), self.settings.shutdown_timeout)
+        if handling:
             hurry = asyncio.ensure_future(self._hurry.wait())
-            await asyncio.wait([asyncio.gather(*self._handling, return_exceptions=True), hurry],
+            await asyncio.wait([asyncio.gather(*handling, return_exceptions=True), hurry],
                                timeout=self.settings.shutdown_timeout,
                                return_when=asyncio.FIRST_COMPLETED)
             hurry.cancel()
-        cancelled = list(self._handling)
-        unfinished = [self._running[r] for r in cancelled]
+        cancelled = list(handling)
+        unfinished = [self.slots.running[r] for r in cancelled]
         for runner in cancelled:
             runner.cancel()
         if unfinished:
@@ -382,7 +334,7 @@ class Worker:
                      f" ({len(unfinished) - handed} had ended)" if handed < len(unfinished)
                      else "")
         await self.settler.close(timeout=self.settings.settle_timeout)
-        settling = [r for r in self._running if not r.done()]
+        settling = [r for r in self.slots.running if not r.done()]
         if settling:
             await asyncio.wait(settling, timeout=self.settings.settle_timeout)
         for loop in reversed(self._loops):
@@ -394,5 +346,5 @@ class Worker:
 
     def _on_signal(self, sig: signal.Signals) -> None:
         log.info("received %s: %s", sig.name,
-                 "stopping now" if self._stopped.is_set() else "draining")
+                 "stopping now" if self.slots.stopped.is_set() else "draining")
         self.stop()

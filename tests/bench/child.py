@@ -140,7 +140,7 @@ def main() -> None:
             emit(
                 "exit",
                 latencies=systems.STATE.latencies,
-                tracing_exporter=systems.STATE.tracing_exporter,
+                tracing_exporter=systems.STATE.tracing_exporter, loop=systems.STATE.loop,
                 **status(),
             )
         elif a.role == "enqueue":

@@ -36,6 +36,7 @@ class State:
         self.lock = threading.Lock()
         self.tracing_exporter: bool | None = None  # obsq: did setup_tracing() install one
         self.url = ""  # of the Redis the worker serves (the `io` handler calls it)
+        self.loop = ""  # obsq: the event loop its worker ran on
 
 
 STATE = State()
@@ -91,7 +92,7 @@ class Obsq:
                              http_host="127.0.0.1")
 
         try:
-            asyncio.run(main())
+            run_on_loop(main())
         finally:
             shutdown_tracing()
 
@@ -147,6 +148,29 @@ class Obsq:
             return elapsed
 
         return asyncio.run(main())
+
+
+def run_on_loop(main):
+    """Run obsq's worker on the event loop `obsq worker` would pick (OBSQ_LOOP), or on
+    asyncio's where the obsq under test predates the choice (a baseline ref)."""
+    try:
+        from obsq.eventloop import run
+    except ImportError:
+        STATE.loop = "asyncio"
+        return asyncio.run(main)
+    from obsq.settings import WorkerSettings
+
+    choice = WorkerSettings.from_env().loop
+    STATE.loop = "uvloop" if choice != "asyncio" and _has_uvloop() else "asyncio"
+    return run(main, choice)
+
+
+def _has_uvloop() -> bool:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 # ----------------------------------------------------------------------- dramatiq

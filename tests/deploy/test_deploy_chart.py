@@ -1153,6 +1153,7 @@ def test_worker_settings_accept_the_rendered_environment(helm: str, scenario_nam
     assert settings.strict_priority is (env["OBSQ_STRICT_PRIORITY"] == "true")
     assert settings.max_recoveries == int(env["OBSQ_MAX_RECOVERIES"])
     assert settings.pool == env["OBSQ_POOL"]
+    assert settings.loop == env["OBSQ_LOOP"] == "auto"
     assert settings.stuck_limit == float(env["OBSQ_STUCK_LIMIT"])
     assert settings.unknown_type_max_age == float(env["OBSQ_UNKNOWN_TYPE_MAX_AGE"])
     assert settings.log_format == env["OBSQ_LOG_FORMAT"]

@@ -117,7 +117,7 @@ async def test_prefetched_tasks_keep_their_leases_too(app, client, start_worker)
     worker = await start_worker(concurrency=1, lease_seconds=1)
     await wait_until(lambda: "slow 1" in runs, timeout=10)
     # the scenario really happens: the second slow task waits in the prefetch buffer
-    await wait_until(lambda: [t.payload for t in worker._buffer] == ["slow 2"], timeout=5)
+    await wait_until(lambda: [t.payload for t in worker.slots.buffer] == ["slow 2"], timeout=5)
     await wait_until(lambda: "slow 2" in runs, timeout=30)
     await wait_until(lambda: worker.busy == 0, timeout=30)
     await asyncio.sleep(0.3)  # a duplicate would start as soon as the slot is free

@@ -217,7 +217,8 @@ def check_worker() -> None:
                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_SERVICE_NAME": "obsq-smoke"}
     jobs = [obsq.Job("smoke:add", [n, 1], retention=60) for n in range(5)]
     jobs.append(obsq.Job("smoke:upper", "obsq", retention=60))
-    worker = ["obsq", "worker", APP, "--http-port", "{port}"]
+    # --loop uvloop: a worker refuses to start without it, so the image must carry the extra
+    worker = ["obsq", "worker", APP, "--http-port", "{port}", "--loop", "uvloop"]
     try:
         with running(worker, ready="/readyz", env=tracing) as base, \
                 obsq.SyncClient(REDIS_URL, namespace=NAMESPACE) as client:

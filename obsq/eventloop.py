@@ -1,0 +1,51 @@
+"""The event loop a worker runs on. uvloop (libuv's loop, the `uvloop` extra, which the image
+installs) where it is installed: a worker spends much of its CPU per task in the loop's own
+machinery (tasks, timers, socket writes), which uvloop does in C. asyncio's own loop stays
+the fallback. `WorkerSettings.loop` (OBSQ_LOOP, `--loop`): `auto` (the default: uvloop if
+installed), `uvloop` (a worker without it does not start) or `asyncio`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from obsq.errors import ConfigurationError
+from obsq.settings import LOOPS
+
+T = TypeVar("T")
+
+
+def uses_uvloop(choice: str) -> bool:
+    """Whether the loop `choice` (one of settings.LOOPS) names is uvloop's."""
+    if choice not in LOOPS:
+        raise ConfigurationError(f"loop must be {', '.join(LOOPS)}, got {choice!r}")
+    if choice == "asyncio":
+        return False
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigurationError("OBSQ_LOOP=uvloop, but uvloop is not installed "
+                                     "(pip install 'obsq[uvloop]')") from None
+        return False
+    return True
+
+
+def run(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:
+    """asyncio.run(main) on the loop `choice` names."""
+    if uses_uvloop(choice):
+        import uvloop
+
+        return uvloop.run(main)
+    return asyncio.run(main)
+
+
+def loop_name(loop: asyncio.AbstractEventLoop | None = None) -> str:
+    """`uvloop 0.21.0` or `asyncio`: the running loop (or `loop`), as a start-up log says."""
+    loop = loop or asyncio.get_running_loop()
+    if type(loop).__module__.split(".")[0] == "uvloop":
+        import uvloop
+
+        return f"uvloop {uvloop.__version__}"
+    return "asyncio"

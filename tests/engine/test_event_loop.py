@@ -1,0 +1,55 @@
+"""The worker's event loop (obsq/eventloop.py): uvloop where installed, asyncio's own when
+OBSQ_LOOP says so or uvloop is missing, and a worker asked for uvloop without it does not
+start. `obsq worker` runs its tasks on either and says which at start."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+from support import wait_until
+
+import obsq
+from obsq import eventloop
+from obsq.errors import ConfigurationError
+from obsq.settings import WorkerSettings
+
+
+def test_the_loop_setting_comes_from_obsq_loop_and_is_checked() -> None:
+    assert WorkerSettings.from_env(environ={}).loop == "auto"
+    assert WorkerSettings.from_env(environ={"OBSQ_LOOP": "asyncio"}).loop == "asyncio"
+    with pytest.raises(ConfigurationError, match="loop must be auto or uvloop or asyncio"):
+        WorkerSettings.from_env(environ={"OBSQ_LOOP": "trio"})
+
+
+def test_asyncio_is_the_loop_asked_for_or_the_one_left_without_uvloop(monkeypatch) -> None:
+    assert eventloop.run(_loop_name(), "asyncio") == "asyncio"
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if not installed
+    assert eventloop.run(_loop_name(), "auto") == "asyncio"
+    with pytest.raises(ConfigurationError, match=r"pip install 'obsq\[uvloop\]'"):
+        eventloop.uses_uvloop("uvloop")
+
+
+def test_uvloop_is_the_default_where_installed() -> None:
+    uvloop = pytest.importorskip("uvloop")
+    assert eventloop.run(_loop_name(), "auto") == f"uvloop {uvloop.__version__}"
+    assert eventloop.run(_loop_name(), "uvloop") == f"uvloop {uvloop.__version__}"
+
+
+async def _loop_name() -> str:
+    return eventloop.loop_name()
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+async def test_the_worker_command_runs_tasks_on_the_loop_it_names(
+        loop: str, spawn_worker, redis_url: str, namespace: str) -> None:
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    worker = spawn_worker(OBSQ_LOOP=loop)
+    await wait_until(lambda: f"event loop {loop}" in worker.log(), timeout=20)
+    async with obsq.Client(redis_url, namespace=namespace) as client:
+        infos = [await client.enqueue("sleep", {"first": 0.01}, retention=60)
+                 for _ in range(20)]
+        results = await asyncio.gather(*(client.result(i, timeout=20) for i in infos))
+    assert results == [{"attempt": 1}] * 20
