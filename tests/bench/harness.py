@@ -121,18 +121,21 @@ class Child:
     """A `child.py` subprocess speaking the line protocol: it writes `BENCH {json}` lines to
     stdout and takes GO / MARK / STOP commands on stdin."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, label: str = ""):
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, label: str = "",
+                 python: str = sys.executable, pythonpath: str | None = None):
+        """`python` and `pythonpath` ("": none, for a venv's own obsq; None: the checkout
+        first) run another obsq (compare.py's baseline)."""
         self.label = label or " ".join(args[:2])
         self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in close())
         full_env = dict(os.environ)
-        full_env["PYTHONPATH"] = os.pathsep.join(
+        full_env["PYTHONPATH"] = pythonpath if pythonpath is not None else os.pathsep.join(
             p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p
         )
         full_env["PYTHONUNBUFFERED"] = "1"
         if env:
             full_env.update(env)
         self.proc = subprocess.Popen(
-            [sys.executable, str(CHILD), *args],
+            [python, str(CHILD), *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
             text=True, env=full_env, cwd=str(REPO),
         )
@@ -221,9 +224,10 @@ class Child:
         self.stderr.close()
 
 
-def run_child(args: list[str], timeout: float = 300, label: str = "") -> dict:
-    """Run a one-shot child (a producer) and return its `result` record."""
-    c = Child(args, label=label)
+def run_child(args: list[str], timeout: float = 300, label: str = "", **how) -> dict:
+    """Run a one-shot child (a producer) and return its `result` record; `how`: Child's
+    `env`, `python` and `pythonpath`."""
+    c = Child(args, label=label, **how)
     try:
         return c.expect("result", timeout)
     finally:

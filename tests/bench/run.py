@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -20,6 +21,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from compare import Contender, against, baseline, default_ref, median_of
 from harness import (
     Child,
     ChildError,
@@ -33,6 +35,8 @@ from harness import (
 )
 
 ALL_SYSTEMS = ("obsq", "dramatiq", "taskiq")
+CURRENT = Contender("obsq", "obsq")  # the checkout's obsq
+PEERS = ("dramatiq", "taskiq")
 POLL = 0.005  # seconds between drain checks
 STALL = 20.0  # seconds without progress before a drain is reported as stuck
 CALIBRATE = 200  # done-checks timed on the idle server before each drain
@@ -77,10 +81,15 @@ def backlog(system: str, r) -> int:
 # ------------------------------------------------------------------------ workloads
 
 
-def enqueue(system: str, rs: RedisServer, n: int, mode: str, task: str = "noop") -> dict:
+def _how(c: Contender) -> dict:
+    """How to start a child of contender `c` (run_child's and Child's keywords)."""
+    return {"env": c.env, "python": c.python, "pythonpath": c.pythonpath}
+
+
+def enqueue(c: Contender, rs: RedisServer, n: int, mode: str, task: str = "noop") -> dict:
     cpu0 = rs.cpu_seconds()
-    res = run_child([system, "enqueue", "--url", rs.url, "--n", str(n), "--mode", mode,
-                     "--task", task], label=f"{system} enqueue {mode}")
+    res = run_child([c.system, "enqueue", "--url", rs.url, "--n", str(n), "--mode", mode,
+                     "--task", task], label=f"{c.label} enqueue {mode}", **_how(c))
     cpu1 = rs.cpu_seconds()
     return {"n": n, "seconds": res["elapsed"], "rate": n / res["elapsed"],
             "redis_cpu_us": (cpu1 - cpu0) * 1e6 / n}
@@ -105,7 +114,7 @@ def worker_args(system: str, rs: RedisServer, opts: dict) -> list[str]:
     return args
 
 
-def drain(system: str, rs: RedisServer, n: int, *, opts: dict | None = None,
+def drain(c: Contender, rs: RedisServer, n: int, *, opts: dict | None = None,
           env: dict | None = None, pickup_n: int = 0, rate: float = 200.0,
           profile: str | None = None, out: dict | None = None, task: str = "noop",
           name: str = "drain") -> dict:
@@ -113,15 +122,16 @@ def drain(system: str, rs: RedisServer, n: int, *, opts: dict | None = None,
     time the drain (as out[name]); then, optionally, the pickup latency of the same worker
     once idle."""
     opts = opts or {}
+    system = c.system
     out = {} if out is None else out  # filled as figures arrive, so a failure keeps them
-    out["enqueue_bulk" if name == "drain" else f"{name}_fill"] = enqueue(system, rs, n,
-                                                                         "bulk", task)
+    out["enqueue_bulk" if name == "drain" else f"{name}_fill"] = enqueue(c, rs, n, "bulk", task)
     r = rs.client
     have = backlog(system, r)
     if have != n:
         raise ChildError(f"{system}: {have} tasks queued after enqueuing {n}")
 
-    w = Child(worker_args(system, rs, opts), env=env, label=f"{system} worker")
+    w = Child(worker_args(system, rs, opts), env={**c.env, **(env or {})},
+              label=f"{c.label} worker", python=c.python, pythonpath=c.pythonpath)
     spy = None
     try:
         w.expect("ready", 60)
@@ -172,7 +182,7 @@ def drain(system: str, rs: RedisServer, n: int, *, opts: dict | None = None,
         if pickup_n:
             time.sleep(1.0)  # let the worker go idle (blocked / polling)
             res = run_child([system, "pickup", "--url", rs.url, "--n", str(pickup_n),
-                             "--rate", str(rate)], label=f"{system} pickup")
+                             "--rate", str(rate)], label=f"{c.label} pickup", **_how(c))
             deadline = time.perf_counter() + STALL
             while backlog(system, r) and time.perf_counter() < deadline:
                 time.sleep(POLL)
@@ -186,6 +196,8 @@ def drain(system: str, rs: RedisServer, n: int, *, opts: dict | None = None,
                 "p99_ms": percentile(lat, 99), "max_ms": max(lat) if lat else float("nan"),
             }
         out[name]["peak_rss_mb"] = max(out[name]["peak_rss_mb"], ex["peak_rss_mb"])
+        if ex.get("loop"):
+            out[name]["loop"] = ex["loop"]
     finally:
         if spy:
             spy.stop()
@@ -193,39 +205,38 @@ def drain(system: str, rs: RedisServer, n: int, *, opts: dict | None = None,
     return out
 
 
-def bench_system(system: str, binary: str, args) -> dict:
+def bench_system(c: Contender, binary: str, args) -> dict:
     res: dict = {}
+    system = c.system
     with RedisServer(binary) as rs:
         try:
-            res["enqueue_single"] = enqueue(system, rs, args.single, "single")
+            res["enqueue_single"] = enqueue(c, rs, args.single, "single")
             if system == "obsq":  # its other producer paths, and the limits beside them
-                res["enqueue_sync"] = enqueue(system, rs, args.single, "sync")
-                res["enqueue_concurrent"] = enqueue(system, rs, args.tasks, "concurrent")
+                res["enqueue_sync"] = enqueue(c, rs, args.single, "sync")
+                res["enqueue_concurrent"] = enqueue(c, rs, args.tasks, "concurrent")
                 res["ping_sync"] = ping(rs, args.single, "sync")
                 res["ping_async"] = ping(rs, args.single, "async")
             rs.flush()
             opts = {"metrics": args.metrics, "tracing": args.tracing} if system == "obsq" else {}
             with OtlpSink() as sink:
                 env = sink.env if opts.get("tracing") else None
-                drain(system, rs, args.tasks, opts=opts, env=env, pickup_n=args.pickup,
-                      out=res)
+                drain(c, rs, args.tasks, opts=opts, env=env, pickup_n=args.pickup, out=res)
                 if env:
                     res["otlp"] = {
                         "requests": sink.requests, "bytes": sink.bytes, "spans": sink.spans
                     }
             rs.flush()
-            drain(system, rs, args.tasks, opts=opts, env=env, out=res, task="io",
-                  name="drain_io")
-            if system == "obsq" and not args.tracing:  # the same drain, traced
+            drain(c, rs, args.tasks, opts=opts, env=env, out=res, task="io", name="drain_io")
+            if system == "obsq" and not args.tracing and not args.no_traced:  # traced
                 for name, traced_env in TRACED_DRAINS.items():
                     rs.flush()
                     with OtlpSink() as sink:
-                        drain(system, rs, args.tasks, opts={**opts, "tracing": True},
+                        drain(c, rs, args.tasks, opts={**opts, "tracing": True},
                               env={**sink.env, **traced_env}, out=res, name=name)
                         res[name]["spans"] = sink.spans
         except ChildError as e:
             res["error"] = str(e)
-            print(f"!! {system} failed:\n{e}", file=sys.stderr)
+            print(f"!! {c.label} failed:\n{e}", file=sys.stderr)
     return res
 
 
@@ -250,7 +261,7 @@ def overhead(binary: str, args) -> dict:
         with RedisServer(binary) as rs, OtlpSink() as sink:
             env = sink.env if opts.get("tracing") else None
             try:
-                d = drain("obsq", rs, args.tasks, opts=opts, env=env)["drain"]
+                d = drain(CURRENT, rs, args.tasks, opts=opts, env=env)["drain"]
             except ChildError as e:
                 print(f"!! obsq ({name}) failed:\n{e}", file=sys.stderr)
                 d = {"error": str(e)}
@@ -306,7 +317,7 @@ def targets(res: dict) -> list[tuple[str, str, str, bool | None]]:
     o = res.get("obsq", {})
     d, p = o.get("drain", {}), o.get("pickup", {})
     es, eb = o.get("enqueue_single", {}), o.get("enqueue_bulk", {})
-    peers = [(get(res, s, "drain", "rate"), s) for s in res if s != "obsq"]
+    peers = [(get(res, s, "drain", "rate"), s) for s in res if s in PEERS]
     peers = [(r, s) for r, s in peers if r]
     out = []
 
@@ -323,6 +334,17 @@ def targets(res: dict) -> list[tuple[str, str, str, bool | None]]:
         add(f"drain vs fastest peer ({who})", ">= 7x", x, x is not None and x >= 7, "x")
     else:
         add("drain vs fastest peer", ">= 7x", None, False)
+    io_peers = [(r, s) for r, s in ((get(res, s, "drain_io", "rate"), s) for s in res
+                                    if s in PEERS) if r]
+    io = o.get("drain_io", {}).get("rate")
+    if io_peers:
+        best, who = max(io_peers)
+        x = io / best if io else None
+        add(f"drain, 1 Redis call/task, vs {who}", ">= 4x", x, x is not None and x >= 4, "x")
+    else:
+        add("drain, 1 Redis call/task, vs best peer", ">= 4x", None, False)
+    v = d.get("worker_cpu_us")
+    add("worker CPU / no-op task (drain)", "<= 30 us", v, v is not None and v <= 30, "us")
     v = d.get("round_trips")
     add("round trips / task (drain)", "<= 0.5", v, v is not None and v <= 0.5)
     v = d.get("redis_cpu_us")
@@ -414,7 +436,7 @@ def producer_rows(res: dict) -> list[tuple[str, str, str, str, str, bool | None]
     for key, label, target in (("drain_io", "drain, one awaited Redis call/task", "(report)"),
                                ("drain", "drain, no-op handler", ">= 7x")):
         mine = get(res, "obsq", key, "rate")
-        peers = [(get(res, s, key, "rate"), s) for s in res if s != "obsq"]
+        peers = [(get(res, s, key, "rate"), s) for s in res if s in PEERS]
         peers = [(r, s) for r, s in peers if r]
         best, who = max(peers) if peers else (None, "peers")
         x = _ratio(mine, best)
@@ -456,7 +478,7 @@ def report(res: dict, systems, args) -> None:
     for b in blocks:
         print("\n".join(b))
         print()
-    print("bulk paths: " + "; ".join(f"{s}: {BULK_HOW[s]}" for s in systems))
+    print("bulk paths: " + "; ".join(f"{s}: {BULK_HOW[s]}" for s in systems if s in BULK_HOW))
     share = [
         f"{s} {fmt(get(res, s, 'drain', 'poll_redis_cpu_us'))}"
         for s in systems
@@ -522,6 +544,24 @@ def report_overhead(ov: dict) -> None:
               f"{fmt(d.get('otlp_spans')):>15}")
 
 
+def report_rounds(rounds: list[dict], labels: list[str]) -> None:
+    """The drains of each round, so the spread behind each median shows."""
+    print("\n== drains per round, tasks/s (no-op / one awaited Redis call) ==")
+    for label in labels:
+        cells = [f"{fmt(get(r, label, 'drain', 'rate'))} / {fmt(get(r, label, 'drain_io', 'rate'))}"
+                 for r in rounds]
+        loop = get(rounds[0], label, "drain", "loop")
+        print(f"{label:<22} {'   '.join(cells)}{f'   (loop: {loop})' if loop else ''}")
+
+
+def report_baseline(current: dict, base: dict, label: str) -> None:
+    print(f"\n== obsq (this checkout) vs {label}, same run: ratio = obsq / {label} ==")
+    print(f"{'figure':<36} {'obsq':>12} {label:>14} {'ratio':>7}   verdict")
+    for figure, now, then, ratio, worse in against(current, base):
+        print(f"{figure:<36} {fmt(now):>12} {fmt(then):>14} {ratio:>6.2f}x   "
+              f"{'WORSE by more than 5 %' if worse else ''}")
+
+
 def _terminate(signum, frame) -> None:
     raise SystemExit(128 + signum)  # unwind, so private redis-servers and children stop
 
@@ -546,7 +586,21 @@ def main() -> None:
     p.add_argument("--profile", nargs="?", const="/tmp/obsq-drain.svg", metavar="SVG",
                    help="also run one obsq drain under py-spy (flame graph to SVG, "
                         "default /tmp/obsq-drain.svg)")
+    p.add_argument("--profile-task", choices=("noop", "io"), default="noop",
+                   help="the handler of the profiled drain (default noop)")
     p.add_argument("--redis-server", help="redis-server binary (default: newest on PATH)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="interleaved rounds (each system in turn per round); the report "
+                        "gives each figure's median")
+    p.add_argument("--baseline-ref", metavar="REF",
+                   help="git ref of obsq to run beside the checkout in the same run, "
+                        "installed in a scratch venv (default: the newest tag before HEAD, "
+                        "else HEAD~1)")
+    p.add_argument("--no-baseline", action="store_true", help="run no baseline")
+    p.add_argument("--asyncio", action="store_true",
+                   help="also run the checkout's obsq on asyncio's loop (OBSQ_LOOP=asyncio)")
+    p.add_argument("--no-traced", action="store_true",
+                   help="skip obsq's three traced drains (quicker rounds)")
     args = p.parse_args()
     args.single = max(1, args.tasks // 4)
     args.pickup = max(50, args.tasks // 20)
@@ -565,18 +619,42 @@ def main() -> None:
         report_overhead(ov)
         figures["overhead"] = ov
     else:
-        res = {}
-        for s in systems:
-            t = time.monotonic()
-            res[s] = bench_system(s, binary, args)
-            print(f"[{s} done in {time.monotonic() - t:.0f}s]", file=sys.stderr)
-        report(res, systems, args)
+        contenders = [Contender(s, s) for s in systems]
+        base = None
+        if "obsq" in systems and not args.no_baseline:
+            base = baseline(args.baseline_ref or default_ref())
+            contenders.insert(1, base)
+        if "obsq" in systems and args.asyncio:
+            contenders.insert(1, Contender("obsq/asyncio", "obsq", env={"OBSQ_LOOP": "asyncio"}))
+        rounds, loads = [], []
+        for i in range(args.rounds):
+            loads.append(os.getloadavg()[0])
+            res = {}
+            for c in contenders:
+                t = time.monotonic()
+                res[c.label] = bench_system(c, binary, args)
+                print(f"[round {i + 1}/{args.rounds}: {c.label} done in "
+                      f"{time.monotonic() - t:.0f}s, load {os.getloadavg()[0]:.2f}]",
+                      file=sys.stderr)
+            rounds.append(res)
+        labels = [c.label for c in contenders]
+        res = {label: median_of([r[label] for r in rounds]) for label in labels}
+        print(f"{args.rounds} interleaved round(s), the median of each figure; load average "
+              f"(1 min) at each round's start: {', '.join(f'{x:.2f}' for x in loads)}, at "
+              f"the end: {os.getloadavg()[0]:.2f}\n")
+        report(res, labels, args)
+        report_rounds(rounds, labels)
+        if base is not None:
+            report_baseline(res["obsq"], res[base.label], base.label)
         figures["results"] = res
+        figures["rounds"] = rounds
+        figures["load"] = loads
     if args.profile:
         opts = {"metrics": args.metrics, "tracing": args.tracing}
         with RedisServer(binary) as rs, OtlpSink() as sink:
             env = sink.env if args.tracing else None
-            d = drain("obsq", rs, args.tasks, opts=opts, env=env, profile=args.profile)["drain"]
+            d = drain(CURRENT, rs, args.tasks, opts=opts, env=env, task=args.profile_task,
+                      profile=args.profile)["drain"]
         print(
             f"\nprofiled obsq drain (metrics={args.metrics} tracing={args.tracing}, "
             f"py-spy attached): {fmt(d['rate'])} tasks/s; flame graph: {args.profile}"
