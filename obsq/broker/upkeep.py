@@ -129,7 +129,7 @@ class Upkeep(RedisCalls):
         (unfinished.lua), each queue read at one moment."""
         calls: list[ScriptCall] = [
             ("unfinished", (self.keys(q).pending, self.keys(q).paused, self.keys(q).active),
-             (0, worker_id)) for q in queues]
+             (worker_id,)) for q in queues]
         return sum(await self._scripts(calls))
 
     async def memory_usage(self) -> tuple[int, int] | None:
