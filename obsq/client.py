@@ -69,10 +69,9 @@ class Client:
         cannot lose an acknowledged task. `memory_share`: enqueues are refused (BrokerError,
         `out_of_memory`) once Redis uses more than this share of its maxmemory (default
         ENQUEUE_MEMORY_SHARE; 1: only Redis's own limit), keeping the rest for workers.
-
         `call_timeout` (None: OBSQ_CALL_TIMEOUT, else 5 s): each call (but result's wait)
-        that Redis does not answer within it fails with BrokerTimeout. `clock`: the time
-        its scripts and its `eta`s count from (None: Redis's; obsq.testing gives its own)."""
+        that Redis does not answer within it fails with BrokerTimeout. `clock`: what its
+        scripts and `eta`s count time by (None: Redis's clock; obsq.testing's is manual)."""
         namespace = namespace or (app.namespace if app is not None else DEFAULT_NAMESPACE)
         self.namespace = validate_namespace(namespace)
         self.call_timeout = call_timeout_of(call_timeout)

@@ -3,7 +3,8 @@ concurrency across all workers, its rate, one task at a time per ordering key, a
 own route limits, and nothing leaked when a worker holding slots is SIGKILLed.
 
 The handlers of tests/engine/apps.py record each attempt's span on this host's clock; run
-with `-s` for the figures."""
+with `-s` for the figures. The times a rate limit gives are checked on a clock the test
+steps (obsq.testing)."""
 
 from __future__ import annotations
 
@@ -110,6 +111,25 @@ async def test_an_ordering_key_runs_one_at_a_time_in_order(client, broker, raw_r
     assert seqs.count(10) == 2 and seqs.index(11) == seqs.index(10) + 2  # its retry kept order
     assert most_at_once(everything) > 1  # different keys ran side by side
     assert (await depth(broker))["pending"] == 0
+
+
+async def test_a_rate_limit_lets_a_burst_of_two_start_then_one_per_interval(app, start_env
+                                                                          ) -> None:
+    started: list[float] = []
+
+    @app.task("paced", rate_limit="6/m")  # one start per 10 s, two at once at most
+    async def paced(task: obsq.Task):
+        started.append(env.clock.time() - start)
+
+    env = await start_env()
+    start = env.clock.time()
+    await env.client.enqueue_many([obsq.Job("paced", n) for n in range(5)])
+    await env.drain()
+    assert started == [0, 0]
+    await env.advance(19.999)
+    assert started == [0, 0]  # the third start is reserved for 20 s
+    await env.advance(30)
+    assert started == [0, 0, 20, 30, 40]
 
 
 async def test_a_workers_own_route_limit_does_not_block_the_rest_of_its_queue(
