@@ -46,7 +46,7 @@ class ClientFlows:
         enqueue its first steps."""
         steps, last = flatten(flow)
         flow_id = new_task_id()
-        now = time.time()
+        now = self.broker.clock.time()
         messages = [self.client._message(step.job, now) for step in steps]
         for n, m in enumerate(messages):
             m.id, m.id_chosen = step_id(flow_id, n), True

@@ -76,7 +76,7 @@ class FlowLoop(BackgroundLoop):
 
     async def sweep(self) -> None:
         """The flows due a look: launch what they left launching, look again later."""
-        now = time.time()
+        now = self.broker.clock.time()
         for raw in await self.broker.index_flows("due", int(now * 1000), FLOW_BATCH):
             flow_id = raw.decode()
             state = await relaunch(self.broker, flow_id)
