@@ -302,6 +302,14 @@ def redis_cli_acl(command: str, redis_url: str) -> None:
                        capture_output=True, timeout=30)
 
 
+def pytest_example(command: str, redis_url: str) -> None:
+    """The testing guide's example tests, which tests/test_testing.py runs as written (with
+    obsq's pytest plugin): here, the command names that directory."""
+    assert command == "pytest examples/testing"
+    assert (ROOT / "examples" / "testing" / "test_tasks.py").is_file()
+    assert 'ROOT / "examples" / "testing"' in (ROOT / "tests" / "test_testing.py").read_text()
+
+
 def install_extra(command: str, redis_url: str) -> None:
     """`pip install 'obsq[EXTRA]'`: the extra is declared, and what it brings is installed
     here (the test extra includes it), so the suite runs obsq with it."""
@@ -315,6 +323,7 @@ def install_extra(command: str, redis_url: str) -> None:
 
 HANDLERS: dict[str, Callable[[str, str], None]] = {
     "pip install 'obsq[": install_extra,
+    "pytest examples/testing": pytest_example,
     "obsq acl ": acl,
     "redis-cli ACL SETUSER ": redis_cli_acl,
     "python3 -m venv ": install_and_demo,
