@@ -67,7 +67,8 @@ def test_the_use_section_runs_as_written(project, readme_worker, redis_url) -> N
     produced = run([sys.executable, "produce.py"], cwd=project,
                    env=obsq_env(OBSQ_REDIS_URL=redis_url))
     assert produced.stdout.splitlines() == [
-        "{'sent_to': 'a@b.c'}", "completed", "scheduled", "2", "default"]
+        "{'sent_to': 'a@b.c'}", "completed", "scheduled", "2", "report for 12",
+        "report for 12", "default"]
 
 
 def test_the_console_section_runs_as_written(project, readme_worker, redis_url) -> None:
