@@ -25,6 +25,8 @@ from obsq.inspector import MAX_PAGE, Inspector, QueueInfo
 from obsq.terminal import (
     Output,
     first_line,
+    flow_text,
+    flows_table,
     groups_table,
     print_tasks,
     schedules_table,
@@ -71,6 +73,12 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
     task = looking("task", "everything about one task: payload, error, traceback, worker")
     task.add_argument("id")
     task.add_argument("--queue", help="its queue (default: looked up)")
+    flow = looking("flow", "a flow (chain or chord): its steps and where it stands")
+    flow.add_argument("id")
+    flows = looking("flows", "the flows kept: running, or ended within their retention")
+    flows.add_argument("--limit", type=whole(1, MAX_PAGE), default=20,
+                       help=f"flows a page (1 to {MAX_PAGE}; 20)")
+    flows.add_argument("--offset", type=whole(0), default=0)
     groups = looking("groups", "task groups waiting for their aggregator, and batches "
                      "claimed or failing; with --type and --group, one group's tasks")
     groups.add_argument("queue")
@@ -231,6 +239,22 @@ async def task(inspector: Inspector, args: argparse.Namespace, out: Output) -> N
     print(task_text(out, detail))
 
 
+async def flow(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
+    info = await inspector.flow(args.id)
+    if out.as_json:
+        return out.data(info)
+    print(flow_text(out, info))
+
+
+async def flows(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
+    total, found = await inspector.flows(args.limit, args.offset)
+    if out.as_json:
+        return out.data({"total": total, "flows": found})
+    print(flows_table(out, found) if found else "no flows kept")
+    if total > len(found):
+        print(out.paint(f"\n{len(found)} shown of {total:,} flow(s)", "dim"))
+
+
 async def workers(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
     found = await inspector.workers()
     if out.as_json:
@@ -323,6 +347,7 @@ async def doctor(inspector: Inspector, args: argparse.Namespace, out: Output) ->
 
 
 HANDLERS = {"stats": stats, "queues": queues, "tasks": tasks, "task": task, "groups": groups,
+            "flow": flow, "flows": flows,
             "workers": workers, "schedules": schedules, "doctor": doctor, "requeue": requeue,
             "cancel": cancel, "delete": delete, "purge": purge, "pause": pause, "unpause": pause}
 

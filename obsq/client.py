@@ -131,8 +131,7 @@ class Client:
         enqueued, across all workers (each queue keeps its own order). A task given a
         `group` waits in it (state `aggregating`) for the aggregator of its type
         (app.aggregate), and takes no option but queue, task_id and headers. The enqueues
-        of concurrent callers share round trips (EnqueueCoalescer). Given a flow
-        (obsq.chain, obsq.chord), it enqueues that and returns its FlowInfo."""
+        of concurrent callers share round trips. A flow (obsq.chain, obsq.chord): FlowInfo."""
         if isinstance(task_type, (Chain, Chord)):
             return await self.flows.enqueue(task_type)
         if group is not None:

@@ -9,6 +9,7 @@ between leaves them to the flow sweep (FlowLoop)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -54,8 +55,9 @@ class ClientFlows:
         first = [n for n, step in enumerate(steps) if not step.waits_for]
 
         async def store(checked: list[TaskMessage]) -> list[TaskInfo]:
-            await self.broker.create_flow(flow_id, first, stored_fields(
-                steps, checked, last, flow.retention), int((now + FLOW_LAUNCH_GRACE) * 1000))
+            await self.broker.create_flow(
+                flow_id, first, stored_fields(steps, checked, last, flow.retention),
+                int(now * 1000), int((now + FLOW_LAUNCH_GRACE) * 1000))
             await launch(self.broker, flow_id, [(n, encode_message(checked[n]))
                                                 for n in first])
             return [info_after_enqueue(m, Enqueued(True)) for m in checked]
@@ -69,6 +71,16 @@ class ClientFlows:
             raise TaskNotFound(f"no flow {flow_id!r} (an ended flow is kept for its "
                                "retention)")
         return FlowInfo.from_record(flow_id, fields, results)
+
+    async def page(self, limit: int = 20, offset: int = 0) -> tuple[int, list[FlowInfo]]:
+        """The number of flows kept, and a page of them, the latest first (one gone since
+        it was listed is left out)."""
+        total, *ids = await self.broker.index_flows("page", offset, limit)
+        flows = []
+        for raw in ids:
+            with contextlib.suppress(TaskNotFound):
+                flows.append(await self.info(raw.decode()))
+        return int(total), flows
 
     async def result(self, flow_id: str, timeout: float | None) -> Any:
         """Its last step's result, once the flow completed; FlowFailed when a step ended it

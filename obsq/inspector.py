@@ -21,6 +21,7 @@ from obsq.broker import TASK_STATES, Broker
 from obsq.broker.inspection import PURGEABLE, REVIVABLE, PageRow
 from obsq.client import Client
 from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound
+from obsq.flow import FlowInfo
 from obsq.group_view import BatchInfo, GroupInfo, GroupPage, group_page
 from obsq.names import validate_namespace
 from obsq.schedule import ScheduleInfo, read_schedules
@@ -237,6 +238,13 @@ class Inspector:
         """The schedule entries (the App's, once a scheduler has written them, and those
         added at run time) with their next and last fire, soonest first."""
         return await read_schedules(self.broker)
+
+    async def flows(self, limit: int = 20, offset: int = 0) -> tuple[int, list[FlowInfo]]:
+        """How many flows are kept (running, or ended within their retention), and a page."""
+        return await self._client.flows.page(limit, offset)
+
+    async def flow(self, flow_id: str) -> FlowInfo:
+        return await self._client.flows.info(flow_id)
 
     async def namespaces(self) -> list[str]:
         """The namespaces that hold queues on this Redis (a SCAN bounded in time)."""

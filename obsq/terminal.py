@@ -10,6 +10,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+from obsq.flow import FlowInfo
 from obsq.inspector import (
     GroupPage,
     ScheduleInfo,
@@ -118,6 +119,34 @@ def task_text(out: Output, d: TaskDetail) -> str:
     if d.traceback:
         lines += [out.paint("traceback", "bold"), indent(d.traceback.rstrip())]
     return "\n".join(lines)
+
+
+def flow_text(out: Output, f: FlowInfo) -> str:
+    """A flow's state, then a table of its steps (the step that ended it marked)."""
+    fields = [("flow", f.id), ("state", out.paint(f.state, _FLOW_STYLE.get(f.state, f.state))),
+              ("enqueued", when(f.enqueued_at)), ("finished", when(f.completed_at)),
+              ("failed at", "" if f.failed_step is None else f"step {f.failed_step}"),
+              ("error", out.paint(first_line(f.error or ""), "error")),
+              ("result", json_text(f.result) if f.result is not None else "")]
+    lines = [f"{out.paint(name.ljust(12), 'bold')}{value}" for name, value in fields]
+    rows = [[str(s.index), s.id, s.queue, s.type, (s.state, s.state),
+             " ".join(map(str, s.waits_for)) or "-"] for s in f.steps]
+    return "\n".join([*lines, "", out.table(["step", "task", "queue", "type", "state",
+                                             "waits for"], rows)])
+
+
+def flows_table(out: Output, found: list[FlowInfo]) -> str:
+    rows = []
+    for f in found:
+        done = sum(s.state == "completed" for s in f.steps)
+        rows.append([f.id, (f.state, _FLOW_STYLE.get(f.state, f.state)),
+                     f"{done}/{len(f.steps)}", when(f.enqueued_at), when(f.completed_at),
+                     ("" if f.failed_step is None else f"step {f.failed_step}", "error")])
+    return out.table(["flow", "state", "steps done", "enqueued (UTC)", "finished (UTC)",
+                      "failed at"], rows)
+
+
+_FLOW_STYLE = {"running": "active", "failed": "dead"}
 
 
 def json_text(value: Any) -> str:

@@ -18,10 +18,10 @@ class Flowing(RedisCalls):
         return FlowKeys(self.namespace, flow_id)
 
     async def create_flow(self, flow_id: str, first: Sequence[int], fields: Sequence[Any],
-                          look_at_ms: int) -> bool:
+                          written_ms: int, look_at_ms: int) -> bool:
         """Index the flow (the sweep looks at it at `look_at_ms`), then write it with its
         `first` steps launching; False when it existed."""
-        await self.index_flows("add", flow_id, look_at_ms)
+        await self.index_flows("add", flow_id, written_ms, look_at_ms)
         k = self.flow_keys(flow_id)
         return bool(await self._script("flow_create", (k.flow, k.launching),
                                        (len(first), *first, *fields)))
@@ -95,7 +95,8 @@ class Flowing(RedisCalls):
 
     async def index_flows(self, mode: str, *args: Any) -> Any:
         """flow_index.lua on the namespace's index of flows."""
-        return await self._script("flow_index", (self.global_keys.flows,), (mode, *args))
+        g = self.global_keys
+        return await self._script("flow_index", (g.flows, g.flow_look), (mode, *args))
 
 
 def _state(raw: bytes | str) -> str:

@@ -80,7 +80,7 @@ class QueueKeys:
 
 
 class GlobalKeys:
-    __slots__ = ("dataset", "flows", "namespace", "queues", "workers")
+    __slots__ = ("dataset", "flow_look", "flows", "namespace", "queues", "workers")
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
@@ -88,7 +88,10 @@ class GlobalKeys:
         self.workers = f"{namespace}:workers"  # zset worker id -> last heartbeat (ms)
         # a token the first worker writes, no expiry: missing, the data set is gone
         self.dataset = f"{namespace}:dataset"
-        self.flows = f"{namespace}:flows"  # zset flow id -> the flow sweep's next look (ms)
+        # the flows, under one hash tag (flow_index.lua): zsets flow id -> when it was
+        # written, and -> when the flow sweep looks at it next (ms)
+        self.flows = f"{namespace}:{{flows}}:index"
+        self.flow_look = f"{namespace}:{{flows}}:look"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.namespace}:worker:{worker_id}"  # hash describing a live worker

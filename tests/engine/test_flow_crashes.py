@@ -109,7 +109,7 @@ async def test_a_producer_killed_before_enqueueing_the_first_steps(
     with contextlib.suppress(asyncio.CancelledError):
         await client.enqueue(chord([Job("one"), Job("one")], Job("one")))
     monkeypatch.undo()
-    [raw_id] = raw_redis.zrange(f"{namespace}:flows", 0, -1)
+    [raw_id] = raw_redis.zrange(f"{namespace}:{{flows}}:index", 0, -1)
     flow = obsq.FlowInfo(raw_id.decode(), "running", [], 2)
     assert [s.state for s in (await client.info(flow)).steps] == ["launching"] * 2 + [
         "waiting"]

@@ -12,7 +12,9 @@ from support import wait_until
 
 import obsq
 from obsq import Job, chain, chord
-from obsq.broker import FlowKeys
+from obsq.broker import FlowKeys, GlobalKeys, QueueKeys
+
+from .helpers import collides, queue_key_names
 
 
 def _add_handlers(app: obsq.App, ran: list[tuple[str, object, object]]) -> None:
@@ -168,3 +170,48 @@ def test_a_flow_checks_its_steps() -> None:
         chain("t")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         chain(Job("t", task_id="mine"))
+
+
+def test_the_flows_keys_do_not_collide_with_a_queue_named_flows() -> None:
+    """A queue named "flows" shares the index's prefix: its names must differ."""
+    queue, flows = QueueKeys("ns", "flows"), GlobalKeys("ns")
+    assert flows.flows.startswith(queue.prefix) and flows.flow_look.startswith(queue.prefix)
+    taken = queue_key_names(skip_scripts=("flow_index.lua",))
+    mine = [flows.flows[len(queue.prefix):], flows.flow_look[len(queue.prefix):]]
+    assert [name for name in mine if collides(name, taken)] == []
+
+
+async def test_the_inspector_and_the_sync_client_see_flows(
+        app, redis_url, namespace, start_worker, inspector) -> None:
+    ran: list[tuple[str, object, object]] = []
+    _add_handlers(app, ran)
+    await start_worker()
+
+    def produce() -> tuple[obsq.FlowInfo, object]:
+        with obsq.SyncClient(redis_url, app=app) as sync_client:
+            flow = sync_client.enqueue(chain(Job("add", 2), Job("add", 3)))
+            result = sync_client.result(flow, timeout=20)
+            assert sync_client.info(flow).state == "completed"
+            return flow, result
+
+    flow, result = await asyncio.to_thread(produce)
+    assert result == 5
+    total, flows = await inspector.flows()
+    assert total == 1 and [f.id for f in flows] == [flow.id]
+    assert (await inspector.flow(flow.id)).result == 5
+
+
+async def test_the_flow_commands(app, client, start_worker, obsq_cli) -> None:
+    ran: list[tuple[str, object, object]] = []
+    _add_handlers(app, ran)
+    await start_worker()
+    flow = await client.enqueue(chain(Job("add", 1), Job("boom", "c"), Job("add", 2)))
+    with pytest.raises(obsq.FlowFailed):
+        await client.result(flow, timeout=20)
+    code, output = await obsq_cli("flow", flow.id)
+    assert code == 0 and "failed" in output and "step 1" in output and "boom c" in output
+    assert flow.steps[2].id in output and "waiting" in output
+    code, output = await obsq_cli("flows", "--json")
+    assert code == 0 and flow.id in output
+    code, output = await obsq_cli("flow", "nope")
+    assert code == 1 and "no flow" in output
