@@ -67,11 +67,11 @@ async def test_a_steps_end_waits_in_its_queues_flow_inbox_until_recorded(
     async def one(task: obsq.Task):
         return 1
 
-    flow = await client.enqueue(chain(Job("one"), Job("one"), Job("one")))
     inbox = f"{namespace}:{{default}}:inbox:~flows"
     worker = await start_worker()
     worker._flows.ended = lambda task: None  # as if killed before its FlowLoop heard
     await worker._flows.stop()
+    flow = await client.enqueue(chain(Job("one"), Job("one"), Job("one")))
     await wait_until(lambda: raw_redis.llen(inbox) == 1, timeout=10, what="the first end")
     assert raw_redis.ttl(inbox) == -1
     [entry] = raw_redis.lrange(inbox, 0, -1)
