@@ -34,6 +34,7 @@ class FlowLoop(BackgroundLoop):
         self.queues = queues
         self._wake = asyncio.Event()
         self._next_sweep = 0.0
+        self.recording = False  # a step of this worker ended, and its flow has not heard yet
 
     async def run(self, task: Task, run: Callable[[Task], Awaitable[Verdict]]) -> Verdict:
         """Run the attempt, a flow's step with task.previous set (read from its flow; a
@@ -50,6 +51,7 @@ class FlowLoop(BackgroundLoop):
     def ended(self, task: Task) -> None:
         """A task of this worker ended: when it is a flow's step, record it now."""
         if step_of(task) is not None:
+            self.recording = True
             self._wake.set()
 
     async def tick(self) -> float | None:
@@ -61,6 +63,7 @@ class FlowLoop(BackgroundLoop):
         if sweep:
             await self.sweep()
             self._next_sweep = time.monotonic() + self.interval
+        self.recording = self._wake.is_set()  # another ended meanwhile: the next round
         return None
 
     async def record(self, queue: str) -> None:

@@ -196,10 +196,11 @@ class Worker:
 
     @property
     def in_flight(self) -> int:
-        """Tasks fetched whose end is not recorded in Redis yet: running, settling, or
-        waiting in the buffer for a slot."""
+        """Tasks fetched whose end is not recorded in Redis yet: running, settling, waiting
+        in the buffer for a slot, or a flow's step whose flow has not recorded its end."""
         slots = self.slots
-        return len(slots.running) + len(slots.buffer) + len(slots.suspects.waiting)
+        return (len(slots.running) + len(slots.buffer) + len(slots.suspects.waiting)
+                + self._flows.recording)
 
     @property
     def draining(self) -> bool:

@@ -72,3 +72,31 @@ async def test_an_attempt_whose_lease_ends_is_taken_back_once_the_clock_passes_i
         assert (await env.client.info(info.id)).state == "active"  # its lease holds
         await env.advance(0.001)
         assert (await env.client.info(info.id)).state == "pending"  # taken back at its end
+
+
+async def test_a_chain_steps_on_as_the_clock_moves(redis_url: str, namespace: str) -> None:
+    steps = obsq.App()
+    seen: list[tuple[str, object]] = []
+
+    @steps.task("fetch")
+    async def fetch(task: obsq.Task) -> int:
+        seen.append(("fetch", task.payload))
+        return 41
+
+    @steps.task("wait-for-bank")
+    async def wait_for_bank(task: obsq.Task) -> int:
+        seen.append(("bank", task.retry_count))
+        if task.retry_count == 0:
+            task.retry_in(60)
+        return task.previous + 1
+
+    async with Environment(steps, redis_url=redis_url, namespace=namespace) as env:
+        info = await env.client.enqueue(obsq.chain(obsq.Job("fetch", "x"),
+                                                   obsq.Job("wait-for-bank")))
+        await env.drain()
+        assert seen == [("fetch", "x"), ("bank", 0)]  # the second step ran once, at once
+        await env.advance(59.999)
+        assert len(seen) == 2
+        await env.advance(0.001)
+        assert await env.client.result(info, timeout=5) == 42
+        assert seen[-1] == ("bank", 1)
