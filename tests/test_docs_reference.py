@@ -2,7 +2,7 @@
 line page to the `obsq` parser, the configuration page to every `OBSQ_*` variable the
 package reads, the metrics page to every metric the package registers, every span
 attribute it sets and the observability contract of DESIGN.md, and the Kubernetes guide to
-every alert of alerts/obsq.rules.yml. No Redis."""
+every alert of alerts/obsq.rules.yml, and the API page to `obsq.__all__`. No Redis."""
 
 from __future__ import annotations
 
@@ -127,3 +127,11 @@ def test_the_kubernetes_guide_lists_every_alert_with_its_runbook_section() -> No
     page = (ROOT / "docs" / "guides" / "kubernetes.md").read_text()
     missing = [a for a in alerts if f"[{a}](../runbook.md#{a.lower()})" not in page]
     assert alerts and not missing, missing
+
+
+def test_the_api_page_shows_every_public_name() -> None:
+    import obsq
+
+    page = (REFERENCE / "api.md").read_text()
+    missing = [n for n in obsq.__all__ if n != "__version__" and not re.search(rf"\b{n}\b", page)]
+    assert not missing, missing
