@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import importlib
 import re
 
 from support import ROOT
@@ -66,11 +67,24 @@ def test_the_cli_page_names_no_flag_the_parser_lacks() -> None:
         assert not stale, f"obsq {name}: the page names {sorted(stale)}, the parser has none"
 
 
+def env_settings() -> list[type]:
+    """Every settings class that reads `OBSQ_<FIELD>` (an EnvSettings), wherever it is."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    isinstance(b, ast.Name) and b.id == "EnvSettings" for b in node.bases):
+                module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+                found.append(getattr(importlib.import_module(module), node.name))
+    assert WorkerSettings in found and SchedulerSettings in found
+    return found
+
+
 def test_the_configuration_page_lists_every_variable_the_package_reads() -> None:
     page = (REFERENCE / "configuration.md").read_text()
     read = {c for c in string_constants(*PACKAGE.rglob("*.py"))
             if re.fullmatch(r"OBSQ_[A-Z0-9_]+", c)}
-    read |= {f"OBSQ_{f.name.upper()}" for settings in (WorkerSettings, SchedulerSettings)
+    read |= {f"OBSQ_{f.name.upper()}" for settings in env_settings()
              for f in dataclasses.fields(settings)}
     missing = sorted(v for v in read if f"`{v}`" not in page)
     assert "OBSQ_REDIS_URL" in read and not missing, missing
