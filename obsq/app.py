@@ -40,7 +40,7 @@ OutcomeHook = Callable[[Task, str, BaseException | None], None]
 RecoveryHook = Callable[[str, str, int], None]
 RedisErrorHook = Callable[[str, BaseException], None]
 RefusalHook = Callable[[Job, Exception], None]
-
+FlowHook = Callable[[str], None]
 ThrottleHook = Callable[[str, str, str], None]
 StuckHook = Callable[[int], None]
 AggregationHook = Callable[[str, str, str], None]
@@ -169,6 +169,7 @@ class App:
         self.subscriptions: dict[str, Subscription] = {}  # by the copies' task type
         self.import_path: str | None = None  # "module:attribute", when load_app loaded it
         self.stuck_hooks: list[StuckHook] = []
+        self.flow_hooks: list[FlowHook] = []
 
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
              timeout: float | None = None, retry_delay: RetryDelay = None,
@@ -298,8 +299,7 @@ class App:
         return middleware
 
     def use_producer(self, hook: ProducerHook) -> ProducerHook:
-        """Wrap every enqueue of the Clients built with this App (`client.use` wraps one
-        Client's); usable as a decorator."""
+        """Wrap every enqueue of its Clients (`client.use` wraps one's); a decorator too."""
         self.producer_hooks.append(hook)
         return hook
 
@@ -326,8 +326,7 @@ class App:
 
     def on_throttle(self, hook: ThrottleHook) -> ThrottleHook:
         """Call `hook(queue, task, reason)` for each start a route limit or an ordering key
-        held back; `task` is the route pattern (a bounded label), reason one of
-        THROTTLE_REASONS."""
+        held back; `task` is the route pattern (a bounded label), reason THROTTLE_REASONS'."""
         self.throttle_hooks.append(hook)
         return hook
 
@@ -337,9 +336,15 @@ class App:
         self.aggregation_hooks.append(hook)
         return hook
 
+    def on_flow_end(self, hook: FlowHook) -> FlowHook:
+        """Call `hook(state)` when a worker, recording a step's end, ends its flow
+        (`completed` or `failed`: a flow cancelled by a Client is not told here)."""
+        self.flow_hooks.append(hook)
+        return hook
+
     def on_stuck_slots(self, hook: StuckHook) -> StuckHook:
-        """Call `hook(count)` when the number of a worker's stuck slots changes: plain
-        handlers that overran their timeout and still run in an abandoned thread."""
+        """Call `hook(count)` when the number of a worker's stuck slots changes (plain
+        handlers past their timeout, still running in an abandoned thread)."""
         self.stuck_hooks.append(hook)
         return hook
 

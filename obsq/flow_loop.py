@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from obsq.app import FlowHook
 from obsq.broker import Broker
 from obsq.errors import BrokerError
 from obsq.execution import Verdict
@@ -20,6 +22,7 @@ from obsq.flow_steps import record_end, relaunch
 from obsq.loop import BackgroundLoop
 from obsq.task import Task
 
+log = logging.getLogger("obsq")
 RUNNING_LOOK = 60.0  # seconds until the sweep looks at a running flow again
 ENDED_LOOK = 600.0  # ... at an ended one (its keys expire with its retention)
 
@@ -27,11 +30,13 @@ ENDED_LOOK = 600.0  # ... at an ended one (its keys expire with its retention)
 class FlowLoop(BackgroundLoop):
     name = "flows"
 
-    def __init__(self, broker: Broker, queues: list[str],
+    def __init__(self, broker: Broker, queues: list[str], hooks: list[FlowHook],
                  interval: float = FLOW_SWEEP_INTERVAL) -> None:
+        """`hooks`: the App's flow hooks, told of each flow this loop ends."""
         super().__init__(interval)
         self.broker = broker
         self.queues = queues
+        self.hooks = hooks
         self._wake = asyncio.Event()
         self._next_sweep = 0.0
         self.recording = False  # a step of this worker ended, and its flow has not heard yet
@@ -71,7 +76,12 @@ class FlowLoop(BackgroundLoop):
         while True:
             entries = await self.broker.flow_ends(queue, FLOW_BATCH)
             for entry in entries:
-                await record_end(self.broker, entry)
+                ended = await record_end(self.broker, entry)
+                for hook in self.hooks if ended else ():
+                    try:
+                        hook(ended)
+                    except Exception:
+                        log.exception("flow hook %r failed", hook)
             if entries:
                 await self.broker.drop_flow_ends(queue, entries)
             if len(entries) < FLOW_BATCH:

@@ -39,15 +39,16 @@ async def launch(broker: Broker, flow_id: str, steps: Sequence[tuple[int, bytes]
 
 async def record_end(broker: Broker, entry: bytes) -> str | None:
     """Record one flow inbox entry (`<task id>\\n<state>\\n<value>`) in its flow and launch
-    what it completes: the flow's state after it, or None for an entry of no flow."""
+    what it completes: the flow's state when this ended it, else None."""
     task_id, state, value = [*entry.split(b"\n", 2), b"", b""][:3]
     step = parse_step(task_id.decode(errors="replace"))
     if step is None or not state:
         return None
     flow_id, n = step
-    flow_state, launches = await broker.flow_step_ended(flow_id, n, state.decode(), value)
+    flow_state, ended, launches = await broker.flow_step_ended(flow_id, n, state.decode(),
+                                                               value)
     await launch(broker, flow_id, launches)
-    return flow_state or None
+    return flow_state if ended else None
 
 
 async def relaunch(broker: Broker, flow_id: str) -> str:

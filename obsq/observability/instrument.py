@@ -45,6 +45,7 @@ def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
             app.middleware.insert(1 if "tracing" in done else 0, m.middleware)
             app.on_outcome(m.on_outcome)
             app.on_aggregation(m.on_aggregation)
+            app.on_flow_end(m.on_flow_end)
             app.on_recovery(m.on_recovery)
             app.on_throttle(m.on_throttle)
             app.on_redis_error(m.on_redis_error)

@@ -38,6 +38,7 @@ from obsq._version import __version__
 from obsq.app import AGGREGATION_OUTCOMES, OUTCOMES, RECOVERY_REASONS, THROTTLE_REASONS, App
 from obsq.broker.calls import OPERATIONS
 from obsq.errors import UnknownTaskType
+from obsq.flow import FLOW_OUTCOMES
 from obsq.settings import DEFAULT_QUEUE
 from obsq.task import Task
 
@@ -133,6 +134,10 @@ class Metrics:
             "obsq_aggregations", "Runs of an aggregator (app.aggregate) over a batch of "
             "grouped tasks: success (its task enqueued) or failed (the batch is tried again)",
             ["queue", "task", "outcome"])
+        self.flows_ended = Counter(
+            "obsq_flows_ended", "Flows (chains, chords) a worker of this process ended when "
+            "it recorded a step's end: completed, or failed (a step ended dead or cancelled)",
+            ["outcome"])
         self.deliveries = Counter(
             "obsq_event_deliveries", "Attempts of the copies of published events, by event, "
             "subscriber and outcome (those of obsq_tasks_processed_total)",
@@ -222,6 +227,9 @@ class TaskMetrics:
     def on_aggregation(self, queue: str, pattern: str, outcome: str) -> None:
         self.m.aggregations.labels(queue, pattern, outcome).inc()
 
+    def on_flow_end(self, state: str) -> None:
+        self.m.flows_ended.labels(state).inc()
+
     def on_recovery(self, queue: str, reason: str, count: int) -> None:
         key = (queue, reason)
         child = self._recoveries.get(key)
@@ -295,6 +303,8 @@ def start_at_zero(app: App, queues: Iterable[str], *, worker: bool = True) -> No
         for reason in THROTTLE_REASONS:
             m.throttled.labels(queue, task, reason)
     if worker:
+        for outcome in FLOW_OUTCOMES:
+            m.flows_ended.labels(outcome)
         for queue in served:
             for reason in RECOVERY_REASONS:
                 m.recoveries.labels(queue, reason)

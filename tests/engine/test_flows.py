@@ -38,6 +38,8 @@ async def test_a_chain_runs_in_order_each_step_reading_the_one_before(
         app, client, start_worker) -> None:
     ran: list[tuple[str, object, object]] = []
     _add_handlers(app, ran)
+    ends: list[str] = []
+    app.on_flow_end(ends.append)
     await start_worker()
     flow = await client.enqueue(chain(Job("add", 1), Job("add", 10), Job("add", 100)))
     assert isinstance(flow, obsq.FlowInfo)
@@ -47,6 +49,7 @@ async def test_a_chain_runs_in_order_each_step_reading_the_one_before(
     assert info.state == "completed" and info.result == 111
     assert [s.state for s in info.steps] == ["completed"] * 3
     assert [s.waits_for for s in info.steps] == [[], [0], [1]]
+    assert ends == ["completed"]  # told once (obsq_flows_ended_total)
 
 
 async def test_a_chord_callback_runs_once_with_the_results_in_order(
@@ -80,6 +83,8 @@ async def test_a_dead_step_fails_its_flow_and_later_steps_never_run(
         app, client, start_worker) -> None:
     ran: list[tuple[str, object, object]] = []
     _add_handlers(app, ran)
+    ends: list[str] = []
+    app.on_flow_end(ends.append)
     await start_worker()
     flow = await client.enqueue(chain(Job("add", 1), Job("boom", "x"), Job("add", 5)))
     with pytest.raises(obsq.FlowFailed) as failed:
@@ -92,6 +97,7 @@ async def test_a_dead_step_fails_its_flow_and_later_steps_never_run(
     assert [s.state for s in info.steps] == ["completed", "dead", "waiting"]
     assert [r[2] for r in ran if r[0] == "boom"] == [0, 1]  # the step's own retries
     assert not [r for r in ran if r[:2] == ("add", 5)]
+    assert ends == ["failed"]
 
 
 async def test_a_chord_with_failures_runs_its_callback_with_them(

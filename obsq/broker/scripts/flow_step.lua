@@ -7,13 +7,15 @@
 -- that takes failures (`tol`): it then gets the error ('!' and the error) as that result.
 -- KEYS: flow hash, results hash, launching set
 -- ARGV: now, step, its end ('completed', 'dead' or 'cancelled'), its result or error
--- Returns {the flow's state ('' when it is gone), then per step to launch: step, its task}
+-- Returns {the flow's state ('' when it is gone), '1' when this call ended it (else ''),
+-- then per step to launch: step, its task}
 local flow = KEYS[1]
 local state = redis.call('HGET', flow, 'state')
 if not state then
   return {''}
 end
 local step, ended, value = ARGV[2], ARGV[3], ARGV[4]
+local before = state
 local was = redis.call('HGET', flow, 's:' .. step)
 if was and was ~= 'c' and was ~= 'd' and was ~= 'x' then
   local letter = {completed = 'c', dead = 'd', cancelled = 'x'}
@@ -48,7 +50,7 @@ if was and was ~= 'c' and was ~= 'd' and was ~= 'x' then
     state = redis.call('HGET', flow, 'state')
   end
 end
-local out = {state}
+local out = {state, (before == 'running' and state ~= 'running') and '1' or ''}
 if state == 'running' then
   for _, launch in ipairs(redis.call('SMEMBERS', KEYS[3])) do
     out[#out + 1] = launch
