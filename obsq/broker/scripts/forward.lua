@@ -12,7 +12,10 @@ for i = 1, #due, 2 do
   local id = due[i]
   redis.call('ZREM', KEYS[1], id)
   if redis.call('EXISTS', task_key(id)) == 1 then
-    make_pending(KEYS[2], id, due[i + 1], false)  -- due since then: the wait counts from it
+    -- due since then: the wait counts from it. A start the route's rate reserved ('rsv')
+    -- goes to the head: its turn on the rate's clock is now, and behind a backlog it would
+    -- start late, in the second of later reservations, beyond the rate.
+    make_pending(KEYS[2], id, due[i + 1], redis.call('HEXISTS', task_key(id), 'rsv') == 1)
     moved = moved + 1
   end
 end
