@@ -4,9 +4,10 @@ leases and the state zsets has a task hash whose state is that of the key it sit
 id of a held list or an ordering key's list has a task naming that list's pattern or key;
 `waiting` counts the held tasks and those behind the first of each ordering key; `grouped`
 counts the tasks in groups and in batches; no attempt is in `active` without a lease, nor
-holds a lease that ended long ago while its worker is lost. Per namespace, as information
-(the engine mends these by itself): schedule fires claimed and not confirmed, lapsed
-subscriptions.
+holds a lease that ended long ago while its worker is lost. Per namespace: no running flow
+waits for a step whose task is gone; as information (the engine mends these by itself):
+schedule fires claimed and not confirmed, lapsed subscriptions, flow steps' ends not yet
+recorded and steps left launching.
 
 States the engine repairs within its sweep intervals (a lease that just ended, a lost
 worker's attempts before the recoverer's next pass) are not problems: an attempt counts as
@@ -20,6 +21,8 @@ from dataclasses import dataclass, field
 
 from obsq.broker import Broker
 from obsq.broker.checking import ID_KEYS, Finding
+from obsq.flow import FlowInfo
+from obsq.flow_steps import record_end
 from obsq.settings import WorkerSettings
 
 STEP = 1000  # ids per script call: bounds how long one step holds Redis
@@ -68,7 +71,62 @@ class Doctor:
         problems: list[Problem] = []
         for queue in queues:
             problems += await self.examine(queue)
-        return Diagnosis(self.broker.namespace, queues, problems, await self.notes())
+        lost, notes = await self.flows(queues)
+        return Diagnosis(self.broker.namespace, queues, problems + lost,
+                         await self.notes() + notes)
+
+    async def flows(self, queues: list[str]) -> tuple[list[Problem], list[str]]:
+        """The flows: a running flow's enqueued step whose task is gone with no end waiting
+        in its queue's flow inbox can never end (a problem; --repair records it dead, which
+        fails the flow); ends waiting in flow inboxes, steps left launching and index entries
+        of flows gone are information (the workers' FlowLoop mends them)."""
+        waiting: set[str] = set()
+        notes = []
+        for queue in queues:
+            entries = await self.broker.flow_ends(queue, STEP)
+            waiting |= {e.split(b"\n", 1)[0].decode(errors="replace") for e in entries}
+            if entries:
+                notes.append(f"{queue}: {len(entries)} flow step end(s) not yet recorded in "
+                             "their flow (a worker's FlowLoop records them)")
+        gone, launching, suspects = 0, 0, []
+        for flow_id in await self._flow_ids():
+            info = await self._flow(flow_id)
+            if info is None:
+                gone += 1
+                continue
+            if info.state != "running":
+                continue
+            launching += sum(s.state == "launching" for s in info.steps)
+            enqueued = [s for s in info.steps if s.state == "enqueued" and s.id not in waiting]
+            found = await self.broker.tasks_exist([(s.queue, s.id) for s in enqueued])
+            suspects += [(flow_id, s) for s, there in zip(enqueued, found) if not there]
+        lost = []
+        for flow_id, step in suspects:  # read again: its end may have been recorded since
+            info = await self._flow(flow_id)
+            if info is not None and info.state == "running" and \
+                    info.steps[step.index].state == "enqueued" and \
+                    not (await self.broker.tasks_exist([(step.queue, step.id)]))[0]:
+                lost.append(step.id)
+        notes += [f"{gone} flow(s) indexed and gone (the flow sweep forgets them)"] if gone \
+            else []
+        notes += [f"{launching} flow step(s) launching (the flow sweep enqueues them)"] \
+            if launching else []
+        problems = [Problem("flows", "steps of running flows whose task is gone (the flow "
+                            "cannot end)", len(lost), lost[:EXAMPLES], "fail", ids=lost)] \
+            if lost else []
+        return problems, notes
+
+    async def _flow_ids(self) -> list[str]:
+        ids: list[str] = []
+        while True:
+            total, *page = await self.broker.index_flows("page", len(ids), STEP)
+            ids += [raw.decode() for raw in page]
+            if not page or len(ids) >= int(total):
+                return ids
+
+    async def _flow(self, flow_id: str) -> FlowInfo | None:
+        fields, results = await self.broker.flow_record(flow_id)
+        return FlowInfo.from_record(flow_id, fields, results) if fields else None
 
     async def examine(self, queue: str) -> list[Problem]:
         """The problems of one queue."""
@@ -98,11 +156,17 @@ class Doctor:
                                                    problem.ids)
                 diagnosis.repairs.append(f"{problem.queue}: dropped {n} id(s) with no task "
                                          f"from {problem.key}")
+            elif problem.repair == "fail":
+                for task_id in problem.ids:
+                    await record_end(self.broker, f"{task_id}\ndead\nits task was gone "
+                                                  "(obsq doctor --repair)".encode())
+                diagnosis.repairs.append(f"flows: recorded {len(problem.ids)} step(s) whose "
+                                         "task was gone as dead, failing their flow")
             elif problem.repair == "recover":
                 n = await self._recover(problem.queue)
                 diagnosis.repairs.append(f"{problem.queue}: took back {n} orphaned "
                                          "attempt(s) to pending (or dead past max_recoveries)")
-        for queue in sorted({p.queue for p in diagnosis.problems}):
+        for queue in sorted({p.queue for p in diagnosis.problems if p.repair != "fail"}):
             diagnosis.repairs += await self._recount(queue)
 
     async def notes(self) -> list[str]:

@@ -88,6 +88,15 @@ class Flowing(RedisCalls):
         await self._guard("flow_delete", self.redis.delete(k.flow, k.results, k.launching))
         await self.index_flows("remove", flow_id)
 
+    async def tasks_exist(self, tasks: Sequence[tuple[str, str]]) -> list[bool]:
+        """Whether each (queue, task id) has a task hash, in one round trip."""
+        if not tasks:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for queue, task_id in tasks:
+            pipe.exists(self.keys(queue).task(task_id))
+        return [bool(n) for n in await self._guard("flow_info", pipe.execute())]
+
     async def flow_ends(self, queue: str, count: int) -> list[bytes]:
         """The oldest `count` entries of the queue's flow inbox, oldest first."""
         return await self._script("flow_ends", (self.keys(queue).flow_inbox,),

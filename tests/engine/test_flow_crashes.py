@@ -33,7 +33,7 @@ def _records(raw_redis, namespace: str, name: str) -> list[tuple[str, str]]:
 
 
 async def test_flows_survive_a_worker_killed_halfway(client, raw_redis, namespace,
-                                                     spawn_worker) -> None:
+                                                     spawn_worker, obsq_cli) -> None:
     workers = [spawn_worker(app=FLOW_APP, concurrency=4) for _ in range(3)]
     flows = [await client.enqueue(chain(*(_step(n) for n in range(1, 7)))) for _ in range(4)]
     flows += [await client.enqueue(chord([_step(n, 0.02) for n in range(40)], _step(1000)))
@@ -57,6 +57,8 @@ async def test_flows_survive_a_worker_killed_halfway(client, raw_redis, namespac
         assert all(pid == str(doomed.pid) for pid in pids[:-1]), (task_id, pids)
     for flow in flows:
         assert (await client.info(flow)).state == "completed"
+    code, output = await obsq_cli("doctor")
+    assert code == 0, output
 
 
 async def test_a_steps_end_waits_in_its_queues_flow_inbox_until_recorded(

@@ -221,3 +221,24 @@ async def test_the_flow_commands(app, client, start_worker, obsq_cli) -> None:
     assert code == 0 and flow.id in output
     code, output = await obsq_cli("flow", "nope")
     assert code == 1 and "no flow" in output
+
+
+async def test_doctor_checks_flows(app, client, start_worker, raw_redis, namespace,
+                                   obsq_cli) -> None:
+    ran: list[tuple[str, object, object]] = []
+    _add_handlers(app, ran)
+    await start_worker()  # serves "default" only
+    done = await client.enqueue(chord([Job("add", n) for n in range(5)], Job("total", "t")))
+    assert await client.result(done, timeout=20) == 10
+    code, output = await obsq_cli("doctor")
+    assert code == 0, output
+    stuck = await client.enqueue(chain(Job("add", 1, queue="idle"), Job("add", 2)))
+    queue = QueueKeys(namespace, "idle")
+    raw_redis.lrem(queue.pending, 0, stuck.steps[0].id)  # its task lost behind obsq's back
+    raw_redis.delete(queue.task(stuck.steps[0].id))
+    code, output = await obsq_cli("doctor")
+    assert code == 1 and stuck.steps[0].id in output and "cannot end" in output, output
+    code, output = await obsq_cli("doctor", "--repair")
+    assert code == 0 and "failing their flow" in output, output
+    info = await client.info(stuck)
+    assert (info.state, info.failed_step) == ("failed", 0) and "gone" in info.error
