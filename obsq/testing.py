@@ -162,10 +162,13 @@ class Environment:
     # -- settling ---------------------------------------------------------------------------
 
     async def _settle(self, timeout: float = 30.0) -> None:
-        """Rounds at the current time until one changes nothing: every loop looks again
-        (what a handler or the test wrote may be due now or sooner than it slept for),
-        then the worker runs what is ready."""
+        """Rounds at the current time until one after the first runs no task: in each,
+        every loop looks again (what a handler, another loop or the test wrote may be due
+        now, or sooner than it slept for) and the worker runs what is ready. The loops of
+        one round run side by side, so one may miss what another writes: the second round
+        sees it."""
         deadline = time.monotonic() + timeout
+        rounds = 0
         while True:
             processed = self.worker.processed
             self.clock.wake_all()
@@ -175,7 +178,8 @@ class Environment:
                                        f"{timeout:g} s of real time ({self.worker.in_flight} "
                                        "in flight)")
                 await asyncio.sleep(POLL)
-            if self.worker.processed == processed:
+            rounds += 1
+            if self.worker.processed == processed and rounds > 1:
                 return
 
     async def _idle(self) -> bool:
