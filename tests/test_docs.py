@@ -41,8 +41,11 @@ def namespaces_of(text: str) -> set[str]:
 
 
 @pytest.mark.parametrize("block", standalone(), ids=lambda b: b.where)
-def test_the_python_block_runs_as_written(block: Block, tmp_path: Path, redis_url: str,
+def test_the_python_block_runs_as_written(block: Block, tmp_path: Path,
                                           admin_redis_url: str) -> None:
+    """As the admin (OBSQ_TEST_ACL restricts the tests' own user to their t* namespaces,
+    and the pages' examples name theirs)."""
+    redis_url = admin_redis_url
     (tmp_path / "myproject").mkdir()
     (tmp_path / "myproject" / "__init__.py").write_text("")
     (tmp_path / "myproject" / "tasks.py").write_text(
