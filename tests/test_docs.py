@@ -1,7 +1,8 @@
 """The site's pages, as a reader meets them: every Python block that tests/test_readme.py
 does not run with checks of its own runs here as a program against a real Redis (the only
 change is the Redis address), beside the README's tasks module as `myproject/tasks.py`;
-every block is in a language the suite runs; every page is in the navigation. `mkdocs
+every block is in a language the suite runs; every page is in the navigation; the README
+stays a front door of at most 300 lines whose links resolve. `mkdocs
 build --strict` (a step of .ci/run) fails on a broken link or anchor."""
 
 from __future__ import annotations
@@ -97,3 +98,14 @@ def test_every_page_is_in_the_navigation_once() -> None:
     listed = nav_pages(config["nav"])
     pages = sorted(str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md"))
     assert sorted(listed) == pages
+
+
+def test_the_readme_stays_a_front_door() -> None:
+    """At most 300 lines, every link to a file of the repository resolves (mkdocs checks the
+    site's own), and it points into the site."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", readme)
+    local = [link for link in links if "://" not in link]
+    assert [link for link in local if not (ROOT / link).exists()] == []
+    assert sum(link.startswith("docs/") for link in local) >= 10
