@@ -1,6 +1,6 @@
 """The console's HTTP application: the pages (overview, queue with its task groups, a group's
-tasks, task, workers, schedules), the actions (POST only, with a CSRF token or a bearer
-token), and /metrics, /healthz, /readyz.
+tasks, task, workers, schedules, flows and a flow's steps), the actions (POST only, with a
+CSRF token or a bearer token), and /metrics, /healthz, /readyz.
 
 Every page refreshes itself: console.js fetches the same URL every few seconds with the
 header X-Obsq-Fragment and swaps in the live part of the page, which the template renders
@@ -44,6 +44,10 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"same-origin"),  # no-referrer would make POSTs send Origin: null
 ]
 Refused = (QueueNotFound, TaskNotFound, TaskRunning, ValueError)
+# a flow's and a step's states drawn in the colours of the task states
+FLOW_STYLES = {"running": "active", "failed": "dead", "cancelled": "dead"}
+STEP_STYLES = {"waiting": "pending", "launching": "scheduled", "enqueued": "active",
+               "cancelled": "dead"}
 
 
 def create_app(inspector: Inspector, *, token: str | None = None, read_only: bool = False,
@@ -59,6 +63,8 @@ def create_app(inspector: Inspector, *, token: str | None = None, read_only: boo
         Route("/tasks/{task_id:path}", c.task, name="task"),
         Route("/workers", c.workers, name="workers"),
         Route("/schedules", c.schedules, name="schedules"),
+        Route("/flows", c.flows, name="flows"),
+        Route("/flows/{flow_id}", c.flow, name="flow"),
         Route("/search", c.search, name="search"),
         Route("/login", c.login_form, name="login"),
         Route("/login", c.login, methods=["POST"]),
@@ -159,6 +165,15 @@ class Console:
 
     async def schedules(self, request: Request) -> Response:
         return self.page(request, "schedules", schedules=await self.inspector.schedules())
+
+    async def flows(self, request: Request) -> Response:
+        total, flows = await self.inspector.flows(PAGE_SIZE)
+        return self.page(request, "flows", total=total, flows=flows, flow_styles=FLOW_STYLES)
+
+    async def flow(self, request: Request) -> Response:
+        flow = await self.inspector.flow(request.path_params["flow_id"])
+        return self.page(request, "flow", flow=flow, flow_styles=FLOW_STYLES,
+                         step_styles=STEP_STYLES)
 
     async def search(self, request: Request) -> Response:
         task_id = request.query_params.get("id", "").strip()
