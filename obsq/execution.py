@@ -110,6 +110,8 @@ class Executor:
             raise
         except Exception as exc:
             return self.failure(task, exc)
+        if result is None:  # most handlers: nothing to encode
+            return Verdict("success")
         if isinstance(result, UnsentResult):
             return self._unencodable_result(task, result.reason)
         try:

@@ -72,11 +72,16 @@ class Vigil:
             loop_limit=s.blocked_loop_limit, heartbeat_stalled=keeper.stalled_for(),
             slots=s.concurrency, stuck_limit=s.stuck_limit, **worker)
 
+    def in_doubt(self, task: Task) -> bool:
+        """Whether the worker's claims were in doubt since the task was fetched (a silence
+        long enough for them to be taken over, such as a SIGSTOP): then still_ours asks."""
+        return self.keeper.doubts(task.context.get("asked_at", 0.0))
+
     async def still_ours(self, task: Task) -> bool:
-        """Whether to run a task: yes, unless the worker's claims were in doubt since it was
-        fetched (a silence long enough for them to be taken over, such as a SIGSTOP) and
-        Redis says another attempt holds it now. Then it is dropped, not run twice."""
-        if not self.keeper.doubts(task.context.get("asked_at", 0.0)):
+        """Whether to run a task: yes, unless its worker's claims were in doubt since it was
+        fetched and Redis says another attempt holds it now. Then it is dropped, not run
+        twice."""
+        if not self.in_doubt(task):
             return True
         held = await self.broker.still_held(task.queue, [Attempt(task.id, task.fence)],
                                             self.worker_id)

@@ -11,13 +11,12 @@ nothing can interrupt it, and once it returns its work is done)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 log = logging.getLogger("obsq")
 TICK = 0.1  # the monitor's period on the loop
@@ -70,27 +69,53 @@ class LoopMonitor:
             self._counted_to = now
 
 
-@contextlib.asynccontextmanager
-async def stretched_timeout(seconds: float, blocked: Callable[[], float]
-                            ) -> AsyncIterator[asyncio.Timeout]:
-    """asyncio.timeout(seconds), whose deadline moves later by the time the loop stood
-    blocked meanwhile (`blocked()`: that time, counted since the loop started)."""
-    loop = asyncio.get_running_loop()
-    start, before = loop.time(), blocked()
-    async with asyncio.timeout(None) as scope:
-        def check() -> None:
-            nonlocal handle
-            due = start + seconds + blocked() - before
-            if due <= loop.time():
-                scope.reschedule(loop.time())  # expires now
-            else:
-                handle = loop.call_at(due, check)
+class StretchedTimeout:
+    """`async with StretchedTimeout(seconds, blocked)`: asyncio.timeout(seconds), whose
+    deadline moves later by the time the loop stood blocked meanwhile (`blocked()`: that
+    time, counted since the loop started). One timer per use and no generator: every
+    attempt of an async handler passes here. The cancellation it makes is told apart from
+    one from outside as asyncio.timeout does (Task.cancelling/uncancel, Python 3.11+)."""
 
-        handle = loop.call_at(start + seconds, check)
-        try:
-            yield scope
-        finally:
-            handle.cancel()
+    __slots__ = ("_before", "_blocked", "_cancelling", "_expired", "_handle", "_loop",
+                 "_seconds", "_start", "_task")
+
+    def __init__(self, seconds: float, blocked: Callable[[], float]) -> None:
+        self._seconds = seconds
+        self._blocked = blocked
+        self._expired = False
+        self._handle: asyncio.TimerHandle | None = None
+
+    async def __aenter__(self) -> StretchedTimeout:
+        loop = self._loop = asyncio.get_running_loop()
+        task = self._task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("StretchedTimeout must be used inside a task")
+        self._cancelling = task.cancelling()
+        self._start, self._before = loop.time(), self._blocked()
+        self._handle = loop.call_at(self._start + self._seconds, self._check)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: object) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if (self._expired and self._task.uncancel() <= self._cancelling  # type: ignore[union-attr]
+                and exc_type is asyncio.CancelledError):
+            raise TimeoutError from exc
+
+    def expired(self) -> bool:
+        """Whether the deadline passed (the TimeoutError is this timeout's)."""
+        return self._expired
+
+    def _check(self) -> None:
+        due = self._start + self._seconds + self._blocked() - self._before
+        if due > self._loop.time():
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self._handle = None
+        self._expired = True
+        self._task.cancel()  # type: ignore[union-attr]
 
 
 class LoopWatchdog:

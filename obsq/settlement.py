@@ -80,6 +80,9 @@ class Settler:
             if self.direct:
                 await self._persist(self.flush)
             recorded = await future
+            if recorded is True:  # the common end: nothing to log
+                self.report(task, "success", None)
+                return "success"
         elif verdict.outcome == "cancelled":
             recorded = await self._persist(lambda: self.broker.cancel_attempt(
                 task.queue, attempt, self.worker_id))

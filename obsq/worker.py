@@ -247,7 +247,8 @@ class Worker:
         started = time.monotonic()
         verdict = None  # None: nothing to record (taken over before it started)
         try:
-            if not task.cancelled and await self._still_to_run(task):
+            if not task.cancelled and (self._sure_to_run(task)
+                                       or await self._still_to_run(task)):
                 verdict = await self._flows.run(task, self.executor.run)
         except asyncio.CancelledError:
             if not task.cancelled:
@@ -268,6 +269,10 @@ class Worker:
         finally:
             self.limits.released(task)
             del self.slots.running[runner]
+
+    def _sure_to_run(self, task: Task) -> bool:
+        """The common case, known without a wait: no suspect, no doubt about the claims."""
+        return not task.suspect and not self._vigil.in_doubt(task)  # type: ignore[union-attr]
 
     async def _still_to_run(self, task: Task) -> bool:
         """Whether a started task still runs here: a suspect first gets to run alone, and a

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from obsq.errors import TaskTimeout
-from obsq.loop_watch import stretched_timeout
+from obsq.loop_watch import StretchedTimeout
 
 if TYPE_CHECKING:
     from obsq.app import Route
@@ -57,7 +57,7 @@ if sys.version_info >= (3, 11):
         counting the time the event loop stood blocked meanwhile (`loop_blocked()`: that
         time so far, obsq/loop_watch.py)."""
         try:
-            async with stretched_timeout(seconds, loop_blocked) as scope:
+            async with StretchedTimeout(seconds, loop_blocked) as scope:
                 return await call
         except TimeoutError:
             if scope.expired():
