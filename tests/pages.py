@@ -45,10 +45,27 @@ class Block:
         return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
+def included(source: str) -> str:
+    """The page as the site shows it: a line `--8<-- "FILE.md:SECTION"` (or a whole
+    FILE.md) replaced by that part of the file, unless the file is a page itself (its
+    blocks are counted there)."""
+    def part(match: re.Match[str]) -> str:
+        path, _, section = match[1].partition(":")
+        if ROOT / path in PAGES:
+            return match[0]
+        text = (ROOT / path).read_text()
+        if section:
+            start = text.index(f"--8<-- [start:{section}]")
+            text = text[text.index("\n", start) + 1:text.index(f"--8<-- [end:{section}]")]
+        return text
+    return re.sub(r'^--8<-- "([^"]+\.md(?::[\w-]+)?)"$', part, source, flags=re.M)
+
+
 def all_blocks() -> list[Block]:
+    """Every fenced block of every page (with what it includes of other files)."""
     found = []
     for page in PAGES:
-        source = page.read_text()
+        source = included(page.read_text())
         for match in BLOCK.finditer(source):
             line = source.count("\n", 0, match.start()) + 1
             found.append(Block(page, line, match[1], match[2]))
