@@ -2,9 +2,10 @@
 cancel and delete it (Client's enqueue, info, result, cancel and delete given a flow).
 
 Every step's task is checked and passes the producer hooks (trace context, counts) when the
-flow is enqueued, so a flow is refused whole or written whole. The flow is indexed, then
-written with its first steps launching, then those are enqueued: a producer that dies in
-between leaves them to the flow sweep (FlowLoop)."""
+flow is enqueued, so a flow is refused whole or written whole, and traced as one batch: one
+trace, a message span per step, each linked to those of the steps it waits for. The flow is
+indexed, then written with its first steps launching, then those are enqueued: a producer
+that dies in between leaves them to the flow sweep (FlowLoop)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,9 @@ class ClientFlows:
         for n, m in enumerate(messages):
             m.id, m.id_chosen = step_id(flow_id, n), True
             m.headers[FLOW_HEADER] = f"{flow_id} {n}"
+            # the steps it waits for come first: a tracing hook has put its trace context in
+            # their headers when it reaches this one, whose span then links to theirs
+            m.origins = [messages[d].headers for d in steps[n].waits_for]
         first = [n for n, step in enumerate(steps) if not step.waits_for]
 
         async def store(checked: list[TaskMessage]) -> list[TaskInfo]:
