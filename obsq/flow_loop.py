@@ -1,9 +1,10 @@
 """A worker's part in moving flows on: before a step's handler runs, it reads the results
 the step waits for (`task.previous`); after a step ends, it records the end in its flow and
-launches what follows (obsq/flow_steps.py), at once when this worker ended it and at least
-every FLOW_SWEEP_INTERVAL for the ends of every queue (those of a killed worker, of a step
-cancelled or deleted by an operator). The sweep also launches the first steps of flows whose
-producer died before it enqueued them, and forgets the index entries of flows gone."""
+launches what follows (obsq/flow_steps.py), at once when this worker ended it and every
+FLOW_SWEEP_INTERVAL for the ends of every queue (those of a killed worker, of a step
+cancelled or deleted by an operator), in the one worker holding the sweep's lock. The sweep
+also launches the first steps of flows whose producer died before it enqueued them, and
+forgets the index entries of flows gone."""
 
 from __future__ import annotations
 
@@ -30,13 +31,17 @@ ENDED_LOOK = 600.0  # ... at an ended one (its keys expire with its retention)
 class FlowLoop(BackgroundLoop):
     name = "flows"
 
-    def __init__(self, broker: Broker, queues: list[str], hooks: list[FlowHook],
-                 interval: float = FLOW_SWEEP_INTERVAL) -> None:
-        """`hooks`: the App's flow hooks, told of each flow this loop ends."""
+    def __init__(self, broker: Broker, queues: list[str], hooks: list[FlowHook], owner: str,
+                 lock_ttl: float, interval: float = FLOW_SWEEP_INTERVAL) -> None:
+        """`hooks`: the App's flow hooks, told of each flow this loop ends. The sweep of
+        every queue and of the index runs in one process at a time, under the lock `flows`
+        (`owner`, `lock_ttl`), so that it costs Redis the same whatever the workers."""
         super().__init__(interval)
         self.broker = broker
         self.queues = queues
         self.hooks = hooks
+        self.owner = owner
+        self.lock_ttl = lock_ttl
         self._wake = asyncio.Event()
         self._next_sweep = 0.0
         self.recording = False  # a step of this worker ended, and its flow has not heard yet
@@ -61,7 +66,8 @@ class FlowLoop(BackgroundLoop):
 
     async def tick(self) -> float | None:
         self._wake.clear()
-        sweep = time.monotonic() >= self._next_sweep
+        sweep = time.monotonic() >= self._next_sweep and await self.broker.try_lock(
+            self.name, self.owner, self.lock_ttl)
         queues = await self.broker.queues() if sweep else self.queues
         for queue in queues:
             await self.record(queue)

@@ -136,7 +136,8 @@ class Worker:
         self._vigil = vigil
         self.started_at = time.time()  # in the first heartbeat's description already
         await vigil.start()  # registers its subscriptions before it serves
-        self._flows = FlowLoop(self.broker, list(self.queues), self.app.flow_hooks)
+        self._flows = FlowLoop(self.broker, list(self.queues), self.app.flow_hooks, self.id,
+                               s.lock_ttl)
         self._loops = [
             self._flows,
             Forwarder(self.broker, self.id, s.forward_interval, s.lock_ttl),
