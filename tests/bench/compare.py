@@ -58,8 +58,10 @@ def baseline(ref: str) -> Contender:
                                  capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
         # the running Python's pip, pointed at the venv: it installs there and nowhere else
+        # (--ignore-installed: without it pip first uninstalls the obsq it sees installed in
+        # the running Python, the user's own)
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                        "--disable-pip-version-check",
+                        "--ignore-installed", "--disable-pip-version-check",
                         "--prefix", str(root / "venv"), str(src)], check=True,
                        stdout=subprocess.DEVNULL)
         (root / "installed").write_text(sha)
