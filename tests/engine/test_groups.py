@@ -1,6 +1,8 @@
 """Task groups across worker processes: every grouped task lands in exactly one aggregated
 task, with three workers running the aggregator loop, and when workers are SIGKILLed in
-the middle of aggregating (tests/engine/fanout_apps.py is their App)."""
+the middle of aggregating (tests/engine/fanout_apps.py is their App). A group's window, its
+grace period after the newest task and its longest delay after the oldest, is checked on a
+clock the test steps."""
 
 from __future__ import annotations
 
@@ -139,3 +141,28 @@ async def test_a_release_by_a_stale_claimant_changes_nothing(client, broker, raw
     assert await broker.release_batches("worker-b", [current]) == 1  # its own claim
     [taken] = (await broker.claim_batches("default", "worker-c", 60, rules, 5)).batches
     assert (taken.id, taken.failures, len(taken.tasks)) == (current.id, 1, 3)
+
+
+async def test_a_group_waits_its_grace_period_and_no_longer_than_its_longest_delay(
+        app, start_env) -> None:
+    made: list[tuple[str, int, float]] = []
+
+    @app.task("visits")
+    async def visits(task: obsq.Task) -> None:
+        made.append((task.payload["page"], task.payload["count"], env.clock.time() - start))
+
+    async def count(group: str, tasks: list[obsq.Task]) -> tuple[str, dict]:
+        return "visits", {"page": group, "count": len(tasks)}
+
+    app.aggregate("visit:", count, max_size=100, max_delay=30, grace_period=10)
+    env = await start_env()
+    start = env.clock.time()
+    await env.client.enqueue("visit:page", None, group="/b")
+    for moment in (0, 9, 18, 27):  # "/a": a task every 9 s, each within the last one's grace
+        await env.advance(moment - (env.clock.time() - start))
+        await env.client.enqueue("visit:page", None, group="/a")
+    assert made == [("/b", 1, 10)]  # its one task's grace period ended at 10 s
+    await env.advance(2.999)
+    assert len(made) == 1  # "/a" is still in its window
+    await env.advance(0.001)  # 30 s after its first task: its longest delay is over
+    assert made == [("/b", 1, 10), ("/a", 4, 30)]
