@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from obsq.broker import Broker
 from obsq.broker.checking import ID_KEYS, Finding
 from obsq.flow import FlowInfo
-from obsq.flow_steps import record_end
+from obsq.flow_steps import record_ends
 from obsq.settings import WorkerSettings
 
 STEP = 1000  # ids per script call: bounds how long one step holds Redis
@@ -157,9 +157,9 @@ class Doctor:
                 diagnosis.repairs.append(f"{problem.queue}: dropped {n} id(s) with no task "
                                          f"from {problem.key}")
             elif problem.repair == "fail":
-                for task_id in problem.ids:
-                    await record_end(self.broker, f"{task_id}\ndead\nits task was gone "
-                                                  "(obsq doctor --repair)".encode())
+                await record_ends(self.broker, [f"{task_id}\ndead\nits task was gone (obsq "
+                                                "doctor --repair)".encode()
+                                                for task_id in problem.ids])
                 diagnosis.repairs.append(f"flows: recorded {len(problem.ids)} step(s) whose "
                                          "task was gone as dead, failing their flow")
             elif problem.repair == "recover":

@@ -19,7 +19,7 @@ from obsq.broker import Broker
 from obsq.errors import BrokerError
 from obsq.execution import Verdict
 from obsq.flow import FLOW_BATCH, FLOW_SWEEP_INTERVAL, previous_value, step_of
-from obsq.flow_steps import record_end, relaunch
+from obsq.flow_steps import record_ends, relaunch
 from obsq.loop import BackgroundLoop
 from obsq.task import Task
 
@@ -81,9 +81,8 @@ class FlowLoop(BackgroundLoop):
         """Record the ends in the queue's flow inbox, oldest first, then drop them."""
         while True:
             entries = await self.broker.flow_ends(queue, FLOW_BATCH)
-            for entry in entries:
-                ended = await record_end(self.broker, entry)
-                for hook in self.hooks if ended else ():
+            for ended in await record_ends(self.broker, entries):
+                for hook in self.hooks:
                     try:
                         hook(ended)
                     except Exception:

@@ -37,18 +37,23 @@ async def launch(broker: Broker, flow_id: str, steps: Sequence[tuple[int, bytes]
     await broker.flow_launched(flow_id, [n for n, _ in steps])
 
 
-async def record_end(broker: Broker, entry: bytes) -> str | None:
-    """Record one flow inbox entry (`<task id>\\n<state>\\n<value>`) in its flow and launch
-    what it completes: the flow's state when this ended it, else None."""
-    task_id, state, value = [*entry.split(b"\n", 2), b"", b""][:3]
-    step = parse_step(task_id.decode(errors="replace"))
-    if step is None or not state:
-        return None
-    flow_id, n = step
-    flow_state, ended, launches = await broker.flow_step_ended(flow_id, n, state.decode(),
-                                                               value)
-    await launch(broker, flow_id, launches)
-    return flow_state if ended else None
+async def record_ends(broker: Broker, entries: Sequence[bytes]) -> list[str]:
+    """Record flow inbox entries (`<task id>\\n<state>\\n<value>`) in their flows, one call
+    per flow, and launch what they complete: the states of the flows they ended. An entry of
+    no flow is passed over."""
+    by_flow: dict[str, list[tuple[int, str, bytes]]] = {}
+    for entry in entries:
+        task_id, state, value = [*entry.split(b"\n", 2), b"", b""][:3]
+        step = parse_step(task_id.decode(errors="replace"))
+        if step is not None and state:
+            by_flow.setdefault(step[0], []).append((step[1], state.decode(), value))
+    ended = []
+    for flow_id, ends in by_flow.items():
+        state, done, launches = await broker.flow_steps_ended(flow_id, ends)
+        await launch(broker, flow_id, launches)
+        if done:
+            ended.append(state)
+    return ended
 
 
 async def relaunch(broker: Broker, flow_id: str) -> str:

@@ -26,20 +26,20 @@ class Flowing(RedisCalls):
         return bool(await self._script("flow_create", (k.flow, k.launching),
                                        (len(first), *first, *fields)))
 
-    async def flow_step_ended(self, flow_id: str, step: int, state: str, value: bytes
-                              ) -> tuple[str, bool, list[tuple[int, bytes]]]:
-        """Record a step's end: the flow's state, whether this ended it, and the steps to
-        launch (step, task)."""
+    async def flow_steps_ended(self, flow_id: str, ends: Sequence[tuple[int, str, bytes]]
+                               ) -> tuple[str, bool, list[tuple[int, bytes]]]:
+        """Record steps' ends (step, state, result or error): the flow's state, whether
+        this ended it, and the steps to launch (step, task)."""
         k = self.flow_keys(flow_id)
         reply = await self._script("flow_step", (k.flow, k.results, k.launching),
-                                   (step, state, value))
+                                   [v for end in ends for v in end])
         return (_state(reply[0]), reply[1] == b"1",
                 [(int(s), m) for s, m in zip(reply[2::2], reply[3::2])])
 
     async def flow_launching(self, flow_id: str) -> tuple[str, list[tuple[int, bytes]]]:
         """The flow's state and the steps it has launching (those of a process that died
         before it enqueued them)."""
-        state, _, launches = await self.flow_step_ended(flow_id, -1, "", b"")
+        state, _, launches = await self.flow_steps_ended(flow_id, ())
         return state, launches
 
     async def flow_launched(self, flow_id: str, steps: Sequence[int]) -> None:

@@ -16,7 +16,7 @@ from support import wait_until
 
 import obsq
 from obsq import Job, chain, chord
-from obsq.flow_steps import launch, record_end
+from obsq.flow_steps import launch, record_ends
 
 from .helpers import record_key
 
@@ -77,16 +77,16 @@ async def test_a_steps_end_waits_in_its_queues_flow_inbox_until_recorded(
     await wait_until(lambda: raw_redis.llen(inbox) == 1, timeout=10, what="the first end")
     assert raw_redis.ttl(inbox) == -1
     [entry] = raw_redis.lrange(inbox, 0, -1)
-    assert await record_end(broker, entry) is None  # the flow goes on
-    assert await record_end(broker, entry) is None  # read again: nothing twice
+    assert await record_ends(broker, [entry]) == []  # the flow goes on
+    assert await record_ends(broker, [entry]) == []  # read again: nothing twice
     await broker.drop_flow_ends("default", [entry])
     await wait_until(lambda: raw_redis.llen(inbox) == 1, timeout=10, what="the second end")
     [entry] = raw_redis.lrange(inbox, 0, -1)
     # killed after recording it, before enqueueing what it completes: the step stays
     # launching, and reading the entry again launches it
-    await broker.flow_step_ended(flow.id, 1, "completed", b"1")
+    await broker.flow_steps_ended(flow.id, [(1, "completed", b"1")])
     assert (await client.info(flow)).steps[2].state == "launching"
-    await record_end(broker, entry)
+    await record_ends(broker, [entry])
     state, launches = await broker.flow_launching(flow.id)
     assert (state, launches) == ("running", [])
     await launch(broker, flow.id, [(2, b"")])  # and a launch done twice enqueues nothing

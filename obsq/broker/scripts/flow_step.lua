@@ -1,12 +1,13 @@
 -- prelude: now_text, end_flow
--- A step's task ended (read from its queue's flow inbox, where the script that ended it
--- wrote it: see notify_done): record its result, and mark the steps it completes as
--- launching. Idempotent: an end recorded already changes nothing, so a forwarder that died
--- before it removed the inbox entry does no harm when the entry is read again.
+-- Steps' tasks of one flow ended (read from their queues' flow inboxes, where the script that
+-- ended each wrote it: see notify_done): record their results, and mark the steps they
+-- complete as launching. Idempotent: an end recorded already changes nothing, so a worker
+-- that died before it removed the inbox entries does no harm when they are read again.
 -- A dead step fails its flow, unless every step waiting for it is the callback of a chord
 -- that takes failures (`tol`): it then gets the error ('!' and the error) as that result.
 -- KEYS: flow hash, results hash, launching set
--- ARGV: now, step, its end ('completed', 'dead' or 'cancelled'), its result or error
+-- ARGV: now, then per end: step, its end ('completed', 'dead' or 'cancelled'), its result
+--       or error (none: only read the steps launching)
 -- Returns {the flow's state ('' when it is gone), '1' when this call ended it (else ''),
 -- then per step to launch: step, its task}
 local flow = KEYS[1]
@@ -14,41 +15,50 @@ local state = redis.call('HGET', flow, 'state')
 if not state then
   return {''}
 end
-local step, ended, value = ARGV[2], ARGV[3], ARGV[4]
 local before = state
-local was = redis.call('HGET', flow, 's:' .. step)
-if was and was ~= 'c' and was ~= 'd' and was ~= 'x' then
+
+local function record(step, ended, value)
+  local was = redis.call('HGET', flow, 's:' .. step)
+  if not was or was == 'c' or was == 'd' or was == 'x' then
+    return
+  end
   local letter = {completed = 'c', dead = 'd', cancelled = 'x'}
   redis.call('HSET', flow, 's:' .. step, letter[ended] or 'd')
   redis.call('SREM', KEYS[3], step)
-  if state == 'running' then
-    local children = redis.call('HGET', flow, 'k:' .. step)
-    local stored = ended == 'completed' and value or nil
-    if not stored and ended == 'dead' and children then
-      stored = '!' .. value
-      for child in string.gmatch(children, '%S+') do
-        if redis.call('HGET', flow, 'tol:' .. child) ~= '1' then
-          stored = nil
-        end
-      end
-    end
-    if not stored then
-      end_flow('failed', now_text(), step, ended == 'cancelled' and 'cancelled' or value)
-    else
-      redis.call('HSET', KEYS[2], step, stored)
-      if children then
-        for child in string.gmatch(children, '%S+') do
-          if redis.call('HINCRBY', flow, 'left:' .. child, -1) == 0 then
-            redis.call('HSET', flow, 's:' .. child, 'l')
-            redis.call('SADD', KEYS[3], child)
-          end
-        end
-      else
-        end_flow('completed', now_text())
-      end
-    end
-    state = redis.call('HGET', flow, 'state')
+  if state ~= 'running' then
+    return
   end
+  local children = redis.call('HGET', flow, 'k:' .. step)
+  local stored = ended == 'completed' and value or nil
+  if not stored and ended == 'dead' and children then
+    stored = '!' .. value
+    for child in string.gmatch(children, '%S+') do
+      if redis.call('HGET', flow, 'tol:' .. child) ~= '1' then
+        stored = nil
+      end
+    end
+  end
+  if not stored then
+    end_flow('failed', now_text(), step, ended == 'cancelled' and 'cancelled' or value)
+    state = 'failed'
+    return
+  end
+  redis.call('HSET', KEYS[2], step, stored)
+  if not children then
+    end_flow('completed', now_text())
+    state = 'completed'
+    return
+  end
+  for child in string.gmatch(children, '%S+') do
+    if redis.call('HINCRBY', flow, 'left:' .. child, -1) == 0 then
+      redis.call('HSET', flow, 's:' .. child, 'l')
+      redis.call('SADD', KEYS[3], child)
+    end
+  end
+end
+
+for i = 2, #ARGV, 3 do
+  record(ARGV[i], ARGV[i + 1], ARGV[i + 2])
 end
 local out = {state, (before == 'running' and state ~= 'running') and '1' or ''}
 if state == 'running' then
