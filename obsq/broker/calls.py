@@ -28,6 +28,7 @@ from obsq.broker.diagnosis import acl_advice, hint, reason, safe
 from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.runner import Runner, first_error
 from obsq.broker.scripts import Script, load_scripts
+from obsq.broker.wire import argv
 from obsq.clock import REDIS_CLOCK, Clock
 from obsq.errors import BrokerError, BrokerTimeout, StartupError, denied_by_acl
 from obsq.settings import (
@@ -256,7 +257,8 @@ class RedisCalls:
         return await self._guard(operation, pipe.execute())
 
     def _register_queues_call(self, queues: Iterable[str]) -> ScriptCall:
-        return ("register", (self.global_keys.queues,), ("set", *queues))
+        return ("register", (self.global_keys.queues,), argv("register", kind="set",
+                                                                 members=queues))
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:

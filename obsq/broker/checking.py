@@ -10,6 +10,7 @@ from typing import Any
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.inspection import _text
+from obsq.broker.wire import argv
 
 # A queue's lists and zsets of task ids, by the state their tasks' hashes must name ('':
 # any; running tasks keep the state they were fetched in).
@@ -29,7 +30,8 @@ class Checking(RedisCalls):
         """(length of the queue's list or zset `key`, the findings among `count` ids from
         `offset`)."""
         reply = await self._script("doctor", (self.keys(queue).pending, key),
-                                   (kind, offset, count, state, field, value))
+                                   argv("doctor", step=kind, offset=offset, count=count,
+                                        state=state, field=field, value=value))
         return reply[0], [_finding(r) for r in reply[1:]]
 
     async def check_leases(self, queue: str, offset: int, count: int, grace_ms: int
@@ -38,14 +40,15 @@ class Checking(RedisCalls):
         lease that ended over `grace_ms` ago)."""
         k = self.keys(queue)
         reply = await self._script("doctor", (k.lease, k.active),
-                                   ("lease", offset, count, grace_ms))
+                                   argv("doctor", step="lease", offset=offset, count=count,
+                                        grace=grace_ms))
         return reply[0], [_finding(r) for r in reply[1:]]
 
     async def check_owners(self, queue: str, cursor: str, count: int
                            ) -> tuple[str, list[str]]:
         """(next cursor, '0' at the end; ids in the active hash without a lease)."""
         reply = await self._script("doctor", (self.keys(queue).active,),
-                                   ("owners", cursor, count))
+                                   argv("doctor", step="owners", cursor=cursor, count=count))
         return _text(reply[0]), [_text(i) for i in reply[1:]]
 
     async def ordering_keys(self, queue: str, count: int) -> list[str]:
@@ -58,14 +61,15 @@ class Checking(RedisCalls):
 
     async def ordering_waiting(self, queue: str, keys: Sequence[str]) -> int:
         """The tasks waiting behind the first of the given ordering keys' lists."""
-        return await self._script("doctor", (self.keys(queue).pending,), ("ord", *keys))
+        return await self._script("doctor", (self.keys(queue).pending,),
+                                  argv("doctor", step="ord", keys=keys))
 
     async def counters(self, queue: str) -> tuple[int, int, int, int, int, list[str]]:
         """(waiting, tasks in held lists, grouped, tasks in groups, tasks in batches, the
         patterns with held lists), read together."""
         k = self.keys(queue)
         *counts, patterns = await self._script("doctor", (k.group_types, k.batches),
-                                               ("counters",))
+                                               argv("doctor", step="counters"))
         return (*counts, [_text(p) for p in patterns])
 
     async def drop_missing(self, queue: str, key: str, kind: str, ids: Sequence[str]) -> int:
@@ -74,11 +78,12 @@ class Checking(RedisCalls):
         if not ids:
             return 0
         return await self._script("doctor", (self.keys(queue).pending, key),
-                                  ("drop", kind, *ids))
+                                  argv("doctor", step="drop", kind=kind, ids=ids))
 
     async def settle_counter(self, key: str, expected: int, value: int) -> bool:
         """Set a counter to `value` if it still reads `expected`."""
-        return bool(await self._script("doctor", (key,), ("settle", expected, value)))
+        return bool(await self._script("doctor", (key,), argv(
+            "doctor", step="settle", expected=expected, wanted=value)))
 
     async def live_workers(self, worker_ids: Sequence[str]) -> set[str]:
         """Those of the given workers whose heartbeat key exists."""

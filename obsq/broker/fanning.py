@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
 
 import orjson
 
 from obsq.broker.calls import RedisCalls, ScriptCall
 from obsq.broker.records import Batch, Claimed, Enqueued, GroupedTask
+from obsq.broker.wire import argv
 from obsq.task import TaskMessage
 
 # (pattern, max_size, max_delay, grace_period): how a worker aggregates the types a route
@@ -26,10 +26,9 @@ class Fanning(RedisCalls):
                     messages: Sequence[TaskMessage]) -> list[Enqueued]:
         """Add tasks of one type to a group of `queue` (group.lua)."""
         k = self.keys(queue)
-        args: list[Any] = [task_type, group]
-        for m in messages:
-            args += (m.id, m.payload, "bin" if m.binary else "payload", m.encoded_headers(),
-                     "1" if m.id_chosen else "")
+        args = argv("group", [(m.id, m.payload, "bin" if m.binary else "payload",
+                               m.encoded_headers(), "1" if m.id_chosen else "")
+                              for m in messages], type=task_type, group=group)
         statuses = await self._script("group", (k.group_types, k.grouped), args)
         return [Enqueued(not s) for s in statuses]
 
@@ -44,7 +43,7 @@ class Fanning(RedisCalls):
                          for p, size, delay, grace in aggregations]})
         wait, batches = await self._script(
             "claim_batches", (k.batches, k.grouped, k.group_types),
-            (owner, max(int(lease * 1000), 1), argument))
+            argv("claim_batches", owner=owner, lease=max(int(lease * 1000), 1), plan=argument))
         return Claimed(
             [Batch(b[0].decode(), queue, b[1].decode(), b[2].decode(), int(b[3]), int(b[4]),
                    [GroupedTask(t[0].decode(), t[1], t[2], bool(t[3])) for t in b[5]])
@@ -59,20 +58,21 @@ class Fanning(RedisCalls):
         k = self.keys(batch.queue)
         return bool(await self._script(
             "end_batch", (k.batches,),
-            (batch.id, batch.fence, "done" if error is None else "failed", error or "",
-             int(retry_in * 1000), int(self.dedup_window * 1000))))
+            argv("end_batch", batch=batch.id, fence=batch.fence,
+                 outcome="done" if error is None else "failed", error=error or "",
+                 delay=int(retry_in * 1000), window=int(self.dedup_window * 1000))))
 
     async def release_batches(self, owner: str, batches: Sequence[Batch]) -> int:
         """Hand back batches `owner` claims and will not end (it is stopping), so that
         another worker takes them at once; only the claims it still holds, by their fence
         (release_batches.lua). Returns how many were released."""
-        by_queue: dict[str, list[Any]] = {}
+        by_queue: dict[str, list[tuple[str, str]]] = {}
         for batch in batches:
-            by_queue.setdefault(batch.queue, []).extend((batch.id, batch.fence))
+            by_queue.setdefault(batch.queue, []).append((batch.id, batch.fence))
         released = 0
-        for queue, args in by_queue.items():
+        for queue, items in by_queue.items():
             released += await self._script("release_batches", (self.keys(queue).batches,),
-                                           (owner, *args))
+                                           argv("release_batches", items, owner=owner))
         return released
 
     # -- event subscriptions --------------------------------------------------------------
@@ -80,14 +80,14 @@ class Fanning(RedisCalls):
     def _subscribe_call(self, subscriptions: Sequence[tuple[str, str, str]], ttl: float
                         ) -> ScriptCall:
         """Register or renew (event, subscriber, queue) subscriptions for `ttl` seconds."""
-        args: list[Any] = [max(int(ttl * 1000), 1)]
-        for event, subscriber, queue in subscriptions:
-            args += [event, f"{subscriber} {queue}"]
-        return ("subscribe", (self.event_keys.subscribed,), args)
+        return ("subscribe", (self.event_keys.subscribed,), argv(
+            "subscribe", [(event, f"{subscriber} {queue}")
+                          for event, subscriber, queue in subscriptions],
+            ttl=max(int(ttl * 1000), 1)))
 
     async def subscribers(self, event: str) -> list[tuple[str, str]]:
         """(subscriber, queue) of each live subscription of `event`."""
         e = self.event_keys
         members = await self._script("subscribers", (e.subscribers(event), e.subscribed),
-                                     (event,))
+                                     argv("subscribers", event=event))
         return sorted(tuple(m.decode().split(" ", 1)) for m in members)  # type: ignore[misc]

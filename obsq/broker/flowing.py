@@ -11,6 +11,7 @@ from typing import Any
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.keys import FlowKeys
+from obsq.broker.wire import argv, in_order
 
 
 class Flowing(RedisCalls):
@@ -24,7 +25,8 @@ class Flowing(RedisCalls):
         await self.index_flows("add", flow_id, written_ms, look_at_ms)
         k = self.flow_keys(flow_id)
         return bool(await self._script("flow_create", (k.flow, k.launching),
-                                       (len(first), *first, *fields)))
+                                       argv("flow_create", count=len(first),
+                                                 values=[*first, *fields])))
 
     async def flow_steps_ended(self, flow_id: str, ends: Sequence[tuple[int, str, bytes]]
                                ) -> tuple[str, bool, list[tuple[int, bytes]]]:
@@ -32,7 +34,7 @@ class Flowing(RedisCalls):
         this ended it, and the steps to launch (step, task)."""
         k = self.flow_keys(flow_id)
         reply = await self._script("flow_step", (k.flow, k.results, k.launching),
-                                   [v for end in ends for v in end])
+                                   argv("flow_step", ends))
         return (_state(reply[0]), reply[1] == b"1",
                 [(int(s), m) for s, m in zip(reply[2::2], reply[3::2])])
 
@@ -44,13 +46,15 @@ class Flowing(RedisCalls):
 
     async def flow_launched(self, flow_id: str, steps: Sequence[int]) -> None:
         k = self.flow_keys(flow_id)
-        await self._script("flow_launched", (k.flow, k.launching), steps)
+        await self._script("flow_launched", (k.flow, k.launching),
+                           argv("flow_launched", steps=steps))
 
     async def cancel_flow(self, flow_id: str) -> tuple[str, list[tuple[int, str, str]]]:
         """End a running flow cancelled: the state it was in ('' for none), and its steps
         that may wait or run (step, queue, type)."""
         k = self.flow_keys(flow_id)
-        reply = await self._script("flow_cancel", (k.flow, k.results, k.launching), ())
+        reply = await self._script("flow_cancel", (k.flow, k.results, k.launching),
+                                   argv("flow_cancel"))
         steps = []
         for step, where in zip(reply[1::2], reply[2::2]):
             queue, _, task_type = where.decode().partition("\t")
@@ -62,13 +66,14 @@ class Flowing(RedisCalls):
         """The results a step waited for: (it is a chord's callback, the steps it waited
         for, their results in order)."""
         k = self.flow_keys(flow_id)
-        reply = await self._script("flow_previous", (k.flow, k.results), (step,))
+        reply = await self._script("flow_previous", (k.flow, k.results),
+                                   argv("flow_previous", step=step))
         return reply[0] == b"1", reply[1].decode(), list(reply[2:])
 
     async def flow_state(self, flow_id: str) -> tuple[str, str, str, bytes | None]:
         """(state, failed step, error, the last step's result); state '' when it is gone."""
         k = self.flow_keys(flow_id)
-        reply = await self._script("flow_state", (k.flow, k.results), ())
+        reply = await self._script("flow_state", (k.flow, k.results), argv("flow_state"))
         if not reply[0]:
             return "", "", "", None
         state, failed, error, *result = reply
@@ -100,15 +105,17 @@ class Flowing(RedisCalls):
     async def flow_ends(self, queue: str, count: int) -> list[bytes]:
         """The oldest `count` entries of the queue's flow inbox, oldest first."""
         return await self._script("flow_ends", (self.keys(queue).flow_inbox,),
-                                  ("read", count))
+                                  argv("flow_ends", mode="read", count=count))
 
     async def drop_flow_ends(self, queue: str, entries: Sequence[bytes]) -> None:
-        await self._script("flow_ends", (self.keys(queue).flow_inbox,), ("drop", *entries))
+        await self._script("flow_ends", (self.keys(queue).flow_inbox,),
+                           argv("flow_ends", mode="drop", entries=entries))
 
     async def index_flows(self, mode: str, *args: Any) -> Any:
         """flow_index.lua on the namespace's index of flows."""
         g = self.global_keys
-        return await self._script("flow_index", (g.flows, g.flow_look), (mode, *args))
+        return await self._script("flow_index", (g.flows, g.flow_look),
+                                  in_order("flow_index", mode, *args))
 
 
 def _state(raw: bytes | str) -> str:

@@ -16,6 +16,7 @@ import orjson
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.records import BatchRecord, GroupListing, GroupRecord
+from obsq.broker.wire import argv
 
 # How each state's page is ordered: what runs next first (pending: oldest first, from the
 # right end of the list; scheduled/retry: soonest due; active: soonest lease expiry), what
@@ -46,7 +47,8 @@ class Inspection(RedisCalls):
         k = self.keys(queue)
         return _page(await self._script(
             "page", (k.by_state(state),),
-            (PAGE_ORDER[state], offset, limit, task_type, scan_cap)))
+            argv("page", order=PAGE_ORDER[state], offset=offset, limit=limit, pattern=task_type,
+                 cap=scan_cap)))
 
     async def group_page(self, queue: str, task_type: str, group: str, offset: int,
                          limit: int) -> tuple[int, int | None, list[PageRow]]:
@@ -54,7 +56,7 @@ class Inspection(RedisCalls):
         k = self.keys(queue)
         return _page(await self._script(
             "page", (k.group_types, k.group(task_type, group)),
-            ("head", offset, limit, "", limit)))
+            argv("page", order="head", offset=offset, limit=limit, pattern="", cap=limit)))
 
     async def group_listing(self, queue: str, offset: int, limit: int, batch_offset: int,
                             batch_limit: int) -> GroupListing:
@@ -63,7 +65,8 @@ class Inspection(RedisCalls):
         k = self.keys(queue)
         now, total, next_offset, batch_total, next_batch, groups, batches = await self._script(
             "groups", (k.group_types, k.batches),
-            (offset, limit, batch_offset, batch_limit))
+            argv("groups", offset=offset, limit=limit, batch_offset=batch_offset,
+                 batch_limit=batch_limit))
         return GroupListing(
             now, total, next_offset if next_offset >= 0 else None, batch_total,
             next_batch if next_batch >= 0 else None,
@@ -100,29 +103,29 @@ class Inspection(RedisCalls):
         pending. Returns (moved, left in the state, given ids that were not in it)."""
         k = self.keys(queue)
         reply = await self._script("revive", (k.by_state(state), k.pending, k.wake),
-                                   (1 if state in ("dead", "cancelled") else 0, batch,
-                                    *task_ids))
+                                   argv("revive", reset=1 if state in ("dead", "cancelled") else 0,
+                                        batch=batch, ids=task_ids))
         return reply[0], reply[1], [_text(i) for i in reply[2:]]
 
     async def delete_task(self, queue: str, task_id: str) -> str:
         """The state the deleted task was in; 'running' (refused) or '' (no such task)."""
         k = self.keys(queue)
-        return _text(await self._script("delete", _delete_keys(k), ("id", task_id)))
+        return _text(await self._script("delete", _delete_keys(k),
+                                        argv("delete", mode="id", id=task_id)))
 
     async def purge_step(self, queue: str, state: str, batch: int) -> tuple[int, int]:
         """Delete up to `batch` tasks of a state: (deleted, left)."""
         k = self.keys(queue)
-        deleted, left = await self._script("delete", _delete_keys(k), (state, batch))
+        deleted, left = await self._script("delete", _delete_keys(k),
+                                           argv("delete", mode=state, batch=batch))
         return deleted, left
 
     async def tally(self, counts: Mapping[str, Mapping[str, int]], ttl: float) -> None:
         """Add {queue: {outcome: count}} to the current minute's buckets."""
         calls = []
         for queue, by_outcome in counts.items():
-            args: list[Any] = [int(ttl * 1000)]
-            for outcome, n in by_outcome.items():
-                args += (outcome, n)
-            calls.append(("tally", (self.keys(queue).stats,), args))
+            calls.append(("tally", (self.keys(queue).stats,),
+                          argv("tally", by_outcome.items(), ttl=int(ttl * 1000))))
         if calls:
             await self._scripts(calls)
 
@@ -131,7 +134,8 @@ class Inspection(RedisCalls):
                              ) -> dict[str, tuple[int, list[list[int]]]]:
         """{queue: (Redis clock in ms, per minute, the current one first: the count of each
         outcome)}."""
-        calls = [("throughput", (self.keys(q).stats,), (minutes, *outcomes)) for q in queues]
+        calls = [("throughput", (self.keys(q).stats,),
+                  argv("throughput", minutes=minutes, outcomes=outcomes)) for q in queues]
         replies = await self._scripts(calls) if calls else []
         n = len(outcomes)
         return {q: (r[0], [r[i:i + n] for i in range(1, len(r), n)])

@@ -13,6 +13,7 @@ from typing import Any
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.records import Ended, Enqueued
+from obsq.broker.wire import REPLIES, argv
 from obsq.settings import INBOX_BATCH, INBOX_TTL
 from obsq.task import TaskMessage
 
@@ -67,7 +68,7 @@ class Producing(RedisCalls):
         'running' (its worker was told to stop it), or '' (no such task)."""
         k = self.keys(queue)
         state = await self._script("cancel", (k.pending, k.scheduled, k.retry, k.active,
-                                              k.lease), ("task", task_id))
+                                              k.lease), argv("cancel", mode="task", id=task_id))
         return state.decode() if isinstance(state, bytes) else str(state)
 
     async def watch(self, queue: str, task_id: str, client_id: str
@@ -76,7 +77,7 @@ class Producing(RedisCalls):
         the same step: (state, result, error), or None when there is no such task."""
         k = self.keys(queue)
         reply = await self._script("watch", (k.active, k.watched, k.task(task_id)),
-                                   (task_id, client_id, 1))
+                                   argv("watch", id=task_id, client=client_id, watching=1))
         if reply is None:
             return None
         state, result, error = reply
@@ -86,7 +87,7 @@ class Producing(RedisCalls):
     async def unwatch(self, queue: str, task_id: str, client_id: str) -> None:
         k = self.keys(queue)
         await self._script("watch", (k.active, k.watched, k.task(task_id)),
-                           (task_id, client_id, 0))
+                           argv("watch", id=task_id, client=client_id, watching=0))
 
     async def read_inbox(self, queues: Sequence[str], client_id: str, timeout: float
                          ) -> list[Ended]:
@@ -118,22 +119,20 @@ class Producing(RedisCalls):
 
 
 def enqueue_args(messages: Sequence[TaskMessage], memory_share: float) -> list[Any]:
-    """enqueue.lua's arguments: Redis's clock, the producers' share of maxmemory, then 11
-    plain values per message."""
-    args: list[Any] = [memory_share]
-    for m in messages:
-        args += (m.id, "1" if m.id_chosen else "", m.type, m.payload,
-                 "bin" if m.binary else "payload", m.encoded_headers(),
-                 m.encoded_options(), int(m.delay * 1000), m.unique_key,
-                 int(m.unique_for * 1000), m.ordering_key)
-    return args
+    """enqueue.lua's arguments: the producers' share of maxmemory, then each message's
+    fields (wire.py's layout)."""
+    return argv("enqueue", [(m.id, "1" if m.id_chosen else "", m.type, m.payload,
+                             "bin" if m.binary else "payload", m.encoded_headers(),
+                             m.encoded_options(), int(m.delay * 1000), m.unique_key,
+                             int(m.unique_for * 1000), m.ordering_key) for m in messages],
+                share=memory_share)
 
 
 def enqueue_statuses(reply: list[Any], count: int) -> list[Enqueued]:
     """enqueue.lua's reply (position, refusal, ...) as one status per message: a refusal is
     'id' (the id is taken) or 'unique:<holder>'; every other message was created."""
     statuses = [CREATED] * count
-    for position, refusal in zip(reply[::2], reply[1::2]):
+    for position, refusal in REPLIES["enqueue"].items(reply):
         holder = refusal.decode().partition("unique:")[2]
         statuses[int(position) - 1] = Enqueued(False, holder or None)
     return statuses

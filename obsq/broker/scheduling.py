@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.records import DueFires, ScheduleRecord
+from obsq.broker.wire import argv
 
 
 class Scheduling(RedisCalls):
@@ -19,7 +20,8 @@ class Scheduling(RedisCalls):
         'app' (refused: the App's code defines it, and only a scheduler may change it)."""
         s = self.schedule_keys
         status = await self._script("schedule", (s.entries, s.next, s.version, s.changes),
-                                    (name, definition, 1 if from_app else 0))
+                                    argv("schedule", name=name, definition=definition,
+                                         from_app=1 if from_app else 0))
         return status.decode()
 
     async def remove_schedule(self, name: str, from_app: bool = False) -> str:
@@ -27,7 +29,7 @@ class Scheduling(RedisCalls):
         s = self.schedule_keys
         status = await self._script(
             "unschedule", (s.entries, s.next, s.last, s.counts, s.version, s.changes),
-            (name, 1 if from_app else 0))
+            argv("unschedule", name=name, from_app=1 if from_app else 0))
         return status.decode()
 
     async def schedule_entries(self) -> dict[str, bytes]:
@@ -39,7 +41,8 @@ class Scheduling(RedisCalls):
     async def due_fires(self, limit: int) -> DueFires:
         s = self.schedule_keys
         now, version, soonest, due, firing = await self._script(
-            "due_fires", (s.next, s.version, s.firing), (limit,))
+            "due_fires", (s.next, s.version, s.firing),
+            argv("due_fires", limit=limit))
         return DueFires(
             now, version, float(soonest) if soonest else None,
             [(due[i].decode(errors="replace"), float(due[i + 1]))
@@ -55,7 +58,8 @@ class Scheduling(RedisCalls):
         s = self.schedule_keys
         return bool(await self._script(
             "claim_fire", (s.entries, s.next, s.firing, s.counts),
-            (name, digest, _score(expected), _score(following), fire, claim, missed)))
+            argv("claim_fire", name=name, digest=digest, expected=_score(expected),
+                 following=_score(following), fire=fire, claim=claim, missed=missed)))
 
     async def confirm_fire(self, name: str, claim: bytes, fire: int, outcome: str) -> bool:
         """End a claim: 'fired' (its task is enqueued), 'missed' or 'dropped'; False when
@@ -63,7 +67,8 @@ class Scheduling(RedisCalls):
         s = self.schedule_keys
         return bool(await self._script("confirm_fire",
                                        (s.firing, s.entries, s.last, s.counts),
-                                       (name, claim, fire, outcome)))
+                                       argv("confirm_fire", name=name, claim=claim, fire=fire,
+                                            outcome=outcome)))
 
     async def wait_schedule_change(self, timeout: float) -> bool:
         """Block until an entry is added, changed or removed (True) or `timeout` passes."""
@@ -81,7 +86,7 @@ class Scheduling(RedisCalls):
         """(Redis's clock in ms, up to `limit` entries, soonest next fire first)."""
         s = self.schedule_keys
         reply = await self._script("schedules", (s.next, s.entries, s.last, s.firing,
-                                                 s.counts), (limit,))
+                                                 s.counts), argv("schedules", limit=limit))
         records = [
             ScheduleRecord(reply[i].decode(errors="replace"), reply[i + 2] or None,
                            float(reply[i + 1]), _count(reply[i + 3]) or None,

@@ -8,6 +8,7 @@ import re
 from importlib import resources
 from string import Template
 
+from obsq.broker.wire import constants
 from obsq.settings import INBOX_TTL, LUA_SLICE, MEMORY_LOOK_MS, WAKE_CAP
 
 # While Redis is above the producers' share, a failed attempt keeps only the start of its
@@ -83,5 +84,6 @@ def load_scripts() -> dict[str, Script]:
     for path in SCRIPT_DIR.iterdir():
         if path.name.endswith(".lua") and not path.name.startswith("_"):
             name, body = path.name[:-4], path.read_text()
+            body = _Constants(body).substitute(constants(name))  # wire.py
             scripts[name] = Script(name, _prelude_for(body, blocks) + "\n" + body)
     return scripts

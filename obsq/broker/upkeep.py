@@ -13,6 +13,7 @@ from redis.exceptions import RedisError, ResponseError
 from obsq.broker.calls import RedisCalls, ScriptCall
 from obsq.broker.keys import TASK_STATES
 from obsq.broker.records import QueueStats
+from obsq.broker.wire import argv
 
 
 class Upkeep(RedisCalls):
@@ -27,9 +28,9 @@ class Upkeep(RedisCalls):
         g = self.global_keys
         calls: list[ScriptCall] = [
             ("heartbeat", (g.worker(worker_id),),
-             (max(int(ttl * 1000), 1), orjson.dumps(description))),
+             argv("heartbeat", ttl=max(int(ttl * 1000), 1), description=orjson.dumps(description))),
             ("register", (g.workers,),  # scored by its own clock: shown, never compared
-             ("zset", int(self.clock.time() * 1000), worker_id))]
+             argv("register", [(int(self.clock.time() * 1000), worker_id)], kind="zset"))]
         if description.get("queues"):
             calls.append(self._register_queues_call(description["queues"]))
         return calls
@@ -71,7 +72,8 @@ class Upkeep(RedisCalls):
         k = self.keys(queue)
         requeued, killed, cursor, ends_in = await self._script(
             "recover", (k.lease, k.pending, k.dead, k.wake, k.active),
-            (max_recoveries, batch, cursor, *lost_workers))
+            argv("recover", max_recoveries=max_recoveries, batch=batch, cursor=cursor,
+                 lost=lost_workers))
         return (requeued, killed, cursor.decode() if isinstance(cursor, bytes) else str(cursor),
                 int(ends_in) / 1000 if int(ends_in) >= 0 else None)
 
@@ -85,7 +87,7 @@ class Upkeep(RedisCalls):
         for queue, state in sets:
             k = self.keys(queue)
             calls.append(("forward", (k.by_state(state), k.pending, k.wake),
-                          (batch, 1 if state == "scheduled" else 0)))
+                          argv("forward", batch=batch, scheduled=1 if state == "scheduled" else 0)))
         return [(moved, int(due) / 1000 if int(due) >= 0 else None)
                 for moved, due in await self._scripts(calls)]
 
@@ -95,16 +97,19 @@ class Upkeep(RedisCalls):
         ids past the dedup window or count -> entries removed (a full batch: call again)."""
         k = self.keys(queue)
         return await self._script("cleanup", (k.completed, k.dead, k.cancelled, k.ended),
-                                  (int(dead_max_age * 1000), dead_max_count, batch,
-                                   int(self.dedup_window * 1000), self.dedup_max_ids))
+                                  argv("cleanup", dead_age=int(dead_max_age * 1000),
+                                       dead_count=dead_max_count, batch=batch,
+                                       window=int(self.dedup_window * 1000),
+                                       max_ids=self.dedup_max_ids))
 
     async def try_lock(self, name: str, owner: str, ttl: float) -> bool:
         """Take or keep a short lock so one process at a time runs a sweep."""
         return bool(await self._script("lock", (self.global_keys.lock(name),),
-                                       (owner, max(int(ttl * 1000), 1))))
+                                       argv("lock", owner=owner, ttl=max(int(ttl * 1000), 1))))
 
     async def release_lock(self, name: str, owner: str) -> None:
-        await self._script("lock", (self.global_keys.lock(name),), (owner, 0))
+        await self._script("lock", (self.global_keys.lock(name),),
+                           argv("lock", owner=owner, ttl=0))
 
     # -- inspecting and repairing ---------------------------------------------------------
 
@@ -114,7 +119,7 @@ class Upkeep(RedisCalls):
         for queue in queues:
             k = self.keys(queue)
             calls.append(("stats", (k.pending, k.lease, k.scheduled, k.retry, k.dead,
-                                    k.completed, k.cancelled, k.paused), ()))
+                                    k.completed, k.cancelled, k.paused), argv("stats")))
         stats = {}
         for queue, r in zip(queues, await self._scripts(calls)):
             oldest, paused, now, aggregating = r[7:11]
@@ -129,7 +134,7 @@ class Upkeep(RedisCalls):
         (unfinished.lua), each queue read at one moment."""
         calls: list[ScriptCall] = [
             ("unfinished", (self.keys(q).pending, self.keys(q).paused, self.keys(q).active),
-             (worker_id,)) for q in queues]
+             argv("unfinished", worker=worker_id)) for q in queues]
         return sum(await self._scripts(calls))
 
     async def memory_usage(self) -> tuple[int, int] | None:
@@ -159,4 +164,5 @@ class Upkeep(RedisCalls):
 
     async def set_paused(self, queue: str, paused: bool) -> None:
         k = self.keys(queue)
-        await self._script("pause", (k.paused, k.pending, k.wake), (1 if paused else 0,))
+        await self._script("pause", (k.paused, k.pending, k.wake),
+                           argv("pause", paused=1 if paused else 0))

@@ -172,12 +172,13 @@ local function release_attempt(active_key, lease_key, id, fence, worker)
 end
 
 -- The attempts a batch call names in ARGV from index `first` on, `stride` values each (the
--- id, then its fence): their ids and fences, and whether each still holds its task.
-local function named_attempts(active_key, worker, first, stride)
+-- id at offset `id_at`, its fence at `fence_at`): their ids and fences, and whether each
+-- still holds its task.
+local function named_attempts(active_key, worker, first, stride, id_at, fence_at)
   local ids, fences, held = {}, {}, {}
   for i = first, #ARGV, stride do
-    ids[#ids + 1] = ARGV[i]
-    fences[#fences + 1] = ARGV[i + 1]
+    ids[#ids + 1] = ARGV[i + id_at]
+    fences[#fences + 1] = ARGV[i + fence_at]
   end
   local owners = hmget_sliced(active_key, ids)
   for n = 1, #ids do

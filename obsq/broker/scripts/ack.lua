@@ -13,8 +13,8 @@
 -- its fence, or is gone (no retention), as it would be after a takeover that also finished.
 local now_stored = now_text()
 local now = tonumber(now_stored)
-local worker, resent = ARGV[2], ARGV[3] == '1'
-local ids, fences, held = named_attempts(KEYS[3], worker, 6, 8)
+local worker, resent = ARGV[@worker], ARGV[@resent] == '1'
+local ids, fences, held = named_attempts(KEYS[3], worker, @items, @stride, @id, @fence)
 local out, done = {}, {}
 for n, id in ipairs(ids) do
   local fence = fences[n]
@@ -41,31 +41,31 @@ local gone, forgotten = {}, {}
 for j, n in ipairs(done) do
   local i = 6 + (n - 1) * 8
   local id, key = ids[n], task_key(ids[n])
-  release_limits(id, ARGV[i + 5], ARGV[i + 6])
-  release_successor(id, ARGV[i + 7], now)
+  release_limits(id, ARGV[i + @type], ARGV[i + @slot])
+  release_successor(id, ARGV[i + @ordering], now)
   if watchers[j] then
-    notify_done(id, 'completed', ARGV[i + 3], watchers[j])
+    notify_done(id, 'completed', ARGV[i + @result], watchers[j])
   end
-  local retention = tonumber(ARGV[i + 2])
+  local retention = tonumber(ARGV[i + @retention])
   if retention > 0 then
-    local result = ARGV[i + 3]
-    if #result > FULL_ERROR_BYTES and above_share(tonumber(ARGV[5]), #result) then
+    local result = ARGV[i + @result]
+    if #result > FULL_ERROR_BYTES and above_share(tonumber(ARGV[@share]), #result) then
       result = 'null'
       redis.call('HSET', key, 'error', 'result not kept: Redis full')
     end
     redis.call('HSET', key, 'state', 'completed', 'result', result, 'done', now_stored,
-               'fin', ARGV[i + 1])
+               'fin', ARGV[i + @fence])
     redis.call('ZADD', KEYS[2], int_text(now + retention), id)
     redis.call('PEXPIRE', key, int_text(retention + 60000))
   else
     gone[#gone + 1] = key
-    if ARGV[i + 4] == '1' then
+    if ARGV[i + @own] == '1' then
       forgotten[#forgotten + 1] = id
     end
   end
 end
 call_sliced('DEL', nil, gone)
 if #forgotten > 0 then
-  remember_ids(forgotten, int_text(now + tonumber(ARGV[4])))
+  remember_ids(forgotten, int_text(now + tonumber(ARGV[@window])))
 end
 return out

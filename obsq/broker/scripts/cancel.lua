@@ -10,13 +10,13 @@
 -- worker was told), or '' (no such task); for an attempt: 1, or 0 when the
 -- fencing token is stale.
 local now = now_ms()
-local id = ARGV[3]
-if ARGV[2] == 'attempt' then
-  if not release_attempt(KEYS[4], KEYS[5], id, ARGV[4], ARGV[5]) then
-    return settled_by(id, ARGV[4]) and 1 or 0
+local id = ARGV[@id]
+if ARGV[@mode] == 'attempt' then
+  if not release_attempt(KEYS[4], KEYS[5], id, ARGV[@fence], ARGV[@worker]) then
+    return settled_by(id, ARGV[@fence]) and 1 or 0
   end
-  release_limits(id, ARGV[6], ARGV[7])
-  redis.call('HSET', task_key(id), 'fin', ARGV[4])
+  release_limits(id, ARGV[@type], ARGV[@slot])
+  redis.call('HSET', task_key(id), 'fin', ARGV[@fence])
   end_cancelled(id, now)
   return 1
 end

@@ -15,8 +15,8 @@
 -- Returns {ms until the next group or batch is due (-1: none), {batch, ...}}; a batch is
 -- {id, type, group, fence, failures, {{id, payload, headers, binary}, ...}}.
 local now = now_ms()
-local owner, lease = ARGV[2], tonumber(ARGV[3])
-local arg = cjson.decode(ARGV[4])
+local owner, lease = ARGV[@owner], tonumber(ARGV[@lease])
+local arg = cjson.decode(ARGV[@plan])
 local fresh = arg.ids
 local settings = {}  -- type -> its aggregator's pattern and limits, false for none
 local function settings_of(task_type)

@@ -9,21 +9,21 @@
 --       an entry that is not valid), fire (ms, 0: none), claim ("<fire> <definition>"),
 --       missed
 -- Returns 1 when claimed, else 0.
-local definition = redis.call('HGET', KEYS[1], ARGV[2])
-if not definition or redis.sha1hex(definition) ~= ARGV[3] then
+local definition = redis.call('HGET', KEYS[1], ARGV[@name])
+if not definition or redis.sha1hex(definition) ~= ARGV[@digest] then
   return 0
 end
-if tonumber(redis.call('ZSCORE', KEYS[2], ARGV[2])) ~= tonumber(ARGV[4]) then
+if tonumber(redis.call('ZSCORE', KEYS[2], ARGV[@name])) ~= tonumber(ARGV[@expected]) then
   return 0
 end
-if redis.call('HEXISTS', KEYS[3], ARGV[2]) == 1 then
+if redis.call('HEXISTS', KEYS[3], ARGV[@name]) == 1 then
   return 0
 end
-redis.call('ZADD', KEYS[2], ARGV[5], ARGV[2])
-if ARGV[6] ~= '0' then
-  redis.call('HSET', KEYS[3], ARGV[2], ARGV[7])
+redis.call('ZADD', KEYS[2], ARGV[@following], ARGV[@name])
+if ARGV[@fire] ~= '0' then
+  redis.call('HSET', KEYS[3], ARGV[@name], ARGV[@claim])
 end
-if tonumber(ARGV[8]) > 0 then
-  redis.call('HINCRBY', KEYS[4], 'missed:' .. ARGV[2], ARGV[8])
+if tonumber(ARGV[@missed]) > 0 then
+  redis.call('HINCRBY', KEYS[4], 'missed:' .. ARGV[@name], ARGV[@missed])
 end
 return 1

@@ -7,7 +7,7 @@
 -- Returns the number of tasks deleted plus the ids forgotten over the cap (at most a batch
 -- of each per call: the caller calls again while a batch was full).
 local now = now_ms()
-local batch = tonumber(ARGV[4])
+local batch = tonumber(ARGV[@batch])
 local deleted = 0
 local forgotten = {}
 local function drop(set, ids)
@@ -23,18 +23,18 @@ local function drop(set, ids)
 end
 drop(KEYS[1], redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, batch))
 for _, set in ipairs({KEYS[2], KEYS[3]}) do
-  drop(set, redis.call('ZRANGEBYSCORE', set, '-inf', now - tonumber(ARGV[2]), 'LIMIT', 0,
+  drop(set, redis.call('ZRANGEBYSCORE', set, '-inf', now - tonumber(ARGV[@dead_age]), 'LIMIT', 0,
                        batch))
-  local excess = redis.call('ZCARD', set) - tonumber(ARGV[3])
+  local excess = redis.call('ZCARD', set) - tonumber(ARGV[@dead_count])
   if excess > 0 then
     drop(set, redis.call('ZRANGE', set, 0, math.min(excess, batch) - 1))
   end
 end
 if #forgotten > 0 then
-  remember_ids(forgotten, int_text(now + tonumber(ARGV[5])))
+  remember_ids(forgotten, int_text(now + tonumber(ARGV[@window])))
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', int_text(now))
-local excess = redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[6])
+local excess = redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[@max_ids])
 if excess > 0 then
   excess = math.min(excess, batch)
   redis.call('ZREMRANGEBYRANK', KEYS[4], 0, excess - 1)

@@ -6,20 +6,20 @@
 -- KEYS: firing, entries, last, counts
 -- ARGV: now, name, claim, fire (ms), outcome
 -- Returns 1 when this call ended the claim, else 0.
-if redis.call('HGET', KEYS[1], ARGV[2]) ~= ARGV[3] then
+if redis.call('HGET', KEYS[1], ARGV[@name]) ~= ARGV[@claim] then
   return 0
 end
-redis.call('HDEL', KEYS[1], ARGV[2])
-if ARGV[5] == 'dropped' or redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then
+redis.call('HDEL', KEYS[1], ARGV[@name])
+if ARGV[@outcome] == 'dropped' or redis.call('HEXISTS', KEYS[2], ARGV[@name]) == 0 then
   return 1
 end
-if ARGV[5] == 'missed' then
-  redis.call('HINCRBY', KEYS[4], 'missed:' .. ARGV[2], 1)
+if ARGV[@outcome] == 'missed' then
+  redis.call('HINCRBY', KEYS[4], 'missed:' .. ARGV[@name], 1)
   return 1
 end
-local last = tonumber(redis.call('HGET', KEYS[3], ARGV[2]) or '0') or 0
-if tonumber(ARGV[4]) > last then
-  redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+local last = tonumber(redis.call('HGET', KEYS[3], ARGV[@name]) or '0') or 0
+if tonumber(ARGV[@fire]) > last then
+  redis.call('HSET', KEYS[3], ARGV[@name], ARGV[@fire])
 end
-redis.call('HINCRBY', KEYS[4], 'fires:' .. ARGV[2], 1)
+redis.call('HINCRBY', KEYS[4], 'fires:' .. ARGV[@name], 1)
 return 1

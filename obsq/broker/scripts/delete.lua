@@ -27,8 +27,8 @@ local function forget(id)
   redis.call('DEL', key, prefix .. 'progress:' .. id)
 end
 
-if ARGV[2] == 'id' then
-  local id = ARGV[3]
+if ARGV[@mode] == 'id' then
+  local id = ARGV[@id]
   if redis.call('HEXISTS', KEYS[7], id) == 1 then
     return 'running'
   end
@@ -48,8 +48,8 @@ if ARGV[2] == 'id' then
   return state
 end
 
-local key = sets[ARGV[2]]
-local batch = tonumber(ARGV[3])
+local key = sets[ARGV[@mode]]
+local batch = tonumber(ARGV[@batch])
 local ids
 -- pending, then the tasks held back by a route limit (they count as pending); forget()
 -- takes a held one out of its list

@@ -18,12 +18,12 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
   return {0, 0, 0}
 end
 local now = now_ms()
-local ids = redis.call('RPOP', KEYS[1], ARGV[3])
+local ids = redis.call('RPOP', KEYS[1], ARGV[@count])
 if not ids then
   redis.call('DEL', KEYS[3])
   return {now, 0, 0}
 end
-local limits = ARGV[5] ~= '' and cjson.decode(ARGV[5]) or nil
+local limits = ARGV[@limits] ~= '' and cjson.decode(ARGV[@limits]) or nil
 
 -- The entry of `entries` for a type: exact, else the longest prefix, else '*'.
 local function best(entries, task_type)
@@ -78,7 +78,7 @@ local function limited(id, task_type, reserved)
 end
 
 local fence = redis.call('INCRBY', KEYS[6], #ids) - #ids
-local expires = int_text(now + tonumber(ARGV[2]))
+local expires = int_text(now + tonumber(ARGV[@lease]))
 local leases, owners, tasks, held = {}, {}, {}, {}
 local dropped, suspects, returned = 0, 0, 0
 for _, id in ipairs(ids) do
@@ -98,8 +98,9 @@ for _, id in ipairs(ids) do
     why, slot = limited(id, f[1], tonumber(f[10]))
     if why and not (why == 'concurrency' and f[11]) then
       -- counted once per hold: a task the forwarder let out to look again is not new
-      held[#held + 1] = f[1]
-      held[#held + 1] = why
+      local h = #held
+      held[h + @rt_type] = f[1]
+      held[h + @rt_why] = why
     end
   end
   if not why then
@@ -110,18 +111,22 @@ for _, id in ipairs(ids) do
     leases[#leases + 1] = expires
     leases[#leases + 1] = id
     owners[#owners + 1] = id
-    owners[#owners + 1] = int_text(fence) .. ':' .. ARGV[4]
-    tasks[#tasks + 1] = id
-    tasks[#tasks + 1] = fence
-    if f[12] then
-      f[2] = f[12]
-    end
-    for j = 1, 9 do
-      tasks[#tasks + 1] = f[j] or ''
-    end
-    tasks[#tasks + 1] = slot
-    tasks[#tasks + 1] = f[12] and '1' or ''
-    tasks[#tasks + 1] = f[13] and '1' or ''
+    owners[#owners + 1] = int_text(fence) .. ':' .. ARGV[@worker]
+    local t = #tasks
+    tasks[t + @r_id] = id
+    tasks[t + @r_fence] = fence
+    tasks[t + @r_type] = f[1]
+    tasks[t + @r_payload] = f[12] or f[2] or ''
+    tasks[t + @r_headers] = f[3] or ''
+    tasks[t + @r_options] = f[4] or ''
+    tasks[t + @r_retried] = f[5] or ''
+    tasks[t + @r_due_ms] = f[6] or ''
+    tasks[t + @r_id_chosen] = f[7] or ''
+    tasks[t + @r_ordering_key] = f[8] or ''
+    tasks[t + @r_waited] = f[9] or ''
+    tasks[t + @r_slot] = slot
+    tasks[t + @r_binary] = f[12] and '1' or ''
+    tasks[t + @r_suspect] = f[13] and '1' or ''
     if f[9] or f[10] or f[11] then
       redis.call('HDEL', task_key(id), 'ow', 'rsv', 'hc')  -- counted and used once
     end
@@ -135,7 +140,10 @@ end
 if returned > 0 then
   wake(KEYS[3], returned)
 end
-local out = {now, dropped, #tasks / 14}
+local out = {}
+out[@r_now] = now
+out[@r_dropped] = dropped
+out[@r_count] = #tasks / @r_stride
 for _, v in ipairs(tasks) do
   out[#out + 1] = v
 end

@@ -9,7 +9,7 @@
 --   'list' offset count state field value: ids of a list (from its head) whose task hash is
 --       gone ('missing'), whose state is not `state`, or whose `field` is not `value` (''
 --       skips either check); returns {length, {id, problem, what was found}, ...}
---   'zset' offset count state: the same for a zset, by rank
+--   'zset' offset count state field value: the same for a zset, by rank
 --   'lease' offset count grace_ms: attempts (KEYS[1] lease, KEYS[2] active) whose lease
 --       ended over grace_ms ago ('expired', owner), with no owner ('unowned') or no task
 --       hash ('missing'); returns {length, {id, problem, owner}, ...}
@@ -21,8 +21,8 @@
 --       'list'; 'held', which counts them out of `waiting`; 'ord', an ordering key's list,
 --       whose next task is let out as when a task of the key ends; 'zset'; or 'lease',
 --       which drops their active entries too); returns how many went
---   'settle' expected value: set the counter to `value` if it still reads `expected`
-local step = ARGV[2]
+--   'settle' expected wanted: set the counter to `wanted` if it still reads `expected`
+local step = ARGV[@step]
 
 local function check(id, state, field, value)
   local f = redis.call('HMGET', task_key(id), 'state', field ~= '' and field or 'state')
@@ -37,7 +37,7 @@ local function check(id, state, field, value)
 end
 
 if step == 'list' or step == 'zset' then
-  local offset, count = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local offset, count = tonumber(ARGV[@offset]), tonumber(ARGV[@count])
   local ids, length
   if step == 'list' then
     ids = redis.call('LRANGE', KEYS[2], offset, offset + count - 1)
@@ -48,12 +48,12 @@ if step == 'list' or step == 'zset' then
   end
   local out = {length}
   for _, id in ipairs(ids) do
-    out[#out + 1] = check(id, ARGV[5], ARGV[6] or '', ARGV[7] or '')
+    out[#out + 1] = check(id, ARGV[@state], ARGV[@field], ARGV[@value])
   end
   return out
 elseif step == 'lease' then
   local now = now_ms()
-  local offset, count = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local offset, count = tonumber(ARGV[@offset]), tonumber(ARGV[@count])
   local raw = redis.call('ZRANGE', KEYS[1], offset, offset + count - 1, 'WITHSCORES')
   local out = {redis.call('ZCARD', KEYS[1])}
   for i = 1, #raw, 2 do
@@ -63,13 +63,13 @@ elseif step == 'lease' then
       out[#out + 1] = {id, 'missing', owner or ''}
     elseif not owner then
       out[#out + 1] = {id, 'unowned', ''}
-    elseif tonumber(raw[i + 1]) < now - tonumber(ARGV[5]) then
+    elseif tonumber(raw[i + 1]) < now - tonumber(ARGV[@grace]) then
       out[#out + 1] = {id, 'expired', owner}
     end
   end
   return out
 elseif step == 'owners' then
-  local scan = redis.call('HSCAN', KEYS[1], ARGV[3], 'COUNT', ARGV[4])
+  local scan = redis.call('HSCAN', KEYS[1], ARGV[@cursor], 'COUNT', ARGV[@count])
   local out = {scan[1]}
   for i = 1, #scan[2], 2 do
     if not redis.call('ZSCORE', prefix .. 'lease', scan[2][i]) then
@@ -79,7 +79,7 @@ elseif step == 'owners' then
   return out
 elseif step == 'ord' then
   local waiting = 0
-  for i = 3, #ARGV do
+  for i = @keys, #ARGV do
     waiting = waiting + math.max(redis.call('LLEN', prefix .. 'ord:' .. ARGV[i]) - 1, 0)
   end
   return waiting
@@ -109,8 +109,8 @@ elseif step == 'counters' then
           tonumber(redis.call('GET', prefix .. 'grouped')) or 0, in_groups, in_batches,
           patterns}
 elseif step == 'drop' then
-  local now, kind, dropped = now_ms(), ARGV[3], 0
-  for i = 4, #ARGV do
+  local now, kind, dropped = now_ms(), ARGV[@kind], 0
+  for i = @ids, #ARGV do
     local id = ARGV[i]
     if redis.call('EXISTS', task_key(id)) == 0 then
       if kind == 'ord' then
@@ -133,10 +133,10 @@ elseif step == 'drop' then
   end
   return dropped
 elseif step == 'settle' then
-  if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[3] then
+  if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[@expected] then
     return 0
   end
-  redis.call('SET', KEYS[1], ARGV[4])
+  redis.call('SET', KEYS[1], ARGV[@wanted])
   return 1
 end
 return redis.error_reply('unknown step ' .. tostring(step))

@@ -8,7 +8,7 @@
 -- Returns {now, version, soonest next fire after now ('' when none), {name, next, ...},
 --          {name, claim, ...}}
 local now = now_ms()
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[2])
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[@limit])
 local after = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0,
                          1)
 return {now, tonumber(redis.call('GET', KEYS[2]) or '0') or 0, after[2] or '', due,

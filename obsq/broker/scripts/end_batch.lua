@@ -12,16 +12,16 @@
 --       the grouped tasks whose producer chose their ids are remembered that long
 -- Returns 1 (applied) or 0 (the batch is gone, or a failure from a claim taken over).
 local now = now_ms()
-local batch = ARGV[2]
+local batch = ARGV[@batch]
 local key = prefix .. 'batch:' .. batch
 local f = redis.call('HMGET', key, 'fence', 'ids')
-if not f[1] or (ARGV[4] == 'failed' and f[1] ~= ARGV[3]) then
+if not f[1] or (ARGV[@outcome] == 'failed' and f[1] ~= ARGV[@fence]) then
   return 0
 end
-if ARGV[4] == 'failed' then
+if ARGV[@outcome] == 'failed' then
   redis.call('HINCRBY', key, 'failures', 1)
-  redis.call('HSET', key, 'error', ARGV[5], 'owner', '')
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[6]), batch)
+  redis.call('HSET', key, 'error', ARGV[@error], 'owner', '')
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[@delay]), batch)
   return 1
 end
 redis.call('ZREM', KEYS[1], batch)
@@ -39,7 +39,7 @@ for id in string.gmatch(f[2] or '', '%S+') do
   end
 end
 if #forgotten > 0 then
-  remember_ids(forgotten, int_text(now + tonumber(ARGV[7])))
+  remember_ids(forgotten, int_text(now + tonumber(ARGV[@window])))
 end
 -- its tasks were counted as aggregating until now (at least 0: a batch claimed by an
 -- earlier version was counted out when it was claimed)

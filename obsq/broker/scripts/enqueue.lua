@@ -1,7 +1,7 @@
 -- prelude: now_text, int_text, task_key, call_sliced, wake, above_share
 -- Enqueue a batch of tasks into one queue.
 -- KEYS: pending, scheduled, wake
--- ARGV: now, the share of maxmemory producers may fill (1: no limit), then 11 plain values
+-- ARGV: now, the share of maxmemory producers may fill (1: no limit), then 11 plain values (wire.py's layout)
 --       per task (no document to decode, no escaping):
 --       id, '1' when the producer chose the id (else '': a generated id is 128 random bits,
 --       free without looking), type, payload, payload field ('payload' for JSON, 'bin' for
@@ -14,17 +14,16 @@
 -- id -> the time until which it is remembered) or 'unique:<id of the holder>'. An empty
 -- reply: all were enqueued. A task whose producer chose its id is marked ('own'), so the
 -- scripts that forget it remember its id; a generated id is neither looked up nor remembered.
-local STRIDE = 11
 -- Refused above the producers' share of maxmemory (ARGV[2], see above_share), before the
 -- batch is written: the rest is for what the workers draining the queues write (their
 -- calls are never refused for memory). The budget's DECRBY is the first write: past
 -- maxmemory the call is refused as Redis full.
-local share = tonumber(ARGV[2])
+local share = tonumber(ARGV[@share])
 if share < 1 then
   local cost = 0
-  for i = 3, #ARGV, STRIDE do
-    cost = cost + TASK_BYTES + #ARGV[i] + #ARGV[i + 2] + #ARGV[i + 3] + #ARGV[i + 5]
-      + #ARGV[i + 6]
+  for i = @items, #ARGV, @stride do
+    cost = cost + TASK_BYTES + #ARGV[i + @id] + #ARGV[i + @type] + #ARGV[i + @payload]
+      + #ARGV[i + @headers] + #ARGV[i + @options]
   end
   local full = above_share(share, cost)
   if full then
@@ -36,40 +35,43 @@ local ended = prefix .. 'ended'
 local out = {}
 local pending = {}
 local position = 0
-for i = 3, #ARGV, STRIDE do
+for i = @items, #ARGV, @stride do
   position = position + 1
-  local id = ARGV[i]
+  local id = ARGV[i + @id]
   local key = task_key(id)
   local refused = nil
-  local digest = ARGV[i + 8]
-  local own = ARGV[i + 1] == '1'
+  local digest = ARGV[i + @unique]
+  local own = ARGV[i + @own] == '1'
   if own and (redis.call('EXISTS', key) == 1 or
               (tonumber(redis.call('ZSCORE', ended, id)) or 0) > tonumber(now)) then
     refused = 'id'
   elseif digest ~= '' then
     local lock = prefix .. 'unique:' .. digest
-    if not redis.call('SET', lock, id, 'NX', 'PX', math.max(tonumber(ARGV[i + 9]), 1)) then
+    local hold = math.max(tonumber(ARGV[i + @unique_for]), 1)
+    if not redis.call('SET', lock, id, 'NX', 'PX', hold) then
       refused = 'unique:' .. (redis.call('GET', lock) or '')
     end
   end
   if refused then
-    out[#out + 1] = position
-    out[#out + 1] = refused
+    local o = #out
+    out[o + @r_position] = position
+    out[o + @r_refusal] = refused
   else
     local due, state = now, 'pending'
-    local delay = tonumber(ARGV[i + 7])
+    local delay = tonumber(ARGV[i + @delay])
     if delay > 0 then
       due, state = int_text(tonumber(now) + delay), 'scheduled'
     end
-    local fields = {'type', ARGV[i + 2], ARGV[i + 4], ARGV[i + 3], 'state', state,
+    local fields = {'type', ARGV[i + @type], ARGV[i + @field], ARGV[i + @payload],
+                    'state', state,
                     'enq', now, 'due', due}
-    if ARGV[i + 5] ~= '' then
+    if ARGV[i + @headers] ~= '' then
       fields[#fields + 1] = 'headers'
-      fields[#fields + 1] = ARGV[i + 5]
+      fields[#fields + 1] = ARGV[i + @headers]
     end
-    if ARGV[i + 6] ~= '' then
+    if ARGV[i + @options] ~= '' then
       fields[#fields + 1] = 'opts'
-      fields[#fields + 1] = ARGV[i + 6]
+      fields[#fields + 1] = ARGV[i + @options]
     end
     if own then
       fields[#fields + 1] = 'own'
@@ -80,7 +82,7 @@ for i = 3, #ARGV, STRIDE do
       fields[#fields + 1] = digest
     end
     local behind = false
-    local ordering_key = ARGV[i + 10]
+    local ordering_key = ARGV[i + @ordering]
     if ordering_key ~= '' then
       fields[#fields + 1] = 'ordk'
       fields[#fields + 1] = ordering_key
@@ -92,7 +94,7 @@ for i = 3, #ARGV, STRIDE do
       end
     end
     redis.call('HSET', key, unpack(fields))
-    if ARGV[i + 5] ~= '' and string.find(ARGV[i + 5], '"obsq-flow"', 1, true) then
+    if ARGV[i + @headers] ~= '' and string.find(ARGV[i + @headers], '"obsq-flow"', 1, true) then
       redis.call('HSET', prefix .. 'watched', id, FLOW_WATCHER)  -- a flow's step (notify_done)
     end
     if behind then

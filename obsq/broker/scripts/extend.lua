@@ -3,8 +3,9 @@
 -- KEYS: lease, active
 -- ARGV: now, lease_ms, worker_id, then per task: id, fence
 -- Returns the ids whose lease is no longer this attempt's.
-local expires = now_ms() + tonumber(ARGV[2])
-local ids, _, held = named_attempts(KEYS[2], ARGV[3], 4, 2)
+local expires = now_ms() + tonumber(ARGV[@lease])
+local ids, _, held = named_attempts(KEYS[2], ARGV[@worker], @items, @stride, @id,
+                                       @fence)
 local kept, leases, lost = {}, {}, {}
 for n, id in ipairs(ids) do
   if held[n] then

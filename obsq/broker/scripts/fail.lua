@@ -7,15 +7,15 @@
 -- Returns 1 (also when this attempt's earlier, re-sent call was applied; 2 when Redis was
 -- above the share and the error was cut short), or 0 when the fencing token is stale.
 local now = now_ms()
-local id, fence = ARGV[3], ARGV[4]
-if not release_attempt(KEYS[3], KEYS[1], id, fence, ARGV[2]) then
+local id, fence = ARGV[@id], ARGV[@fence]
+if not release_attempt(KEYS[3], KEYS[1], id, fence, ARGV[@worker]) then
   return settled_by(id, fence) and 1 or 0
 end
-local error, traceback = kept_failure(tonumber(ARGV[10]), ARGV[5], ARGV[6])
+local error, traceback = kept_failure(tonumber(ARGV[@share]), ARGV[@error], ARGV[@traceback])
 record_failure(task_key(id), error, traceback, fence)
 redis.call('HSET', task_key(id), 'state', 'dead', 'done', now)
 redis.call('ZADD', KEYS[2], now, id)
-release_limits(id, ARGV[7], ARGV[8])
-release_successor(id, ARGV[9], now)
+release_limits(id, ARGV[@type], ARGV[@slot])
+release_successor(id, ARGV[@ordering], now)
 notify_done(id, 'dead', error)
 return traceback and 1 or 2

@@ -8,12 +8,12 @@
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
-local count = tonumber(ARGV[2])
+local count = tonumber(ARGV[@count])
 local first, fields = {}, {}
-for i = 3, 2 + count do
+for i = @values, @values - 1 + count do
   first[#first + 1] = ARGV[i]
 end
-for i = 3 + count, #ARGV do
+for i = @values + count, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
 call_sliced('HSET', KEYS[1], fields)

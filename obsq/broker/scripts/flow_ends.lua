@@ -5,8 +5,8 @@
 -- KEYS: the inbox
 -- ARGV: now, 'read' and a count, or 'drop' and the entries
 -- Returns the entries read, oldest first; or the number dropped.
-if ARGV[2] == 'read' then
-  local entries = redis.call('LRANGE', KEYS[1], -tonumber(ARGV[3]), -1)
+if ARGV[@mode] == 'read' then
+  local entries = redis.call('LRANGE', KEYS[1], -tonumber(ARGV[@count]), -1)
   local out = {}
   for i = #entries, 1, -1 do
     out[#out + 1] = entries[i]
@@ -14,7 +14,7 @@ if ARGV[2] == 'read' then
   return out
 end
 local dropped = 0
-for i = 3, #ARGV do
+for i = @entries, #ARGV do
   dropped = dropped + redis.call('LREM', KEYS[1], -1, ARGV[i])
 end
 return dropped

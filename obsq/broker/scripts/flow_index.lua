@@ -8,24 +8,24 @@
 -- ARGV: now, 'add' id written look | 'due' until count | 'page' offset count
 --       | 'set' look id ... | 'remove' id ...
 -- Returns 'due': the ids due (at most count); 'page': {total, then ids, latest first}.
-local mode = ARGV[2]
+local mode = ARGV[@mode]
 if mode == 'add' then
-  redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
-  return redis.call('ZADD', KEYS[2], ARGV[5], ARGV[3])
+  redis.call('ZADD', KEYS[1], ARGV[@written], ARGV[@id])
+  return redis.call('ZADD', KEYS[2], ARGV[@look], ARGV[@id])
 elseif mode == 'due' then
-  return redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[3], 'LIMIT', 0, ARGV[4])
+  return redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[@until], 'LIMIT', 0, ARGV[@count])
 elseif mode == 'page' then
-  local first = tonumber(ARGV[3])
-  local ids = redis.call('ZREVRANGE', KEYS[1], first, first + tonumber(ARGV[4]) - 1)
+  local first = tonumber(ARGV[@offset])
+  local ids = redis.call('ZREVRANGE', KEYS[1], first, first + tonumber(ARGV[@count]) - 1)
   table.insert(ids, 1, redis.call('ZCARD', KEYS[1]))
   return ids
 elseif mode == 'set' then
-  for i = 4, #ARGV do
-    redis.call('ZADD', KEYS[2], 'XX', ARGV[3], ARGV[i])
+  for i = @ids, #ARGV do
+    redis.call('ZADD', KEYS[2], 'XX', ARGV[@to], ARGV[i])
   end
   return 1
 end
-for i = 3, #ARGV do
+for i = @gone, #ARGV do
   redis.call('ZREM', KEYS[1], ARGV[i])
   redis.call('ZREM', KEYS[2], ARGV[i])
 end

@@ -8,7 +8,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
 local steps, fields = {}, {}
-for i = 2, #ARGV do
+for i = @steps, #ARGV do
   steps[#steps + 1] = ARGV[i]
   fields[#fields + 1] = 'm:' .. ARGV[i]
   if redis.call('HGET', KEYS[1], 's:' .. ARGV[i]) == 'l' then

@@ -4,7 +4,7 @@
 -- ARGV: now, step
 -- Returns {'1' when it is a chord's callback (a list of results) else '', the steps it
 -- waited for (space-separated), then their results in order (nil for one not kept)}.
-local f = redis.call('HMGET', KEYS[1], 'd:' .. ARGV[2], 'v:' .. ARGV[2])
+local f = redis.call('HMGET', KEYS[1], 'd:' .. ARGV[@step], 'v:' .. ARGV[@step])
 local out = {f[2] or '', f[1] or ''}
 if f[1] then
   local deps = {}

@@ -57,8 +57,8 @@ local function record(step, ended, value)
   end
 end
 
-for i = 2, #ARGV, 3 do
-  record(ARGV[i], ARGV[i + 1], ARGV[i + 2])
+for i = @items, #ARGV, @stride do
+  record(ARGV[i + @step], ARGV[i + @ended], ARGV[i + @value])
 end
 local out = {state, (before == 'running' and state ~= 'running') and '1' or ''}
 if state == 'running' then

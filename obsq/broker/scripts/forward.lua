@@ -6,7 +6,7 @@
 -- ARGV: now, batch, 1 or 0
 -- Returns {moved, milliseconds until the next task of the set is due, or -1 when it is empty}.
 local now = now_ms()
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[2])
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[@batch])
 local moved = 0
 for i = 1, #due, 2 do
   local id = due[i]
@@ -20,7 +20,7 @@ for i = 1, #due, 2 do
   end
 end
 wake(KEYS[3], moved)
-if ARGV[3] == '1' then
+if ARGV[@scheduled] == '1' then
   for _, pattern in ipairs(redis.call('SMEMBERS', prefix .. 'holding')) do
     unhold(pattern)
   end

@@ -13,27 +13,27 @@
 --       escaping)
 -- Returns per task: '' (added) or 'id' (the id exists, or is remembered).
 local now = now_ms()
-local task_type, group = ARGV[2], ARGV[3]
+local task_type, group = ARGV[@type], ARGV[@group]
 local list = prefix .. 'grp:' .. task_type .. ' ' .. group
 local out, added = {}, 0
 local ended = prefix .. 'ended'
-for i = 4, #ARGV, 5 do
-  local id = ARGV[i]
+for i = @items, #ARGV, @stride do
+  local id = ARGV[i + @id]
   local key = task_key(id)
-  local own = ARGV[i + 4] == '1'
+  local own = ARGV[i + @own] == '1'
   if redis.call('EXISTS', key) == 1 or
       (own and (tonumber(redis.call('ZSCORE', ended, id)) or 0) > now) then
     out[#out + 1] = 'id'
   else
-    local fields = {'type', task_type, ARGV[i + 2], ARGV[i + 1], 'state', 'aggregating',
+    local fields = {'type', task_type, ARGV[i + @field], ARGV[i + @payload], 'state', 'aggregating',
                     'enq', now, 'due', now, 'grp', group}
     if own then
       fields[#fields + 1] = 'own'
       fields[#fields + 1] = '1'
     end
-    if ARGV[i + 3] ~= '' then
+    if ARGV[i + @headers] ~= '' then
       fields[#fields + 1] = 'headers'
-      fields[#fields + 1] = ARGV[i + 3]
+      fields[#fields + 1] = ARGV[i + @headers]
     end
     redis.call('HSET', key, unpack(fields))
     redis.call('RPUSH', list, id)

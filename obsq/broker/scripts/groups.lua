@@ -10,8 +10,8 @@
 -- (ms), type, group, ids, owner, failures, error}, ...}}; a batch whose hash is not a hash
 -- (written by hand) comes as {id, claim end, false}.
 local now = now_ms()
-local offset, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
-local batch_offset, batch_limit = tonumber(ARGV[4]), tonumber(ARGV[5])
+local offset, limit = tonumber(ARGV[@offset]), tonumber(ARGV[@limit])
+local batch_offset, batch_limit = tonumber(ARGV[@batch_offset]), tonumber(ARGV[@batch_limit])
 
 local types = redis.call('SMEMBERS', KEYS[1])
 table.sort(types)

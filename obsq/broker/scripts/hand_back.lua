@@ -8,10 +8,10 @@
 local now = now_ms()
 local out = {}
 local pushed = 0
-for i = 3, #ARGV, 4 do
-  local id = ARGV[i]
-  if release_attempt(KEYS[4], KEYS[1], id, ARGV[i + 1], ARGV[2]) then
-    release_limits(id, ARGV[i + 2], ARGV[i + 3])
+for i = @items, #ARGV, @stride do
+  local id = ARGV[i + @id]
+  if release_attempt(KEYS[4], KEYS[1], id, ARGV[i + @fence], ARGV[@worker]) then
+    release_limits(id, ARGV[i + @type], ARGV[i + @slot])
     if cancel_requested(id) then
       end_cancelled(id, now)
     else

@@ -11,12 +11,12 @@
 -- Returns 'scheduled' or 'dead' (also when this attempt's earlier, re-sent call was
 -- applied: the state it left), or 0 when the fencing token is stale.
 local now = now_ms()
-local id, fence = ARGV[3], ARGV[4]
+local id, fence = ARGV[@id], ARGV[@fence]
 local key = task_key(id)
-if not release_attempt(KEYS[4], KEYS[1], id, fence, ARGV[2]) then
+if not release_attempt(KEYS[4], KEYS[1], id, fence, ARGV[@worker]) then
   return settled_by(id, fence) and redis.call('HGET', key, 'state') or 0
 end
-release_limits(id, ARGV[9], ARGV[10])
+release_limits(id, ARGV[@type], ARGV[@slot])
 if cancel_requested(id) then
   redis.call('HSET', key, 'fin', fence)
   end_cancelled(id, now)
@@ -28,20 +28,20 @@ if not first then
   redis.call('HSET', key, 'unk0', first)
 end
 local count = redis.call('HINCRBY', key, 'unkn', 1)
-if now - first >= tonumber(ARGV[7]) then
-  local reason = ARGV[8] .. '; no worker that took it had one within ' ..
-      string.format('%g', tonumber(ARGV[7]) / 1000) .. ' s (handed on ' .. count .. ' times)'
+if now - first >= tonumber(ARGV[@max_age]) then
+  local reason = ARGV[@error] .. '; no worker that took it had one within ' ..
+      string.format('%g', tonumber(ARGV[@max_age]) / 1000) .. ' s (handed on ' .. count .. ' times)'
   redis.call('HSET', key, 'state', 'dead', 'error', reason, 'done', now, 'fin', fence)
   redis.call('ZADD', KEYS[3], now, id)
-  release_successor(id, ARGV[11], now)
+  release_successor(id, ARGV[@ordering], now)
   notify_done(id, 'dead', reason)
   return 'dead'
 end
 -- due again after a tenth of the time it has been handed on, within [shortest, longest]: soon
 -- while a deploy is under way, rarely once no worker has had the type for long
-local delay = math.floor(math.min(math.max((now - first) / 10, tonumber(ARGV[5])),
-                                  tonumber(ARGV[6])))
-redis.call('HSET', key, 'state', 'scheduled', 'due', now + delay, 'error', ARGV[8],
+local delay = math.floor(math.min(math.max((now - first) / 10, tonumber(ARGV[@shortest])),
+                                  tonumber(ARGV[@longest])))
+redis.call('HSET', key, 'state', 'scheduled', 'due', now + delay, 'error', ARGV[@error],
            'fin', fence)
 redis.call('ZADD', KEYS[2], now + delay, id)
 return 'scheduled'

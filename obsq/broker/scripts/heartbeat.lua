@@ -5,6 +5,6 @@
 -- memory, and lets a script that has already written run to its end.
 -- KEYS: the worker's key
 -- ARGV: now, ttl_ms, description
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[@ttl])
+redis.call('SET', KEYS[1], ARGV[@description], 'PX', ARGV[@ttl])
 return 1

@@ -3,7 +3,7 @@
 -- maxmemory: the expiry is set first, a write that cannot grow memory.
 -- KEYS: the worker's wake list
 -- ARGV: now, ttl_ms
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[@ttl])
 redis.call('RPUSH', KEYS[1], 1)
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[@ttl])
 return 1

@@ -5,8 +5,8 @@
 -- KEYS: active
 -- ARGV: now, worker_id, id, fence
 -- Returns 1, or 0 when the attempt no longer holds the task (its lease was taken over).
-if redis.call('HGET', KEYS[1], ARGV[3]) ~= ARGV[4] .. ':' .. ARGV[2] then
+if redis.call('HGET', KEYS[1], ARGV[@id]) ~= ARGV[@fence] .. ':' .. ARGV[@worker] then
   return 0
 end
-redis.call('HSET', task_key(ARGV[3]), 'iso', ARGV[4])
+redis.call('HSET', task_key(ARGV[@id]), 'iso', ARGV[@fence])
 return 1

@@ -5,14 +5,14 @@
 -- ARGV: now, owner, ttl_ms (0: release)
 -- Returns 1 when `owner` holds the lock after the call (0 after a release).
 local holder = redis.call('GET', KEYS[1])
-if ARGV[3] == '0' then
-  if holder == ARGV[2] then
+if ARGV[@ttl] == '0' then
+  if holder == ARGV[@owner] then
     redis.call('DEL', KEYS[1])
   end
   return 0
 end
-if holder == ARGV[2] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+if holder == ARGV[@owner] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[@ttl])
   return 1
 end
 if holder then
@@ -20,6 +20,6 @@ if holder then
 end
 -- free: the expiry first (a no-op here), a write that cannot grow memory, so that a Redis at
 -- maxmemory lets the SET through (it refuses only a script's first write that may grow it)
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[@ttl])
+redis.call('SET', KEYS[1], ARGV[@owner], 'PX', ARGV[@ttl])
 return 1

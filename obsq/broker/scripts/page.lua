@@ -11,8 +11,8 @@
 -- Returns {total, next offset or -1, then per task: id, score, type, retried, enq, due,
 -- done, error head, payload head, owner ("<fence>:<worker>" while it runs, else ''), and
 -- the size of a bytes payload ('' for JSON)}.
-local order, offset, limit, want, cap = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]),
-    ARGV[5], tonumber(ARGV[6])
+local order, offset, limit, want, cap = ARGV[@order], tonumber(ARGV[@offset]), tonumber(ARGV[@limit]),
+    ARGV[@pattern], tonumber(ARGV[@cap])
 local source = KEYS[2] or KEYS[1]
 -- pending is read as one list made of the pending list, then the lists of the tasks held
 -- back by a route limit (they count as pending), each oldest first

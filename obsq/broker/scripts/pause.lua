@@ -2,7 +2,7 @@
 -- Pause or unpause a queue; unpausing wakes idle workers for the tasks that waited.
 -- KEYS: paused, pending, wake
 -- ARGV: now, 1 (pause) or 0 (unpause)
-if ARGV[2] == '1' then
+if ARGV[@paused] == '1' then
   redis.call('SET', KEYS[1], 1)
 else
   redis.call('DEL', KEYS[1])

@@ -14,14 +14,14 @@
 --       from `cursor`; the caller calls again with the returned cursor until it is '0'.
 -- Returns {requeued, killed, next cursor, milliseconds until the next lease ends (-1: none)}.
 local now = now_ms()
-local max_recoveries = tonumber(ARGV[2])
+local max_recoveries = tonumber(ARGV[@max_recoveries])
 local ids, cursor = {}, '0'
-if #ARGV > 4 then
+if #ARGV >= @lost then
   local lost = {}
-  for i = 5, #ARGV do
+  for i = @lost, #ARGV do
     lost[ARGV[i]] = true
   end
-  local scan = redis.call('HSCAN', KEYS[5], ARGV[4], 'COUNT', ARGV[3])
+  local scan = redis.call('HSCAN', KEYS[5], ARGV[@cursor], 'COUNT', ARGV[@batch])
   cursor = scan[1]
   for i = 1, #scan[2], 2 do
     if lost[string.match(scan[2][i + 1], '^[^:]*:(.*)$')] then
@@ -29,7 +29,7 @@ if #ARGV > 4 then
     end
   end
 else
-  ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[3])
+  ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[@batch])
 end
 local requeued, killed = 0, 0
 for _, id in ipairs(ids) do

@@ -6,17 +6,17 @@
 -- KEYS: the registry
 -- ARGV: now, 'set' or 'zset', then the members (for a zset: score, member pairs)
 local members, pairs_ = {}, {}
-if ARGV[2] == 'set' then
-  for i = 3, #ARGV do
+if ARGV[@kind] == 'set' then
+  for i = @members, #ARGV do
     members[#members + 1] = ARGV[i]
   end
   call_sliced('SREM', KEYS[1], members)
   call_sliced('SADD', KEYS[1], members)
 else
-  for i = 3, #ARGV, 2 do
-    members[#members + 1] = ARGV[i + 1]
-    pairs_[#pairs_ + 1] = ARGV[i]
-    pairs_[#pairs_ + 1] = ARGV[i + 1]
+  for i = @items, #ARGV, @stride do
+    members[#members + 1] = ARGV[i + @member]
+    pairs_[#pairs_ + 1] = ARGV[i + @score]
+    pairs_[#pairs_ + 1] = ARGV[i + @member]
   end
   call_sliced('ZREM', KEYS[1], members)
   call_sliced('ZADD', KEYS[1], pairs_)

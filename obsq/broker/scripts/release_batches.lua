@@ -8,13 +8,13 @@
 -- ARGV: now, owner, then per batch: id, fence
 -- Returns the number of batches released.
 local now = now_ms()
-local owner = ARGV[2]
+local owner = ARGV[@owner]
 local released = 0
-for i = 3, #ARGV, 2 do
-  local batch = ARGV[i]
+for i = @items, #ARGV, @stride do
+  local batch = ARGV[i + @id]
   local key = prefix .. 'batch:' .. batch
   local f = redis.call('HMGET', key, 'fence', 'owner')
-  if f[1] == ARGV[i + 1] and f[2] == owner and redis.call('ZREM', KEYS[1], batch) == 1 then
+  if f[1] == ARGV[i + @fence] and f[2] == owner and redis.call('ZREM', KEYS[1], batch) == 1 then
     redis.call('ZADD', KEYS[1], now, batch)
     redis.call('HSET', key, 'owner', '')
     released = released + 1

@@ -9,13 +9,13 @@
 -- Returns 1 (also when this attempt's earlier, re-sent call was applied; 2 when Redis was
 -- above the share and the error was cut short), or 0 when the fencing token is stale.
 local now = now_ms()
-local id, fence = ARGV[3], ARGV[4]
-if not release_attempt(KEYS[5], KEYS[1], id, fence, ARGV[2]) then
+local id, fence = ARGV[@id], ARGV[@fence]
+if not release_attempt(KEYS[5], KEYS[1], id, fence, ARGV[@worker]) then
   return settled_by(id, fence) and 1 or 0
 end
 local key = task_key(id)
-release_limits(id, ARGV[8], ARGV[9])
-local error, traceback = kept_failure(tonumber(ARGV[10]), ARGV[6], ARGV[7])
+release_limits(id, ARGV[@type], ARGV[@slot])
+local error, traceback = kept_failure(tonumber(ARGV[@share]), ARGV[@error], ARGV[@traceback])
 record_failure(key, error, traceback, fence)
 redis.call('HDEL', key, 'sus', 'iso')  -- it ran to its end: it did not kill its worker
 local applied = traceback and 1 or 2
@@ -24,7 +24,7 @@ if cancel_requested(id) then
   return applied
 end
 redis.call('HINCRBY', key, 'retried', 1)
-local delay = tonumber(ARGV[5])
+local delay = tonumber(ARGV[@delay])
 if delay > 0 then
   redis.call('HSET', key, 'state', 'retry', 'due', now + delay)
   redis.call('ZADD', KEYS[2], now + delay, id)

@@ -8,12 +8,12 @@
 -- Returns {moved, tasks left in the set, then the given ids that were not in the set}.
 local now = now_ms()
 local ids = {}
-if #ARGV > 3 then
-  for i = 4, #ARGV do
+if #ARGV >= @ids then
+  for i = @ids, #ARGV do
     ids[#ids + 1] = ARGV[i]
   end
 else
-  ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[3]) - 1)
+  ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[@batch]) - 1)
 end
 local moved = 0
 local missing = {}
@@ -22,7 +22,7 @@ for _, id in ipairs(ids) do
   if redis.call('ZREM', KEYS[1], id) == 1 and redis.call('EXISTS', key) == 1 then
     redis.call('HSET', key, 'state', 'pending', 'due', now)
     redis.call('HDEL', key, 'done', 'recov', 'unk0', 'unkn', 'sus', 'iso')
-    if ARGV[2] == '1' then
+    if ARGV[@reset] == '1' then
       redis.call('HDEL', key, 'retried')
     end
     redis.call('PERSIST', key)
@@ -36,7 +36,7 @@ if moved > 0 then
   wake(KEYS[3], moved)
 end
 local out = {moved, redis.call('ZCARD', KEYS[1])}
-if #ARGV > 3 then
+if #ARGV >= @ids then
   for _, id in ipairs(missing) do
     out[#out + 1] = id
   end

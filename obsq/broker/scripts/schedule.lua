@@ -7,18 +7,18 @@
 -- KEYS: entries, next, version, changes
 -- ARGV: now, name, definition (JSON), from_app (1/0)
 -- Returns 'same', 'new', 'replaced' or 'app' (refused).
-local old = redis.call('HGET', KEYS[1], ARGV[2])
-if old == ARGV[3] then
+local old = redis.call('HGET', KEYS[1], ARGV[@name])
+if old == ARGV[@definition] then
   return 'same'
 end
-if old and ARGV[4] ~= '1' then
+if old and ARGV[@from_app] ~= '1' then
   local ok, stored = pcall(cjson.decode, old)
   if ok and type(stored) == 'table' and stored.source == 'app' then
     return 'app'
   end
 end
-redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
-redis.call('ZADD', KEYS[2], 0, ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[@name], ARGV[@definition])
+redis.call('ZADD', KEYS[2], 0, ARGV[@name])
 redis.call('INCR', KEYS[3])
 redis.call('DEL', KEYS[4])
 redis.call('RPUSH', KEYS[4], '1')

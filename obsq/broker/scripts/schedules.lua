@@ -5,7 +5,7 @@
 -- Returns {now, then per entry: name, next (ms), definition, last fire,
 --          claim, fires, missed}
 local now = now_ms()
-local names = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1, 'WITHSCORES')
+local names = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[@limit]) - 1, 'WITHSCORES')
 local out = {now}
 for i = 1, #names, 2 do
   local name = names[i]

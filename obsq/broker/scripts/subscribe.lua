@@ -6,9 +6,9 @@
 -- and `subscribed` (set of the events with subscribers).
 -- KEYS: subscribed
 -- ARGV: now, ttl_ms, then per subscription its event and "<subscriber> <queue>"
-local lapse = now_ms() + tonumber(ARGV[2])
-for i = 3, #ARGV, 2 do
-  redis.call('ZADD', prefix .. 'sub:' .. ARGV[i], 'GT', lapse, ARGV[i + 1])
-  redis.call('SADD', KEYS[1], ARGV[i])
+local lapse = now_ms() + tonumber(ARGV[@ttl])
+for i = @items, #ARGV, @stride do
+  redis.call('ZADD', prefix .. 'sub:' .. ARGV[i + @event], 'GT', lapse, ARGV[i + @entry])
+  redis.call('SADD', KEYS[1], ARGV[i + @event])
 end
 return 1

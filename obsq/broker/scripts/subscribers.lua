@@ -6,6 +6,6 @@
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms())
 local live = redis.call('ZRANGE', KEYS[1], 0, -1)
 if #live == 0 then
-  redis.call('SREM', KEYS[2], ARGV[2])
+  redis.call('SREM', KEYS[2], ARGV[@event])
 end
 return live

@@ -5,8 +5,8 @@
 -- KEYS: the queue's stats key; the buckets are "<stats key>:<minute number>"
 -- ARGV: now, ttl_ms, then per outcome: name, count
 local key = KEYS[1] .. ':' .. math.floor(now_ms() / 60000)
-for i = 3, #ARGV, 2 do
-  redis.call('HINCRBY', key, ARGV[i], ARGV[i + 1])
+for i = @items, #ARGV, @stride do
+  redis.call('HINCRBY', key, ARGV[i + @outcome], ARGV[i + @count])
 end
-redis.call('PEXPIRE', key, ARGV[2])
+redis.call('PEXPIRE', key, ARGV[@ttl])
 return 1

@@ -6,11 +6,11 @@
 local now = now_ms()
 local minute = math.floor(now / 60000)
 local fields = {}
-for i = 3, #ARGV do
+for i = @outcomes, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
 local out = {now}
-for m = 0, tonumber(ARGV[2]) - 1 do
+for m = 0, tonumber(ARGV[@minutes]) - 1 do
   local values = redis.call('HMGET', KEYS[1] .. ':' .. (minute - m), unpack(fields))
   for _, v in ipairs(values) do
     out[#out + 1] = tonumber(v) or 0

@@ -9,7 +9,7 @@ local left = 0
 if redis.call('EXISTS', KEYS[2]) == 0 then
   left = redis.call('LLEN', KEYS[1])
 end
-local mine = ':' .. ARGV[2]
+local mine = ':' .. ARGV[@worker]
 for _, owner in ipairs(redis.call('HVALS', KEYS[3])) do
   if string.sub(owner, -#mine) == mine then
     left = left + 1

@@ -4,9 +4,9 @@
 -- KEYS: active, watched, the task hash
 -- ARGV: now, id, client id, 1 (watch) or 0 (unwatch)
 -- Returns {state, result, error}, or nil when the task does not exist.
-local id, client = ARGV[2], ARGV[3]
+local id, client = ARGV[@id], ARGV[@client]
 local watchers = redis.call('HGET', KEYS[2], id)
-if ARGV[4] == '0' then
+if ARGV[@watching] == '0' then
   if watchers then
     local rest = {}
     for other in string.gmatch(watchers, '%S+') do

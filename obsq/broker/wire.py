@@ -1,0 +1,219 @@
+"""Each script's arguments, declared once: Python builds ARGV from the declaration
+(`Layout.pack`), and the script reads its positions from it, as `@name` constants put
+into its text when it is loaded (scripts.py). A field added, moved or renamed on one side
+without the other fails at load or in tests/test_wire.py, not in production.
+
+A reply with repeated parts is declared too (`Reply`): its leading values, then items of
+fixed fields (their count in a leading value, or to the end), then optional pairs to the
+end; the script writes each value at `out[@r_name]`, an item's at `base + @r_name` and a
+pair's at `base + @rt_name` (1-based), and Python reads them by the same names.
+
+A spec lists ARGV after "now" (the runner's, always first): plain names in order, then
+`*(a b c)` for items repeated to the end (Lua: `for i = @items, #ARGV, @stride`, fields
+`ARGV[i + @a]`), or `name...` for plain values to the end (`for i = @name, #ARGV`). A
+script whose first field picks a mode (`modes`) declares each mode's fields after it; a
+name means the same position in every mode; mode "*" is any other value."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+_SPEC = re.compile(r"\*\((?P<items>[\w ]+)\)|(?P<rest>\w+)\.\.\.|(?P<name>\w+)")
+
+
+class Layout:
+    """One script's ARGV after now."""
+
+    __slots__ = ("_mode_field", "_modes", "constants")
+
+    def __init__(self, spec: str = "", modes: dict[str, str] | None = None) -> None:
+        if modes is not None and len(spec.split()) != 1:
+            raise ValueError("a script with modes names its mode field alone, first")
+        self._mode_field = spec if modes is not None else ""
+        self.constants: dict[str, int] = {}
+        self._modes = {mode: self._parse(f"{spec} {rest}") for mode, rest in
+                       (modes or {"": ""}).items()}
+
+    def _parse(self, spec: str) -> tuple[list[str], tuple[str, ...], str]:
+        """(fixed names, item fields, rest name) of a spec, its positions added to
+        `constants` (the ARGV index of a field; an item field's offset in its item)."""
+        names: list[str] = []
+        items: tuple[str, ...] = ()
+        rest = ""
+        for found in _SPEC.finditer(spec):
+            if items or rest:
+                raise ValueError(f"nothing may follow the repeated part of {spec!r}")
+            if found["name"]:
+                names.append(found["name"])
+                self._place(found["name"], len(names) + 1)
+            elif found["rest"]:
+                rest = found["rest"]
+                self._place(rest, len(names) + 2)
+            else:
+                items = tuple(found["items"].split())
+                self._place("items", len(names) + 2)
+                self._place("stride", len(items))
+                for offset, name in enumerate(items):
+                    self._place(name, offset)
+        return names, items, rest
+
+    def _place(self, name: str, position: int) -> None:
+        if self.constants.setdefault(name, position) != position:
+            raise ValueError(f"{name} is at two positions")
+
+    @property
+    def variants(self) -> dict[str, tuple[list[str], tuple[str, ...], str]]:
+        """Per mode ("" for a script without), (fixed names, item fields, rest name)."""
+        return dict(self._modes)
+
+    def mode_of(self, value: Any) -> tuple[list[str], tuple[str, ...], str]:
+        """(fixed names, item fields, rest name) of the mode the mode field's `value` picks."""
+        if self._modes.keys() == {""}:
+            return self._modes[""]
+        mode = self._modes.get(value.decode() if isinstance(value, bytes) else str(value))
+        return mode or self._modes["*"]
+
+    def pack(self, items: Iterable[Sequence[Any]] = (), **fields: Any) -> list[Any]:
+        """ARGV after now: the named fields, then the items (each a sequence in the
+        declared order) or the rest list (passed by its name)."""
+        names, item_fields, rest = self.mode_of(fields.get(self._mode_field, ""))
+        if len(fields) != len(names) + bool(rest):
+            raise TypeError(f"expected {names} {rest}, got {sorted(fields)}")
+        args = [fields[name] for name in names]
+        if rest:
+            args += fields[rest]
+        stride = len(item_fields)
+        for item in items:
+            if len(item) != stride:
+                raise TypeError(f"an item is {item_fields}, got {len(item)} values")
+            args += item
+        return args
+
+
+def modes(field: str, **specs: str) -> Layout:
+    return Layout(field, {"*" if mode == "other" else mode: spec
+                          for mode, spec in specs.items()})
+
+
+class Reply:
+    """A script's reply: `head` values, then `count_in` (a head value; "" to the end)
+    items of `item` fields, then pairs of `tail` fields to the end."""
+
+    __slots__ = ("constants", "count_in", "head", "item", "tail")
+
+    def __init__(self, head: Sequence[str] = (), item: Sequence[str] = (), *,
+                 count_in: str = "", tail: Sequence[str] = ()) -> None:
+        self.head, self.item, self.tail, self.count_in = tuple(head), tuple(item), tuple(
+            tail), count_in
+        self.constants = {f"r_{n}": i + 1 for i, n in enumerate(self.head)}
+        self.constants.update({f"r_{n}": i + 1 for i, n in enumerate(self.item)})
+        self.constants.update({f"rt_{n}": i + 1 for i, n in enumerate(self.tail)})
+        if len(self.constants) != len(self.head) + len(self.item) + len(self.tail):
+            raise ValueError("a reply names a field twice")
+        if count_in:  # the script counts its items
+            self.constants["r_stride"] = len(self.item)
+
+    def items(self, reply: Sequence[Any]) -> list[Sequence[Any]]:
+        """The reply's items, each a slice of `item` fields in the declared order."""
+        start, stride = len(self.head), len(self.item)
+        end = (start + int(reply[self.head.index(self.count_in)]) * stride if self.count_in
+               else len(reply))
+        return [reply[i:i + stride] for i in range(start, end, stride)]
+
+    def tail_of(self, reply: Sequence[Any]) -> list[Sequence[Any]]:
+        """The pairs after the items."""
+        start = len(self.head) + int(reply[self.head.index(self.count_in)]) * len(self.item)
+        return [reply[i:i + len(self.tail)] for i in range(start, len(reply), len(self.tail))]
+
+
+# Each script's ARGV after now, as its header comment describes it.
+LAYOUTS: dict[str, Layout] = {
+    "ack": Layout("worker resent window share "
+                  "*(id fence retention result own type slot ordering)"),
+    "cancel": modes("mode", task="id", attempt="id fence worker type slot"),
+    "claim_batches": Layout("owner lease plan"),
+    "claim_fire": Layout("name digest expected following fire claim missed"),
+    "cleanup": Layout("dead_age dead_count batch window max_ids"),
+    "confirm_fire": Layout("name claim fire outcome"),
+    "delete": modes("mode", id="id", other="batch"),
+    "dequeue": Layout("lease count worker limits"),
+    "doctor": modes("step", list="offset count state field value",
+                    zset="offset count state field value", lease="offset count grace",
+                    owners="cursor count", ord="keys...", counters="",
+                    drop="kind ids...", settle="expected wanted"),
+    "due_fires": Layout("limit"),
+    "end_batch": Layout("batch fence outcome error delay window"),
+    "enqueue": Layout("share "
+                      "*(id own type payload field headers options delay unique unique_for "
+                      "ordering)"),
+    "extend": Layout("lease worker *(id fence)"),
+    "fail": Layout("worker id fence error traceback type slot ordering share"),
+    "flow_cancel": Layout(),
+    "flow_create": Layout("count values..."),
+    "flow_ends": modes("mode", read="count", drop="entries..."),
+    "flow_index": modes("mode", add="id written look", due="until count", page="offset count",
+                        set="to ids...", remove="gone..."),
+    "flow_launched": Layout("steps..."),
+    "flow_previous": Layout("step"),
+    "flow_state": Layout(),
+    "flow_step": Layout("*(step ended value)"),
+    "forward": Layout("batch scheduled"),
+    "group": Layout("type group *(id payload field headers own)"),
+    "groups": Layout("offset limit batch_offset batch_limit"),
+    "hand_back": Layout("worker *(id fence type slot)"),
+    "hand_on": Layout("worker id fence shortest longest max_age error type slot ordering"),
+    "heartbeat": Layout("ttl description"),
+    "interrupt": Layout("ttl"),
+    "isolate": Layout("worker id fence"),
+    "lock": Layout("owner ttl"),
+    "page": Layout("order offset limit pattern cap"),
+    "pause": Layout("paused"),
+    "recover": Layout("max_recoveries batch cursor lost..."),
+    "register": modes("kind", set="members...", zset="*(score member)"),
+    "release_batches": Layout("owner *(id fence)"),
+    "retry": Layout("worker id fence delay error traceback type slot share"),
+    "revive": Layout("reset batch ids..."),
+    "schedule": Layout("name definition from_app"),
+    "schedules": Layout("limit"),
+    "stats": Layout(),
+    "subscribe": Layout("ttl *(event entry)"),
+    "subscribers": Layout("event"),
+    "tally": Layout("ttl *(outcome count)"),
+    "throughput": Layout("minutes outcomes..."),
+    "unfinished": Layout("worker"),
+    "unschedule": Layout("name from_app"),
+    "watch": Layout("id client watching"),
+}
+
+# The replies read by position with repeated parts. dequeue's items are FetchedTask's
+# fields, in its order (records.py).
+DEQUEUE_TASK = ("id", "fence", "type", "payload", "headers", "options", "retried", "due_ms",
+                "id_chosen", "ordering_key", "waited", "slot", "binary", "suspect")
+REPLIES: dict[str, Reply] = {
+    "dequeue": Reply(("now", "dropped", "count"), DEQUEUE_TASK, count_in="count",
+                     tail=("type", "why")),
+    "enqueue": Reply((), ("position", "refusal")),
+}
+
+
+def constants(script: str) -> dict[str, int]:
+    """The `@name` positions put into the script's text: its ARGV's and its reply's."""
+    reply = REPLIES.get(script)
+    return {**LAYOUTS[script].constants, **(reply.constants if reply else {})}
+
+
+def argv(script: str, items: Iterable[Sequence[Any]] = (), **fields: Any) -> list[Any]:
+    """`script`'s ARGV after now, from its layout (see Layout.pack)."""
+    return LAYOUTS[script].pack(items, **fields)
+
+
+def in_order(script: str, *values: Any) -> list[Any]:
+    """`script`'s ARGV after now from values in the declared order, their count checked
+    (for a caller that passes a mode's values through, as flow_loop's index steps)."""
+    layout = LAYOUTS[script]
+    names, _, rest = layout.mode_of(values[0] if values else "")
+    if len(values) < len(names) or (len(values) > len(names) and not rest):
+        raise TypeError(f"{script} takes {names} {rest}, got {len(values)} values")
+    return list(values)

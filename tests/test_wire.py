@@ -1,0 +1,107 @@
+"""Python and Lua agree on every script's arguments (obsq/broker/wire.py): each script has a
+declared layout, reads ARGV only through its `@name` positions, reads every position its
+layout declares, and every call in the broker builds its arguments from the layout. No
+Redis: the scripts' behaviour under these layouts is what the engine tests run."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+from support import ROOT
+
+from obsq.broker.calls import SCRIPTS
+from obsq.broker.records import FetchedTask
+from obsq.broker.wire import LAYOUTS, REPLIES, Layout, argv, constants, in_order
+
+SCRIPT_DIR = ROOT / "obsq" / "broker" / "scripts"
+BODIES = {p.stem: p.read_text() for p in sorted(SCRIPT_DIR.glob("[!_]*.lua"))}
+COMMENT = re.compile(r"--.*$", re.M)
+# ARGV read by a number: ARGV[3], ARGV[i + 2], #ARGV > 4
+BY_NUMBER = re.compile(r"ARGV\[\s*\d|ARGV\[\s*i\s*[-+]\s*\d|#ARGV\s*[<>=~]+\s*\d")
+
+
+def test_every_script_has_a_layout_and_loads_with_it() -> None:
+    assert set(LAYOUTS) == set(BODIES)
+    assert set(SCRIPTS) == set(BODIES)
+    assert not [name for name, s in SCRIPTS.items() if "@" in COMMENT.sub("", s.source)]
+
+
+@pytest.mark.parametrize("name", sorted(BODIES))
+def test_the_script_reads_argv_by_its_layout_only(name: str) -> None:
+    code = COMMENT.sub("", BODIES[name])
+    assert not BY_NUMBER.findall(code), f"{name}.lua reads ARGV by a number"
+    used = set(re.findall(r"@(\w+)", code))
+    assert used == set(constants(name)), (
+        f"{name}.lua reads {sorted(used)}, its layout declares {sorted(constants(name))}")
+
+
+def _script_calls(tree: ast.AST) -> list[tuple[str, ast.expr]]:
+    """(script name, its arguments' expression) of each `_script(...)`/`_producer_script`
+    call and each ("name", keys, args) call tuple naming a script."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in (
+                "_script", "_producer_script", "_failure_call") and len(node.args) == 3:
+            name, _, args = node.args
+        elif isinstance(node, ast.Tuple) and len(node.elts) == 3:
+            name, _, args = node.elts
+        else:
+            continue
+        if isinstance(name, ast.Constant) and name.value in LAYOUTS:
+            found.append((name.value, args))
+    return found
+
+
+def test_every_call_builds_its_arguments_from_the_layout() -> None:
+    literal = []
+    calls = 0
+    for path in sorted((ROOT / "obsq" / "broker").glob("*.py")):
+        for name, args in _script_calls(ast.parse(path.read_text())):
+            calls += 1
+            if isinstance(args, (ast.Tuple, ast.List)):
+                literal.append(f"{path.name}: {name} {ast.unparse(args)}")
+    assert calls > 30
+    assert literal == []
+
+
+def test_a_call_that_does_not_match_its_layout_is_refused() -> None:
+    with pytest.raises(TypeError):
+        argv("isolate", worker="w", id="t")  # the fence is missing
+    with pytest.raises(TypeError):
+        argv("hand_back", [("t", 1, "type")], worker="w")  # an item one short
+    with pytest.raises(TypeError):
+        in_order("flow_index", "add", "id")  # the score is missing
+    assert argv("hand_back", [("t", 1, "type", "")], worker="w") == ["w", "t", 1, "type", ""]
+    assert argv("cancel", mode="task", id="t") == ["task", "t"]
+    assert argv("delete", mode="dead", batch=10) == ["dead", 10]
+    assert argv("recover", max_recoveries=3, batch=10, cursor="0", lost=["a"]) == [
+        3, 10, "0", "a"]
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_every_layout_builds_a_call_from_its_own_names(name: str) -> None:
+    layout = LAYOUTS[name]
+    for mode, (names, item, rest) in layout.variants.items():
+        fields = {n: f"<{n}>" for n in names}
+        if mode not in ("", "*"):
+            fields[names[0]] = mode
+        if rest:
+            fields[rest] = ["<a>", "<b>"]
+        items = [tuple(item), tuple(item)] if item else []
+        built = layout.pack(items, **fields)
+        assert len(built) == len(names) + 2 * (bool(rest) or len(item)), (name, mode)
+        if item:
+            assert built[layout.constants["items"] - 2 + layout.constants[item[-1]]] == item[-1]
+
+
+def test_a_name_cannot_mean_two_positions() -> None:
+    with pytest.raises(ValueError, match="two positions"):
+        Layout("step", {"a": "x y", "b": "y"})
+    assert Layout("w *(id fence)").constants == {"w": 2, "items": 3, "stride": 2,
+                                                 "id": 0, "fence": 1}
+
+
+def test_a_fetched_task_is_read_in_the_order_dequeue_writes_it() -> None:
+    assert REPLIES["dequeue"].item == FetchedTask._fields
