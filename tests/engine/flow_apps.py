@@ -27,3 +27,11 @@ async def add(task: obsq.Task) -> int:
     total = sum(previous) if isinstance(previous, list) else (previous or 0)
     await _record("flow-finished", task)
     return total + task.payload["n"]
+
+
+@app.task("flow:plain", max_retry=0)
+def plain(task: obsq.Task) -> list:
+    """A plain handler (a thread, or a child process with --pool process): what it read."""
+    previous = task.previous
+    return [p.error if isinstance(p, obsq.StepFailure) else p for p in previous] \
+        if isinstance(previous, list) else [previous, os.getpid()]

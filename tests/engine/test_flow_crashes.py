@@ -119,3 +119,11 @@ async def test_a_producer_killed_before_enqueueing_the_first_steps(
     await start_worker()
     assert await client.result(flow, timeout=10) == 1
     assert sorted(ran[:2]) == [f"{flow.id}.0", f"{flow.id}.1"] and ran[2:] == [f"{flow.id}.2"]
+
+
+async def test_task_previous_reaches_a_child_process(client, spawn_worker) -> None:
+    worker = spawn_worker("--pool", "process", app=FLOW_APP, concurrency=2)
+    flow = await client.enqueue(chord([_step(1), Job("flow:plain")], Job("flow:plain"),
+                                      with_failures=True))
+    first, callback = await client.result(flow, timeout=60)
+    assert first == 1 and callback[0] is None and callback[1] != worker.pid  # in a child
