@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compare import Contender, against, baseline, default_ref, median_of
 from harness import (
+    REPO,
     Child,
     ChildError,
     OtlpSink,
@@ -33,6 +35,7 @@ from harness import (
     percentile,
     run_child,
 )
+from systems import NAMESPACE
 
 ALL_SYSTEMS = ("obsq", "dramatiq", "taskiq")
 CURRENT = Contender("obsq", "obsq")  # the checkout's obsq
@@ -205,6 +208,20 @@ def drain(c: Contender, rs: RedisServer, n: int, *, opts: dict | None = None,
     return out
 
 
+DRIFTS: list[str] = []  # what `obsq doctor` found after an obsq drain: the run fails
+
+
+def doctor(c: Contender, rs: RedisServer) -> None:
+    """`obsq doctor` (the checkout's) on the namespace an obsq drain left: a counter that
+    drifted under load, or an id left behind, is printed and fails the run (exit 1)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "obsq", "doctor", "--redis-url", rs.url, "--namespace",
+         NAMESPACE], capture_output=True, text=True, cwd=str(REPO), timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    if done.returncode:
+        DRIFTS.append(f"{c.label}: {(done.stdout + done.stderr).strip()}")
+
+
 def bench_system(c: Contender, binary: str, args) -> dict:
     res: dict = {}
     system = c.system
@@ -225,6 +242,8 @@ def bench_system(c: Contender, binary: str, args) -> dict:
                     res["otlp"] = {
                         "requests": sink.requests, "bytes": sink.bytes, "spans": sink.spans
                     }
+            if system == "obsq":
+                doctor(c, rs)
             rs.flush()
             drain(c, rs, args.tasks, opts=opts, env=env, out=res, task="io", name="drain_io")
             if system == "obsq" and not args.tracing and not args.no_traced:  # traced
@@ -664,6 +683,9 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))
         print(f"figures written to {args.json}")
+    if DRIFTS:
+        print("\nobsq doctor found damage after a drain:\n" + "\n".join(DRIFTS), file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

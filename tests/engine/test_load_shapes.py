@@ -1,22 +1,38 @@
 """Load shapes of ordinary apps: thousands of concurrent calls on one Client, a worker with a
 thousand slots whose handlers talk to Redis, thousands of running attempts to keep leased.
-Each must work without Redis errors and without the user tuning connection pools.
+Each must work without Redis errors and without the user tuning connection pools, and
+leave its namespace as `obsq doctor` finds it clean: a counter that drifted under load, or
+an id left behind, fails the test.
 
 Run with `-s` to see the connections each holds."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 import redis
 from support import wait_until
 
 import obsq
-from obsq.broker import QueueKeys
+from obsq.broker import Broker, QueueKeys
+from obsq.doctor import Doctor
 from obsq.settings import REDIS_MAX_CONNECTIONS
 
 KEEPER_CONNECTIONS = 1  # the heartbeat thread's own, beside the worker's pool
+
+
+@pytest.fixture(autouse=True)
+async def checked_by_doctor(redis_url: str, namespace: str) -> AsyncIterator[None]:
+    """After the test, its workers stopped: what `obsq doctor` finds in the namespace."""
+    yield
+    broker = Broker(redis_url, namespace)
+    try:
+        problems = [p.line() for p in (await Doctor(broker).diagnose()).problems]
+    finally:
+        await broker.close()
+    assert problems == []
 
 
 def connections(raw_redis: redis.Redis) -> int:

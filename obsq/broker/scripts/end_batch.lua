@@ -41,9 +41,6 @@ end
 if #forgotten > 0 then
   remember_ids(forgotten, int_text(now + tonumber(ARGV[@window])))
 end
--- its tasks were counted as aggregating until now (at least 0: a batch claimed by an
--- earlier version was counted out when it was claimed)
-if redis.call('DECRBY', prefix .. 'grouped', ended) < 0 then
-  redis.call('SET', prefix .. 'grouped', 0)
-end
+-- its tasks were counted as aggregating until now (obsq doctor checks the count)
+redis.call('DECRBY', prefix .. 'grouped', ended)
 return 1

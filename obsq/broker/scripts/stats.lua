@@ -16,4 +16,4 @@ local waiting = tonumber(redis.call('GET', prefix .. 'waiting')) or 0
 return {redis.call('LLEN', KEYS[1]) + waiting, redis.call('ZCARD', KEYS[2]), redis.call('ZCARD', KEYS[3]),
         redis.call('ZCARD', KEYS[4]), redis.call('ZCARD', KEYS[5]), redis.call('ZCARD', KEYS[6]),
         redis.call('ZCARD', KEYS[7]), oldest, redis.call('EXISTS', KEYS[8]), now,
-        math.max(tonumber(redis.call('GET', prefix .. 'grouped')) or 0, 0)}
+        tonumber(redis.call('GET', prefix .. 'grouped')) or 0}
