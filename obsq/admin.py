@@ -101,11 +101,12 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
     requeue.add_argument("ids", nargs="*", help="task ids (default: all in the state)")
     requeue.add_argument("--state", default="dead", choices=REVIVABLE)
     cancel = command("cancel", "cancel a task: it never runs, or its worker stops it", handler)
-    cancel.add_argument("id")
-    cancel.add_argument("--queue", help="its queue (default: looked up)")
     delete = command("delete", "delete a task that is not running", handler)
-    delete.add_argument("id")
-    delete.add_argument("--queue", help="its queue (default: looked up)")
+    for sub, what in ((cancel, "cancel the flow and its steps"),
+                      (delete, "delete the ended flow and its steps' tasks")):
+        sub.add_argument("id")
+        sub.add_argument("--queue", help="its queue (default: looked up)")
+        sub.add_argument("--flow", action="store_true", help=f"ID is a flow's: {what}")
     purge = command("purge", "delete every task of a queue in one state", handler)
     purge.add_argument("queue")
     purge.add_argument("state", choices=PURGEABLE)
@@ -290,6 +291,9 @@ async def requeue(inspector: Inspector, args: argparse.Namespace, out: Output) -
 
 
 async def cancel(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
+    if args.flow:
+        state = await inspector.cancel(await inspector.flow(args.id))
+        return print(f"cancelled flow {args.id} (it was {state})")
     state = await inspector.cancel(args.id, args.queue)
     print({"cancelled": f"cancelled task {args.id}",
            "running": f"task {args.id} is running: its worker is stopping it"}.get(
@@ -297,8 +301,9 @@ async def cancel(inspector: Inspector, args: argparse.Namespace, out: Output) ->
 
 
 async def delete(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
-    state = await inspector.delete(args.id, args.queue)
-    print(f"deleted task {args.id} (it was {state})")
+    what = await inspector.flow(args.id) if args.flow else args.id
+    state = await inspector.delete(what, args.queue)
+    print(f"deleted {'flow' if args.flow else 'task'} {args.id} (it was {state})")
 
 
 async def purge(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:

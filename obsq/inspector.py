@@ -269,12 +269,12 @@ class Inspector:
         moved, left = await self._in_steps(queue, state, self.broker.revive)
         return Requeued(queue, state, moved, left)
 
-    async def delete(self, task_id: str, queue: str | None = None) -> str:
+    async def delete(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
         """Delete a task in any state but running, with its data; returns the state it was
         in. Raises TaskNotFound or TaskRunning (Client.delete)."""
         return await self._client.delete(task_id, queue)
 
-    async def cancel(self, task_id: str, queue: str | None = None) -> str:
+    async def cancel(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
         """Cancel a task (Client.cancel): "cancelled", "running" (its worker stops it), or
         the state it had ended in. Raises TaskNotFound."""
         return await self._client.cancel(task_id, queue)

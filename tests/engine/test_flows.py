@@ -221,6 +221,12 @@ async def test_the_flow_commands(app, client, start_worker, obsq_cli) -> None:
     assert code == 0 and flow.id in output
     code, output = await obsq_cli("flow", "nope")
     assert code == 1 and "no flow" in output
+    code, output = await obsq_cli("delete", "--flow", flow.id)
+    assert code == 0 and f"deleted flow {flow.id} (it was failed)" in output
+    waiting = await client.enqueue(chain(Job("add", 1, queue="idle")))
+    code, output = await obsq_cli("cancel", "--flow", waiting.id)
+    assert code == 0 and "(it was running)" in output
+    assert (await client.info(waiting)).state == "cancelled"
 
 
 async def test_doctor_checks_flows(app, client, start_worker, raw_redis, namespace,
