@@ -234,3 +234,18 @@ end
 local function settled_by(id, fence)
   return redis.call('HGET', task_key(id), 'fin') == fence
 end
+
+-- The opening of a failed attempt's end (fail.lua, retry.lua): the attempt gives its task
+-- up, and its error is recorded, cut short above the producers' share (kept_failure).
+-- Returns nil, then the error and traceback kept (traceback nil: cut short); or, when the
+-- fencing token is stale, the script's reply: 1 when this attempt's earlier, re-sent call
+-- was applied, else 0.
+local function failed_attempt(active_key, lease_key, id, fence, worker, share, error,
+                              traceback)
+  if not release_attempt(active_key, lease_key, id, fence, worker) then
+    return settled_by(id, fence) and 1 or 0
+  end
+  error, traceback = kept_failure(tonumber(share), error, traceback)
+  record_failure(task_key(id), error, traceback, fence)
+  return nil, error, traceback
+end

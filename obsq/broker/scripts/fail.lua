@@ -1,5 +1,5 @@
--- prelude: now_ms, task_key, release_attempt, settled_by, notify_done, release_limits,
---   release_successor, kept_failure, record_failure
+-- prelude: now_ms, task_key, failed_attempt, notify_done, release_limits,
+--   release_successor
 -- A failed attempt that may not be retried goes to the dead set, kept for inspection.
 -- KEYS: lease, dead, active
 -- ARGV: now, worker_id, id, fence, error, traceback, type, route slot or '', ordering key or '',
@@ -7,12 +7,13 @@
 -- Returns 1 (also when this attempt's earlier, re-sent call was applied; 2 when Redis was
 -- above the share and the error was cut short), or 0 when the fencing token is stale.
 local now = now_ms()
-local id, fence = ARGV[@id], ARGV[@fence]
-if not release_attempt(KEYS[3], KEYS[1], id, fence, ARGV[@worker]) then
-  return settled_by(id, fence) and 1 or 0
+local id = ARGV[@id]
+local stale, error, traceback = failed_attempt(KEYS[3], KEYS[1], id, ARGV[@fence],
+                                               ARGV[@worker], ARGV[@share], ARGV[@error],
+                                               ARGV[@traceback])
+if stale then
+  return stale
 end
-local error, traceback = kept_failure(tonumber(ARGV[@share]), ARGV[@error], ARGV[@traceback])
-record_failure(task_key(id), error, traceback, fence)
 redis.call('HSET', task_key(id), 'state', 'dead', 'done', now)
 redis.call('ZADD', KEYS[2], now, id)
 release_limits(id, ARGV[@type], ARGV[@slot])

@@ -1,5 +1,5 @@
--- prelude: now_ms, task_key, release_attempt, settled_by, make_pending, wake, release_limits,
---   cancel_requested, end_cancelled, kept_failure, record_failure
+-- prelude: now_ms, task_key, failed_attempt, make_pending, wake, release_limits,
+--   cancel_requested, end_cancelled
 -- A failed attempt goes back: to pending at once, or to the retry set until it is due (it
 -- stays first of its ordering key, so the next of that key waits for it); one cancelled
 -- meanwhile ends cancelled.
@@ -9,14 +9,14 @@
 -- Returns 1 (also when this attempt's earlier, re-sent call was applied; 2 when Redis was
 -- above the share and the error was cut short), or 0 when the fencing token is stale.
 local now = now_ms()
-local id, fence = ARGV[@id], ARGV[@fence]
-if not release_attempt(KEYS[5], KEYS[1], id, fence, ARGV[@worker]) then
-  return settled_by(id, fence) and 1 or 0
+local id = ARGV[@id]
+local stale, _, traceback = failed_attempt(KEYS[5], KEYS[1], id, ARGV[@fence], ARGV[@worker],
+                                           ARGV[@share], ARGV[@error], ARGV[@traceback])
+if stale then
+  return stale
 end
 local key = task_key(id)
 release_limits(id, ARGV[@type], ARGV[@slot])
-local error, traceback = kept_failure(tonumber(ARGV[@share]), ARGV[@error], ARGV[@traceback])
-record_failure(key, error, traceback, fence)
 redis.call('HDEL', key, 'sus', 'iso')  -- it ran to its end: it did not kill its worker
 local applied = traceback and 1 or 2
 if cancel_requested(id) then
