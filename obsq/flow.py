@@ -74,6 +74,9 @@ def _check_parts(parts: tuple[Any, ...], empty: str) -> None:
             raise TypeError(f"a flow's step is an obsq.Job, chain or chord, not {part!r}")
         if isinstance(part, Job) and part.task_id is not None:
             raise ValueError("a flow names its steps' tasks itself: give no task_id")
+        if isinstance(part, Job) and part.unique_for:
+            # a step refused as a duplicate would leave its flow waiting for good
+            raise ValueError("a flow's step cannot be unique (unique_for)")
 
 
 @dataclass(frozen=True)

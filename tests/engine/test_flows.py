@@ -176,6 +176,8 @@ def test_a_flow_checks_its_steps() -> None:
         chain("t")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         chain(Job("t", task_id="mine"))
+    with pytest.raises(ValueError):
+        chord([Job("t", unique_for=60)], Job("t"))
 
 
 def test_the_flows_keys_do_not_collide_with_a_queue_named_flows() -> None:
