@@ -203,7 +203,8 @@ class FlowStep:
 
 @dataclass
 class FlowInfo:
-    """A flow as Redis holds it: `Client.result(info)` waits for its last step's result."""
+    """A flow as Redis holds it: `Client.result(info)` waits for its last step's result. A
+    listing's (Inspector.flows) has no `steps`, only their count and how many completed."""
 
     id: str
     state: str  # running, completed, failed or cancelled
@@ -214,6 +215,8 @@ class FlowInfo:
     result: Any = None
     enqueued_at: datetime | None = None
     completed_at: datetime | None = None
+    step_count: int = 0
+    steps_completed: int = 0
 
     @classmethod
     def from_record(cls, flow_id: str, f: dict[bytes, bytes], results: dict[bytes, bytes]
@@ -233,4 +236,5 @@ class FlowInfo:
                    failed_step=int(failed) if failed else None, error=text("error") or None,
                    result=decode_stored_json(results.get(str(last).encode())),
                    enqueued_at=timestamp_to_datetime(f.get(b"enq")),
-                   completed_at=timestamp_to_datetime(f.get(b"done")))
+                   completed_at=timestamp_to_datetime(f.get(b"done")), step_count=len(steps),
+                   steps_completed=sum(s.state == "completed" for s in steps))

@@ -10,7 +10,6 @@ that dies in between leaves them to the flow sweep (FlowLoop)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +31,13 @@ from obsq.flow import (
 from obsq.flow_steps import launch
 from obsq.producer_chain import ProducerChain
 from obsq.results import waited_too_long
-from obsq.task import TaskInfo, TaskMessage, decode_stored_json, new_task_id
+from obsq.task import (
+    TaskInfo,
+    TaskMessage,
+    decode_stored_json,
+    new_task_id,
+    timestamp_to_datetime,
+)
 
 if TYPE_CHECKING:
     from obsq.client import Client
@@ -77,13 +82,17 @@ class ClientFlows:
         return FlowInfo.from_record(flow_id, fields, results)
 
     async def page(self, limit: int = 20, offset: int = 0) -> tuple[int, list[FlowInfo]]:
-        """The number of flows kept, and a page of them, the latest first (one gone since
-        it was listed is left out)."""
+        """The number of flows kept, and a page of them, the latest first, without their
+        steps (one gone since it was listed is left out)."""
         total, *ids = await self.broker.index_flows("page", offset, limit)
         flows = []
         for raw in ids:
-            with contextlib.suppress(TaskNotFound):
-                flows.append(await self.info(raw.decode()))
+            s = await self.broker.flow_state(raw.decode())
+            if s is not None:
+                flows.append(FlowInfo(
+                    raw.decode(), s.state, [], -1, s.failed, s.error or None,
+                    decode_stored_json(s.result), timestamp_to_datetime(s.written),
+                    timestamp_to_datetime(s.ended), s.steps, s.completed))
         return int(total), flows
 
     async def result(self, flow_id: str, timeout: float | None) -> Any:
@@ -92,15 +101,14 @@ class ClientFlows:
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = FLOW_POLL_MIN
         while True:
-            state, failed, error, result = await self.client.deadlines.run(
-                "flow_state", self.broker.flow_state(flow_id))
-            if state == "completed":
-                return decode_stored_json(result)
-            if state in ("failed", "cancelled"):
-                raise FlowFailed(flow_id, step_id(flow_id, int(failed)) if failed else flow_id,
-                                 error or state)
-            if not state:
+            s = await self.client.deadlines.run("flow_state", self.broker.flow_state(flow_id))
+            if s is None:
                 raise TaskNotFound(f"no flow {flow_id!r}")
+            if s.state == "completed":
+                return decode_stored_json(s.result)
+            if s.state in ("failed", "cancelled"):
+                raise FlowFailed(flow_id, flow_id if s.failed is None else step_id(
+                    flow_id, s.failed), s.error or s.state)
             if deadline is not None and time.monotonic() + pause > deadline:
                 raise waited_too_long(flow_id, timeout or 0)
             await asyncio.sleep(pause)

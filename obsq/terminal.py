@@ -138,9 +138,9 @@ def flow_text(out: Output, f: FlowInfo) -> str:
 def flows_table(out: Output, found: list[FlowInfo]) -> str:
     rows = []
     for f in found:
-        done = sum(s.state == "completed" for s in f.steps)
         rows.append([f.id, (f.state, _FLOW_STYLE.get(f.state, f.state)),
-                     f"{done}/{len(f.steps)}", when(f.enqueued_at), when(f.completed_at),
+                     f"{f.steps_completed}/{f.step_count}", when(f.enqueued_at),
+                     when(f.completed_at),
                      ("" if f.failed_step is None else f"step {f.failed_step}", "error")])
     return out.table(["flow", "state", "steps done", "enqueued (UTC)", "finished (UTC)",
                       "failed at"], rows)

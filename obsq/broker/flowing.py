@@ -7,11 +7,22 @@ task lives in its queue's slot, so a launch is two calls made safe by the order 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.keys import FlowKeys
 from obsq.broker.wire import argv, in_order
+
+
+class FlowState(NamedTuple):
+    state: str  # running, completed, failed or cancelled
+    failed: int | None  # the step that ended it
+    error: str
+    steps: int
+    completed: int  # steps completed
+    written: bytes | None  # ms
+    ended: bytes | None  # ms
+    result: bytes | None  # the last step's
 
 
 class Flowing(RedisCalls):
@@ -70,15 +81,16 @@ class Flowing(RedisCalls):
                                    argv("flow_previous", step=step))
         return reply[0] == b"1", reply[1].decode(), list(reply[2:])
 
-    async def flow_state(self, flow_id: str) -> tuple[str, str, str, bytes | None]:
-        """(state, failed step, error, the last step's result); state '' when it is gone."""
+    async def flow_state(self, flow_id: str) -> FlowState | None:
+        """Where a flow stands, without its steps; None when it is gone."""
         k = self.flow_keys(flow_id)
         reply = await self._script("flow_state", (k.flow, k.results), argv("flow_state"))
         if not reply[0]:
-            return "", "", "", None
-        state, failed, error, *result = reply
-        return (state.decode(), failed.decode(), error.decode(errors="replace"),
-                result[0] if result else None)
+            return None
+        state, failed, error, steps, done, written, ended, *result = reply
+        return FlowState(state.decode(), int(failed) if failed else None,
+                         error.decode(errors="replace"), int(steps), int(done), written or None,
+                         ended or None, result[0] if result else None)
 
     async def flow_record(self, flow_id: str) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
         """The flow's hash and its results ({} when it is gone)."""

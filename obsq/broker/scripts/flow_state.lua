@@ -1,10 +1,14 @@
 -- prelude: (none)
--- Where a flow stands, for Client.result: its state and, once it ended, how.
+-- Where a flow stands, for Client.result and the listings (what a flow's steps are is read
+-- only for one flow: a chord of 10,000 has as many): its state and, once it ended, how.
 -- KEYS: flow hash, results hash
 -- ARGV: now
--- Returns {state ('' when the flow is gone), failed step, error, the last step's result}
-local f = redis.call('HMGET', KEYS[1], 'state', 'failed', 'error', 'tail')
+-- Returns {state ('' when the flow is gone), failed step, error, steps, steps completed,
+-- written (ms), ended (ms), the last step's result}
+local f = redis.call('HMGET', KEYS[1], 'state', 'failed', 'error', 'nodes', 'ndone', 'enq',
+                     'done', 'tail')
 if not f[1] then
   return {''}
 end
-return {f[1], f[2] or '', f[3] or '', redis.call('HGET', KEYS[2], f[4] or '')}
+return {f[1], f[2] or '', f[3] or '', f[4] or '0', f[5] or '0', f[6] or '', f[7] or '',
+        redis.call('HGET', KEYS[2], f[8] or '')}

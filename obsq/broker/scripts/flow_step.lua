@@ -24,6 +24,9 @@ local function record(step, ended, value)
   end
   local letter = {completed = 'c', dead = 'd', cancelled = 'x'}
   redis.call('HSET', flow, 's:' .. step, letter[ended] or 'd')
+  if ended == 'completed' then
+    redis.call('HINCRBY', flow, 'ndone', 1)
+  end
   redis.call('SREM', KEYS[3], step)
   if state ~= 'running' then
     return
