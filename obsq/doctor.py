@@ -90,11 +90,11 @@ class Doctor:
                              "their flow (a worker's FlowLoop records them)")
         gone, launching, suspects = 0, 0, []
         for flow_id in await self._flow_ids():
-            info = await self._flow(flow_id)
-            if info is None:
+            summary = await self.broker.flow_state(flow_id)  # its steps only when running
+            info = await self._flow(flow_id) if summary and summary.state == "running" else None
+            if summary is None:
                 gone += 1
-                continue
-            if info.state != "running":
+            if info is None or info.state != "running":
                 continue
             launching += sum(s.state == "launching" for s in info.steps)
             enqueued = [s for s in info.steps if s.state == "enqueued" and s.id not in waiting]
