@@ -147,21 +147,29 @@ class Client:
 
     @deadline("enqueue")
     async def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
-        """Enqueue many tasks in few round trips. Every job is checked before anything is
-        written. A duplicate is not an error here: its TaskInfo has `duplicate=True` and the
-        id of the task that holds the id or the unique lock."""
-        self._warn_if_unhandled(jobs)
-        return await self._enqueue_jobs(jobs)
+        """Enqueue many tasks in few round trips, every job checked before anything is written.
+        A duplicate is no error here: its TaskInfo has `duplicate=True` and the holder's id."""
+        return await self._write(self.prepare(jobs))
 
-    async def _enqueue_jobs(self, jobs: Sequence[Job]) -> list[TaskInfo]:
-        messages = self._messages(jobs)
+    async def _write(self, messages: list[TaskMessage]) -> list[TaskInfo]:
         return await self._chain(*self.producer_hooks)(messages) if messages else []
 
+    def prepare(self, jobs: Sequence[Job], warn: bool = True) -> list[TaskMessage]:
+        """An enqueue's first step, whichever transport writes it (this Client's or the
+        SyncClient's): the jobs checked and encoded; with `warn`, an unhandled type said."""
+        if warn:
+            self._warn_if_unhandled(jobs)
+        now = self.broker.clock.time()
+        return [self._message(job, now) for job in jobs]
+
+    @property
+    def waits_for_replicas(self) -> bool:
+        """Enqueues wait for replicas (WAIT, on this Client's connections only)."""
+        return bool(self.broker.durable_replicas)
+
     def _warn_if_unhandled(self, jobs: Sequence[Job], group: bool = False) -> None:
-        """A typo in a task type otherwise shows only as tasks handed on between workers
-        for a day (none has a handler), and a grouped task with no aggregator waits for
-        good: say so once per type, where the App given to the Client registers handlers
-        (one that only names the namespace says nothing about types)."""
+        """A typo in a type shows otherwise only as tasks handed on for a day, or grouped tasks
+        waiting for good: said once per type, where the Client's App registers handlers."""
         app = self.app
         if app is None or not app.routes:
             return
@@ -177,11 +185,6 @@ class Client:
                 self._unhandled.add(job.type)
                 log.warning("task type %r has no %s in the App of this Client: its tasks "
                             "wait or fail until a worker's App has one", job.type, missing)
-
-    def _messages(self, jobs: Sequence[Job]) -> list[TaskMessage]:
-        """The jobs checked and encoded, with their route's defaults."""
-        now = self.broker.clock.time()
-        return [self._message(job, now) for job in jobs]
 
     def _message(self, job: Job, now: float) -> TaskMessage:
         try:
@@ -216,14 +219,12 @@ class Client:
 
     @deadline("register")
     async def _register_queues(self, queues: set[str]) -> None:
-        """Before a queue's first task: refuse a Redis that may evict tasks (unless allowed),
-        and add the queue to the namespace's set."""
-        await self.broker.check_memory_policy(refuse=not self.allow_eviction,
-                                              allowed_by=PRODUCER_ALLOWS_EVICTION)
+        """Before a queue's first task: refuse an evicting Redis (unless allowed), register."""
+        await self.check_memory_policy()
         await self.broker.register_queues(queues)
 
     @deadline("memory_policy")
-    async def _check_memory_policy(self) -> None:
+    async def check_memory_policy(self) -> None:
         """Refuse a Redis that may evict tasks, unless allowed (asked once)."""
         await self.broker.check_memory_policy(refuse=not self.allow_eviction,
                                               allowed_by=PRODUCER_ALLOWS_EVICTION)
@@ -269,8 +270,8 @@ class Client:
                 log.warning("event %r of namespace %r has no live subscriber: nothing "
                             "delivered", event, self.namespace)
             return []
-        return await self._enqueue_jobs(event_jobs(event, payload, subscribers, event_id,
-                                                   headers))
+        return await self._write(self.prepare(
+            event_jobs(event, payload, subscribers, event_id, headers), warn=False))
 
     async def _warn_if_unserved(self, queues: set[str]) -> None:
         try:

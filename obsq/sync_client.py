@@ -63,11 +63,9 @@ class SyncClient:
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         app_hooks, hooks = self._client.producer_hooks
-        if self._client.broker.durable_replicas or not all(map(is_sync_safe,
-                                                              (*app_hooks, *hooks))):
-            return self._run(self._client.enqueue_many(jobs))  # WAIT rides on the async path
-        self._client._warn_if_unhandled(jobs)
-        messages = self._client._messages(jobs)
+        if self._client.waits_for_replicas or not all(map(is_sync_safe, (*app_hooks, *hooks))):
+            return self._run(self._client.enqueue_many(jobs))
+        messages = self._client.prepare(jobs)
         return _run_now(self._chain(app_hooks, hooks)(messages)) if messages else []
 
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
@@ -76,7 +74,7 @@ class SyncClient:
         by_queue = group_by_queue(messages)
         new_queues = by_queue.keys() - self._known_queues
         if new_queues:
-            self._run(self._client._check_memory_policy())  # Redis is asked once
+            self._run(self._client.check_memory_policy())  # Redis is asked once
             self._producer.register_queues(new_queues)
             self._known_queues |= new_queues
             self._loop.call_soon_threadsafe(self._client.check_served, set(new_queues))

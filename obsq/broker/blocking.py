@@ -72,7 +72,7 @@ class BlockingCalls:
                 isinstance(exc, (RedisTimeoutError, TimeoutError))
                 or (isinstance(exc, RedisConnectionError) and _no_free_connection(exc))):
             return self.broker.timed_out(operation, self.call_timeout)
-        return self.broker._failed(operation, exc)
+        return self.broker.failed(operation, exc)
 
     def close(self) -> None:
         self.runner.close()
@@ -86,7 +86,7 @@ class BlockingProducer(BlockingCalls):
         super().__init__(broker, call_timeout, keep=True)
 
     def register_queues(self, queues: Iterable[str]) -> None:
-        self._script(*self.broker._register_queues_call(queues))
+        self._script(*self.broker.register_queues_call(queues))
 
     def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:
         """Write the messages of one queue in one script call (at most ENQUEUE_BATCH)."""

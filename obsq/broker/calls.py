@@ -177,7 +177,7 @@ class RedisCalls:
         except ResponseError:
             return None
         except (RedisError, OSError) as exc:  # the first call of a Client: say where
-            raise self._failed("memory_policy", exc, None if self._policy_checked
+            raise self.failed("memory_policy", exc, None if self._policy_checked
                                else self._contact_failure(exc)) from exc
 
     async def check_memory_policy(self, *, refuse: bool, allowed_by: str = (
@@ -209,7 +209,7 @@ class RedisCalls:
             await self.runner.close()
             await self.redis.aclose()
 
-    def _failed(self, operation: str, exc: BaseException, message: str | None = None
+    def failed(self, operation: str, exc: BaseException, message: str | None = None
                 ) -> BrokerError:
         for hook in self.on_error:
             hook(operation, exc)
@@ -232,7 +232,7 @@ class RedisCalls:
         try:
             return await call
         except (RedisError, OSError) as exc:
-            raise self._failed(operation, exc) from exc
+            raise self.failed(operation, exc) from exc
 
     async def _blpop_any(self, operation: str, keys: Sequence[str], timeout: float) -> Any:
         """BLPOP on keys that may live in different Cluster slots (one BLPOP each there, the
@@ -256,7 +256,7 @@ class RedisCalls:
             pipe.get(key)
         return await self._guard(operation, pipe.execute())
 
-    def _register_queues_call(self, queues: Iterable[str]) -> ScriptCall:
+    def register_queues_call(self, queues: Iterable[str]) -> ScriptCall:
         return ("register", (self.global_keys.queues,), argv("register", kind="set",
                                                                  members=queues))
 
@@ -264,7 +264,7 @@ class RedisCalls:
         try:
             return await self.runner.call(SCRIPTS[name], keys, args)
         except (RedisError, OSError) as exc:
-            raise self._failed(name, exc) from exc
+            raise self.failed(name, exc) from exc
 
     async def _producer_script(self, name: str, keys: Sequence[str], args: Sequence[Any]
                                ) -> Any:
@@ -275,7 +275,7 @@ class RedisCalls:
         try:
             return await self.runner.call_kept(SCRIPTS[name], keys, args)
         except (RedisError, OSError) as exc:
-            raise self._failed(name, exc) from exc
+            raise self.failed(name, exc) from exc
 
     async def _script_replicated(self, name: str, keys: Sequence[str], args: Sequence[Any]
                                  ) -> Any:
@@ -287,10 +287,10 @@ class RedisCalls:
             replies = await self.runner.calls([(SCRIPTS[name], keys, args)], after=wait)
             first_error(replies)
         except (RedisError, OSError) as exc:
-            raise self._failed(name, exc) from exc
+            raise self.failed(name, exc) from exc
         reply, replicas = replies
         if replicas < self.durable_replicas:
-            raise self._failed(name, RedisError(
+            raise self.failed(name, RedisError(
                 f"the write reached {replicas} of the {self.durable_replicas} replica(s) "
                 f"durable_replicas asks for within {self.durable_timeout:g} s; it is on the "
                 "master only, where a failover may lose it"))
@@ -307,7 +307,7 @@ class RedisCalls:
             first_error(results)
             return results
         except (RedisError, OSError) as exc:
-            raise self._failed(calls[0][0], exc) from exc
+            raise self.failed(calls[0][0], exc) from exc
 
 
 def eviction_problem(where: str, policy: str) -> str:

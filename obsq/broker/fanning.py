@@ -77,7 +77,7 @@ class Fanning(RedisCalls):
 
     # -- event subscriptions --------------------------------------------------------------
 
-    def _subscribe_call(self, subscriptions: Sequence[tuple[str, str, str]], ttl: float
+    def subscribe_call(self, subscriptions: Sequence[tuple[str, str, str]], ttl: float
                         ) -> ScriptCall:
         """Register or renew (event, subscriber, queue) subscriptions for `ttl` seconds."""
         return ("subscribe", (self.event_keys.subscribed,), argv(

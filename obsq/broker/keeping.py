@@ -26,12 +26,12 @@ class BlockingKeeping(BlockingCalls):
     _config_denied = False  # CONFIG GET refused once: read INFO from then on
 
     def heartbeat(self, worker_id: str, description: dict[str, Any], ttl: float) -> None:
-        self._scripts(self.broker._heartbeat_calls(worker_id, description, ttl))
+        self._scripts(self.broker.heartbeat_calls(worker_id, description, ttl))
 
     def extend(self, attempts: dict[str, list[Attempt]], lease_seconds: float,
                worker_id: str) -> dict[str, list[str]]:
         """Extend leases: {queue: attempts} -> {queue: ids whose lease was lost}."""
-        calls, queues = self.broker._extend_calls(attempts, lease_seconds, worker_id)
+        calls, queues = self.broker.extend_calls(attempts, lease_seconds, worker_id)
         lost: dict[str, list[str]] = {queue: [] for queue in attempts}
         for queue, reply in zip(queues, self._scripts(calls)):
             lost[queue] += (i.decode() for i in reply)
@@ -39,7 +39,7 @@ class BlockingKeeping(BlockingCalls):
 
     def subscribe(self, subscriptions: Sequence[tuple[str, str, str]], ttl: float) -> None:
         if subscriptions:
-            self._scripts([self.broker._subscribe_call(subscriptions, ttl)])
+            self._scripts([self.broker.subscribe_call(subscriptions, ttl)])
 
     def deregister(self, worker_id: str) -> None:
         g = self.broker.global_keys

@@ -22,7 +22,7 @@ class Producing(RedisCalls):
     async def register_queues(self, queues: Iterable[str]) -> None:
         """Add queues to the namespace's set (workers at start, producers for a new queue);
         never refused by a Redis at maxmemory (register.lua)."""
-        await self._script(*self._register_queues_call(queues))
+        await self._script(*self.register_queues_call(queues))
 
     async def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:
         """Write the messages of one queue in one script call (at most ENQUEUE_BATCH)."""

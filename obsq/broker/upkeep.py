@@ -19,7 +19,7 @@ from obsq.broker.wire import argv
 class Upkeep(RedisCalls):
     # -- workers --------------------------------------------------------------------------
 
-    def _heartbeat_calls(self, worker_id: str, description: dict[str, Any], ttl: float
+    def heartbeat_calls(self, worker_id: str, description: dict[str, Any], ttl: float
                          ) -> list[ScriptCall]:
         """Refresh the worker's key (its TTL says it lives), its place in the registry and
         its queues (again each time: a Redis that restarted empty has lost the set the
@@ -32,7 +32,7 @@ class Upkeep(RedisCalls):
             ("register", (g.workers,),  # scored by its own clock: shown, never compared
              argv("register", [(int(self.clock.time() * 1000), worker_id)], kind="zset"))]
         if description.get("queues"):
-            calls.append(self._register_queues_call(description["queues"]))
+            calls.append(self.register_queues_call(description["queues"]))
         return calls
 
     async def workers(self) -> list[dict[str, Any]]:
@@ -146,7 +146,7 @@ class Upkeep(RedisCalls):
         except ResponseError:  # INFO denied to the user: nothing to report, no failure
             return None
         except (RedisError, OSError) as exc:
-            raise self._failed("memory_usage", exc) from exc
+            raise self.failed("memory_usage", exc) from exc
         nodes = [info] if "used_memory" in info else list(info.values())
         usage = [(int(n["used_memory"]), int(n.get("maxmemory", 0))) for n in nodes]
         return max(usage, key=lambda u: (u[0] / u[1] if u[1] else 0.0, u[0]))

@@ -104,9 +104,9 @@ class Working(RedisCalls):
         woken, fetched = await self._guard("wait_for_work", self.runner.calls(
             [(SCRIPTS[name], keys, args)], before=("BLPOP", *wake, timeout)))
         if isinstance(woken, Exception):
-            raise self._failed("wait_for_work", woken)
+            raise self.failed("wait_for_work", woken)
         if isinstance(fetched, Exception):
-            raise self._failed(name, fetched)
+            raise self.failed(name, fetched)
         return woken is not None, self._parse_dequeue(queue, fetched, asked_at)
 
     async def isolate(self, queue: str, attempt: Attempt, worker_id: str) -> bool:
@@ -218,7 +218,7 @@ class Working(RedisCalls):
             calls.append(("hand_back", (k.lease, k.pending, k.wake, k.active), args))
         return [bool(x) for reply in await self._scripts(calls) for x in reply]
 
-    def _extend_calls(self, attempts: dict[str, list[Attempt]], lease_seconds: float,
+    def extend_calls(self, attempts: dict[str, list[Attempt]], lease_seconds: float,
                       worker_id: str) -> tuple[list[ScriptCall], list[str]]:
         """The calls that extend leases ({queue: attempts}), and the queue of each call."""
         calls, queues = [], []
