@@ -16,7 +16,7 @@ from obsq import cli
 
 
 async def test_stats_tasks_requeue_pause_and_unpause(app, client, start_worker, namespace,
-                                                     obsq_cli) -> None:
+                                                     obsq_cli, raw_redis) -> None:
     attempts: list[int] = []
 
     @app.task("charge")
@@ -61,7 +61,9 @@ async def test_stats_tasks_requeue_pause_and_unpause(app, client, start_worker, 
     assert out.splitlines()[1].split()[-1] == "yes"
     held = await client.enqueue("charge", queue="billing", retention=60)
     other = await client.enqueue("charge", queue="elsewhere")
-    await asyncio.sleep(0.3)  # the worker looks, and leaves the paused queue alone
+    # the worker took the wake-up of that enqueue, with a fetch of billing right behind it
+    await wait_until(lambda: raw_redis.llen(f"{namespace}:{{billing}}:wake") == 0,
+                     what="the worker looking at billing")
     assert (await client.info(held.id)).state == "pending"
 
     code, out = await obsq_cli("unpause", "billing")

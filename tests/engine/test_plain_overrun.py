@@ -193,7 +193,9 @@ async def test_a_drain_counts_only_the_tasks_it_really_handed_back(
     info = await client.enqueue("sleep", 20, timeout=60)  # ignores task.cancelled
     await wait_until(lambda: info.id in started_pids(raw_redis, namespace), timeout=30)
     assert await client.cancel(info.id) == "running"
-    await asyncio.sleep(5)  # the worker hears of the cancel (its handler sleeps on)
+    # the worker took the cancel from its list in Redis (its handler sleeps on)
+    await wait_until(lambda: not raw_redis.keys(f"{namespace}:{{default}}:cancel:*"),
+                     what="the worker hearing of the cancel")
     worker.signal(signal.SIGTERM)  # the drain cancels the runner: the task ends cancelled
     await asyncio.to_thread(worker.wait, 60)
     assert (await client.info(info.id)).state == "cancelled"

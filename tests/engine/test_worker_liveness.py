@@ -49,9 +49,13 @@ async def test_a_handler_blocking_the_loop_makes_no_task_run_twice(
         await wait_until(lambda i=info: client.info(i.id), what="settled")
         final = await client.info(info.id)
         assert (final.state, final.retry_count, final.error) == ("completed", 0, None), final
-    await asyncio.sleep(3)  # time for a wrongful recovery to show
+    # a task taken back before it completed would be pending ahead of this one
+    marker = await client.enqueue("sleep", {"first": 0}, retention=60)
+    await wait_until(lambda: marker.id in records(raw_redis, namespace, "finished"))
+    ids.append(marker.id)
     assert sorted(records(raw_redis, namespace, "started")) == sorted(ids)
     assert sorted(records(raw_redis, namespace, "finished")) == sorted(ids)
+    await wait_until(lambda: "the event loop runs again" in blocking.log())
     log = blocking.log()
     assert "TaskTimeout" not in log and "longer than its timeout" not in log
     assert "lease lost" not in log
@@ -72,7 +76,8 @@ async def test_a_frozen_worker_does_not_start_the_tasks_it_lost(
     buffered = await client.enqueue_many([obsq.Job("sleep", {"first": 0}) for _ in range(2)])
     active = f"{namespace}:{{default}}:active"
     await wait_until(lambda: raw_redis.hlen(active) == 4, what="2 running, 2 buffered")
-    assert set(records(raw_redis, namespace, "started")) == {t.id for t in [*quick, *long]}
+    await wait_until(lambda: set(records(raw_redis, namespace, "started")) ==
+                     {t.id for t in [*quick, *long]}, what="the long ones started")
 
     frozen.signal(signal.SIGSTOP)
     try:
@@ -86,11 +91,12 @@ async def test_a_frozen_worker_does_not_start_the_tasks_it_lost(
     await wait_until(lambda: all(records(raw_redis, namespace, "finished").count(t.id) == 2
                                  for t in long), timeout=20,
                      what="the woken worker's handlers ended")
-    await asyncio.sleep(2)  # time for it to start what it buffered, were it to
+    # the moment it dealt with what it buffered: it said, for each, that it did not start it
+    await wait_until(lambda: frozen.log().count("not started: it was taken over") == 2,
+                     what="the woken worker's buffer dealt with")
     started = records(raw_redis, namespace, "started")
     for task in buffered:
         assert started.count(task.id) == 1, frozen.log()
-    assert frozen.log().count("not started: it was taken over") == 2
 
 
 def probe(port: int, path: str) -> tuple[int, str]:
