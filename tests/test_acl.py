@@ -89,6 +89,12 @@ def admin(acl_redis: RedisServer) -> Iterator[redis.Redis]:
     r.close()
 
 
+def refusals(admin: redis.Redis, user: str, command: str) -> int:
+    """How many times Redis refused `command` to `user` (its ACL LOG)."""
+    return sum(entry["count"] for entry in admin.acl_log(count=100)
+               if entry["username"] == user and entry["object"] == command)
+
+
 def make_user(admin: redis.Redis, name: str, rules: str) -> str:
     admin.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", *rules.split())
     return f"redis://{name}:pw@127.0.0.1:{admin.connection_pool.connection_kwargs['port']}/0"
@@ -348,7 +354,9 @@ async def test_a_user_denied_info_warns_once_and_runs(admin, namespace, start_wo
     admin_url = url.replace("no-info:pw@", "")
     async with obsq.Client(admin_url, app=app) as client:
         assert await client.result(await client.enqueue("ok", 7), timeout=10) == 7
-    await asyncio.sleep(SHORT_INTERVALS["heartbeat_interval"] * 3)
+    # INFO refused to the worker's start-up check and to its heartbeat's first read of the
+    # policy: warned of once still
+    await wait_until(lambda: refusals(admin, "no-info", "info") >= 2)
     assert [m for m in caplog.messages if "maxmemory-policy" in m] == [
         f"cannot read Redis's maxmemory-policy at {url.replace('no-info:pw', '***')} "
         "(CONFIG GET and INFO denied); make sure it is noeviction, or tasks may be evicted"]
@@ -365,7 +373,8 @@ async def test_a_permission_taken_at_run_time_is_told_once(admin, namespace, sta
     app.task("ok")(lambda task: task.payload)
     await start_worker(app, redis_url=url)
     admin.execute_command("ACL", "SETUSER", "revoked", "-blpop")
-    await asyncio.sleep(5)
+    # each of the worker's two blocking reads (fetch, cancels) refused twice, 2 s apart
+    await wait_until(lambda: refusals(admin, "revoked", "blpop") >= 4, timeout=30)
     refused = [r.getMessage() for r in caplog.records if "refused to the Redis user" in
                r.getMessage()]
     assert refused and all(f"obsq acl --namespace {namespace}" in m for m in refused)
