@@ -18,55 +18,99 @@ from typing import Any
 
 import pytest
 import redis
-from support import SHORT_INTERVALS, missing_tool, newest_redis_server, sync_redis, wait_until
+from support import (
+    IN_CI,
+    SHORT_INTERVALS,
+    missing_tool,
+    newest_redis_server,
+    sync_redis,
+    wait_until,
+)
 
 import obsq
 from obsq.broker.acl import acl_rule
 from obsq.observability import run_scheduler, run_worker
-from obsq.redis_server import RedisServer
+from obsq.redis_server import RedisServer, redis_servers
 from obsq.scheduler import Scheduler
 from obsq.settings import SchedulerSettings, env_flag
 from obsq.testing import Environment
-
-
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """The tests' Redis. With OBSQ_TEST_ACL=1 obsq connects as a user restricted to the rule
-    of `obsq acl` (for every test namespace, t*), on the newest redis-server (7: the start-up
-    probe runs), and no command may be denied all session; the tests' own reads go through
-    `admin_redis_url`."""
-    if os.environ.get("OBSQ_TEST_REDIS_URL"):
-        yield from _as_restricted_user(os.environ["OBSQ_TEST_REDIS_URL"])
-        return
-    if shutil.which("redis-server"):
-        acl = env_flag(ACL_ENV)
-        server = RedisServer(executable=newest_redis_server() if acl else "redis-server").start()
-        yield from _as_restricted_user(server.url)
-        server.close()
-        return
-    try:
-        from testcontainers.redis import RedisContainer
-
-        with RedisContainer("redis:7") as container:
-            host = container.get_container_host_ip()
-            yield from _as_restricted_user(
-                f"redis://{host}:{container.get_exposed_port(6379)}/0")
-    except Exception as exc:  # no Docker engine: DockerException, or the import
-        missing_tool(f"no Redis for the tests: set OBSQ_TEST_REDIS_URL, install redis-server "
-                     f"or run Docker ({exc})")
-
 
 ACL_ENV = "OBSQ_TEST_ACL"
 ACL_USER = "obsq-tests"
 ADMIN_URLS: dict[str, str] = {}  # restricted URL -> the URL of the admin of that Redis
 
 
-def _as_restricted_user(admin_url: str) -> Iterator[str]:
-    """`admin_url`, or under OBSQ_TEST_ACL the URL of a user restricted to the rule; at the
-    end, Redis's ACL LOG must hold nothing but what obsq tries and goes without."""
-    if not env_flag(ACL_ENV):
-        yield admin_url
-        return
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: two workers a core. A test mostly waits on Redis, subprocesses and its
+    own timers, so a core has room for a second test while the first waits."""
+    return 2 * (os.cpu_count() or 1)
+
+
+@pytest.fixture(scope="session")
+def session_redis() -> Iterator[Callable[[bool], str]]:
+    """`session_redis(restricted)`: the URL of this process's Redis, started on first use
+    (each xdist worker has its own). Restricted: the URL of a user limited to `obsq acl`'s
+    rule, on the newest redis-server (7: obsq's start-up probe runs), checked at the end."""
+    with contextlib.ExitStack() as stack:
+        admins: dict[str, str] = {}  # by redis-server executable
+        urls: dict[bool, str] = {}
+
+        def admin_url(executable: str) -> str:
+            if os.environ.get("OBSQ_TEST_REDIS_URL"):
+                return os.environ["OBSQ_TEST_REDIS_URL"]
+            if executable not in admins:
+                admins[executable] = _start_redis(executable, stack)
+            return admins[executable]
+
+        def get(restricted: bool) -> str:
+            if restricted not in urls:
+                urls[restricted] = (stack.enter_context(_restricted_user(
+                    admin_url(_acl_redis_server()))) if restricted
+                    else admin_url("redis-server"))
+            return urls[restricted]
+
+        yield get
+
+
+def _acl_redis_server() -> str:
+    """The newest redis-server, 7 under CI; a developer's older one runs without the
+    start-up probe."""
+    found = redis_servers()
+    if not found:
+        return "redis-server"
+    return newest_redis_server() if IN_CI else found[max(found)]
+
+
+def _start_redis(executable: str, stack: contextlib.ExitStack) -> str:
+    if shutil.which("redis-server"):
+        server = RedisServer(executable=executable).start()
+        stack.callback(server.close)
+        return server.url
+    try:
+        from testcontainers.redis import RedisContainer
+
+        container = stack.enter_context(RedisContainer("redis:7"))
+        host = container.get_container_host_ip()
+        return f"redis://{host}:{container.get_exposed_port(6379)}/0"
+    except Exception as exc:  # no Docker engine: DockerException, or the import
+        missing_tool(f"no Redis for the tests: set OBSQ_TEST_REDIS_URL, install redis-server "
+                     f"or run Docker ({exc})")
+        raise
+
+
+@pytest.fixture
+def redis_url(request: pytest.FixtureRequest, session_redis: Callable[[bool], str]) -> str:
+    """The tests' Redis. Tests marked acl_user (and every test with OBSQ_TEST_ACL=1) get a
+    user restricted to the rule of `obsq acl` (for every test namespace, t*), and no command
+    may be denied it all session; the tests' own reads go through `admin_redis_url`."""
+    return session_redis(env_flag(ACL_ENV) or
+                         request.node.get_closest_marker("acl_user") is not None)
+
+
+@contextlib.contextmanager
+def _restricted_user(admin_url: str) -> Iterator[str]:
+    """The URL of a user restricted to the rule on the Redis of `admin_url`; at the end,
+    Redis's ACL LOG must hold nothing but what obsq tries and goes without."""
     admin = redis.Redis.from_url(admin_url)
     # the rule of one namespace widened to every test namespace (t<hex>): `obsq acl` itself
     # refuses a pattern as a namespace

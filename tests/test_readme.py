@@ -156,8 +156,8 @@ def install_and_demo(command: str, redis_url: str) -> None:
 def ci_run(command: str, redis_url: str) -> None:
     assert command == "bash .ci/run"  # this suite is that command's last step:
     steps = (ROOT / ".ci" / "run").read_text().strip().splitlines()
-    assert steps[-1] == "python3 -m pytest -q"
-    assert "`python3 -m pytest -q`" in (ROOT / "README.md").read_text()
+    assert steps[-1] == "python3 -m pytest -q -n auto"
+    assert "`python3 -m pytest -q -n auto`" in (ROOT / "README.md").read_text()
 
 
 def worker(command: str, redis_url: str) -> None:

@@ -1,7 +1,8 @@
 """Fixtures of the engine tests: a broker on the test's namespace, worker and scheduler
 subprocesses (`python -m obsq worker tests.engine.apps:app ...`, `python -m obsq scheduler
 tests.engine.schedule_apps:app ...`) that a test may kill, and a three-node Redis Cluster
-for the whole session."""
+for the whole session.
+The files of ACL_USER_FILES run as the user of `obsq acl`'s rule."""
 
 from __future__ import annotations
 
@@ -22,6 +23,20 @@ from obsq import cli
 from obsq.broker import Broker
 from obsq.inspector import Inspector
 from obsq.redis_server import RedisServer, free_port
+
+# The engine's core, run with obsq connecting as a user restricted to `obsq acl`'s rule: a
+# command the rule misses fails them, and the session (conftest.py's ACL LOG check).
+ACL_USER_FILES = {
+    "test_outcomes.py", "test_retries.py", "test_results.py", "test_crash_safety.py",
+    "test_cancel.py", "test_maintenance.py", "test_schedules.py", "test_inspector.py",
+    "test_cli_admin.py", "test_enqueue_options.py", "test_priority.py", "test_limits.py",
+    "test_groups.py", "test_events.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in ACL_USER_FILES and item.path.parent.name == "engine":
+            item.add_marker(pytest.mark.acl_user)
 
 
 @pytest.fixture
