@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from deploytools import CHART, helm_template
 from rendered import container, resolved_env, start
@@ -69,11 +70,16 @@ def variants() -> list[dict[str, Any]]:
     return out
 
 
+VARIANTS = variants()
+
+
+# one test a value set, so that parallel runs spread them
+@pytest.mark.parametrize("number", range(len(VARIANTS)))
 def test_every_value_the_schema_allows_starts(helm: str, redis_url: str, admin_redis_url: str,
-                                             namespace: str, tmp_path: Path) -> None:
+                                             namespace: str, tmp_path: Path, number: int
+                                             ) -> None:
     try:
-        for number, values in enumerate(variants()):
-            start_rendered(helm, redis_url, namespace, number, values, tmp_path)
+        start_rendered(helm, redis_url, namespace, number, VARIANTS[number], tmp_path)
     finally:  # the test's namespaces only: the chart's default one is another test's
         r = sync_redis(admin_redis_url)
         for key in list(r.scan_iter(match=f"{namespace}*", count=1000)):
