@@ -33,7 +33,7 @@ def sentinel(tmp_path: Path) -> Iterator[tuple[str, RedisServer, RedisServer]]:
     process = subprocess.Popen(["redis-server", str(config), "--sentinel"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for(lambda: redis.Redis(port=port).sentinel_master("obsqmaster")["num-slaves"] >= 1,
-             timeout=10, what="the sentinel seeing the replica")
+             timeout=30, what="the sentinel seeing the replica")  # its INFO every 10 s
     yield f"redis+sentinel://127.0.0.1:{port}/obsqmaster/0", master, replica
     process.kill()
     process.wait()
