@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from obsq.broker import Attempt
-from obsq.broker.calls import eviction_problem
 from obsq.broker.keeping import BlockingKeeping
+from obsq.broker.startup import eviction_problem
 from obsq.errors import BrokerError
 from obsq.loop import RedisRetry
 from obsq.settings import SAFE_MEMORY_POLICY

@@ -38,7 +38,7 @@ from obsq.broker.acl import (
     required_commands,
     script_commands,
 )
-from obsq.broker.calls import RedisCalls
+from obsq.broker.startup import StartupChecks
 from obsq.redis_server import RedisServer
 from obsq.scheduler import Scheduler
 from obsq.settings import SchedulerSettings
@@ -311,7 +311,7 @@ async def test_the_start_up_check_finds_each_command_of_the_rule_missing(admin, 
     missed = {}
     for command in sorted(set(required_commands()) - set(OPTIONAL_COMMANDS)):
         url = make_user(admin, "one-less", f"{acl_rule(namespace)} -{command}")
-        calls = RedisCalls(url, namespace)
+        calls = StartupChecks(url, namespace)
         try:
             await calls.check()
             missed[command] = "started"

@@ -9,9 +9,11 @@ from obsq.broker.flowing import Flowing
 from obsq.broker.inspection import Inspection
 from obsq.broker.producing import Producing
 from obsq.broker.scheduling import Scheduling
+from obsq.broker.startup import StartupChecks
 from obsq.broker.upkeep import Upkeep
 from obsq.broker.working import Working
 
 
-class Broker(Producing, Working, Upkeep, Inspection, Scheduling, Fanning, Flowing, Checking):
+class Broker(Producing, Working, Upkeep, Inspection, Scheduling, Fanning, Flowing, Checking,
+             StartupChecks):
     """Every Redis call of obsq, on one connection pool."""

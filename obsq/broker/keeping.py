@@ -4,7 +4,7 @@ in an `async def`) cannot silence the heartbeat or let the leases lapse, and the
 tasks are not taken for lost and run twice while it still runs them.
 
 The scripts and their arguments are the asyncio broker's (heartbeat.lua, register.lua,
-extend.lua, subscribe.lua), built by its `_*_call(s)` methods, so both sides write alike."""
+extend.lua, subscribe.lua), built by its `*_call(s)` methods, so both sides write alike."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from obsq.broker.blocking import BlockingCalls
-from obsq.broker.calls import worst_policy
 from obsq.broker.records import Attempt
+from obsq.broker.startup import worst_policy
 
 
 class BlockingKeeping(BlockingCalls):
