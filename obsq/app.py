@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import math
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -20,7 +19,9 @@ from typing import Any, Generic, TypeVar
 
 from obsq.errors import ConfigurationError, StartupError
 from obsq.names import subscriber_task_type, validate_name, validate_namespace
+from obsq.priority import check_priority
 from obsq.schedule import Schedule
+from obsq.seconds import check_seconds, parse_rate
 from obsq.settings import (
     AGGREGATE_GRACE_PERIOD,
     AGGREGATE_MAX_DELAY,
@@ -28,7 +29,7 @@ from obsq.settings import (
     DEFAULT_QUEUE,
     MAX_PAYLOAD_BYTES,
 )
-from obsq.task import Job, Task, TaskInfo, TaskMessage, check_seconds
+from obsq.task import Job, Task, TaskInfo, TaskMessage
 
 Handler = Callable[[Task], Any]
 CallNext = Callable[[Task], Awaitable[Any]]
@@ -53,7 +54,6 @@ THROTTLE_REASONS = ("concurrency", "rate", "ordering")
 AGGREGATION_OUTCOMES = ("success", "failed")
 CATCH_ALL = "*"
 PREFIX_ENDINGS = (":", ".")
-RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 T = TypeVar("T")
 
 
@@ -96,18 +96,6 @@ class PatternTable(Generic[T]):
         return [*self._exact.values(), *(v for _, v in self._prefixes)]
 
 
-def parse_rate(rate: str) -> float:
-    """'100/s' (or '/m', '/h') -> starts per second."""
-    count, _, unit = str(rate).partition("/")
-    try:
-        per_second = float(count) / RATE_UNITS[unit.strip()]
-    except (ValueError, KeyError):
-        raise ValueError(f"rate_limit {rate!r} is not like '100/s', '30/m' or '5/h'") from None
-    if not (per_second > 0 and math.isfinite(per_second)):
-        raise ValueError(f"rate_limit {rate!r} must be a positive rate")
-    return per_second
-
-
 @dataclass(frozen=True)
 class Route:
     pattern: str
@@ -120,6 +108,7 @@ class Route:
     concurrency: int | None = None  # attempts running at once across all workers
     rate: float | None = None  # starts per second across all workers
     max_payload: int | None = None  # bytes of its encoded payload (None: the App's limit)
+    priority: int | None = None  # its tasks' priority in their queue (None: 0)
 
 
 @dataclass(frozen=True)
@@ -174,18 +163,22 @@ class App:
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
              timeout: float | None = None, retry_delay: RetryDelay = None,
              concurrency: int | None = None, rate_limit: str | None = None,
-             max_payload: int | None = None) -> Callable[[Handler], Handler]:
+             max_payload: int | None = None, priority: int | None = None
+             ) -> Callable[[Handler], Handler]:
         """Register a handler for a task type, a prefix ending in ':' or '.', or '*'.
         `concurrency`: at most this many of its attempts run at once, across all workers;
         `rate_limit` ('100/s', '30/m', '5/h'): its starts across all workers stay within it.
         Both are kept per queue, in the queue's Redis keys. `max_payload`: the largest
-        encoded payload of its tasks, in bytes, instead of the App's."""
+        encoded payload of its tasks, in bytes, instead of the App's. `priority` (0-9,
+        higher first): its tasks' default priority within their queue."""
         validate_name("task type", pattern)
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
         rate = parse_rate(rate_limit) if rate_limit is not None else None
         if max_payload is not None:
             _byte_limit(max_payload)
+        if priority is not None:
+            check_priority(priority)
         if queue is not None:
             validate_name("queue", queue)
         if max_retry is not None and (not isinstance(max_retry, int) or max_retry < 0):
@@ -200,7 +193,7 @@ class App:
                 raise ValueError(f"a handler for {pattern!r} is already registered")
             self._routes.add(pattern, Route(
                 pattern, handler, inspect.iscoroutinefunction(handler), queue, max_retry,
-                timeout, retry_delay, concurrency, rate, max_payload))
+                timeout, retry_delay, concurrency, rate, max_payload, priority))
             return handler
 
         return register

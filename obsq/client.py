@@ -37,13 +37,7 @@ from obsq.producer_chain import ProducerChain
 from obsq.results import ResultWaiter, waited_too_long
 from obsq.schedule import Schedule, ScheduleInfo, read_schedules
 from obsq.settings import DEFAULT_NAMESPACE, DEFAULT_REDIS_URL, ENQUEUE_BATCH, env_flag
-from obsq.task import (
-    Job,
-    TaskInfo,
-    TaskMessage,
-    build_message,
-    validate_name,
-)
+from obsq.task import Job, TaskInfo, TaskMessage, build_message, validate_name
 
 log = logging.getLogger("obsq")
 
@@ -124,11 +118,13 @@ class Client:
                       delay: float | None = None, eta: datetime | None = None,
                       unique_for: float | None = None, task_id: str | None = None,
                       retention: float | None = None, headers: dict[str, str] | None = None,
-                      ordering_key: str | None = None, group: str | None = None) -> Any:
+                      ordering_key: str | None = None, group: str | None = None,
+                      priority: int | None = None) -> Any:
         """Enqueue one task. Raises DuplicateTask when its id, or its type and payload
         within `unique_for` seconds, is taken; ValueError/TypeError for bad options.
         Tasks sharing an `ordering_key` run one at a time, in the order they were
-        enqueued, across all workers (each queue keeps its own order). A task given a
+        enqueued, across all workers (each queue keeps its own order). `priority` (0 to 9,
+        default 0 or the route's): higher runs first within its queue. A task given a
         `group` waits in it (state `aggregating`) for the aggregator of its type
         (app.aggregate), and takes no option but queue, task_id and headers. The enqueues
         of concurrent callers share round trips. A flow (obsq.chain, obsq.chord): FlowInfo."""
@@ -137,12 +133,14 @@ class Client:
         if group is not None:
             check_grouped(group, {"max_retry": max_retry, "timeout": timeout, "delay": delay,
                                   "eta": eta, "unique_for": unique_for,
-                                  "retention": retention, "ordering_key": ordering_key})
+                                  "retention": retention, "ordering_key": ordering_key,
+                                  "priority": priority})
             return await self._enqueue_grouped(group, Job(
                 task_type, payload, queue=queue, task_id=task_id, headers=dict(headers or {})))
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                   delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
-                  retention=retention, headers=dict(headers or {}), ordering_key=ordering_key)
+                  retention=retention, headers=dict(headers or {}), ordering_key=ordering_key,
+                  priority=priority)
         return unless_duplicate((await self.enqueue_many([job]))[0])
 
     @deadline("enqueue")
@@ -201,7 +199,7 @@ class Client:
         if route is None:
             return build_message(job, now=now, max_payload=self.app.max_payload)
         return build_message(job, queue=route.queue, max_retry=route.max_retry,
-                             timeout=route.timeout, now=now,
+                             timeout=route.timeout, now=now, priority=route.priority,
                              max_payload=self.app.max_payload_of(route))
 
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:

@@ -1,6 +1,7 @@
 """`obsq doctor`: a namespace's invariants checked queue by queue, in bounded steps, and
 what of them can be mended safely. What it checks, per queue: every id of `pending`, the
-leases and the state zsets has a task hash whose state is that of the key it sits in; every
+leases and the state zsets has a task hash whose state is that of the key it sits in (and
+of `pending:<p>`, whose priority is p, each named in `levels` while it holds tasks); every
 id of a held list or an ordering key's list has a task naming that list's pattern or key;
 `waiting` counts the held tasks and those behind the first of each ordering key; `grouped`
 counts the tasks in groups and in batches; no attempt is in `active` without a lease, nor
@@ -23,6 +24,7 @@ from obsq.broker import Broker
 from obsq.broker.checking import ID_KEYS, Finding
 from obsq.flow import FlowInfo
 from obsq.flow_steps import record_ends
+from obsq.priority import PRIORITIES
 from obsq.settings import WorkerSettings
 
 STEP = 1000  # ids per script call: bounds how long one step holds Redis
@@ -38,7 +40,7 @@ class Problem:
     what: str
     count: int
     examples: list[str]
-    repair: str = ""  # what --repair does: drop, recover, count ('': nothing safe)
+    repair: str = ""  # what --repair does: drop, recover, count, mark ('': nothing safe)
     key: str = ""  # the list or zset the ids are in, and its kind ('lease' for the leases)
     kind: str = ""
     ids: list[str] = field(default_factory=list, repr=False)  # every id found, for repair
@@ -137,6 +139,11 @@ class Doctor:
                 await self._leases(queue, found)
             else:
                 await self._ids(queue, getattr(k, name), kind, name, state, found)
+        for priority in PRIORITIES[1:]:  # the pending lists of the other priorities
+            await self._ids(queue, k.pending_of(priority), "list", f"pending:{priority}",
+                            "pending", found, "pri", str(priority))
+        found.add("priorities whose pending list is not named in levels (not fetched)",
+                  await self.broker.unmarked_levels(queue), "mark")
         cursor = "0"
         while True:
             cursor, unleased = await self.broker.check_owners(queue, cursor, STEP)
@@ -162,6 +169,10 @@ class Doctor:
                                                 for task_id in problem.ids])
                 diagnosis.repairs.append(f"flows: recorded {len(problem.ids)} step(s) whose "
                                          "task was gone as dead, failing their flow")
+            elif problem.repair == "mark":
+                await self.broker.unmarked_levels(problem.queue, mark=True)
+                diagnosis.repairs.append(f"{problem.queue}: named priorities {problem.ids} "
+                                         "in levels")
             elif problem.repair == "recover":
                 n = await self._recover(problem.queue)
                 diagnosis.repairs.append(f"{problem.queue}: took back {n} orphaned "

@@ -38,4 +38,4 @@ def unless_duplicate(info: TaskInfo) -> TaskInfo:
 def info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
     return TaskInfo(id=status.existing_id or m.id, type=m.type, queue=m.queue,
                     state="scheduled" if m.delay > 0 else "pending", max_retry=m.max_retry,
-                    headers=m.headers, duplicate=not status.created)
+                    headers=m.headers, duplicate=not status.created, priority=m.priority)

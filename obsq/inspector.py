@@ -23,16 +23,10 @@ from obsq.client import Client
 from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound
 from obsq.flow import FlowInfo
 from obsq.group_view import BatchInfo, GroupInfo, GroupPage, group_page
-from obsq.names import validate_namespace
+from obsq.names import validate_name, validate_namespace
 from obsq.schedule import ScheduleInfo, read_schedules
 from obsq.settings import DEFAULT_REDIS_URL
-from obsq.task import (
-    TaskInfo,
-    bytes_preview,
-    decode_stored_json,
-    timestamp_to_datetime,
-    validate_name,
-)
+from obsq.task import TaskInfo, bytes_preview, decode_stored_json, timestamp_to_datetime
 
 STEP = 1000  # tasks per script call of a requeue or purge: bounds how long one holds Redis
 MAX_PAGE = 500
@@ -78,6 +72,7 @@ class TaskSummary:
     error: str  # its first few hundred characters
     payload: str  # the first few hundred bytes of its JSON, or a preview of its bytes
     worker: str | None  # the worker running it, while active
+    priority: int = 0  # 0 to 9, higher first within its queue
 
 
 @dataclass
@@ -342,9 +337,9 @@ def _summaries(queue: str, state: str, rows: list[PageRow]) -> list[TaskSummary]
         finished_at=timestamp_to_datetime(done), error=error,
         payload=payload.decode(errors="replace") if binary_size is None else
         bytes_preview(payload, binary_size),
-        worker=owner.partition(":")[2] or None)
+        worker=owner.partition(":")[2] or None, priority=priority)
         for (task_id, score, task_type, retried, enq, due, done, error, payload, owner,
-             binary_size) in rows]
+             binary_size, priority) in rows]
 
 
 def _rates(now_ms: int, minutes: list[list[int]]) -> tuple[Rate, Rate, list[Rate]]:

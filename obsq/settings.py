@@ -273,13 +273,13 @@ class WorkerSettings(EnvSettings):
     strict_priority: bool = False
     shutdown_timeout: float = 25.0
     lease_seconds: float = 30.0
+    priority_aging: float = 60.0  # s pending that rank a task one priority higher (priority.py)
     max_recoveries: int = 5
     http_port: int | None = None  # None or -1: no HTTP endpoint; 0: a free port
     http_host: str = "0.0.0.0"
     metrics: bool = True
-    # The queue-wide gauges (obsq_queue_*, obsq_workers, ...) on this worker's /metrics,
-    # read from Redis at each scrape. Off where one `obsq exporter` publishes them for the
-    # installation (the Helm chart), so that they are read once, not once per pod.
+    # The queue-wide gauges (obsq_queue_*, obsq_workers, ...) on its /metrics, read from
+    # Redis at each scrape; off where one `obsq exporter` publishes them (the Helm chart).
     queue_metrics: bool = True
     tracing: bool = True
     processes: int = 1
@@ -346,7 +346,7 @@ class WorkerSettings(EnvSettings):
                      "janitor_interval", "wait_timeout", "dead_max_age", "progress_ttl",
                      "policy_check_interval", "aggregate_interval", "dedup_window", "stuck_limit",
                      "aggregate_lease", "unknown_type_max_age", "blocked_loop_warning",
-                     "blocked_loop_limit"):
+                     "blocked_loop_limit", "priority_aging"):
             if not getattr(self, name) > 0:
                 raise ConfigurationError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.heartbeat_ttl > self.heartbeat_interval:

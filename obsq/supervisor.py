@@ -164,6 +164,7 @@ class Supervisor:
             "OBSQ_STRICT_PRIORITY": "true" if s.strict_priority else "false",
             "OBSQ_SHUTDOWN_TIMEOUT": repr(float(s.shutdown_timeout)),
             "OBSQ_LEASE_SECONDS": repr(float(s.lease_seconds)),
+            "OBSQ_PRIORITY_AGING": repr(float(s.priority_aging)),
             "OBSQ_MAX_RECOVERIES": str(s.max_recoveries),
             "OBSQ_METRICS": "true" if s.metrics else "false",
             "OBSQ_QUEUE_METRICS": "true" if s.queue_metrics else "false",

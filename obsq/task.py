@@ -23,8 +23,9 @@ import orjson
 
 from obsq.errors import PayloadError, Retry, TaskTooLarge
 from obsq.names import validate_name
+from obsq.priority import check_priority
 from obsq.progress_call import running_loop, written_from_here
-from obsq.seconds import LONGEST_SECONDS, is_seconds, seconds_rule
+from obsq.seconds import check_seconds, duration
 from obsq.settings import BYTES_SHOWN, DEFAULT_QUEUE, MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ class Job:
     retention: float | None = None
     headers: dict[str, str] = field(default_factory=dict)
     ordering_key: str | None = None  # tasks sharing it run one at a time, in enqueue order
+    priority: int | None = None  # 0 to 9, higher first within its queue (None: the route's)
     # the headers of the tasks this one is made of (an aggregation): its trace links to theirs
     origins: list[dict[str, str]] = field(default_factory=list)
 
@@ -101,6 +103,7 @@ class TaskMessage:
     unique_key: str  # digest of type + payload, empty when not unique
     unique_for: float
     ordering_key: str = ""
+    priority: int = 0
     binary: bool = False  # the payload was given as bytes and stays bytes
     id_chosen: bool = False  # the producer named the id: Redis must check that it is free
     origins: list[dict[str, str]] = field(default_factory=list)  # Job.origins; not stored
@@ -119,7 +122,8 @@ class TaskMessage:
 
 def build_message(job: Job, *, queue: str | None = None, max_retry: int | None = None,
                   timeout: float | None = None, now: float | None = None,
-                  max_payload: int = MAX_PAYLOAD_BYTES) -> TaskMessage:
+                  max_payload: int = MAX_PAYLOAD_BYTES, priority: int | None = None
+                  ) -> TaskMessage:
     """Check every option and encode the payload before anything is written to Redis;
     a payload over `max_payload` bytes (encoded) or headers over MAX_HEADERS_BYTES raise
     TaskTooLarge."""
@@ -133,7 +137,7 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
         check_seconds("timeout", timeout)
     if job.delay is not None and job.eta is not None:
         raise ValueError("give delay or eta, not both")
-    delay = _duration("delay", job.delay, minimum=0.0)
+    delay = duration("delay", job.delay, minimum=0.0)
     if job.eta is not None and not isinstance(job.eta, datetime):
         raise TypeError(f"eta must be a datetime (aware, or naive in local time), got "
                         f"{type(job.eta).__name__} {job.eta!r}; for seconds from now, give "
@@ -141,8 +145,8 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
     if job.eta is not None:  # the only place the producer's clock counts: eta means its "now"
         # a naive datetime is local time, as Python's datetime.now() makes and reads it
         delay = max(job.eta.timestamp() - (time.time() if now is None else now), 0.0)
-    retention = _duration("retention", job.retention)
-    unique_for = _duration("unique_for", job.unique_for)
+    retention = duration("retention", job.retention)
+    unique_for = duration("unique_for", job.unique_for)
     if job.task_id is not None:
         validate_name("task_id", job.task_id)
     headers = dict(job.headers or {})
@@ -155,6 +159,7 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
         _within(job.type, "payload", len(job.payload), max_payload)  # encoding
     payload = bytes(job.payload) if binary else encode_json(job.payload, "payload")
     _within(job.type, "payload", len(payload), max_payload)
+    priority = check_priority(_first(job.priority, priority, 0))
     ordering_key = ""
     if job.ordering_key is not None:
         ordering_key = validate_name("ordering_key", job.ordering_key)
@@ -166,7 +171,8 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
     return TaskMessage(id=job.task_id or new_task_id(), type=job.type, queue=queue,
                        payload=payload, headers=headers, max_retry=max_retry, timeout=timeout,
                        retention=retention, delay=delay, unique_key=unique_key,
-                       unique_for=unique_for, ordering_key=ordering_key, binary=binary,
+                       unique_for=unique_for, ordering_key=ordering_key, priority=priority,
+                       binary=binary,
                        id_chosen=job.task_id is not None, origins=list(job.origins))
 
 
@@ -186,24 +192,6 @@ def _first(*values: Any) -> Any:
         if value is not None:
             return value
     return None
-
-
-def check_seconds(name: str, value: Any, *, zero: bool = False) -> None:
-    """A time given as an option: a number of seconds obsq can keep (obsq/seconds.py),
-    above 0 (or at least 0 with `zero`)."""
-    if not is_seconds(value, zero=zero):
-        raise ValueError(f"{name} must be {seconds_rule(zero)}, got {value!r}")
-
-
-def _duration(name: str, value: float | None, minimum: float = 0.001) -> float:
-    """A length of time in seconds: 0 (or None) for none, else at least `minimum` (Redis
-    counts expiries in whole milliseconds and refuses 0)."""
-    if value is None or value == 0:
-        return 0.0
-    if not (is_seconds(value) and value >= minimum):
-        raise ValueError(f"{name} must be 0 or a number of seconds of at least {minimum:g} "
-                         f"and at most {LONGEST_SECONDS:.0f} (ten years), got {value!r}")
-    return float(value)
 
 
 class Task:
@@ -335,6 +323,7 @@ class TaskInfo:
     queue: str
     state: str
     retry_count: int = 0
+    priority: int = 0  # 0 to 9, higher first within its queue
     max_retry: int | None = None  # None: the route's default applies
     error: str | None = None
     result: Any = None
@@ -360,7 +349,7 @@ class TaskInfo:
         headers = decode_stored_json(f.get(b"headers"))
         return cls(
             id=task_id, type=text(b"type") or "", queue=queue, state=state,
-            retry_count=_number(f.get(b"retried")),
+            retry_count=_number(f.get(b"retried")), priority=_number(f.get(b"pri")),
             max_retry=options.get("max_retry") if isinstance(options, dict) else None,
             error=text(b"error") or None, result=decode_stored_json(f.get(b"result")),
             progress=decode_stored_json(progress),

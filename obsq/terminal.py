@@ -59,8 +59,8 @@ class Output:
 
 
 def print_tasks(out: Output, page: TaskPage, where: str) -> None:
-    print(out.table(["id", "type", "retries", "time (UTC)", "error"], [
-        [t.id, t.type, str(t.retry_count), when(t.due_at if page.state in (
+    print(out.table(["id", "type", "priority", "retries", "time (UTC)", "error"], [
+        [t.id, t.type, str(t.priority), str(t.retry_count), when(t.due_at if page.state in (
             "scheduled", "retry") else t.finished_at or t.enqueued_at),
          (first_line(t.error), "error")] for t in page.tasks]))
     more = f"; next page: --offset {page.next_offset}" if page.next_offset is not None else ""
@@ -101,7 +101,7 @@ def schedules_table(out: Output, found: list[ScheduleInfo]) -> str:
 def task_text(out: Output, d: TaskDetail) -> str:
     max_retry = "the route's default" if d.max_retry is None else d.max_retry
     fields = [("id", d.id), ("queue", d.queue), ("type", d.type),
-              ("state", out.paint(d.state, d.state)),
+              ("state", out.paint(d.state, d.state)), ("priority", str(d.priority)),
               ("retries", f"{d.retry_count} of {max_retry}"),
               ("enqueued", when(d.enqueued_at)), ("due", when(d.due_at)),
               ("finished", when(d.completed_at)), ("worker", d.worker or ""),

@@ -88,6 +88,7 @@ class Worker:
         self.broker.on_error = app.redis_error_hooks  # the App's list: hooks added later count
         self.broker.dedup_window, self.broker.dedup_max_ids = (settings.dedup_window,
                                                                settings.dedup_max_ids)
+        self.broker.priority_aging = settings.priority_aging
         self.limits = RouteLimits(app, settings.route_concurrency)
         self.slots = Slots(self.concurrency, self.broker, self.id, run=self._process,
                            admit=self._admit, limits=self.limits.encoded)

@@ -69,6 +69,7 @@ class RedisCalls:
         self.runner = Runner(self.redis, keep=True, now=self.clock.script_now)
         self.memory_share = ENQUEUE_MEMORY_SHARE  # enqueues refused above it (enqueue.lua)
         self.durable_replicas = 0  # replicas each enqueue waits for (WAIT)
+        self.priority_aging = 60.0  # s a pending task waits to rank one priority higher
         # how long a deleted task's producer-chosen id is remembered, and how many per queue
         self.dedup_window = DEDUP_WINDOW
         self.dedup_max_ids = DEDUP_MAX_IDS

@@ -80,6 +80,13 @@ class Checking(RedisCalls):
         return await self._script("doctor", (self.keys(queue).pending, key),
                                   argv("doctor", step="drop", kind=kind, ids=ids))
 
+    async def unmarked_levels(self, queue: str, mark: bool = False) -> list[str]:
+        """The priorities whose pending list holds tasks while `levels` does not name them
+        (no worker would fetch those); `mark`: name them."""
+        reply = await self._script("doctor", (self.keys(queue).pending,),
+                                   argv("doctor", step="levels", mark="1" if mark else "0"))
+        return [_text(level) for level in reply]
+
     async def settle_counter(self, key: str, expected: int, value: int) -> bool:
         """Set a counter to `value` if it still reads `expected`."""
         return bool(await self._script("doctor", (key,), argv(

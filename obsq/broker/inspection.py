@@ -30,9 +30,9 @@ NAMESPACE_SCAN_SECONDS = 2.0
 
 # One row of a page: id, score (ms, None for pending), type, retried, enqueued (ms), due
 # (ms), done (ms), error head, payload head, owner ("<fence>:<worker id>" while running),
-# size of a bytes payload (None: the payload is JSON).
+# size of a bytes payload (None: the payload is JSON), priority.
 PageRow = tuple[str, "int | None", str, int, "int | None", "int | None", "int | None", str,
-                bytes, str, "int | None"]
+                bytes, str, "int | None", int]
 
 
 class Inspection(RedisCalls):
@@ -159,11 +159,11 @@ def _page(reply: list[Any]) -> tuple[int, int | None, list[PageRow]]:
     """page.lua's reply: (total, next offset or None, rows)."""
     total, next_offset = reply[0], reply[1]
     rows: list[PageRow] = []
-    for i in range(2, len(reply), 11):
-        r = reply[i:i + 11]
+    for i in range(2, len(reply), 12):
+        r = reply[i:i + 12]
         rows.append((_text(r[0]), _number(r[1]), _text(r[2]), _number(r[3]) or 0,
                      _number(r[4]), _number(r[5]), _number(r[6]), _text(r[7]), r[8],
-                     _text(r[9]), _number(r[10])))
+                     _text(r[9]), _number(r[10]), _number(r[11]) or 0))
     return total, (next_offset if next_offset >= 0 else None), rows
 
 

@@ -22,6 +22,7 @@ class QueueKeys:
         "group_types",
         "grouped",
         "lease",
+        "levels",
         "paused",
         "pending",
         "prefix",
@@ -37,6 +38,9 @@ class QueueKeys:
         self.queue = queue
         self.prefix = f"{namespace}:{{{queue}}}:"
         self.pending = self.prefix + "pending"  # list of ids: pushed left, popped right
+        # set of the priorities above 0 whose lists (pending:<p>, kept like pending) may hold
+        # tasks; a task of priority 0 is in pending itself (obsq/priority.py)
+        self.levels = self.prefix + "levels"
         self.lease = self.prefix + "lease"  # zset id -> lease expiry (ms): the active tasks
         self.active = self.prefix + "active"  # hash id -> "<fence>:<worker id>" of each attempt
         self.fence = self.prefix + "fence"  # counter the fencing tokens are drawn from
@@ -55,6 +59,10 @@ class QueueKeys:
         self.group_types = self.prefix + "gtypes"  # set of the task types with groups
         self.grouped = self.prefix + "grouped"  # counter: grouped tasks not yet aggregated
         self.batches = self.prefix + "batches"  # zset batch id -> end of its claim (ms)
+
+    def pending_of(self, priority: int) -> str:
+        """The list of the pending tasks of a priority."""
+        return self.pending + (f":{priority}" if priority else "")
 
     def task(self, task_id: str) -> str:
         return self.prefix + "t:" + task_id

@@ -72,7 +72,7 @@ class Working(RedisCalls):
         k = self.keys(queue)
         return ("dequeue", (k.pending, k.lease, k.wake, k.paused, k.active, k.fence),
                 argv("dequeue", lease=int(lease_seconds * 1000), count=count, worker=worker_id,
-                     limits=limits))
+                     limits=limits, aging=int(self.priority_aging * 1000)))
 
     def _parse_dequeue(self, queue: str, reply: list[Any], asked_at: float) -> Fetched:
         if reply[1]:

@@ -120,15 +120,51 @@ local function wake(wake_key, n)
   end
 end
 
--- Makes task `id` pending, due since `due` (ms): at the head of the queue when it was handed
--- back unfinished (`first`), else at the tail. The caller wakes workers once for the batch.
+-- Per-task priority, 1 to 9, higher first (0, the default, is `pending` itself): a task of
+-- priority p waits in the list `pending:<p>`, kept like `pending`, and the set `levels` names
+-- the priorities whose lists may hold tasks (dequeue.lua drops a level it finds empty). The
+-- task hash keeps its priority in 'pri' (absent for 0). A queue whose tasks are all of
+-- priority 0 writes neither, and costs a fetch one read of the empty set.
+local function level_list(pending_key, priority)
+  if priority and priority ~= '' and priority ~= '0' then
+    return pending_key .. ':' .. priority
+  end
+  return pending_key
+end
+
+-- The priority lists that may hold tasks, highest first (`pending` not among them).
+local function level_lists(pending_key)
+  local levels = redis.call('SMEMBERS', prefix .. 'levels')
+  table.sort(levels, function(a, b) return a > b end)  -- single digits: as text
+  for i, level in ipairs(levels) do
+    levels[i] = pending_key .. ':' .. level
+  end
+  return levels
+end
+
+-- Task `id` joins the pending list of its priority (nil: read from its hash; false: 0): at
+-- the head when `first` (it was handed back unfinished), else at the tail.
+local function push_pending(pending_key, id, first, priority)
+  if priority == nil then
+    priority = redis.call('HGET', task_key(id), 'pri')
+  end
+  local list = level_list(pending_key, priority)
+  if list ~= pending_key then
+    redis.call('SADD', prefix .. 'levels', priority)
+  end
+  if first then
+    redis.call('RPUSH', list, id)
+  else
+    redis.call('LPUSH', list, id)
+  end
+end
+
+-- Makes task `id` pending, due since `due` (ms), in the list of its priority: at the head
+-- when it was handed back unfinished (`first`), else at the tail. The caller wakes workers
+-- once for the batch.
 local function make_pending(pending_key, id, due, first)
   redis.call('HSET', task_key(id), 'state', 'pending', 'due', due)
-  if first then
-    redis.call('RPUSH', pending_key, id)
-  else
-    redis.call('LPUSH', pending_key, id)
-  end
+  push_pending(pending_key, id, first)
 end
 
 -- The steps of flows (chains, chords) are watched by this pseudo-client from their enqueue

@@ -42,7 +42,7 @@ local function unhold(pattern)
   end
   redis.call('DECR', prefix .. 'waiting')
   redis.call('HDEL', task_key(id), 'held')
-  redis.call('RPUSH', prefix .. 'pending', id)
+  push_pending(prefix .. 'pending', id, true)
   wake(prefix .. 'wake', 1)
 end
 
@@ -102,7 +102,7 @@ local function release_successor(id, key, now)
     redis.call('HSET', next_key, 'state', 'scheduled')
     redis.call('ZADD', prefix .. 'scheduled', due, next_id)
   else
-    redis.call('RPUSH', prefix .. 'pending', next_id)
+    push_pending(prefix .. 'pending', next_id, true)
     wake(prefix .. 'wake', 1)
   end
 end

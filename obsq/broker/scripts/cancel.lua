@@ -1,5 +1,5 @@
 -- prelude: now_ms, task_key, release_attempt, settled_by, release_limits, end_cancelled,
---   leave_group
+--   leave_group, level_list
 -- Cancel a task (ARGV[2] = 'task'): one waiting in any state ends cancelled at once; one
 -- running is marked, and its worker told. Or end a running attempt its worker stopped
 -- because it was cancelled (ARGV[2] = 'attempt', with its fence, worker, type and slot).
@@ -21,7 +21,7 @@ if ARGV[@mode] == 'attempt' then
   return 1
 end
 local key = task_key(id)
-local f = redis.call('HMGET', key, 'state', 'held', 'ordk', 'ow', 'batch')
+local f = redis.call('HMGET', key, 'state', 'held', 'ordk', 'ow', 'batch', 'pri')
 local state = f[1]
 if not state then
   return ''
@@ -49,7 +49,7 @@ elseif f[2] then  -- held back by a route limit
 elseif f[3] and redis.call('LINDEX', prefix .. 'ord:' .. f[3], 0) ~= id then
   -- waiting behind its ordering key: end_cancelled takes it out of the key's list
 else
-  redis.call('LREM', KEYS[1], 1, id)
+  redis.call('LREM', level_list(KEYS[1], f[6]), 1, id)
   redis.call('ZREM', KEYS[2], id)
   redis.call('ZREM', KEYS[3], id)
 end

@@ -1,4 +1,5 @@
--- prelude: now_ms, task_key, notify_done, release_successor, leave_group, held_lists
+-- prelude: now_ms, task_key, notify_done, release_successor, leave_group, held_lists,
+--   level_list, level_lists
 -- Delete tasks with everything kept for them (data, progress): one task by id
 -- in any state but running (obsq delete), or a batch of one state's tasks (obsq purge,
 -- repeated by the caller until the state is empty).
@@ -32,12 +33,13 @@ if ARGV[@mode] == 'id' then
   if redis.call('HEXISTS', KEYS[7], id) == 1 then
     return 'running'
   end
-  local state = redis.call('HGET', task_key(id), 'state')
+  local f = redis.call('HMGET', task_key(id), 'state', 'pri')
+  local state = f[1]
   if not state then
     return ''
   end
   if state == 'pending' then
-    redis.call('LREM', KEYS[1], -1, id)
+    redis.call('LREM', level_list(KEYS[1], f[2]), -1, id)
   elseif state == 'aggregating' then
     leave_group(id)
   end
@@ -51,11 +53,19 @@ end
 local key = sets[ARGV[@mode]]
 local batch = tonumber(ARGV[@batch])
 local ids
--- pending, then the tasks held back by a route limit (they count as pending); forget()
--- takes a held one out of its list
+-- pending and the lists of the other priorities, then the tasks held back by a route limit
+-- (they count as pending); forget() takes a held one out of its list
 local held_keys = key == KEYS[1] and held_lists() or {}
+local levels = key == KEYS[1] and level_lists(key) or {}
 if key == KEYS[1] then
   ids = redis.call('RPOP', key, batch) or {}
+  for _, level in ipairs(levels) do
+    if #ids < batch then
+      for _, id in ipairs(redis.call('RPOP', level, batch - #ids) or {}) do
+        ids[#ids + 1] = id
+      end
+    end
+  end
   for _, held in ipairs(held_keys) do
     if #ids < batch then
       for _, id in ipairs(redis.call('LRANGE', held, -(batch - #ids), -1)) do
@@ -76,6 +86,9 @@ end
 local left
 if key == KEYS[1] then
   left = redis.call('LLEN', key)
+  for _, list in ipairs(levels) do
+    left = left + redis.call('LLEN', list)
+  end
   for _, held in ipairs(held_keys) do
     left = left + redis.call('LLEN', held)
   end

@@ -1,4 +1,4 @@
--- prelude: now_ms, int_text, task_key, call_sliced, covers, hold, wake
+-- prelude: now_ms, int_text, task_key, call_sliced, covers, hold, wake, push_pending
 -- Take up to ARGV[3] pending tasks of one queue under a lease, each with a new fencing token;
 -- a task a route limit holds back is set aside (held, or scheduled for its rate) instead,
 -- and a suspect after the first goes back to the head of the queue.
@@ -6,7 +6,8 @@
 -- ARGV: now, lease_ms, count, worker_id, limits: '' or JSON {"g": [[route, concurrency,
 --       interval_ms, tolerance_ms], ...], "l": [[pattern, room], ...]}, the App's routes
 --       with a limit across workers (0: none) and this worker's own route limits with the
---       room left under each
+--       room left under each; aging_ms (priority: a task pending this long ranks one level
+--       higher)
 -- Returns {now, dropped, tasks, then per task: id, fence, type, payload, headers, options,
 -- retried, due, '1' when the producer chose its id, ordering key, waited for its key ('1'
 -- or ''), route slot ('' for none), '1' when the payload is bytes (kept in field 'bin',
@@ -18,7 +19,67 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
   return {0, 0, 0}
 end
 local now = now_ms()
-local ids = redis.call('RPOP', KEYS[1], ARGV[@count])
+
+-- With tasks of priorities other than 0 (their levels named in `levels`): up to `count`
+-- ids, the best ranked first, and whether any task is left. A task of priority p pending
+-- for w ms ranks as p + w / aging_ms, so a lower priority is never starved: it ages into
+-- the higher ones. Each level's oldest (its head) is compared, as due - p * aging_ms (the
+-- lower first; equal: the higher priority), and a level is taken in its own order; the
+-- last level left is popped in one call.
+local function by_rank(levels, count)
+  local aging = tonumber(ARGV[@aging])
+  local function head(list, p)
+    local id = redis.call('LINDEX', list, -1)
+    if id then
+      return {list, p, (tonumber(redis.call('HGET', task_key(id), 'due')) or now) - p * aging}
+    end
+  end
+  local entries = {head(KEYS[1], 0)}
+  for _, level in ipairs(levels) do
+    local entry = head(KEYS[1] .. ':' .. level, tonumber(level))
+    if entry then
+      entries[#entries + 1] = entry
+    else
+      redis.call('SREM', prefix .. 'levels', level)
+    end
+  end
+  local ids = {}
+  while #ids < count and #entries > 0 do
+    local best = 1
+    for i = 2, #entries do
+      local e, b = entries[i], entries[best]
+      if e[3] < b[3] or (e[3] == b[3] and e[2] > b[2]) then
+        best = i
+      end
+    end
+    local e = entries[best]
+    if #entries == 1 then
+      for _, id in ipairs(redis.call('RPOP', e[1], count - #ids)) do
+        ids[#ids + 1] = id
+      end
+    else
+      ids[#ids + 1] = redis.call('RPOP', e[1])
+    end
+    local after = head(e[1], e[2])
+    if after then
+      entries[best] = after
+    else
+      table.remove(entries, best)
+      if e[2] > 0 then
+        redis.call('SREM', prefix .. 'levels', int_text(e[2]))
+      end
+    end
+  end
+  return #ids > 0 and ids, #entries > 0
+end
+
+local levels = redis.call('SMEMBERS', prefix .. 'levels')
+local ids, left
+if #levels == 0 then
+  ids = redis.call('RPOP', KEYS[1], ARGV[@count])
+else
+  ids, left = by_rank(levels, tonumber(ARGV[@count]))
+end
 if not ids then
   redis.call('DEL', KEYS[3])
   return {now, 0, 0}
@@ -83,7 +144,7 @@ local leases, owners, tasks, held = {}, {}, {}, {}
 local dropped, suspects, returned = 0, 0, 0
 for _, id in ipairs(ids) do
   local f = redis.call('HMGET', task_key(id), 'type', 'payload', 'headers', 'opts', 'retried',
-                       'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin', 'sus')
+                       'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin', 'sus', 'pri')
   local why, slot = nil, ''
   if not f[1] then
     dropped = dropped + 1  -- its hash was deleted behind obsq's back: nothing left to run
@@ -92,7 +153,7 @@ for _, id in ipairs(ids) do
     -- one suspect per fetch: its worker runs it alone, so the others go back to the head of
     -- the queue for other workers instead of waiting their turn in this one
     why = 'returned'
-    redis.call('RPUSH', KEYS[1], id)
+    push_pending(KEYS[1], id, true, f[14])
     returned = returned + 1
   elseif limits then
     why, slot = limited(id, f[1], tonumber(f[10]))
@@ -134,7 +195,7 @@ for _, id in ipairs(ids) do
 end
 call_sliced('ZADD', KEYS[2], leases)
 call_sliced('HSET', KEYS[5], owners)
-if redis.call('LLEN', KEYS[1]) == 0 then
+if not left and redis.call('LLEN', KEYS[1]) == 0 then
   redis.call('DEL', KEYS[3])
 end
 if returned > 0 then

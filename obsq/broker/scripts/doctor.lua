@@ -1,4 +1,4 @@
--- prelude: now_ms, task_key, release_successor
+-- prelude: now_ms, int_text, task_key, release_successor
 -- `obsq doctor`: one bounded step of checking a queue's invariants, or one safe repair.
 -- Reads only, but for the repairs ('drop', 'settle'), which re-check what they mend.
 -- KEYS[1] is a key of the queue whose name has no colon (pending, lease, active, gtypes, a
@@ -22,6 +22,8 @@
 --       whose next task is let out as when a task of the key ends; 'zset'; or 'lease',
 --       which drops their active entries too); returns how many went
 --   'settle' expected wanted: set the counter to `wanted` if it still reads `expected`
+--   'levels' mark: the priorities whose pending list holds tasks and is not named in
+--       `levels` (no worker would fetch them); with mark '1', names them there
 local step = ARGV[@step]
 
 local function check(id, state, field, value)
@@ -132,6 +134,19 @@ elseif step == 'drop' then
     end
   end
   return dropped
+elseif step == 'levels' then
+  local unmarked = {}
+  for p = 1, 9 do
+    local level = int_text(p)
+    if redis.call('LLEN', prefix .. 'pending:' .. level) > 0 and
+        redis.call('SISMEMBER', prefix .. 'levels', level) == 0 then
+      unmarked[#unmarked + 1] = level
+      if ARGV[@mark] == '1' then
+        redis.call('SADD', prefix .. 'levels', level)
+      end
+    end
+  end
+  return unmarked
 elseif step == 'settle' then
   if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[@expected] then
     return 0

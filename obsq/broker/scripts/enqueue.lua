@@ -1,14 +1,14 @@
--- prelude: now_text, int_text, task_key, call_sliced, wake, above_share
+-- prelude: now_text, int_text, task_key, call_sliced, wake, above_share, push_pending
 -- Enqueue a batch of tasks into one queue.
 -- KEYS: pending, scheduled, wake
--- ARGV: now, the share of maxmemory producers may fill (1: no limit), then 11 plain values (wire.py's layout)
---       per task (no document to decode, no escaping):
+-- ARGV: now, the share of maxmemory producers may fill (1: no limit), then 12 plain values
+--       per task (wire.py's layout; no document to decode, no escaping):
 --       id, '1' when the producer chose the id (else '': a generated id is 128 random bits,
 --       free without looking), type, payload, payload field ('payload' for JSON, 'bin' for
 --       bytes), headers ('' for none), options ('' for none), delay_ms, unique digest ('' when
 --       not unique), unique_ms, ordering key ('': none; a task whose key has tasks already
---       waits behind them). The delay is added to the server's clock here, so a producer's
---       clock never decides a due time.
+--       waits behind them), priority ('' or '0' for 0, else '1' to '9'). The delay is added
+--       to the server's clock here, so a producer's clock never decides a due time.
 -- Returns only the refusals, flat: the task's position in the batch (1-based), then 'id'
 -- (the id exists, or its task was forgotten within the dedup window: it is in `ended`,
 -- id -> the time until which it is remembered) or 'unique:<id of the holder>'. An empty
@@ -33,7 +33,8 @@ end
 local now = now_text()
 local ended = prefix .. 'ended'
 local out = {}
-local pending = {}
+local pending = {}  -- of priority 0: pushed at once
+local woken = 0
 local position = 0
 for i = @items, #ARGV, @stride do
   position = position + 1
@@ -81,6 +82,14 @@ for i = @items, #ARGV, @stride do
       fields[#fields + 1] = 'uniq'
       fields[#fields + 1] = digest
     end
+    local priority = ARGV[i + @priority]
+    if priority == '0' then
+      priority = ''
+    end
+    if priority ~= '' then
+      fields[#fields + 1] = 'pri'
+      fields[#fields + 1] = priority
+    end
     local behind = false
     local ordering_key = ARGV[i + @ordering]
     if ordering_key ~= '' then
@@ -101,11 +110,14 @@ for i = @items, #ARGV, @stride do
       -- it waits for the tasks ahead of it on its key (release_successor)
     elseif state == 'scheduled' then
       redis.call('ZADD', KEYS[2], due, id)
+    elseif priority ~= '' then
+      push_pending(KEYS[1], id, false, priority)
+      woken = woken + 1
     else
       pending[#pending + 1] = id
     end
   end
 end
 call_sliced('LPUSH', KEYS[1], pending)
-wake(KEYS[3], #pending)
+wake(KEYS[3], #pending + woken)
 return out

@@ -1,23 +1,26 @@
--- prelude: task_key, covers, held_lists
+-- prelude: task_key, covers, held_lists, level_lists
 -- One page of the tasks of a queue in one state, for the Inspector. Bounded whatever the
 -- size of the state: it reads a window by rank (LRANGE/ZRANGE) and looks at no more than
 -- ARGV[6] ids, so a page of a queue of millions costs what a page of ten does.
 -- KEYS: the state's list (pending) or sorted set; or any key of the queue, then a group's
 --       list (grp:<type> <group>) to read instead
--- ARGV: now, order ('list': oldest first from the right end of pending, then of each list
---       of held tasks; 'head': oldest first from the left end of a group; 'asc'; 'desc'),
+-- ARGV: now, order ('list': oldest first from the right end of each list of pending
+--       tasks, the highest priority first, then of each list of held tasks; 'head': oldest first from the left end of a group; 'asc'; 'desc'),
 --       offset, limit, type ('' any; a route pattern: a type, a prefix ending in ':' or
 --       '.', or '*'), scan cap
 -- Returns {total, next offset or -1, then per task: id, score, type, retried, enq, due,
 -- done, error head, payload head, owner ("<fence>:<worker>" while it runs, else ''), and
--- the size of a bytes payload ('' for JSON)}.
+-- the size of a bytes payload ('' for JSON), priority ('' for 0)}.
 local order, offset, limit, want, cap = ARGV[@order], tonumber(ARGV[@offset]), tonumber(ARGV[@limit]),
     ARGV[@pattern], tonumber(ARGV[@cap])
 local source = KEYS[2] or KEYS[1]
--- pending is read as one list made of the pending list, then the lists of the tasks held
--- back by a route limit (they count as pending), each oldest first
+-- pending is read as one list made of the lists of priorities above 0, highest first, the
+-- pending list, then the lists of the tasks held back by a route limit (they count as
+-- pending), each oldest first
 local segments, lengths = {source}, {}
 if order == 'list' then
+  segments = level_lists(source)
+  segments[#segments + 1] = source
   for _, held in ipairs(held_lists()) do
     segments[#segments + 1] = held
   end
@@ -90,13 +93,13 @@ while found < limit and pos < total and scanned < cap do
     pos = pos + 1
     scanned = scanned + 1
     local f = redis.call('HMGET', task_key(id), 'type', 'retried', 'enq', 'due', 'done', 'error',
-                         'payload', 'bin')
+                         'payload', 'bin', 'pri')
     if matches(f[1]) then
       found = found + 1
       local owner = redis.call('HGET', active, id) or ''
       local row = {id, scores[i], f[1] or '', f[2] or '', f[3] or '', f[4] or '', f[5] or '',
                    string.sub(f[6] or '', 1, 300), string.sub(f[8] or f[7] or '', 1, 300),
-                   owner, f[8] and #f[8] or ''}
+                   owner, f[8] and #f[8] or '', f[9] or ''}
       for _, v in ipairs(row) do
         out[#out + 1] = v
       end

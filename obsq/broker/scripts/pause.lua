@@ -1,4 +1,4 @@
--- prelude: wake
+-- prelude: wake, level_lists
 -- Pause or unpause a queue; unpausing wakes idle workers for the tasks that waited.
 -- KEYS: paused, pending, wake
 -- ARGV: now, 1 (pause) or 0 (unpause)
@@ -6,6 +6,10 @@ if ARGV[@paused] == '1' then
   redis.call('SET', KEYS[1], 1)
 else
   redis.call('DEL', KEYS[1])
-  wake(KEYS[3], redis.call('LLEN', KEYS[2]))
+  local waiting = redis.call('LLEN', KEYS[2])
+  for _, list in ipairs(level_lists(KEYS[2])) do
+    waiting = waiting + redis.call('LLEN', list)
+  end
+  wake(KEYS[3], waiting)
 end
 return 1

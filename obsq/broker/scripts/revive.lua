@@ -1,4 +1,4 @@
--- prelude: now_ms, task_key, wake
+-- prelude: now_ms, task_key, wake, push_pending
 -- Put tasks of the dead, retry or scheduled set back into pending now (obsq requeue), in
 -- bounded steps: the caller repeats the call until nothing is left.
 -- A revived dead task starts with a fresh retry count; any revived task counts its losses
@@ -26,7 +26,7 @@ for _, id in ipairs(ids) do
       redis.call('HDEL', key, 'retried')
     end
     redis.call('PERSIST', key)
-    redis.call('LPUSH', KEYS[2], id)
+    push_pending(KEYS[2], id, false)
     moved = moved + 1
   else
     missing[#missing + 1] = id

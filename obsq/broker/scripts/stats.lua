@@ -1,4 +1,4 @@
--- prelude: now_ms, task_key
+-- prelude: now_ms, task_key, level_lists
 -- Depth of every state, age of the oldest pending task and the pause flag of one queue.
 -- Pending counts the tasks a route limit holds back or that wait for their ordering key;
 -- aggregating, the grouped tasks no batch has taken yet (group.lua).
@@ -7,13 +7,19 @@
 -- Returns {pending, active, scheduled, retry, dead, completed, cancelled, oldest_due_ms or
 -- -1, paused, now, aggregating}.
 local now = now_ms()
-local oldest = -1
-local head = redis.call('LINDEX', KEYS[1], -1)
-if head then
-  oldest = tonumber(redis.call('HGET', task_key(head), 'due')) or -1
+local oldest, pending = -1, 0
+local lists = level_lists(KEYS[1])
+lists[#lists + 1] = KEYS[1]
+for _, list in ipairs(lists) do  -- pending, and the lists of its other priorities
+  local head = redis.call('LINDEX', list, -1)
+  local due = head and tonumber(redis.call('HGET', task_key(head), 'due'))
+  if due and (oldest < 0 or due < oldest) then
+    oldest = due
+  end
+  pending = pending + redis.call('LLEN', list)
 end
 local waiting = tonumber(redis.call('GET', prefix .. 'waiting')) or 0
-return {redis.call('LLEN', KEYS[1]) + waiting, redis.call('ZCARD', KEYS[2]), redis.call('ZCARD', KEYS[3]),
+return {pending + waiting, redis.call('ZCARD', KEYS[2]), redis.call('ZCARD', KEYS[3]),
         redis.call('ZCARD', KEYS[4]), redis.call('ZCARD', KEYS[5]), redis.call('ZCARD', KEYS[6]),
         redis.call('ZCARD', KEYS[7]), oldest, redis.call('EXISTS', KEYS[8]), now,
         tonumber(redis.call('GET', prefix .. 'grouped')) or 0}

@@ -1,4 +1,4 @@
--- prelude: (none)
+-- prelude: level_lists
 -- What is left for a worker in one queue (obsq.testing waits for none): the tasks it could
 -- take now (none while the queue is paused; held and ordering-key tasks are not in pending)
 -- and the attempts it holds.
@@ -8,6 +8,9 @@
 local left = 0
 if redis.call('EXISTS', KEYS[2]) == 0 then
   left = redis.call('LLEN', KEYS[1])
+  for _, list in ipairs(level_lists(KEYS[1])) do
+    left = left + redis.call('LLEN', list)
+  end
 end
 local mine = ':' .. ARGV[@worker]
 for _, owner in ipairs(redis.call('HVALS', KEYS[3])) do
