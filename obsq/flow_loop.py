@@ -73,9 +73,15 @@ class FlowLoop(BackgroundLoop):
             await self.record(queue)
         if sweep:
             await self.sweep()
+        if time.monotonic() >= self._next_sweep:  # swept, or another process holds the lock
             self._next_sweep = time.monotonic() + self.interval
         self.recording = self._wake.is_set()  # another ended meanwhile: the next round
         return None
+
+    async def stop(self) -> None:
+        await super().stop()
+        with contextlib.suppress(BrokerError):
+            await self.broker.release_lock(self.name, self.owner)
 
     async def record(self, queue: str) -> None:
         """Record the ends in the queue's flow inbox, oldest first, then drop them."""
