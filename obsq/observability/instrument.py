@@ -41,7 +41,7 @@ def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
         from obsq.observability.metrics import TaskMetrics, set_concurrency, start_at_zero
 
         if "metrics" not in done:
-            m = TaskMetrics(app=app)
+            m = TaskMetrics(app=app, exemplars=tracing or "tracing" in done)
             app.middleware.insert(1 if "tracing" in done else 0, m.middleware)
             app.on_outcome(m.on_outcome)
             app.on_aggregation(m.on_aggregation)

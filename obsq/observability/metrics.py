@@ -177,14 +177,17 @@ def _exemplar() -> dict[str, str] | None:
 class TaskMetrics:
     """The middleware and hooks that one App gets."""
 
-    def __init__(self, m: Metrics | None = None, app: App | None = None) -> None:
+    def __init__(self, m: Metrics | None = None, app: App | None = None, *,
+                 exemplars: bool = True) -> None:
+        """`exemplars`: trace ids on the histograms, looked up per task (off when the App's
+        tasks are not traced: there is no trace to point to)."""
         self.m = m or get_metrics()
         self.subscriptions = app.subscriptions if app is not None else {}
         self._running: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._outcomes: dict[tuple[str, str, str], Any] = {}
         self._recoveries: dict[tuple[str, str], Any] = {}
         self._errors: dict[str, Any] = {}
-        self._exemplars = not self.m.multiprocess  # multiprocess mode drops them anyway
+        self._exemplars = exemplars and not self.m.multiprocess  # multiprocess drops them
 
     def _children(self, key: tuple[str, str]) -> tuple[Any, Any, Any]:
         m = self.m

@@ -90,6 +90,7 @@ def median_of(rounds: list[dict]) -> dict:
 HIGHER_IS_BETTER = ("rate", "achieved_rate", "spans", "received", "handled", "n")
 SKIP = ("n", "handled", "received", "polls", "poll_redis_cpu_us", "seconds", "rate_limit",
         "requests", "bytes", "spans")
+SET_BY_THE_HARNESS = ("pickup.rate", "pickup.achieved_rate")  # the producer's pace
 WORSE_BEYOND = 0.05
 
 
@@ -103,7 +104,8 @@ def against(current: dict, base: dict) -> list[tuple[str, float, float, float, b
             continue
         for key in sorted(now):
             a, b = now.get(key), then.get(key)
-            if key in SKIP or not all(isinstance(v, (int, float)) for v in (a, b)) or not b:
+            if (key in SKIP or f"{section}.{key}" in SET_BY_THE_HARNESS
+                    or not all(isinstance(v, (int, float)) for v in (a, b)) or not b):
                 continue
             ratio = a / b
             worse = ratio < 1 - WORSE_BEYOND if key in HIGHER_IS_BETTER else (
