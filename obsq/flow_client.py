@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from obsq.broker import Enqueued
 from obsq.enqueued import info_after_enqueue
-from obsq.errors import FlowFailed, TaskNotFound, TaskRunning
+from obsq.errors import FlowFailed, ResultTimeout, TaskFailed, TaskNotFound, TaskRunning
 from obsq.flow import (
     FLOW_HEADER,
     FLOW_LAUNCH_GRACE,
@@ -31,6 +31,7 @@ from obsq.flow import (
 from obsq.flow_steps import launch
 from obsq.producer_chain import ProducerChain
 from obsq.results import waited_too_long
+from obsq.settings import RESULT_RECHECK
 from obsq.task import (
     TaskInfo,
     TaskMessage,
@@ -97,9 +98,11 @@ class ClientFlows:
 
     async def result(self, flow_id: str, timeout: float | None) -> Any:
         """Its last step's result, once the flow completed; FlowFailed when a step ended it
-        (or it was cancelled). Reads where the flow stands, more seldom the longer it runs."""
+        (or it was cancelled). Waits for the step launched last to end (the Client's result
+        wait, no polling while it runs), then reads where the flow stands, more seldom the
+        longer nothing moves (a worker records the end moments later)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        pause = FLOW_POLL_MIN
+        pause, waited = FLOW_POLL_MIN, None
         while True:
             s = await self.client.deadlines.run("flow_state", self.broker.flow_state(flow_id))
             if s is None:
@@ -109,9 +112,20 @@ class ClientFlows:
             if s.state in ("failed", "cancelled"):
                 raise FlowFailed(flow_id, flow_id if s.failed is None else step_id(
                     flow_id, s.failed), s.error or s.state)
-            if deadline is not None and time.monotonic() + pause > deadline:
+            left = RESULT_RECHECK if deadline is None else deadline - time.monotonic()
+            if left <= 0:
                 raise waited_too_long(flow_id, timeout or 0)
-            await asyncio.sleep(pause)
+            if s.current is not None and s.current != waited:
+                waited, pause = s.current, FLOW_POLL_MIN
+                try:
+                    await self.client.results.wait(s.current_queue, step_id(
+                        flow_id, s.current), min(left, RESULT_RECHECK))
+                except ResultTimeout:
+                    waited = None  # it still runs: look at the flow, then wait again
+                except (TaskFailed, TaskNotFound):
+                    pass  # it ended: its flow hears of it in a moment
+                continue
+            await asyncio.sleep(min(pause, left))
             pause = min(pause * 2, FLOW_POLL_MAX)
 
     async def cancel(self, flow_id: str) -> str:

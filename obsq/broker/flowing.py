@@ -22,6 +22,8 @@ class FlowState(NamedTuple):
     completed: int  # steps completed
     written: bytes | None  # ms
     ended: bytes | None  # ms
+    current: int | None  # the step launched last
+    current_queue: str
     result: bytes | None  # the last step's
 
 
@@ -87,10 +89,11 @@ class Flowing(RedisCalls):
         reply = await self._script("flow_state", (k.flow, k.results), argv("flow_state"))
         if not reply[0]:
             return None
-        state, failed, error, steps, done, written, ended, *result = reply
+        state, failed, error, steps, done, written, ended, current, queue, *result = reply
         return FlowState(state.decode(), int(failed) if failed else None,
                          error.decode(errors="replace"), int(steps), int(done), written or None,
-                         ended or None, result[0] if result else None)
+                         ended or None, int(current) if current else None, queue.decode(),
+                         result[0] if result else None)
 
     async def flow_record(self, flow_id: str) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
         """The flow's hash and its results ({} when it is gone)."""

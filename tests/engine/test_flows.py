@@ -253,3 +253,26 @@ async def test_doctor_checks_flows(app, client, start_worker, raw_redis, namespa
     assert code == 0 and "failing their flow" in output, output
     info = await client.info(stuck)
     assert (info.state, info.failed_step) == ("failed", 0) and "gone" in info.error
+
+
+async def test_result_waits_for_the_running_step_instead_of_polling(
+        app, client, start_worker, monkeypatch) -> None:
+    @app.task("slow")
+    async def slow(task: obsq.Task):
+        await asyncio.sleep(1)
+        return (task.previous or 0) + 1
+
+    await start_worker()
+    flow = await client.enqueue(chain(Job("slow"), Job("slow")))
+    reads = 0
+    flow_state = client.broker.flow_state
+
+    async def counted(flow_id: str):
+        nonlocal reads
+        reads += 1
+        return await flow_state(flow_id)
+
+    monkeypatch.setattr(client.broker, "flow_state", counted)
+    assert await client.result(flow, timeout=30) == 2
+    # one read per step's end and a few while its flow hears of it, not one per 5-200 ms
+    assert reads <= 12, reads

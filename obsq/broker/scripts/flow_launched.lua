@@ -1,6 +1,7 @@
 -- prelude: call_sliced
 -- Steps of a flow whose tasks are enqueued (or were already): no longer launching, and the
--- task each was enqueued from is dropped (the task holds it now).
+-- task each was enqueued from is dropped (the task holds it now); the last becomes `cur`, the
+-- step Client.result waits on.
 -- KEYS: flow hash, launching set
 -- ARGV: now, the steps
 -- Returns the number of steps marked.
@@ -17,4 +18,7 @@ for i = @steps, #ARGV do
 end
 call_sliced('HDEL', KEYS[1], fields)
 call_sliced('SREM', KEYS[2], steps)
+if #steps > 0 then
+  redis.call('HSET', KEYS[1], 'cur', steps[#steps])  -- what Client.result waits on
+end
 return #steps

@@ -4,11 +4,13 @@
 -- KEYS: flow hash, results hash
 -- ARGV: now
 -- Returns {state ('' when the flow is gone), failed step, error, steps, steps completed,
--- written (ms), ended (ms), the last step's result}
+-- written (ms), ended (ms), the step launched last ('' for none) and its queue, the last
+-- step's result}
 local f = redis.call('HMGET', KEYS[1], 'state', 'failed', 'error', 'nodes', 'ndone', 'enq',
-                     'done', 'tail')
+                     'done', 'tail', 'cur')
 if not f[1] then
   return {''}
 end
+local queue = f[9] and redis.call('HGET', KEYS[1], 'q:' .. f[9]) or ''
 return {f[1], f[2] or '', f[3] or '', f[4] or '0', f[5] or '0', f[6] or '', f[7] or '',
-        redis.call('HGET', KEYS[2], f[8] or '')}
+        f[9] or '', string.match(queue, '^[^\t]*'), redis.call('HGET', KEYS[2], f[8] or '')}
