@@ -9,121 +9,39 @@ purge) run in steps of STEP tasks, each one short script.
 
 from __future__ import annotations
 
-import base64
-import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from obsq.app import App
 from obsq.broker import TASK_STATES, Broker
-from obsq.broker.inspection import PURGEABLE, REVIVABLE, PageRow
+from obsq.broker.inspection import PURGEABLE, REVIVABLE
 from obsq.client import Client
 from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound
 from obsq.flow import FlowInfo
 from obsq.group_view import BatchInfo, GroupInfo, GroupPage, group_page
+from obsq.inspected import (
+    QueueInfo,
+    Rate,
+    Requeued,
+    TaskDetail,
+    TaskPage,
+    TaskSummary,
+    WorkerInfo,
+    as_data,
+    detail,
+    rates,
+    summaries,
+)
 from obsq.names import validate_name, validate_namespace
 from obsq.schedule import ScheduleInfo, read_schedules
 from obsq.settings import DEFAULT_REDIS_URL
-from obsq.task import TaskInfo, bytes_preview, decode_stored_json, timestamp_to_datetime
+from obsq.task import timestamp_to_datetime
 
 STEP = 1000  # tasks per script call of a requeue or purge: bounds how long one holds Redis
 MAX_PAGE = 500
 TYPE_SCAN_CAP = 10_000  # tasks a type filter looks at for one page
 COUNTED_OUTCOMES = ("success", "retry", "dead")  # handler runs; retry and dead are failures
-
-
-@dataclass
-class Rate:
-    """Handler runs that finished in a window, and how many of them failed."""
-
-    processed: int = 0
-    failed: int = 0
-
-
-@dataclass
-class QueueInfo:
-    name: str
-    depth: dict[str, int]
-    latency: float  # seconds the oldest pending task has waited
-    paused: bool
-    last_minute: Rate
-    last_hour: Rate
-    per_minute: list[Rate] = field(default_factory=list)  # the last hour, oldest first
-
-    @property
-    def size(self) -> int:
-        return sum(self.depth.values())
-
-
-@dataclass
-class TaskSummary:
-    """A row of a page: enough to pick a task out of a list."""
-
-    id: str
-    queue: str
-    state: str
-    type: str
-    retry_count: int
-    enqueued_at: datetime | None
-    due_at: datetime | None
-    finished_at: datetime | None
-    error: str  # its first few hundred characters
-    payload: str  # the first few hundred bytes of its JSON, or a preview of its bytes
-    worker: str | None  # the worker running it, while active
-    priority: int = 0  # 0 to 9, higher first within its queue
-
-
-@dataclass
-class TaskPage:
-    queue: str
-    state: str
-    tasks: list[TaskSummary]
-    total: int  # tasks in the state, whatever the type filter
-    offset: int
-    limit: int
-    next_offset: int | None  # None on the last page
-    type: str | None = None
-
-
-@dataclass
-class TaskDetail(TaskInfo):
-    """Everything kept for a task: its TaskInfo and what only an operator needs."""
-
-    options: dict[str, Any] = field(default_factory=dict)
-    traceback: str | None = None
-    due_at: datetime | None = None
-    recoveries: int = 0  # times it was taken back from a lost worker
-    unique_key: str | None = None
-    worker: str | None = None  # the worker running it now
-    fence: int | None = None  # the fencing token of the running attempt
-    lease_expires_at: datetime | None = None
-
-
-@dataclass
-class WorkerInfo:
-    id: str
-    host: str
-    pid: int
-    queues: dict[str, int]
-    concurrency: int
-    busy: int
-    processed: int
-    started_at: datetime | None
-    last_heartbeat: datetime | None
-    version: str
-    draining: bool
-    subscriptions: list[str] = field(default_factory=list)  # "<event>@<subscriber>" it serves
-
-
-@dataclass
-class Requeued:
-    queue: str
-    state: str
-    moved: int
-    left: int  # still in the state afterwards (arrived while it ran, or not asked for)
-    missing: list[str] = field(default_factory=list)  # ids asked for that were not there
 
 
 class Inspector:
@@ -157,7 +75,7 @@ class Inspector:
         stats = await self.broker.queue_stats(names)
         counts = await self.broker.outcome_counts(names, 61, COUNTED_OUTCOMES)
         return [QueueInfo(q, stats[q].depth, stats[q].latency, stats[q].paused,
-                          *_rates(*counts[q])) for q in names]
+                          *rates(*counts[q])) for q in names]
 
     async def queue(self, name: str) -> QueueInfo:
         await self._known(name)
@@ -175,7 +93,7 @@ class Inspector:
         await self._known(queue)
         total, next_offset, rows = await self.broker.task_page(
             queue, state, offset, limit, type or "", TYPE_SCAN_CAP)
-        return TaskPage(queue, state, _summaries(queue, state, rows), total, offset, limit,
+        return TaskPage(queue, state, summaries(queue, state, rows), total, offset, limit,
                         next_offset, type or None)
 
     async def groups(self, queue: str, limit: int = 20, offset: int = 0,
@@ -195,7 +113,7 @@ class Inspector:
         await self._known(queue)
         total, next_offset, rows = await self.broker.group_page(queue, type, group, offset,
                                                                 limit)
-        return TaskPage(queue, "aggregating", _summaries(queue, "aggregating", rows), total,
+        return TaskPage(queue, "aggregating", summaries(queue, "aggregating", rows), total,
                         offset, limit, next_offset, type)
 
     async def task(self, task_id: str, queue: str | None = None) -> TaskDetail:
@@ -205,7 +123,7 @@ class Inspector:
         if queue is not None:
             fields, progress, owner, lease = await self.broker.task_record(queue, task_id)
             if fields:
-                return _detail(task_id, queue, fields, progress, owner, lease)
+                return detail(task_id, queue, fields, progress, owner, lease)
         if given is not None:
             elsewhere = await self.broker.find_queue(task_id)
             if elsewhere is not None:
@@ -327,68 +245,6 @@ class Inspector:
 def _check_page(limit: int, *offsets: int) -> None:
     if not 1 <= limit <= MAX_PAGE or min(offsets) < 0:
         raise ValueError(f"limit must be 1 to {MAX_PAGE} and offset not negative")
-
-
-def _summaries(queue: str, state: str, rows: list[PageRow]) -> list[TaskSummary]:
-    return [TaskSummary(
-        id=task_id, queue=queue, state=state, type=task_type, retry_count=retried,
-        enqueued_at=timestamp_to_datetime(enq),
-        due_at=timestamp_to_datetime(score if state in ("scheduled", "retry") else due),
-        finished_at=timestamp_to_datetime(done), error=error,
-        payload=payload.decode(errors="replace") if binary_size is None else
-        bytes_preview(payload, binary_size),
-        worker=owner.partition(":")[2] or None, priority=priority)
-        for (task_id, score, task_type, retried, enq, due, done, error, payload, owner,
-             binary_size, priority) in rows]
-
-
-def _rates(now_ms: int, minutes: list[list[int]]) -> tuple[Rate, Rate, list[Rate]]:
-    """Sliding windows over per-minute buckets (the current minute first): the current
-    minute plus the part of the oldest one the window still covers."""
-    rates = [Rate(sum(m), m[1] + m[2]) for m in minutes]
-    covered = 1 - (now_ms % 60_000) / 60_000
-
-    def window(n: int) -> Rate:
-        whole, edge = rates[:n], rates[n] if n < len(rates) else Rate()
-        return Rate(round(sum(r.processed for r in whole) + edge.processed * covered),
-                    round(sum(r.failed for r in whole) + edge.failed * covered))
-
-    return window(1), window(60), list(reversed(rates[:60]))
-
-
-def _detail(task_id: str, queue: str, f: dict[bytes, bytes], progress: bytes | None,
-            owner: str, lease_ms: int | None) -> TaskDetail:
-    info = TaskInfo.from_fields(task_id, queue, f, progress)
-    fence, _, worker = owner.partition(":")
-    options = decode_stored_json(f.get(b"opts"))
-    traceback = f.get(b"tb")
-    detail = TaskDetail(
-        **{name.name: getattr(info, name.name) for name in dataclasses.fields(TaskInfo)},
-        options=options if isinstance(options, dict) else {},
-        traceback=traceback.decode(errors="replace") if traceback else None,
-        due_at=timestamp_to_datetime(f.get(b"due")), recoveries=int(f.get(b"recov") or 0),
-        unique_key=f[b"uniq"].decode() if f.get(b"uniq") else None)
-    if worker:  # an attempt runs: the hash still says where the task came from
-        detail.state, detail.next_run_at = "active", None
-        detail.worker, detail.fence = worker, int(fence)
-        detail.lease_expires_at = timestamp_to_datetime(lease_ms)
-    return detail
-
-
-def as_data(value: Any) -> Any:
-    """Inspector results as plain JSON-ready data (datetimes in ISO 8601, UTC; a bytes
-    payload as {"base64": ...})."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: as_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, dict):
-        return {k: as_data(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [as_data(v) for v in value]
-    if isinstance(value, bytes):
-        return {"base64": base64.b64encode(value).decode()}
-    return value
 
 
 __all__ = ["BatchInfo", "GroupInfo", "GroupPage", "Inspector", "QueueInfo", "Rate", "Requeued",
