@@ -13,7 +13,7 @@ from typing import Any
 from obsq.app import load_app
 from obsq.broker import DEPTH_STATES, TASK_STATES
 from obsq.broker.inspection import PURGEABLE, REVIVABLE
-from obsq.doctor import Doctor
+from obsq.doctor import Doctor, stalls
 from obsq.errors import (
     ConfigurationError,
     QueueNotFound,
@@ -70,7 +70,8 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
                        help=f"tasks a page (1 to {MAX_PAGE}; 20)")
     tasks.add_argument("--offset", type=whole(0), default=0)
     tasks.add_argument("--type", help="only this task type (or prefix ending in : or .)")
-    task = looking("task", "everything about one task: payload, error, traceback, worker")
+    task = looking("task", "everything about one task: payload, error, "
+                   "traceback, the worker running it")
     task.add_argument("id")
     task.add_argument("--queue", help="its queue (default: looked up)")
     flow = looking("flow", "a flow (chain or chord): its steps and where it stands")
@@ -90,9 +91,12 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
     groups.add_argument("--app", metavar="MODULE:APP",
                         help="the App, to show when each group is due by its aggregator")
     doctor = looking("doctor", "check the namespace's invariants (counters, ids with no task, "
-                     "orphaned attempts); exit 1 naming each problem")
+                     "orphaned attempts); exit 1 naming each problem. Work that waits while "
+                     "they hold (a queue no worker serves, types no worker handles) is a "
+                     "notice, exit 0")
     doctor.add_argument("--repair", action="store_true", help="mend what can be mended "
                         "safely, say what was done, and check again")
+    doctor.add_argument("--strict", action="store_true", help="exit 1 on a notice too")
     looking("workers", "live workers: host, pid, queues, busy slots, last heartbeat")
     looking("schedules", "schedule entries: spec, timezone, missed policy, next and last fire")
     requeue = command("requeue", "put dead (or retry/scheduled) tasks back to pending now",
@@ -333,22 +337,26 @@ async def doctor(inspector: Inspector, args: argparse.Namespace, out: Output) ->
         await healer.repair(found)
         repairs, found = found.repairs, await healer.diagnose()
         found.repairs = repairs
-    if found.problems:
+    notices = await stalls(inspector)
+    if found.problems or (notices and args.strict):
         out.status = 1
     if out.as_json:
         return out.data({"namespace": found.namespace, "queues": found.queues,
                          "clean": found.clean,
                          "problems": [{"queue": p.queue, "what": p.what, "count": p.count,
                                        "examples": p.examples} for p in found.problems],
-                         "repairs": found.repairs, "notes": found.notes})
+                         "repairs": found.repairs, "notes": found.notes, "notices": notices})
     for line in found.repairs:
         print(f"repaired {line}")
     for note in found.notes:
         print(out.paint(f"info: {note}", "dim"))
+    for notice in notices:
+        print(out.paint(f"notice: {notice}", "retry"))
     for problem in found.problems:
         print(out.paint(problem.line(), "error"))
     if found.clean:
-        print(f"namespace {found.namespace!r}: {len(found.queues)} queue(s), no problems")
+        print(f"namespace {found.namespace!r}: {len(found.queues)} queue(s), no problems"
+              + (f", {len(notices)} notice(s)" if notices else ""))
 
 
 HANDLERS = {"stats": stats, "queues": queues, "tasks": tasks, "task": task, "groups": groups,

@@ -15,6 +15,7 @@ from obsq._version import __version__
 from obsq.admin import add_commands as add_admin_commands
 from obsq.app import load_app
 from obsq.errors import BrokerError, ConfigurationError, StartupError
+from obsq.names import validate_namespace
 from obsq.settings import (
     DEFAULT_NAMESPACE,
     EXPORTER_HTTP_PORT,
@@ -47,6 +48,14 @@ def _http_port(args: argparse.Namespace, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ConfigurationError(f"OBSQ_HTTP_PORT={raw!r} is not a port number") from None
+
+
+def _namespace_flag(value: str) -> str:
+    """--namespace checked where it is read: an empty one would otherwise mean the default."""
+    try:
+        return validate_namespace(value)
+    except ConfigurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _namespace(args: argparse.Namespace) -> str:
@@ -178,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
         sub.add_argument("--redis-url", help="redis://[:password@]host:port/db, rediss://, "
                          "unix://, redis+cluster://, redis+sentinel:// (OBSQ_REDIS_URL)")
-        sub.add_argument("--namespace", help=namespace_help)
+        sub.add_argument("--namespace", type=_namespace_flag, help=namespace_help)
         sub.set_defaults(handler=handler)
         return sub
 

@@ -42,9 +42,8 @@ from obsq.task import Job, TaskInfo, TaskMessage, build_message, validate_name
 log = logging.getLogger("obsq")
 
 T = TypeVar("T")
-
-
 PRODUCER_ALLOWS_EVICTION = "Client(allow_eviction=True) or OBSQ_ALLOW_EVICTION=true"
+_GIVE_THE_APP = ", or give the Client the App so that tasks go to their route's queue"
 
 
 class Client:
@@ -154,11 +153,12 @@ class Client:
 
     def prepare(self, jobs: Sequence[Job], warn: bool = True) -> list[TaskMessage]:
         """An enqueue's first step, whichever transport writes it (this Client's or the
-        SyncClient's): the jobs checked and encoded; with `warn`, an unhandled type said."""
+        SyncClient's): the jobs checked and encoded, then (`warn`) an unhandled type said."""
+        now = self.broker.clock.time()
+        messages = [self._message(job, now) for job in jobs]
         if warn:
             self._warn_if_unhandled(jobs)
-        now = self.broker.clock.time()
-        return [self._message(job, now) for job in jobs]
+        return messages
 
     @property
     def waits_for_replicas(self) -> bool:
@@ -228,9 +228,9 @@ class Client:
                                               allowed_by=PRODUCER_ALLOWS_EVICTION)
 
     def check_served(self, new_queues: set[str]) -> None:
-        """Without an App nothing says where tasks belong: look, once a queue, whether a
-        live worker serves it (in the background)."""
-        if new_queues and self.app is None:
+        """Look, once a queue and in the background, whether a live worker serves it: a
+        wrong queue, or a worker in another namespace than the App's, shows at once."""
+        if new_queues:
             check = asyncio.ensure_future(self._warn_if_unserved(new_queues))
             self._checks.add(check)
             check.add_done_callback(self._checks.discard)
@@ -245,9 +245,9 @@ class Client:
             return [TaskInfo(id=m.id, type=m.type, queue=m.queue, state="aggregating",
                              headers=m.headers, duplicate=not status.created)]
 
+        message = self._message(job, self.broker.clock.time())
         self._warn_if_unhandled([job], group=True)
-        write = ProducerChain(store)(*self.producer_hooks)
-        info = (await write([self._message(job, self.broker.clock.time())]))[0]
+        info = (await ProducerChain(store)(*self.producer_hooks)([message]))[0]
         if info.duplicate:
             raise DuplicateTask(f"task id {info.id!r} is taken", info.id)
         return info
@@ -279,8 +279,8 @@ class Client:
         served = {q for w in workers for q in w.get("queues") or ()}
         for queue in sorted(queues - served):
             log.warning("enqueued to queue %r of namespace %r, which no live worker serves: "
-                        "start one with --queues %s, or give the Client the App so that "
-                        "tasks go to their route's queue", queue, self.namespace, queue)
+                        "start one with --namespace %s --queues %s%s", queue, self.namespace,
+                        self.namespace, queue, "" if self.app else _GIVE_THE_APP)
 
     @deadline("task_info")
     async def info(self, task_id: str | FlowInfo, queue: str | None = None) -> Any:

@@ -17,19 +17,22 @@ and a counter that disagrees is read again before it is reported."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from obsq.broker import Broker
 from obsq.broker.checking import ID_KEYS, Finding
+from obsq.errors import UnknownTaskType
 from obsq.flow import FlowInfo
 from obsq.flow_steps import record_ends
+from obsq.inspector import Inspector
 from obsq.priority import PRIORITIES
 from obsq.settings import WorkerSettings
 
 STEP = 1000  # ids per script call: bounds how long one step holds Redis
 EXAMPLES = 5  # ids named per problem
 ORPHAN_GRACE = 60.0  # seconds past a lease's end before a lost worker's attempt is reported
+HANDED_ON_SAMPLE = 200  # scheduled tasks of a queue read for those handed on
 
 
 @dataclass
@@ -61,6 +64,28 @@ class Diagnosis:
     @property
     def clean(self) -> bool:
         return not self.problems
+
+
+async def stalls(inspector: Inspector) -> list[str]:
+    """Work that waits while every invariant holds, so that the checks above cannot show it:
+    pending tasks of a queue no live worker serves (a worker in another namespace, or
+    without --queues for it), and tasks handed on because no worker that took them had a
+    handler for their type (read among the first HANDED_ON_SAMPLE scheduled)."""
+    served = {q for w in await inspector.workers() for q in w.queues}
+    notices = []
+    for q in await inspector.queues():
+        if q.depth.get("pending") and q.name not in served and not q.paused:
+            notices.append(f"{q.name}: {q.depth['pending']} pending task(s), the oldest "
+                           f"waiting {q.latency:.0f} s, and no live worker serves the queue")
+        if q.depth.get("scheduled"):
+            page = await inspector.tasks(q.name, "scheduled", limit=HANDED_ON_SAMPLE)
+            types = Counter(t.type for t in page.tasks
+                            if t.error.startswith(UnknownTaskType.__name__))
+            if types:
+                notices.append(f"{q.name}: {sum(types.values())} task(s) handed on by workers "
+                               "with no handler for their type: " + ", ".join(
+                                   f"{t} ({n})" for t, n in types.most_common(EXAMPLES)))
+    return notices
 
 
 class Doctor:

@@ -8,6 +8,7 @@ would widen it, so a namespace holds only letters, digits, '.', '_' and '-'."""
 from __future__ import annotations
 
 import functools
+import logging
 import re
 
 from obsq.errors import ConfigurationError
@@ -45,6 +46,18 @@ def validate_namespace(value: str) -> str:
             "or '-' (it starts every Redis key, and the ACL rule of `obsq acl` grants "
             "<namespace>:*: a ':' would put it inside another namespace's grant)")
     return value
+
+
+def warn_if_not_the_apps(who: str, namespace: str, app_namespace: str) -> None:
+    """A worker or scheduler told another namespace than its App's (--namespace,
+    OBSQ_NAMESPACE) serves keys that no Client built with the App writes to: its tasks would
+    wait for good, silently, unless this is said at start."""
+    if namespace != app_namespace:
+        logging.getLogger("obsq").warning(
+            "%s serves namespace %r (--namespace or OBSQ_NAMESPACE), not its App's %r: "
+            "producers using this App (obsq.Client(url, app=app)) write to %r, where this "
+            "%s does not look; give both the same namespace", who, namespace, app_namespace,
+            app_namespace, who)
 
 
 def subscriber_task_type(event: str, subscriber: str) -> str:

@@ -33,6 +33,7 @@ from obsq.client import Client
 from obsq.clock import Clock
 from obsq.errors import BrokerError, DuplicateTask
 from obsq.loop import LockedLoop, on_stop_signals
+from obsq.names import warn_if_not_the_apps
 from obsq.schedule import Schedule, fire_text, parse_claim
 from obsq.settings import (
     DEFAULT_REDIS_URL,
@@ -281,8 +282,10 @@ class Scheduler:
             await self.client.broker.check()
             await self.client.broker.check_memory_policy(
                 refuse=not self.settings.allow_eviction)
-            log.info("scheduler started with %d schedule(s) of the App; entries added at run "
-                     "time are read from Redis", len(self.app.schedules))
+            log.info("scheduler started with %d schedule(s) of the App in namespace %s; entries "
+                     "added at run time are read from Redis", len(self.app.schedules),
+                     self.client.namespace)
+            warn_if_not_the_apps("scheduler", self.client.namespace, self.app.namespace)
             self.started_at = time.time()
             self.loop.start()
             await self._stopped.wait()

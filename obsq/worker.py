@@ -40,6 +40,7 @@ from obsq.limits import RouteLimits
 from obsq.liveness import Vigil
 from obsq.loop import BackgroundLoop, on_stop_signals
 from obsq.maintenance import Forwarder, Janitor, Recoverer
+from obsq.names import warn_if_not_the_apps
 from obsq.settings import FETCH_STOP_TIMEOUT, WorkerSettings
 from obsq.settlement import Settler
 from obsq.slots import Slots
@@ -158,9 +159,10 @@ class Worker:
         for loop in self._loops:
             loop.start()
         self.started.set()
-        log.info("worker %s started: queues %s, concurrency %d, event loop %s, Redis %s",
-                 self.id, ",".join(f"{q}={w}" for q, w in self.queues.items()),
-                 self.concurrency, loop_name(), self.broker.safe_url)
+        log.info("worker %s started: queues %s, concurrency %d, event loop %s, namespace %s "
+                 "on Redis %s", self.id, ",".join(f"{q}={w}" for q, w in self.queues.items()),
+                 self.concurrency, loop_name(), self.namespace, self.broker.safe_url)
+        warn_if_not_the_apps("worker", self.namespace, self.app.namespace)
         fetcher = Fetcher(self.broker, self.settler, self.id, self.slots, queues=self.queues,
                           strict_priority=s.strict_priority, lease_seconds=s.lease_seconds,
                           wait_timeout=s.wait_timeout)

@@ -56,6 +56,20 @@ def test_usage_errors_exit_2(redis_url) -> None:
     one_clear_line(result, "expected MODULE:APP")
 
 
+def test_a_database_that_is_not_a_number_or_an_empty_namespace_is_a_usage_error(
+        redis_url) -> None:
+    """Neither falls back silently (to db 0, to the namespace `obsq`)."""
+    bad_url = redis_url.rpartition("/")[0] + "/abc"
+    for args in (["stats", "--redis-url", bad_url],
+                 ["worker", "tests.engine.apps:app", "--redis-url", bad_url, "--http-port", "-1"]):
+        result = run_obsq(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        one_clear_line(result, "the database 'abc' is not a number")
+    for args in (["stats"], ["worker", "tests.engine.apps:app", "--http-port", "-1"]):
+        result = run_obsq(*args, "--namespace", "", "--redis-url", redis_url)
+        assert result.returncode == 2 and "namespace '' must be" in result.stderr, result.stderr
+
+
 def test_ui_port_is_http_port_and_the_old_flag_still_works(redis_url) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -68,6 +68,7 @@ def create_client(url: str, *, blocking: bool = False, call_timeout: float | Non
     if parts.scheme not in SCHEMES:
         raise ConfigurationError(
             f"Redis URL scheme {parts.scheme!r} is not one of {', '.join(SCHEMES)}")
+    _check_database(url, parts)
     options: dict[str, Any] = {
         "socket_timeout": None, "socket_connect_timeout": CONNECT_TIMEOUT,
         "socket_keepalive": True, "socket_keepalive_options": KEEPALIVE,
@@ -92,6 +93,16 @@ def create_client(url: str, *, blocking: bool = False, call_timeout: float | Non
         return aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(url, **options))
     except ValueError as exc:
         raise ConfigurationError(f"Redis URL {url!r} is invalid: {exc}") from None
+
+
+def _check_database(url: str, parts: Any) -> None:
+    """redis-py reads a database path that is not a number (redis://host/abc) as db 0:
+    another database than the one meant, silently."""
+    database = parts.path.strip("/")
+    if parts.scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster") and (
+            database and not database.isdigit()):
+        raise ConfigurationError(f"Redis URL {url!r}: the database {database!r} is not a "
+                                 "number (redis://host:6379/0)")
 
 
 def _tls_files(parts: Any) -> dict[str, str]:

@@ -108,6 +108,19 @@ async def test_a_type_the_apps_client_cannot_handle_is_warned_of_once(app, clien
     assert "'other' has no aggregator" in warned[1]
 
 
+@pytest.mark.parametrize("task_type", ["", None])
+async def test_a_bad_task_type_is_refused_before_any_warning(app, client, caplog,
+                                                            task_type) -> None:
+    @app.task("known")
+    async def known(task: obsq.Task):
+        pass
+
+    for group in (None, "g"):
+        with pytest.raises(ValueError):
+            await client.enqueue(task_type, 1, group=group)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 async def test_a_result_that_is_not_json_never_runs_the_handler_again(
         app, client, start_worker, broker, caplog) -> None:
     """The handler did its work (an email sent, a card charged): a result that cannot be

@@ -82,6 +82,38 @@ async def test_a_client_without_the_app_warns_once_of_a_queue_no_worker_serves(
     assert len(warnings) == 1 and "'nobody'" in warnings[0]
 
 
+async def test_a_worker_outside_its_apps_namespace_is_said_by_worker_scheduler_and_client(
+        redis_url, namespace, start_worker, raw_redis, caplog) -> None:
+    """OBSQ_NAMESPACE=elsewhere with App(namespace=...): the producers using the App write
+    where no worker looks. The worker and scheduler say so at start, and the App's Client
+    says its queue has no live worker."""
+    from obsq.scheduler import Scheduler
+
+    caplog.set_level(logging.INFO, logger="obsq")
+    app, elsewhere = _routed_app(namespace), f"{namespace}-elsewhere"
+    try:
+        await start_worker(app, namespace=elsewhere)
+        scheduler = Scheduler(app, redis_url, elsewhere, handle_signals=False)
+        running = asyncio.create_task(scheduler.run())
+        await wait_until(lambda: "scheduler serves namespace" in caplog.text, timeout=10)
+        scheduler.stop()
+        await running
+        async with obsq.Client(redis_url, app=app) as client:
+            await client.enqueue("alert:page")
+            await client.enqueue("alert:page")
+            await wait_until(lambda: "no live worker serves" in caplog.text, timeout=10)
+    finally:
+        for key in raw_redis.scan_iter(match=f"{elsewhere}:*"):
+            raw_redis.unlink(key)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(f"namespace {elsewhere} on Redis" in m for m in messages if "started" in m)
+    for who in ("worker", "scheduler"):
+        [warning] = [m for m in messages if f"{who} serves namespace" in m]
+        assert f"'{elsewhere}'" in warning and f"write to '{namespace}'" in warning
+    [unserved] = [m for m in messages if "no live worker serves" in m]
+    assert f"queue 'critical' of namespace '{namespace}'" in unserved
+
+
 @pytest.mark.parametrize("queues, expected", [
     ("critical:6,default=3", "as in critical=6"),
     ("my queue=1", "must not contain spaces"),

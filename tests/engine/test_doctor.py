@@ -119,7 +119,8 @@ async def test_damage_is_named_then_repaired(app, client, start_worker, obsq_cli
     code, out = await obsq_cli("doctor", "--json")
     assert code == 1
     report = json.loads(out)
-    assert set(report) == {"namespace", "queues", "clean", "problems", "repairs", "notes"}
+    assert set(report) == {"namespace", "queues", "clean", "problems", "repairs", "notes",
+                           "notices"}
     assert report["clean"] is False and report["namespace"] == namespace
     assert sorted(report["queues"]) == ["default", "idle"]
     assert {"queue": "default", "what": "ids with no task in pending", "count": 1,
@@ -187,3 +188,33 @@ async def test_repair_counts_a_recovery_against_the_workers_max_recoveries(
     assert "repaired idle: took back 1 orphaned attempt(s)" in out, out
     assert code == 0, out
     assert (await client.info(orphan.id)).state == "dead"
+
+
+async def test_work_no_worker_takes_is_a_notice_and_fails_only_strict(
+        app, client, start_worker, obsq_cli) -> None:
+    """Every invariant holds, yet work waits: a queue no live worker serves, and a type no
+    worker handles, handed on. Both are notices: exit 0, or 1 with --strict."""
+    @app.task("known")
+    async def known(task: obsq.Task):
+        pass
+
+    await start_worker()  # serves the default queue, without a handler for "ghost"
+    await client.enqueue("known", queue="nobody")
+    ghost = await client.enqueue("ghost")
+    await wait_until(lambda: _handed_on(client, ghost.id))
+    code, out = await obsq_cli("doctor")
+    assert code == 0, out
+    assert "notice: nobody: 1 pending task(s), the oldest waiting" in out
+    assert "no live worker serves the queue" in out
+    assert "notice: default: 1 task(s) handed on by workers with no handler for their " \
+           "type: ghost (1)" in out
+    assert "no problems, 2 notice(s)" in out
+    code, out = await obsq_cli("doctor", "--json")
+    assert code == 0 and len(json.loads(out)["notices"]) == 2, out
+    code, out = await obsq_cli("doctor", "--strict")
+    assert code == 1, out
+
+
+async def _handed_on(client, task_id: str) -> bool:
+    info = await client.info(task_id)
+    return info.state == "scheduled" and "UnknownTaskType" in (info.error or "")
