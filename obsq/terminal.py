@@ -19,6 +19,7 @@ from obsq.inspector import (
     WorkerInfo,
     as_data,
 )
+from obsq.settings import DEFAULT_MAX_RETRY
 from obsq.task import bytes_preview
 
 COLOURS = {"dead": "31", "retry": "33", "active": "36", "completed": "32", "paused": "33",
@@ -59,10 +60,13 @@ class Output:
 
 
 def print_tasks(out: Output, page: TaskPage, where: str) -> None:
-    print(out.table(["id", "type", "priority", "retries", "time (UTC)", "error"], [
+    """No error column for completed tasks: an error there is an earlier attempt's."""
+    errors = page.state != "completed"
+    print(out.table(["id", "type", "priority", "retries", "time (UTC)",
+                     *(["error"] if errors else [])], [
         [t.id, t.type, str(t.priority), str(t.retry_count), when(t.due_at if page.state in (
             "scheduled", "retry") else t.finished_at or t.enqueued_at),
-         (first_line(t.error), "error")] for t in page.tasks]))
+         *([(first_line(t.error), "error")] if errors else [])] for t in page.tasks]))
     more = f"; next page: --offset {page.next_offset}" if page.next_offset is not None else ""
     print(out.paint(f"\n{len(page.tasks)} shown, {page.total:,} {where}{more}", "dim"))
 
@@ -99,17 +103,22 @@ def schedules_table(out: Output, found: list[ScheduleInfo]) -> str:
 
 
 def task_text(out: Output, d: TaskDetail) -> str:
-    max_retry = "the route's default" if d.max_retry is None else d.max_retry
+    """A completed task's error and traceback are its last failed attempt's, said as such."""
+    max_retry = (f"{DEFAULT_MAX_RETRY} (the default, unless its route sets max_retry)"
+                 if d.max_retry is None else d.max_retry)
+    earlier = " (of the last failed attempt; retried, then completed)" if (
+        d.state == "completed" and d.error) else ""
     fields = [("id", d.id), ("queue", d.queue), ("type", d.type),
               ("state", out.paint(d.state, d.state)), ("priority", str(d.priority)),
               ("retries", f"{d.retry_count} of {max_retry}"),
               ("enqueued", when(d.enqueued_at)), ("due", when(d.due_at)),
-              ("finished", when(d.completed_at)), ("worker", d.worker or ""),
+              ("finished", when(d.completed_at)),
+              ("worker", d.worker or "none running it"),
               ("lease until", when(d.lease_expires_at)), ("recoveries", str(d.recoveries)),
               ("unique", d.unique_key or ""),
               ("headers", json_text(d.headers) if d.headers else ""),
               ("options", json_text(d.options) if d.options else ""),
-              ("error", out.paint(d.error or "", "error")),
+              ("error", out.paint(d.error or "", "error") + (earlier if d.error else "")),
               ("progress", json_text(d.progress) if d.progress is not None else ""),
               ("result", json_text(d.result) if d.result is not None else "")]
     lines = [f"{out.paint(name.ljust(12), 'bold')}{value}" for name, value in fields]
@@ -117,7 +126,7 @@ def task_text(out: Output, d: TaskDetail) -> str:
         d.payload, indent=2, ensure_ascii=False)
     lines += [out.paint("payload", "bold"), indent(payload)]
     if d.traceback:
-        lines += [out.paint("traceback", "bold"), indent(d.traceback.rstrip())]
+        lines += [out.paint("traceback" + earlier, "bold"), indent(d.traceback.rstrip())]
     return "\n".join(lines)
 
 

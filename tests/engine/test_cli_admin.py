@@ -224,3 +224,32 @@ async def test_schedules_as_a_table_and_as_json(app, client, start_scheduler, ra
 
 async def _schedule_fired(client: obsq.Client, name: str) -> bool:
     return any(s.name == name and s.fire_count for s in await client.schedules())
+
+
+async def test_a_task_that_failed_then_completed_says_its_error_is_an_earlier_attempts(
+        app, client, start_worker, obsq_cli, redis_url, namespace) -> None:
+    """`obsq task` labels the error and traceback of a completed task as its last failed
+    attempt's, gives the default max_retry as a number and says no worker runs it;
+    `obsq tasks Q completed` shows no error column."""
+    tries: list[int] = []
+
+    @app.task("flaky", retry_delay=0.1)
+    async def flaky(task: obsq.Task):
+        tries.append(1)
+        if len(tries) == 1:
+            raise RuntimeError("not yet")
+
+    await start_worker()
+    async with obsq.Client(redis_url, namespace) as bare:  # no App: no max_retry kept
+        info = await bare.enqueue("flaky", retention=60)
+    await wait_until(lambda: _state(client, info.id, "completed"))
+    code, out = await obsq_cli("task", info.id)
+    assert code == 0, out
+    lines = {line[:12].strip(): line[12:] for line in out.splitlines()}
+    assert lines["error"] == ("RuntimeError: not yet (of the last failed attempt; retried, "
+                              "then completed)")
+    assert "traceback (of the last failed attempt; retried, then completed)" in out
+    assert lines["retries"] == "1 of 25 (the default, unless its route sets max_retry)"
+    assert lines["worker"] == "none running it"
+    code, out = await obsq_cli("tasks", "default", "completed")
+    assert code == 0 and "error" not in out.splitlines()[0] and "not yet" not in out, out
