@@ -5,8 +5,10 @@ input refused at enqueue, what the tools show, and obsq doctor's checks of the n
 
 from __future__ import annotations
 
+import re
 import signal
 
+import httpx
 import orjson
 import pytest
 from support import depth, wait_until
@@ -16,7 +18,9 @@ from obsq.broker import Attempt, Broker, QueueKeys
 from obsq.broker.records import FetchedTask
 from obsq.clock import ManualClock
 from obsq.doctor import Doctor
+from obsq.inspector import Inspector
 from obsq.maintenance import Forwarder
+from obsq.ui import create_app
 
 from .helpers import decoded, live_worker_pids, record_key
 
@@ -159,6 +163,20 @@ async def test_aging_serves_a_low_priority_behind_a_stream_of_high_ones(stepped)
     assert 9.0 <= waited <= 9.1
 
 
+async def test_one_fetch_merges_the_priorities_by_rank(stepped) -> None:
+    """Aging 1 s: tasks of priority 0 from t=0 rank between one of priority 9 sent at 8.5 s
+    (rank -0.5 s) and one sent at 9.5 s (0.5 s); one fetch takes them in that order."""
+    broker, clock = stepped.broker, stepped.broker.clock
+    broker.priority_aging = 1.0
+    await stepped.enqueue_many([obsq.Job("t", "low 1"), obsq.Job("t", "low 2")])
+    start = clock.now_ms
+    for at, name in ((8500, "high 1"), (9500, "high 2")):
+        clock.set(start + at)
+        await stepped.enqueue("t", name, priority=9)
+    assert [name for _, name in await _fetch(broker)] == ["high 1", "low 1", "low 2",
+                                                         "high 2"]
+
+
 async def test_strict_order_while_no_task_has_aged(stepped) -> None:
     broker, clock = stepped.broker, stepped.broker.clock
     await stepped.enqueue("t", "old low")
@@ -288,3 +306,23 @@ class TestOnACluster:
             assert [orjson.loads(t.payload) for t in fetched.tasks + rest.tasks] == BY_PRIORITY
             assert (await depth(broker, queue))["active"] == len(MIX)
         assert (await Doctor(broker).diagnose()).clean
+
+
+async def test_the_console_shows_priorities(client, redis_url, namespace) -> None:
+    info = await client.enqueue("t", 1, priority=8)
+    await client.enqueue("t", 2)
+    console = create_app(Inspector(redis_url, namespace))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=console),
+                                 base_url="http://console.test") as http:
+        page = (await http.get("/queues/default?state=pending")).text
+        assert '<th class="n">Priority</th>' in page
+        assert re.findall(r'data-label="Priority">(\d)<', page) == ["8", "0"]
+        page = (await http.get(f"/tasks/{info.id}")).text
+        assert "<dt>Priority</dt><dd>8</dd>" in page
+
+
+def test_a_schedule_takes_a_priority() -> None:
+    app = obsq.App()
+    app.periodic("@every 30s", "report", priority=4)
+    with pytest.raises(ValueError, match="priority must be"):
+        app.periodic("@every 30s", "other", priority=12)

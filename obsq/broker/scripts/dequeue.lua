@@ -23,16 +23,24 @@ local now = now_ms()
 -- With tasks of priorities other than 0 (their levels named in `levels`): up to `count`
 -- ids, the best ranked first, and whether any task is left. A task of priority p pending
 -- for w ms ranks as p + w / aging_ms, so a lower priority is never starved: it ages into
--- the higher ones. Each level's oldest (its head) is compared, as due - p * aging_ms (the
--- lower first; equal: the higher priority), and a level is taken in its own order; the
--- last level left is popped in one call.
+-- the higher ones. Ranks compare as due - p * aging_ms (the lower first; equal: the higher
+-- priority). The oldest task (the head) of each list is ranked, and the best list is taken
+-- in its own order down to the second best's head: its tasks pending since later rank
+-- lower, so a run ends at the first whose rank passes that head's (found by halving the
+-- run, from the most still wanted).
 local function by_rank(levels, count)
   local aging = tonumber(ARGV[@aging])
+  local function rank(id, p)
+    return (tonumber(redis.call('HGET', task_key(id), 'due')) or now) - p * aging
+  end
   local function head(list, p)
     local id = redis.call('LINDEX', list, -1)
     if id then
-      return {list, p, (tonumber(redis.call('HGET', task_key(id), 'due')) or now) - p * aging}
+      return {list, p, rank(id, p)}
     end
+  end
+  local function before(a, b)
+    return a[3] < b[3] or (a[3] == b[3] and a[2] > b[2])
   end
   local entries = {head(KEYS[1], 0)}
   for _, level in ipairs(levels) do
@@ -43,31 +51,31 @@ local function by_rank(levels, count)
       redis.call('SREM', prefix .. 'levels', level)
     end
   end
+  table.sort(entries, before)
   local ids = {}
   while #ids < count and #entries > 0 do
-    local best = 1
-    for i = 2, #entries do
-      local e, b = entries[i], entries[best]
-      if e[3] < b[3] or (e[3] == b[3] and e[2] > b[2]) then
-        best = i
+    local e, take = entries[1], count - #ids
+    local second = entries[2]
+    while second and take > 1 do
+      local id = redis.call('LINDEX', e[1], -take)
+      if id and before({e[1], e[2], rank(id, e[2])}, second) then
+        break
       end
+      take = math.floor(take / 2)
     end
-    local e = entries[best]
-    if #entries == 1 then
-      for _, id in ipairs(redis.call('RPOP', e[1], count - #ids)) do
-        ids[#ids + 1] = id
-      end
-    else
-      ids[#ids + 1] = redis.call('RPOP', e[1])
+    for _, id in ipairs(redis.call('RPOP', e[1], take)) do
+      ids[#ids + 1] = id
     end
     local after = head(e[1], e[2])
+    table.remove(entries, 1)
     if after then
-      entries[best] = after
-    else
-      table.remove(entries, best)
-      if e[2] > 0 then
-        redis.call('SREM', prefix .. 'levels', int_text(e[2]))
+      local at = 1
+      while entries[at] and before(entries[at], after) do
+        at = at + 1
       end
+      table.insert(entries, at, after)
+    elseif e[2] > 0 then
+      redis.call('SREM', prefix .. 'levels', int_text(e[2]))
     end
   end
   return #ids > 0 and ids, #entries > 0
