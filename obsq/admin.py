@@ -238,7 +238,13 @@ async def groups(inspector: Inspector, args: argparse.Namespace, out: Output) ->
 
 
 async def task(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
-    detail = await inspector.task(args.id, args.queue)
+    try:
+        detail = await inspector.task(args.id, args.queue)
+    except TaskNotFound as exc:
+        if await inspector.is_flow(args.id, args.queue):
+            raise TaskNotFound(f"{args.id} is a flow's id, not a task's: obsq flow "
+                               f"{args.id}") from exc
+        raise
     if out.as_json:
         return out.data(detail)
     print(task_text(out, detail))
@@ -295,7 +301,7 @@ async def requeue(inspector: Inspector, args: argparse.Namespace, out: Output) -
 
 
 async def cancel(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
-    if args.flow:
+    if args.flow or await inspector.is_flow(args.id, args.queue):
         state = await inspector.cancel(await inspector.flow(args.id))
         return print(f"cancelled flow {args.id} (it was {state})")
     state = await inspector.cancel(args.id, args.queue)
@@ -305,9 +311,10 @@ async def cancel(inspector: Inspector, args: argparse.Namespace, out: Output) ->
 
 
 async def delete(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
-    what = await inspector.flow(args.id) if args.flow else args.id
+    is_flow = args.flow or await inspector.is_flow(args.id, args.queue)
+    what = await inspector.flow(args.id) if is_flow else args.id
     state = await inspector.delete(what, args.queue)
-    print(f"deleted {'flow' if args.flow else 'task'} {args.id} (it was {state})")
+    print(f"deleted {'flow' if is_flow else 'task'} {args.id} (it was {state})")
 
 
 async def purge(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:

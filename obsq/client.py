@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from obsq.app import App, ProducerHook, RefusalHook
 from obsq.broker import Broker
@@ -31,7 +31,7 @@ from obsq.errors import (
 )
 from obsq.fanout import check_event, check_grouped, event_jobs
 from obsq.flow import Chain, Chord, FlowInfo
-from obsq.flow_client import ClientFlows
+from obsq.flow_client import ClientFlows, or_flow
 from obsq.names import validate_namespace
 from obsq.producer_chain import ProducerChain
 from obsq.results import ResultWaiter, waited_too_long
@@ -41,7 +41,6 @@ from obsq.task import Job, TaskInfo, TaskMessage, build_message, validate_name
 
 log = logging.getLogger("obsq")
 
-T = TypeVar("T")
 PRODUCER_ALLOWS_EVICTION = "Client(allow_eviction=True) or OBSQ_ALLOW_EVICTION=true"
 _GIVE_THE_APP = ", or give the Client the App so that tasks go to their route's queue"
 
@@ -283,10 +282,9 @@ class Client:
                         self.namespace, queue, "" if self.app else _GIVE_THE_APP)
 
     @deadline("task_info")
+    @or_flow
     async def info(self, task_id: str | FlowInfo, queue: str | None = None) -> Any:
-        """The task's (or flow's) current state; raises TaskNotFound."""
-        if isinstance(task_id, FlowInfo):
-            return await self.flows.info(task_id.id)
+        """The task's (or flow's: its FlowInfo or id) current state; raises TaskNotFound."""
         queue = queue or await self.broker.find_queue(task_id)
         if queue is not None:
             fields, progress = await self.broker.task_fields(queue, task_id)
@@ -299,19 +297,21 @@ class Client:
                      queue: str | None = None) -> Any:
         """Wait until the task completes and return its result. Raises TaskFailed if it ends
         dead, ResultTimeout (a TimeoutError) after `timeout` seconds, TaskNotFound if it
-        is gone. A flow's is its last step's (FlowFailed when a step ended it)."""
+        is gone. A flow's (its FlowInfo, or id) is its last step's (FlowFailed: a step ended it)."""
         if isinstance(task_id, FlowInfo):
             return await self.flows.result(task_id.id, timeout)
         if isinstance(task_id, TaskInfo):
             queue, task_id = task_id.queue, task_id.id
-        if timeout is None:
-            return await self._result(task_id, None, queue)
         try:  # a Redis that stops answering cannot stretch the wait past `timeout` either
             return await asyncio.wait_for(self._result(task_id, timeout, queue), timeout)
         except ResultTimeout:
             raise
         except asyncio.TimeoutError:
-            raise waited_too_long(task_id, timeout) from None
+            raise waited_too_long(task_id, timeout or 0) from None
+        except TaskNotFound:
+            if not await self.deadlines.run("flow_state", self.flows.named(task_id, queue)):
+                raise
+        return await self.flows.result(task_id, timeout)  # a flow's id: no task has it
 
     async def _result(self, task_id: str, timeout: float | None, queue: str | None) -> Any:
         queue = queue or await self.deadlines.run("find_queue",
@@ -321,14 +321,13 @@ class Client:
         return await self.results.wait(queue, task_id, timeout)
 
     @deadline("cancel")
+    @or_flow
     async def cancel(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
         """Cancel a task. One waiting (pending, scheduled, retrying, held) never runs and
         ends in state `cancelled`: returns "cancelled". One running is stopped by its worker
         within moments (async handlers get asyncio.CancelledError, plain functions see
         `task.cancelled`) and then ends cancelled: returns "running". One that ended already
-        stays as it is: returns its state. Raises TaskNotFound. A flow: see ClientFlows."""
-        if isinstance(task_id, FlowInfo):
-            return await self.flows.cancel(task_id.id)
+        stays as it is: returns its state. Raises TaskNotFound. A flow (or its id): ClientFlows."""
         queue = queue or await self.broker.find_queue(task_id)
         state = await self.broker.cancel(queue, task_id) if queue else ""
         if not state:
@@ -336,11 +335,10 @@ class Client:
         return state
 
     @deadline("delete")
+    @or_flow
     async def delete(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
         """Delete a task (or an ended flow and its steps) that is not running, with all kept
         for it; returns the state it was in. Raises TaskRunning (cancel first), TaskNotFound."""
-        if isinstance(task_id, FlowInfo):
-            return await self.flows.delete(task_id.id)
         queue = queue or await self.broker.find_queue(task_id)
         state = await self.broker.delete_task(queue, task_id) if queue else ""
         if state == "running":

@@ -198,7 +198,7 @@ class FlowStep:
     id: str  # its task's id
     queue: str
     type: str
-    state: str  # waiting, launching, enqueued, completed, dead or cancelled
+    state: str  # waiting, launching, enqueued, running, completed, dead or cancelled
     waits_for: list[int]
 
 

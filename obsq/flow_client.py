@@ -10,8 +10,10 @@ that dies in between leaves them to the flow sweep (FlowLoop)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from obsq.broker import Enqueued
 from obsq.enqueued import info_after_enqueue
@@ -43,6 +45,27 @@ from obsq.task import (
 if TYPE_CHECKING:
     from obsq.client import Client
 
+T = TypeVar("T")
+
+
+def or_flow(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Client's info, cancel or delete of a task given a flow instead: its FlowInfo, or its id
+    (flow and task ids come from one generator), looked for only once no task has it and no
+    queue was named, so a task's call costs nothing more."""
+    @functools.wraps(method)
+    async def call(client: Client, task_id: str | FlowInfo, queue: str | None = None) -> T:
+        flow_method = getattr(client.flows, method.__name__)
+        if isinstance(task_id, FlowInfo):
+            return await flow_method(task_id.id)
+        try:
+            return await method(client, task_id, queue)
+        except TaskNotFound:
+            if await client.flows.named(task_id, queue):
+                return await flow_method(task_id)
+            raise
+
+    return call
+
 
 class ClientFlows:
     def __init__(self, client: Client) -> None:
@@ -53,6 +76,7 @@ class ClientFlows:
         """Check every step, pass them through the producer hooks, write the flow and
         enqueue its first steps."""
         steps, last = flatten(flow)
+        self.client._warn_if_unhandled([step.job for step in steps])
         flow_id = new_task_id()
         now = self.broker.clock.time()
         messages = [self.client._message(step.job, now) for step in steps]
@@ -73,14 +97,25 @@ class ClientFlows:
             return [info_after_enqueue(m, Enqueued(True)) for m in checked]
 
         await ProducerChain(store)(*self.client.producer_hooks)(messages)
-        return await self.info(flow_id)
+        return await self.info(flow_id, running=False)
 
-    async def info(self, flow_id: str) -> FlowInfo:
+    async def named(self, task_id: str, queue: str | None) -> bool:
+        """Whether the id no task has is a flow's (never when a task's queue was named)."""
+        return queue is None and await self.broker.flow_state(task_id) is not None
+
+    async def info(self, flow_id: str, running: bool = True) -> FlowInfo:
+        """The flow and its steps; with `running`, an enqueued step whose task runs says so
+        (one more round trip, when any step is enqueued)."""
         fields, results = await self.broker.flow_record(flow_id)
         if not fields:
             raise TaskNotFound(f"no flow {flow_id!r} (an ended flow is kept for its "
                                "retention)")
-        return FlowInfo.from_record(flow_id, fields, results)
+        info = FlowInfo.from_record(flow_id, fields, results)
+        enqueued = [s for s in info.steps if s.state == "enqueued"] if running else []
+        for step, runs in zip(enqueued, await self.broker.tasks_running(
+                [(s.queue, s.id) for s in enqueued])):
+            step.state = "running" if runs else step.state
+        return info
 
     async def page(self, limit: int = 20, offset: int = 0) -> tuple[int, list[FlowInfo]]:
         """The number of flows kept, and a page of them, the latest first, without their
@@ -114,7 +149,7 @@ class ClientFlows:
                     flow_id, s.failed), s.error or s.state)
             left = RESULT_RECHECK if deadline is None else deadline - time.monotonic()
             if left <= 0:
-                raise waited_too_long(flow_id, timeout or 0)
+                raise waited_too_long(flow_id, timeout or 0, "flow")
             if s.current is not None and s.current != waited:
                 waited, pause = s.current, FLOW_POLL_MIN
                 try:

@@ -159,6 +159,12 @@ class Inspector:
     async def flow(self, flow_id: str) -> FlowInfo:
         return await self._client.flows.info(flow_id)
 
+    async def is_flow(self, task_id: str, queue: str | None = None) -> bool:
+        """Whether the id, which no task has (none in `queue` when named), is a flow's: the
+        task commands point a flow's id to the flow's."""
+        return (queue is None and await self.broker.find_queue(task_id) is None
+                and await self._client.flows.named(task_id, None))
+
     async def namespaces(self) -> list[str]:
         """The namespaces that hold queues on this Redis (a SCAN bounded in time)."""
         return await self.broker.namespaces()

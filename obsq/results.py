@@ -169,6 +169,6 @@ def _outcome(task_id: str, state: str, value: Any) -> Any:
     return decode_stored_json(value)
 
 
-def waited_too_long(task_id: str, timeout: float) -> ResultTimeout:
-    return ResultTimeout(f"task {task_id} did not finish within the {timeout:g} s result() "
+def waited_too_long(task_id: str, timeout: float, what: str = "task") -> ResultTimeout:
+    return ResultTimeout(f"{what} {task_id} did not finish within the {timeout:g} s result() "
                          "waits")

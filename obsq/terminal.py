@@ -138,7 +138,7 @@ def flow_text(out: Output, f: FlowInfo) -> str:
               ("error", out.paint(first_line(f.error or ""), "error")),
               ("result", json_text(f.result) if f.result is not None else "")]
     lines = [f"{out.paint(name.ljust(12), 'bold')}{value}" for name, value in fields]
-    rows = [[str(s.index), s.id, s.queue, s.type, (s.state, s.state),
+    rows = [[str(s.index), s.id, s.queue, s.type, (s.state, _FLOW_STYLE.get(s.state, s.state)),
              " ".join(map(str, s.waits_for)) or "-"] for s in f.steps]
     return "\n".join([*lines, "", out.table(["step", "task", "queue", "type", "state",
                                              "waits for"], rows)])

@@ -6,11 +6,11 @@ task lives in its queue's slot, so a launch is two calls made safe by the order 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from obsq.broker.calls import RedisCalls
-from obsq.broker.keys import FlowKeys
+from obsq.broker.keys import FlowKeys, QueueKeys
 from obsq.broker.wire import argv, in_order
 
 
@@ -110,11 +110,21 @@ class Flowing(RedisCalls):
 
     async def tasks_exist(self, tasks: Sequence[tuple[str, str]]) -> list[bool]:
         """Whether each (queue, task id) has a task hash, in one round trip."""
+        return await self._each_task(tasks, lambda pipe, k, task_id: pipe.exists(
+            k.task(task_id)))
+
+    async def tasks_running(self, tasks: Sequence[tuple[str, str]]) -> list[bool]:
+        """Whether each (queue, task id) has an attempt running, in one round trip."""
+        return await self._each_task(tasks, lambda pipe, k, task_id: pipe.hexists(
+            k.active, task_id))
+
+    async def _each_task(self, tasks: Sequence[tuple[str, str]],
+                         ask: Callable[[Any, QueueKeys, str], Any]) -> list[bool]:
         if not tasks:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for queue, task_id in tasks:
-            pipe.exists(self.keys(queue).task(task_id))
+            ask(pipe, self.keys(queue), task_id)
         return [bool(n) for n in await self._guard("flow_info", pipe.execute())]
 
     async def flow_ends(self, queue: str, count: int) -> list[bytes]:

@@ -276,3 +276,49 @@ async def test_result_waits_for_the_running_step_instead_of_polling(
     assert await client.result(flow, timeout=30) == 2
     # one read per step's end and a few while its flow hears of it, not one per 5-200 ms
     assert reads <= 12, reads
+
+
+async def test_a_flows_id_stands_for_it_where_a_tasks_does(
+        app, client, start_worker, obsq_cli, redis_url, caplog) -> None:
+    """info, result, cancel and delete take a flow's id (the Client's, the SyncClient's and
+    the CLI's task commands); a step of an unhandled type is warned of; a running member
+    shows as running; a flow's ResultTimeout names the flow."""
+    held = asyncio.Semaphore(0)
+
+    @app.task("hold")
+    async def hold(task: obsq.Task):
+        held.release()
+        await asyncio.sleep(60)
+
+    await start_worker(concurrency=4)
+    with caplog.at_level("WARNING", logger="obsq"):
+        stuck = await client.enqueue(chain(Job("hold", queue="idle"), Job("hodl")))
+    assert "'hodl' has no handler in the App of this Client" in caplog.text
+    assert (await client.info(stuck.id)).steps[1].type == "hodl"
+    with pytest.raises(obsq.ResultTimeout, match=f"flow {stuck.id} did not finish"):
+        await client.result(stuck.id, timeout=0.2)
+    code, output = await obsq_cli("task", stuck.id)
+    assert code == 1 and f"is a flow's id, not a task's: obsq flow {stuck.id}" in output
+    code, output = await obsq_cli("cancel", stuck.id)
+    assert code == 0 and f"cancelled flow {stuck.id} (it was running)" in output
+    code, output = await obsq_cli("delete", stuck.id)
+    assert code == 0 and f"deleted flow {stuck.id} (it was cancelled)" in output
+
+    flow = await client.enqueue(chord([Job("hold"), Job("hold")], Job("hold")))
+    for _ in range(2):
+        await asyncio.wait_for(held.acquire(), 10)
+    info = await client.info(flow.id)
+    assert [s.state for s in info.steps] == ["running", "running", "waiting"]
+    code, output = await obsq_cli("flow", flow.id)
+    assert code == 0 and output.count("running") == 3, output  # the flow and two members
+    assert await client.cancel(flow.id) == "running"
+    with pytest.raises(obsq.FlowFailed):
+        await client.result(flow.id, timeout=5)
+
+    def sync_calls() -> tuple[str, str]:
+        with obsq.SyncClient(redis_url, app=app) as sync_client:
+            return sync_client.info(flow.id).state, sync_client.delete(flow.id)
+
+    assert await asyncio.to_thread(sync_calls) == ("cancelled", "cancelled")
+    with pytest.raises(obsq.TaskNotFound, match="no task"):
+        await client.info(flow.id)
