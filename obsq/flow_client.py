@@ -68,6 +68,9 @@ def or_flow(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
 
 
 class ClientFlows:
+    """A Client's calls for flows only (`client.flows`), by flow id: what the Client's enqueue,
+    info, result, cancel and delete do when given a flow, and a listing of the flows kept."""
+
     def __init__(self, client: Client) -> None:
         self.client = client
         self.broker = client.broker
