@@ -131,3 +131,16 @@ def test_a_redis_server_that_cannot_say_its_version_is_passed_over(tmp_path, mon
     broken.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     assert str(broken) not in redis_servers().values()
+
+
+def test_the_pages_say_how_long_the_demo_runs() -> None:
+    """A new user waits for the demo to end: the README and the getting-started page say
+    when it does, the parser's default, and the flag that changes it."""
+    from support import ROOT
+
+    from obsq.cli import build_parser
+
+    default = build_parser().parse_args(["demo"]).duration
+    for page in ("README.md", "docs/guides/getting-started.md"):
+        text = " ".join((ROOT / page).read_text().split())
+        assert f"after {default:g} s (`--duration SECONDS`" in text, page

@@ -28,8 +28,8 @@ from pages import (
 from support import ROOT, obsq_env
 
 # What the suite runs: Python blocks here or in tests/test_readme.py, shell commands in
-# tests/test_readme.py, each by what it is.
-LANGUAGES = {"python", "sh"}
+# tests/test_readme.py, each by what it is; TOML blocks (pyproject settings) here.
+LANGUAGES = {"python", "sh", "toml"}
 
 
 def standalone() -> list[Block]:
@@ -63,6 +63,25 @@ def test_the_python_block_runs_as_written(block: Block, tmp_path: Path,
                 r.unlink(key)
         r.close()
     assert result.returncode == 0, f"{block.where}\n{result.stdout}\n{result.stderr}"
+
+
+def test_a_toml_block_holds_settings_this_repository_runs_with() -> None:
+    """Settings a page suggests for a pyproject.toml parse, and each is the value of this
+    repository's own pyproject.toml, under which the suite (and the testing guide's
+    example tests) run."""
+    tomllib = pytest.importorskip("tomllib")
+    ours = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+    def leaves(table: dict, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], object]]:
+        return [leaf for key, value in table.items() for leaf in (
+            leaves(value, (*path, key)) if isinstance(value, dict) else [((*path, key), value)])]
+
+    for block in blocks("toml"):
+        for path, value in leaves(tomllib.loads(block.text)):
+            mine: object = ours
+            for key in path:
+                mine = mine.get(key) if isinstance(mine, dict) else None
+            assert mine == value, f"{block.where}: {'.'.join(path)} = {value!r}, ours {mine!r}"
 
 
 def test_every_block_is_in_a_language_the_suite_runs() -> None:
@@ -109,3 +128,17 @@ def test_the_readme_stays_a_front_door() -> None:
     local = [link for link in links if "://" not in link]
     assert [link for link in local if not (ROOT / link).exists()] == []
     assert sum(link.startswith("docs/") for link in local) >= 10
+
+
+def test_getting_started_says_which_namespace_a_client_writes_to(monkeypatch) -> None:
+    """An exported OBSQ_NAMESPACE reaches the `obsq` commands, not a Client in code, which
+    writes to its own argument, else its App's: the page says so rather than that every
+    process finds its namespace the same way."""
+    import obsq
+
+    monkeypatch.setenv("OBSQ_NAMESPACE", "exported")
+    assert obsq.Client(app=obsq.App(namespace="invoicing")).namespace == "invoicing"
+    assert obsq.Client("redis://localhost:6379/0", "given").namespace == "given"
+    text = " ".join((ROOT / "docs" / "guides" / "getting-started.md").read_text().split())
+    assert "Every process and command finds" not in text
+    assert "The Client in your code reads neither variable" in text

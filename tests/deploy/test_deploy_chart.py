@@ -1282,3 +1282,14 @@ def test_redis_tls_files_come_from_a_secret_in_every_container(helm: str) -> Non
     assert "OBSQ_REDIS_TLS_CERT" not in env and env["OBSQ_REDIS_TLS_CA"].endswith("/ca.crt")
     no_tls = env_of(container(helm_template(helm).one("Deployment", "-worker")))
     assert not [k for k in no_tls if k.startswith("OBSQ_REDIS_TLS_")]
+
+
+def test_the_minimal_example_names_the_apps_namespace_as_the_values_say_it_must() -> None:
+    """The chart cannot read the App's namespace from the code, and the exporter and the
+    dashboards need one: the minimal example sets it, and the value's description says it
+    must be the App's (the workers warn at start when it is not)."""
+    example = yaml.safe_load((ROOT / "examples" / "helm" / "values-minimal.yaml").read_text())
+    assert example["obsq"]["namespace"]
+    described = (CHART / "values.yaml").read_text().split("  namespace: obsq")[0]
+    assert "Set it to your App's namespace" in described.splitlines()[-1]
+    assert "Set it to your App's namespace" in (CHART / "README.md").read_text()
