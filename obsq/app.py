@@ -331,7 +331,8 @@ class App:
 
     def on_flow_end(self, hook: FlowHook) -> FlowHook:
         """Call `hook(state)` when a worker, recording a step's end, ends its flow
-        (`completed` or `failed`: a flow cancelled by a Client is not told here)."""
+        (`completed` or `failed`), or is the first to record one of a flow a Client
+        cancelled (`cancelled`)."""
         self.flow_hooks.append(hook)
         return hook
 

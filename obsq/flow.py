@@ -18,7 +18,8 @@ from obsq.task import Job, Task, TaskMessage, decode_stored_json, timestamp_to_d
 
 FLOW_HEADER = "obsq-flow"  # "<flow id> <step>" on each step's task (enqueue.lua watches it)
 __all__ = ["FLOW_HEADER", "Chain", "Chord", "FlowInfo", "StepFailure", "chain", "chord"]
-FLOW_OUTCOMES = ("completed", "failed")  # how a worker's record of a step's end ends a flow
+# how a worker's record of a step's end ends a flow (or tells of a Client's cancel)
+FLOW_OUTCOMES = ("completed", "failed", "cancelled")
 FLOW_RETENTION = 3600.0  # how long an ended flow's state and results are kept (seconds)
 # The sweep launches a flow's first steps this long after it was written if its producer did
 # not (it died); a worker reads its flow inboxes at least every FLOW_SWEEP_INTERVAL (and at

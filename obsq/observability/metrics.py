@@ -136,7 +136,8 @@ class Metrics:
             ["queue", "task", "outcome"])
         self.flows_ended = Counter(
             "obsq_flows_ended", "Flows (chains, chords) a worker of this process ended when "
-            "it recorded a step's end: completed, or failed (a step ended dead or cancelled)",
+            "it recorded a step's end: completed, failed (a step ended dead or cancelled), "
+            "or cancelled (by a Client: counted with the first of its steps' ends)",
             ["outcome"])
         self.deliveries = Counter(
             "obsq_event_deliveries", "Attempts of the copies of published events, by event, "

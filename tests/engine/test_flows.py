@@ -131,6 +131,8 @@ async def test_cancel_and_delete_a_flow(app, client, start_worker, raw_redis,
     async def after(task: obsq.Task):
         raise AssertionError("a cancelled flow's later step ran")
 
+    ends: list[str] = []
+    app.on_flow_end(ends.append)
     await start_worker()
     flow = await client.enqueue(chain(Job("wait"), Job("after")))
     with pytest.raises(obsq.TaskRunning):
@@ -142,6 +144,7 @@ async def test_cancel_and_delete_a_flow(app, client, start_worker, raw_redis,
     await wait_until(lambda: raw_redis.hget(f"{namespace}:{{default}}:t:{flow.steps[0].id}",
                                             "state") == b"cancelled", what="step cancelled")
     assert (await client.info(flow)).state == "cancelled"
+    await wait_until(lambda: ends == ["cancelled"], what="the cancelled flow told ended")
     assert await client.delete(flow) == "cancelled"
     with pytest.raises(obsq.TaskNotFound):
         await client.info(flow)

@@ -25,5 +25,8 @@ if state == 'running' then
     end
   end
   end_flow('cancelled', now_text(), nil, nil)
+  if #out > 1 then  -- the worker that records a cancelled step's end counts the flow ended
+    redis.call('HSET', flow, 'untold', '1')
+  end
 end
 return out

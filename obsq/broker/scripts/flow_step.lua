@@ -8,7 +8,8 @@
 -- KEYS: flow hash, results hash, launching set
 -- ARGV: now, then per end: step, its end ('completed', 'dead' or 'cancelled'), its result
 --       or error (none: only read the steps launching)
--- Returns {the flow's state ('' when it is gone), '1' when this call ended it (else ''),
+-- Returns {the flow's state ('' when it is gone), '1' when this call ended it or is the first
+-- to record a step's end after its Client cancelled it (else ''),
 -- then per step to launch: step, its task}
 local flow = KEYS[1]
 local state = redis.call('HGET', flow, 'state')
@@ -63,7 +64,9 @@ end
 for i = @items, #ARGV, @stride do
   record(ARGV[i + @step], ARGV[i + @ended], ARGV[i + @value])
 end
-local out = {state, (before == 'running' and state ~= 'running') and '1' or ''}
+-- a flow its Client cancelled is told ended once, by the first record of a step's end
+local told = before == 'cancelled' and #ARGV >= @items and redis.call('HDEL', flow, 'untold') == 1
+local out = {state, ((before == 'running' and state ~= 'running') or told) and '1' or ''}
 if state == 'running' then
   for _, launch in ipairs(redis.call('SMEMBERS', KEYS[3])) do
     out[#out + 1] = launch
