@@ -13,7 +13,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from obsq.broker import Enqueued
 from obsq.enqueued import info_after_enqueue
@@ -45,15 +45,15 @@ from obsq.task import (
 if TYPE_CHECKING:
     from obsq.client import Client
 
-T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])  # the decorated method, its types kept
 
 
-def or_flow(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+def or_flow(method: F) -> F:
     """Client's info, cancel or delete of a task given a flow instead: its FlowInfo, or its id
     (flow and task ids come from one generator), looked for only once no task has it and no
     queue was named, so a task's call costs nothing more."""
     @functools.wraps(method)
-    async def call(client: Client, task_id: str | FlowInfo, queue: str | None = None) -> T:
+    async def call(client: Client, task_id: str | FlowInfo, queue: str | None = None) -> Any:
         flow_method = getattr(client.flows, method.__name__)
         if isinstance(task_id, FlowInfo):
             return await flow_method(task_id.id)
@@ -64,7 +64,7 @@ def or_flow(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
                 return await flow_method(task_id)
             raise
 
-    return call
+    return cast(F, call)
 
 
 class ClientFlows:
