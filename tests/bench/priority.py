@@ -66,8 +66,21 @@ def unfinished(raw: redis.Redis) -> int:
     return sum(pipe.execute())
 
 
-async def drain(tasks: int, mode: str, obsq_dir: str | None) -> tuple[float, float, float]:
-    """(tasks/s, worker CPU µs/task, Redis CPU µs/task) of one drain."""
+def script_cost(raw: redis.Redis, tasks: int, polls: int) -> tuple[float, float]:
+    """(µs of script calls, commands the scripts ran) per task, as Redis counts them
+    (INFO commandstats since the reset; less the `polls` of `unfinished`): steadier than
+    CPU on a shared host."""
+    stats = raw.info("commandstats")
+    scripts = stats.get("cmdstat_evalsha", {})
+    inside = sum(s["calls"] for name, s in stats.items()
+                 if not name.startswith(("cmdstat_eval", "cmdstat_script", "cmdstat_info",
+                                         "cmdstat_config")))
+    return scripts.get("usec", 0) / tasks, (inside - 12 * polls) / tasks
+
+
+async def drain(tasks: int, mode: str, obsq_dir: str | None) -> tuple[float, ...]:
+    """(tasks/s, worker CPU µs/task, Redis CPU µs/task, script µs/task, commands/task) of
+    one drain."""
     server = RedisServer().start()
     raw = redis.Redis.from_url(server.url)
     worker = None
@@ -83,13 +96,17 @@ async def drain(tasks: int, mode: str, obsq_dir: str | None) -> tuple[float, flo
             while not raw.keys(f"{NAMESPACE}:worker:*"):
                 await asyncio.sleep(0.05)
             cpu, redis_cpu = cpu_seconds(worker.pid), cpu_seconds(server.pid)
+            raw.config_resetstat()
             start = time.monotonic()
             await inspector.unpause("default")
-        while unfinished(raw):
+        polls = 1
+        while unfinished(raw):  # 12 commands a poll
+            polls += 1
             await asyncio.sleep(0.005)
         elapsed = time.monotonic() - start
         cpu, redis_cpu = cpu_seconds(worker.pid) - cpu, cpu_seconds(server.pid) - redis_cpu
-        return tasks / elapsed, cpu / tasks * 1e6, redis_cpu / tasks * 1e6
+        return (tasks / elapsed, cpu / tasks * 1e6, redis_cpu / tasks * 1e6,
+                *script_cost(raw, tasks, polls))
     finally:
         if worker is not None:
             worker.terminate()
@@ -101,19 +118,20 @@ def report_drains(args: argparse.Namespace) -> None:
     modes = [("p0", None), ("mixed", None)]
     if args.baseline:
         modes.insert(0, ("p0 baseline", args.baseline))
-    figures: dict[str, list[tuple[float, float, float]]] = {m: [] for m, _ in modes}
+    figures: dict[str, list[tuple[float, ...]]] = {m: [] for m, _ in modes}
     for round_ in range(args.rounds):
         for mode, obsq_dir in modes[round_ % len(modes):] + modes[:round_ % len(modes)]:
-            rate, cpu, redis_cpu = asyncio.run(drain(args.tasks, mode.split()[0], obsq_dir))
-            figures[mode].append((rate, cpu, redis_cpu))
-            print(f"round {round_ + 1} {mode:12} {rate:8,.0f} tasks/s  worker "
-                  f"{cpu:5.0f} µs/task  Redis {redis_cpu:5.1f} µs/task  (load average "
+            figures[mode].append(asyncio.run(drain(args.tasks, mode.split()[0], obsq_dir)))
+            print(f"round {round_ + 1} {mode:12} {line(figures[mode][-1])}  (load average "
                   f"{os.getloadavg()[0]:.2f})", flush=True)
     print(f"\nmedians of {args.rounds} rounds, {args.tasks:,} no-op tasks, concurrency 10:")
     for mode, runs in figures.items():
-        print(f"  {mode:12} {statistics.median(r[0] for r in runs):8,.0f} tasks/s  worker "
-              f"{statistics.median(r[1] for r in runs):5.0f} µs/task  Redis "
-              f"{statistics.median(r[2] for r in runs):5.1f} µs/task")
+        print(f"  {mode:12} {line([statistics.median(r[i] for r in runs) for i in range(5)])}")
+
+
+def line(f: tuple[float, ...] | list[float]) -> str:
+    return (f"{f[0]:8,.0f} tasks/s  worker CPU {f[1]:4.0f} µs/task  Redis CPU {f[2]:5.1f} "
+            f"µs/task  scripts {f[3]:5.1f} µs/task  {f[4]:5.2f} commands/task")
 
 
 async def stream(aging: float, seconds: float) -> list[tuple[float, float, float]]:
