@@ -326,3 +326,13 @@ def test_a_schedule_takes_a_priority() -> None:
     app.periodic("@every 30s", "report", priority=4)
     with pytest.raises(ValueError, match="priority must be"):
         app.periodic("@every 30s", "other", priority=12)
+
+
+async def test_a_priority_written_by_hand_as_junk_counts_as_0(client, broker, raw_redis,
+                                                              namespace) -> None:
+    info = await client.enqueue("t", 1, priority=3)
+    [task] = await _attempts(broker, 1)
+    raw_redis.hset(QueueKeys(namespace, "default").task(info.id), "pri", "x:y")
+    assert await broker.hand_back("default", [Attempt(task.id, task.fence, "t")], "w1") == [True]
+    assert [task_id for task_id, _ in await _fetch(broker)] == [info.id]
+    assert not [key for key in raw_redis.scan_iter(match=f"{namespace}:*pending:x*")]

@@ -126,7 +126,7 @@ end
 -- task hash keeps its priority in 'pri' (absent for 0). A queue whose tasks are all of
 -- priority 0 writes neither, and costs a fetch one read of the empty set.
 local function level_list(pending_key, priority)
-  if priority and priority ~= '' and priority ~= '0' then
+  if priority and string.match(priority, '^[1-9]$') then  -- junk written by hand: 0
     return pending_key .. ':' .. priority
   end
   return pending_key
