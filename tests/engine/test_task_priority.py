@@ -250,7 +250,7 @@ async def test_the_inspector_and_the_cli_show_priorities(client, inspector, obsq
     infos = [await client.enqueue("t", n, priority=p) for n, p in enumerate((2, 7, 0))]
     page = await inspector.tasks("default", "pending")
     assert [(t.id, t.priority) for t in page.tasks] == [
-        (infos[1].id, 7), (infos[0].id, 2), (infos[2].id, 0)]  # in the order they run
+        (infos[1].id, 7), (infos[0].id, 2), (infos[2].id, 0)]  # the highest first
     assert (await inspector.task(infos[1].id)).priority == 7
     code, out = await obsq_cli("tasks", "default", "pending")
     assert code == 0 and "priority" in out.splitlines()[0]
