@@ -110,7 +110,8 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
                       (delete, "delete the ended flow and its steps' tasks")):
         sub.add_argument("id")
         sub.add_argument("--queue", help="its queue (default: looked up)")
-        sub.add_argument("--flow", action="store_true", help=f"ID is a flow's: {what}")
+        sub.add_argument("--flow", action="store_true", help=f"ID is a flow's: {what} "
+                         "(without it: when no task has ID and a flow has)")
     purge = command("purge", "delete every task of a queue in one state", handler)
     purge.add_argument("queue")
     purge.add_argument("state", choices=PURGEABLE)

@@ -46,8 +46,8 @@ SECURITY_HEADERS = [
 Refused = (QueueNotFound, TaskNotFound, TaskRunning, ValueError)
 # a flow's and a step's states drawn in the colours of the task states
 FLOW_STYLES = {"running": "active", "failed": "dead", "cancelled": "dead"}
-STEP_STYLES = {"waiting": "pending", "launching": "scheduled", "enqueued": "active",
-               "cancelled": "dead"}
+STEP_STYLES = {"waiting": "pending", "launching": "scheduled", "enqueued": "pending",
+               "running": "active", "cancelled": "dead"}
 
 
 def create_app(inspector: Inspector, *, token: str | None = None, read_only: bool = False,

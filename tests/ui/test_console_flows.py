@@ -16,7 +16,7 @@ from obsq import Job, chain, chord
 
 async def test_the_flow_pages(app, client, start_worker, browser, console_process,
                               tmp_path: Path) -> None:
-    go = asyncio.Event()
+    go, summing = asyncio.Event(), asyncio.Event()
 
     @app.task("fetch")
     async def fetch(task: obsq.Task):
@@ -24,6 +24,7 @@ async def test_the_flow_pages(app, client, start_worker, browser, console_proces
 
     @app.task("sum")
     async def total(task: obsq.Task):
+        summing.set()
         await go.wait()  # held running until the page has been seen
         return sum(task.previous)
 
@@ -48,13 +49,14 @@ async def test_the_flow_pages(app, client, start_worker, browser, console_proces
     assert "card declined <b>" in await page.locator("table.flows").inner_text()  # as text
     await page.screenshot(path=str(tmp_path / "flows.png"), full_page=True)
 
+    await asyncio.wait_for(summing.wait(), 20)  # the callback runs
     await page.goto(f"{base}/flows/{running.id}")
     steps = page.locator("table.steps tbody tr")
-    await page.get_by_text("enqueued").first.wait_for()  # the callback runs
+    await steps.first.wait_for()
     assert await steps.count() == 4
     texts = [(await steps.nth(i).inner_text()).lower() for i in range(4)]
     assert "completed" in texts[0] and "completed" in texts[1]
-    assert "enqueued" in texts[2] and "waiting" in texts[3]
+    assert "running" in texts[2] and "waiting" in texts[3]
     go.set()  # the page follows the flow to its end by itself
     await page.locator("h1 .state.completed").wait_for(timeout=20_000)
     assert "completed" in (await steps.nth(3).inner_text()).lower()
