@@ -248,7 +248,7 @@ CHECKS: list[tuple[str, Callable[[], None]]] = [
     ("nothing for tests in the image", check_nothing_for_tests),
     ("obsq worker runs tasks, answers /healthz and /metrics, exports spans", check_worker),
     ("obsq scheduler answers /healthz and /readyz",
-     lambda: serves(["obsq", "scheduler", APP, "--http-port", "{port}"], "/healthz", "/readyz")),
+     lambda: serves(["obsq", "scheduler", APP, "--http-port", "{port}"], "/readyz", "/healthz")),
     ("obsq exporter answers /healthz and /metrics",
      lambda: serves(["obsq", "exporter", "--http-port", "{port}"], "/healthz", "/metrics")),
     ("obsq ui answers /, /healthz and /metrics",
