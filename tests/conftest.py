@@ -46,6 +46,16 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return 2 * (os.cpu_count() or 1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow fault-injection tests run one after another on one xdist worker (`--dist
+    loadgroup`): each starts servers and workers and breaks them on a schedule, which
+    several at once on a small machine would blur."""
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group("slow"))
+
+
 @pytest.fixture(scope="session")
 def session_redis() -> Iterator[Callable[[bool], str]]:
     """`session_redis(restricted)`: the URL of this process's Redis, started on first use
