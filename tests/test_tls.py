@@ -79,7 +79,7 @@ async def test_client_worker_and_scheduler_speak_tls(tls_redis, pki, app, namesp
     app.periodic("@every 0.2s", "echo", "tick", name="ticker", retention=60)
     await start_worker(redis_url=url)
     async with obsq.Client(url, app=app) as client:
-        info = await client.enqueue("echo", {"over": "tls"})
+        info = await client.enqueue("echo", {"over": "tls"}, retention=60)
         assert await client.result(info, timeout=10) == {"over": "tls"}
         scheduler = Scheduler(app, url, handle_signals=False,
                               settings=SchedulerSettings(lock_ttl=1.0))
