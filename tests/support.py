@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,13 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
             raise AssertionError(f"{what} not met within {timeout} s"
                                  + (f" (last error: {error!r})" if error else ""))
         time.sleep(interval)
+
+
+async def equal(value: Awaitable[Any], expected: Any) -> bool:
+    """For wait_until: `value` awaited is `expected`; else an AssertionError naming both,
+    which wait_until counts as not yet and reports when it gives up."""
+    assert await value == expected
+    return True
 
 
 async def wait_until(condition: Callable[[], Any], timeout: float = 15.0,

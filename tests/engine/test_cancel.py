@@ -9,11 +9,9 @@ import asyncio
 import signal
 import threading
 import time
-from collections.abc import Awaitable
-from typing import Any
 
 import pytest
-from support import depth, wait_until
+from support import depth, equal, wait_until
 
 import obsq
 from obsq import cli
@@ -185,7 +183,7 @@ async def test_purging_pending_takes_the_tasks_held_back_and_waiting_on_a_key(
             return sorted([t.id for offset in (0, 3, 6)
                            for t in (await inspector.tasks("default", "pending", 3, offset)).tasks])
 
-        await wait_until(lambda: _equal(listed(), expected), what="the pending pages")
+        await wait_until(lambda: equal(listed(), expected), what="the pending pages")
         assert await broker.redis.llen(broker.keys("default").prefix + "held:one")
         assert await inspector.purge("default", "pending") == 5 + 4
     assert (await depth(broker))["pending"] == 0
@@ -195,11 +193,6 @@ async def test_purging_pending_takes_the_tasks_held_back_and_waiting_on_a_key(
     for info in held[1:] + keyed:
         with pytest.raises(obsq.TaskNotFound):
             await client.info(info.id)
-
-
-async def _equal(value: Awaitable[Any], expected: Any) -> bool:
-    assert await value == expected  # an AssertionError names both while waiting
-    return True
 
 
 async def _state_is(client: obsq.Client, task_id: str, state: str) -> bool:
