@@ -50,14 +50,6 @@ def _http_port(args: argparse.Namespace, default: int) -> int:
         raise ConfigurationError(f"OBSQ_HTTP_PORT={raw!r} is not a port number") from None
 
 
-def _namespace_flag(value: str) -> str:
-    """--namespace checked where it is read: an empty one would otherwise mean the default."""
-    try:
-        return validate_namespace(value)
-    except ConfigurationError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _namespace(args: argparse.Namespace) -> str:
     return args.namespace or os.environ.get("OBSQ_NAMESPACE") or DEFAULT_NAMESPACE
 
@@ -187,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help, description=help)
         sub.add_argument("--redis-url", help="redis://[:password@]host:port/db, rediss://, "
                          "unix://, redis+cluster://, redis+sentinel:// (OBSQ_REDIS_URL)")
-        sub.add_argument("--namespace", type=_namespace_flag, help=namespace_help)
+        sub.add_argument("--namespace", help=namespace_help)
         sub.set_defaults(handler=handler)
         return sub
 
@@ -261,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     importable, a port taken), 2 a wrong command line or setting (argparse's own too)."""
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "namespace", None) is not None:  # "" would otherwise mean the default
+            validate_namespace(args.namespace)
         return args.handler(args)
     except (ConfigurationError, BrokerError) as exc:
         if isinstance(exc, BrokerError) and not exc.permission_denied:

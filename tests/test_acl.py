@@ -353,7 +353,7 @@ async def test_a_user_denied_info_warns_once_and_runs(admin, namespace, start_wo
     await start_worker(app, redis_url=url)
     admin_url = url.replace("no-info:pw@", "")
     async with obsq.Client(admin_url, app=app) as client:
-        assert await client.result(await client.enqueue("ok", 7), timeout=10) == 7
+        assert await client.result(await client.enqueue("ok", 7, retention=60), timeout=10) == 7
     # INFO refused to the worker's start-up check and to its heartbeat's first read of the
     # policy: warned of once still
     await wait_until(lambda: refusals(admin, "no-info", "info") >= 2)
