@@ -12,8 +12,9 @@ import pytest
 from support import ROOT
 
 from obsq.broker.calls import SCRIPTS
+from obsq.broker.keys import TASK_STATES
 from obsq.broker.records import FetchedTask
-from obsq.broker.wire import LAYOUTS, REPLIES, Layout, argv, constants, in_order
+from obsq.broker.wire import LAYOUTS, REPLIES, Layout, Reply, argv, constants, in_order
 
 SCRIPT_DIR = ROOT / "obsq" / "broker" / "scripts"
 BODIES = {p.stem: p.read_text() for p in sorted(SCRIPT_DIR.glob("[!_]*.lua"))}
@@ -24,6 +25,7 @@ BY_NUMBER = re.compile(r"ARGV\[\s*\d|ARGV\[\s*i\s*[-+]\s*\d|#ARGV\s*[<>=~]+\s*\d
 
 def test_every_script_has_a_layout_and_loads_with_it() -> None:
     assert set(LAYOUTS) == set(BODIES)
+    assert set(REPLIES) <= set(BODIES)
     assert set(SCRIPTS) == set(BODIES)
     assert not [name for name, s in SCRIPTS.items() if "@" in COMMENT.sub("", s.source)]
 
@@ -105,3 +107,39 @@ def test_a_name_cannot_mean_two_positions() -> None:
 
 def test_a_fetched_task_is_read_in_the_order_dequeue_writes_it() -> None:
     assert REPLIES["dequeue"].item == FetchedTask._fields
+
+
+# A reply written as a list of values, `return {a, b}`, where the script's own body returns
+# (indented two spaces at most: the chunk, or an `if` of it), or a value put at a number of
+# the reply table (`out`) or of one of its rows.
+LISTED_REPLY = re.compile(r"^ {0,2}return \{\s*[^\s\[}]", re.M)
+AT_A_NUMBER = re.compile(r"\b(?:out|row)\[\s*\d+\s*\]\s*=[^=]")
+
+
+@pytest.mark.parametrize("name", sorted(REPLIES))
+def test_the_script_writes_its_reply_by_the_declared_names_only(name: str) -> None:
+    code = COMMENT.sub("", BODIES[name])
+    assert not LISTED_REPLY.findall(code), f"{name}.lua returns values listed by position"
+    assert not AT_A_NUMBER.findall(code), f"{name}.lua puts a value at a number"
+    written = set(re.findall(r"\[\s*(?:[\w#]+\s*\+\s*)?@(r_\w+|rt_\w+)\s*\]\s*=[^=]", code))
+    declared = set(REPLIES[name].constants) - {"r_stride"}
+    assert written == declared, f"{name}.lua writes {sorted(written)}, declared {sorted(declared)}"
+
+
+def test_a_reply_is_read_by_the_names_it_is_written_by() -> None:
+    shape = Reply(("now", "count", "rows"), ("id", "fence"), count_in="count",
+                  tail=("type", "why"), rows={"rows": ("a", "b")})
+    reply = [7, 2, [["x", "y"], ["z"]], "t1", 1, "t2", 2, "held", "rate"]
+    head = shape.head_of(reply)
+    assert (head.now, head.count) == (7, 2)
+    assert [(r.id, r.fence) for r in shape.records(reply)] == [("t1", 1), ("t2", 2)]
+    assert shape.tail_of(reply) == [["held", "rate"]]
+    assert [(r.a, r.b) for r in shape.rows_of("rows", head.rows)] == [("x", "y"), ("z", None)]
+    assert shape.head_of([7]).count is None  # a Lua table ends at its first nil
+    assert shape.constants["r_rows_b"] == 2 and shape.constants["rt_why"] == 2
+    with pytest.raises(ValueError, match="twice"):
+        Reply(("id",), ("id",))
+
+
+def test_the_depths_of_stats_are_the_task_states_in_order() -> None:
+    assert REPLIES["stats"].head[:len(TASK_STATES)] == TASK_STATES

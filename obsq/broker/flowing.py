@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.keys import FlowKeys, QueueKeys
-from obsq.broker.wire import argv, in_order
+from obsq.broker.wire import REPLIES, argv, in_order
 
 
 class FlowState(NamedTuple):
@@ -48,8 +48,10 @@ class Flowing(RedisCalls):
         k = self.flow_keys(flow_id)
         reply = await self._script("flow_step", (k.flow, k.results, k.launching),
                                    argv("flow_step", ends))
-        return (_state(reply[0]), reply[1] == b"1",
-                [(int(s), m) for s, m in zip(reply[2::2], reply[3::2])])
+        shape = REPLIES["flow_step"]
+        head = shape.head_of(reply)
+        return (_state(head.state), head.ended == b"1",
+                [(int(r.step), r.task) for r in shape.records(reply)])
 
     async def flow_launching(self, flow_id: str) -> tuple[str, list[tuple[int, bytes]]]:
         """The flow's state and the steps it has launching (those of a process that died
@@ -68,11 +70,12 @@ class Flowing(RedisCalls):
         k = self.flow_keys(flow_id)
         reply = await self._script("flow_cancel", (k.flow, k.results, k.launching),
                                    argv("flow_cancel"))
+        shape = REPLIES["flow_cancel"]
         steps = []
-        for step, where in zip(reply[1::2], reply[2::2]):
-            queue, _, task_type = where.decode().partition("\t")
-            steps.append((int(step), queue, task_type))
-        return _state(reply[0]), steps
+        for r in shape.records(reply):
+            queue, _, task_type = r.where.decode().partition("\t")
+            steps.append((int(r.step), queue, task_type))
+        return _state(shape.head_of(reply).state), steps
 
     async def flow_previous(self, flow_id: str, step: int
                             ) -> tuple[bool, str, list[bytes | None]]:
@@ -81,19 +84,23 @@ class Flowing(RedisCalls):
         k = self.flow_keys(flow_id)
         reply = await self._script("flow_previous", (k.flow, k.results),
                                    argv("flow_previous", step=step))
-        return reply[0] == b"1", reply[1].decode(), list(reply[2:])
+        shape = REPLIES["flow_previous"]
+        head = shape.head_of(reply)
+        return (head.chord == b"1", head.waited.decode(),
+                [r.result for r in shape.records(reply)])
 
     async def flow_state(self, flow_id: str) -> FlowState | None:
         """Where a flow stands, without its steps; None when it is gone."""
         k = self.flow_keys(flow_id)
-        reply = await self._script("flow_state", (k.flow, k.results), argv("flow_state"))
-        if not reply[0]:
+        r = REPLIES["flow_state"].head_of(
+            await self._script("flow_state", (k.flow, k.results), argv("flow_state")))
+        if not r.state:
             return None
-        state, failed, error, steps, done, written, ended, current, queue, *result = reply
-        return FlowState(state.decode(), int(failed) if failed else None,
-                         error.decode(errors="replace"), int(steps), int(done), written or None,
-                         ended or None, int(current) if current else None, queue.decode(),
-                         result[0] if result else None)
+        return FlowState(r.state.decode(), int(r.failed) if r.failed else None,
+                         r.error.decode(errors="replace"), int(r.steps), int(r.completed),
+                         r.written or None, r.ended or None,
+                         int(r.current) if r.current else None, r.current_queue.decode(),
+                         r.result)
 
     async def flow_record(self, flow_id: str) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
         """The flow's hash and its results ({} when it is gone)."""

@@ -16,7 +16,7 @@ import orjson
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.records import BatchRecord, GroupListing, GroupRecord
-from obsq.broker.wire import argv
+from obsq.broker.wire import REPLIES, argv
 
 # How each state's page is ordered: what runs next first (pending: oldest first, from the
 # right end of the list; scheduled/retry: soonest due; active: soonest lease expiry), what
@@ -63,16 +63,18 @@ class Inspection(RedisCalls):
         """A page of the queue's groups (by type, oldest first) and one of its batches (by
         the end of their claim), read together (groups.lua)."""
         k = self.keys(queue)
-        now, total, next_offset, batch_total, next_batch, groups, batches = await self._script(
+        shape = REPLIES["groups"]
+        r = shape.head_of(await self._script(
             "groups", (k.group_types, k.batches),
             argv("groups", offset=offset, limit=limit, batch_offset=batch_offset,
-                 batch_limit=batch_limit))
+                 batch_limit=batch_limit)))
         return GroupListing(
-            now, total, next_offset if next_offset >= 0 else None, batch_total,
-            next_batch if next_batch >= 0 else None,
-            [GroupRecord(_text(t), _text(g), _number(size) or 0, _number(first), _number(last))
-             for t, g, size, first, last in groups],
-            [_batch_record(b) for b in batches])
+            r.now, r.total, r.next_offset if r.next_offset >= 0 else None, r.batch_total,
+            r.next_batch if r.next_batch >= 0 else None,
+            [GroupRecord(_text(g.type), _text(g.group), _number(g.size) or 0,
+                         _number(g.first), _number(g.last))
+             for g in shape.rows_of("groups", r.groups)],
+            [_batch_record(b) for b in shape.rows_of("batches", r.batches)])
 
     async def task_record(self, queue: str, task_id: str
                           ) -> tuple[dict[bytes, bytes], bytes | None, str, int | None]:
@@ -157,23 +159,23 @@ class Inspection(RedisCalls):
 
 def _page(reply: list[Any]) -> tuple[int, int | None, list[PageRow]]:
     """page.lua's reply: (total, next offset or None, rows)."""
-    total, next_offset = reply[0], reply[1]
-    rows: list[PageRow] = []
-    for i in range(2, len(reply), 12):
-        r = reply[i:i + 12]
-        rows.append((_text(r[0]), _number(r[1]), _text(r[2]), _number(r[3]) or 0,
-                     _number(r[4]), _number(r[5]), _number(r[6]), _text(r[7]), r[8],
-                     _text(r[9]), _number(r[10]), _number(r[11]) or 0))
-    return total, (next_offset if next_offset >= 0 else None), rows
+    shape = REPLIES["page"]
+    head = shape.head_of(reply)
+    rows: list[PageRow] = [
+        (_text(r.id), _number(r.score), _text(r.type), _number(r.retried) or 0,
+         _number(r.enqueued), _number(r.due), _number(r.done), _text(r.error), r.payload,
+         _text(r.owner), _number(r.size), _number(r.priority) or 0)
+        for r in shape.records(reply)]
+    return head.total, (head.next_offset if head.next_offset >= 0 else None), rows
 
 
-def _batch_record(raw: list[Any]) -> BatchRecord:
+def _batch_record(b: Any) -> BatchRecord:
     """A batch of groups.lua's reply; fields written by hand read as empty or 0."""
-    if len(raw) < 8:  # its hash is not a hash
-        return BatchRecord(_text(raw[0]), _number(raw[1]), "", "", [], "", 0, "", False)
-    batch_id, claim_end, task_type, group, ids, owner, failures, error = raw
-    return BatchRecord(_text(batch_id), _number(claim_end), _text(task_type), _text(group),
-                       _text(ids).split(), _text(owner), _number(failures) or 0, _text(error))
+    if b.type is None:  # its hash is not a hash
+        return BatchRecord(_text(b.id), _number(b.claim_end), "", "", [], "", 0, "", False)
+    return BatchRecord(_text(b.id), _number(b.claim_end), _text(b.type), _text(b.group),
+                       _text(b.ids).split(), _text(b.owner), _number(b.failures) or 0,
+                       _text(b.error))
 
 
 def _delete_keys(k: Any) -> tuple[str, ...]:

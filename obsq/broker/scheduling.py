@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.records import DueFires, ScheduleRecord
-from obsq.broker.wire import argv
+from obsq.broker.wire import REPLIES, argv
 
 
 class Scheduling(RedisCalls):
@@ -87,12 +87,13 @@ class Scheduling(RedisCalls):
         s = self.schedule_keys
         reply = await self._script("schedules", (s.next, s.entries, s.last, s.firing,
                                                  s.counts), argv("schedules", limit=limit))
+        shape = REPLIES["schedules"]
         records = [
-            ScheduleRecord(reply[i].decode(errors="replace"), reply[i + 2] or None,
-                           float(reply[i + 1]), _count(reply[i + 3]) or None,
-                           reply[i + 4] or None, _count(reply[i + 5]), _count(reply[i + 6]))
-            for i in range(1, len(reply), 7)]
-        return reply[0], records
+            ScheduleRecord(r.name.decode(errors="replace"), r.definition or None,
+                           float(r.next), _count(r.last) or None, r.claim or None,
+                           _count(r.fires), _count(r.missed))
+            for r in shape.records(reply)]
+        return shape.head_of(reply).now, records
 
 
 def _score(ms: float) -> str:

@@ -13,7 +13,7 @@ from redis.exceptions import RedisError, ResponseError
 from obsq.broker.calls import RedisCalls, ScriptCall
 from obsq.broker.keys import TASK_STATES
 from obsq.broker.records import QueueStats
-from obsq.broker.wire import argv
+from obsq.broker.wire import REPLIES, argv
 
 
 class Upkeep(RedisCalls):
@@ -121,12 +121,12 @@ class Upkeep(RedisCalls):
             calls.append(("stats", (k.pending, k.lease, k.scheduled, k.retry, k.dead,
                                     k.completed, k.cancelled, k.paused), argv("stats")))
         stats = {}
-        for queue, r in zip(queues, await self._scripts(calls)):
-            oldest, paused, now, aggregating = r[7:11]
-            stats[queue] = QueueStats({**dict(zip(TASK_STATES, r[:7])),
-                                       "aggregating": aggregating},
-                                      max(now - oldest, 0) / 1000 if oldest >= 0 else 0.0,
-                                      bool(paused))
+        for queue, reply in zip(queues, await self._scripts(calls)):
+            r = REPLIES["stats"].head_of(reply)
+            stats[queue] = QueueStats({**{state: getattr(r, state) for state in TASK_STATES},
+                                       "aggregating": r.aggregating},
+                                      max(r.now - r.oldest_due, 0) / 1000
+                                      if r.oldest_due >= 0 else 0.0, bool(r.paused))
         return stats
 
     async def unfinished(self, queues: Sequence[str], worker_id: str) -> int:

@@ -3,10 +3,12 @@
 into its text when it is loaded (scripts.py). A field added, moved or renamed on one side
 without the other fails at load or in tests/test_wire.py, not in production.
 
-A reply with repeated parts is declared too (`Reply`): its leading values, then items of
+A reply read by position is declared too (`Reply`): its leading values, then items of
 fixed fields (their count in a leading value, or to the end), then optional pairs to the
-end; the script writes each value at `out[@r_name]`, an item's at `base + @r_name` and a
-pair's at `base + @rt_name` (1-based), and Python reads them by the same names.
+end; a leading value may be a list of rows of its own fields (`rows`). The script writes
+each value at `out[@r_name]`, an item's at `base + @r_name`, a pair's at `base + @rt_name`
+(1-based) and a row's field at `row[@r_<value>_<field>]`, and Python reads them by the same
+names (`Reply.head_of`, `records`, `rows_of`).
 
 A spec lists ARGV after "now" (the runner's, always first): plain names in order, then
 `*(a b c)` for items repeated to the end (Lua: `for i = @items, #ARGV, @stride`, fields
@@ -17,8 +19,11 @@ name means the same position in every mode; mode "*" is any other value."""
 from __future__ import annotations
 
 import re
+from collections import namedtuple
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from obsq.broker.keys import TASK_STATES
 
 _SPEC = re.compile(r"\*\((?P<items>[\w ]+)\)|(?P<rest>\w+)\.\.\.|(?P<name>\w+)")
 
@@ -99,21 +104,38 @@ def modes(field: str, **specs: str) -> Layout:
 
 class Reply:
     """A script's reply: `head` values, then `count_in` (a head value; "" to the end)
-    items of `item` fields, then pairs of `tail` fields to the end."""
+    items of `item` fields, then pairs of `tail` fields to the end; `rows` names the head
+    values that are lists of rows, with each row's fields."""
 
-    __slots__ = ("constants", "count_in", "head", "item", "tail")
+    __slots__ = ("_head", "_item", "_rows", "constants", "count_in", "head", "item", "rows",
+                 "tail")
 
     def __init__(self, head: Sequence[str] = (), item: Sequence[str] = (), *,
-                 count_in: str = "", tail: Sequence[str] = ()) -> None:
+                 count_in: str = "", tail: Sequence[str] = (),
+                 rows: dict[str, Sequence[str]] | None = None) -> None:
         self.head, self.item, self.tail, self.count_in = tuple(head), tuple(item), tuple(
             tail), count_in
-        self.constants = {f"r_{n}": i + 1 for i, n in enumerate(self.head)}
-        self.constants.update({f"r_{n}": i + 1 for i, n in enumerate(self.item)})
-        self.constants.update({f"rt_{n}": i + 1 for i, n in enumerate(self.tail)})
-        if len(self.constants) != len(self.head) + len(self.item) + len(self.tail):
+        self.rows = {part: tuple(fields) for part, fields in (rows or {}).items()}
+        if not set(self.rows) <= set(self.head):
+            raise ValueError("rows belong to a head value")
+        named = [(f"r_{n}", i + 1) for i, n in enumerate(self.head)]
+        named += [(f"r_{n}", i + 1) for i, n in enumerate(self.item)]
+        named += [(f"rt_{n}", i + 1) for i, n in enumerate(self.tail)]
+        named += [(f"r_{part}_{n}", i + 1) for part, fields in self.rows.items()
+                  for i, n in enumerate(fields)]
+        self.constants = dict(named)
+        if len(self.constants) != len(named):
             raise ValueError("a reply names a field twice")
         if count_in:  # the script counts its items
             self.constants["r_stride"] = len(self.item)
+        self._head = namedtuple("Head", self.head)
+        self._item = namedtuple("Item", self.item)
+        self._rows = {part: namedtuple("Row", fields) for part, fields in self.rows.items()}
+
+    def head_of(self, reply: Sequence[Any]) -> Any:
+        """The leading values by name; those missing at the end read as None (a Lua table
+        ends at its first nil)."""
+        return self._head._make(_padded(reply[:len(self.head)], len(self.head)))
 
     def items(self, reply: Sequence[Any]) -> list[Sequence[Any]]:
         """The reply's items, each a slice of `item` fields in the declared order."""
@@ -122,10 +144,24 @@ class Reply:
                else len(reply))
         return [reply[i:i + stride] for i in range(start, end, stride)]
 
+    def records(self, reply: Sequence[Any]) -> list[Any]:
+        """The reply's items, each by its fields' names."""
+        return [self._item._make(item) for item in self.items(reply)]
+
+    def rows_of(self, part: str, rows: Sequence[Sequence[Any]]) -> list[Any]:
+        """The rows of head value `part`, each by its fields' names (a short row's missing
+        fields read as None)."""
+        shape, size = self._rows[part], len(self.rows[part])
+        return [shape._make(_padded(row, size)) for row in rows]
+
     def tail_of(self, reply: Sequence[Any]) -> list[Sequence[Any]]:
         """The pairs after the items."""
         start = len(self.head) + int(reply[self.head.index(self.count_in)]) * len(self.item)
         return [reply[i:i + len(self.tail)] for i in range(start, len(reply), len(self.tail))]
+
+
+def _padded(values: Sequence[Any], size: int) -> list[Any]:
+    return [*values, *[None] * (size - len(values))]
 
 
 # Each script's ARGV after now, as its header comment describes it.
@@ -187,14 +223,30 @@ LAYOUTS: dict[str, Layout] = {
     "watch": Layout("id client watching"),
 }
 
-# The replies read by position with repeated parts. dequeue's items are FetchedTask's
-# fields, in its order (records.py).
+# The replies read by position. dequeue's items are FetchedTask's fields, in its order
+# (records.py).
 DEQUEUE_TASK = ("id", "fence", "type", "payload", "headers", "options", "retried", "due_ms",
                 "id_chosen", "ordering_key", "waited", "slot", "binary", "suspect")
 REPLIES: dict[str, Reply] = {
     "dequeue": Reply(("now", "dropped", "count"), DEQUEUE_TASK, count_in="count",
                      tail=("type", "why")),
     "enqueue": Reply((), ("position", "refusal")),
+    "flow_cancel": Reply(("state",), ("step", "where")),
+    "flow_previous": Reply(("chord", "waited"), ("result",)),
+    "flow_state": Reply(("state", "failed", "error", "steps", "completed", "written", "ended",
+                         "current", "current_queue", "result")),
+    "flow_step": Reply(("state", "ended"), ("step", "task")),
+    "groups": Reply(("now", "total", "next_offset", "batch_total", "next_batch", "groups",
+                     "batches"),
+                    rows={"groups": ("type", "group", "size", "first", "last"),
+                          "batches": ("id", "claim_end", "type", "group", "ids", "owner",
+                                      "failures", "error")}),
+    "page": Reply(("total", "next_offset"),
+                  ("id", "score", "type", "retried", "enqueued", "due", "done", "error",
+                   "payload", "owner", "size", "priority")),
+    "schedules": Reply(("now",), ("name", "next", "definition", "last", "claim", "fires",
+                                  "missed")),
+    "stats": Reply((*TASK_STATES, "oldest_due", "paused", "now", "aggregating")),
 }
 
 

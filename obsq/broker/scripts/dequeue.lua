@@ -16,7 +16,7 @@
 -- alone); then per task held back: its type and why ('concurrency' or 'rate')}.
 -- The pop comes first, so a Redis at maxmemory lets the script finish.
 if redis.call('EXISTS', KEYS[4]) == 1 then
-  return {0, 0, 0}
+  return {[@r_now] = 0, [@r_dropped] = 0, [@r_count] = 0}
 end
 local now = now_ms()
 
@@ -90,7 +90,7 @@ else
 end
 if not ids then
   redis.call('DEL', KEYS[3])
-  return {now, 0, 0}
+  return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0}
 end
 local limits = ARGV[@limits] ~= '' and cjson.decode(ARGV[@limits]) or nil
 

@@ -7,10 +7,11 @@
 -- still wait or run: step, '<queue>\t<type>'}
 local flow = KEYS[1]
 local state = redis.call('HGET', flow, 'state')
+local out = {}
+out[@r_state] = state or ''
 if not state then
-  return {''}
+  return out
 end
-local out = {state}
 if state == 'running' then
   local count = tonumber(redis.call('HGET', flow, 'nodes'))
   local fields = {}
@@ -20,8 +21,9 @@ if state == 'running' then
   local states = hmget_sliced(flow, fields)
   for n = 0, count - 1 do
     if states[n + 1] == 'l' or states[n + 1] == 'r' then
-      out[#out + 1] = n
-      out[#out + 1] = redis.call('HGET', flow, 'q:' .. n)
+      local o = #out
+      out[o + @r_step] = n
+      out[o + @r_where] = redis.call('HGET', flow, 'q:' .. n)
     end
   end
   end_flow('cancelled', now_text(), nil, nil)

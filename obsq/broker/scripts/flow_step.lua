@@ -13,8 +13,10 @@
 -- then per step to launch: step, its task}
 local flow = KEYS[1]
 local state = redis.call('HGET', flow, 'state')
+local out = {}
 if not state then
-  return {''}
+  out[@r_state] = ''
+  return out
 end
 local before = state
 
@@ -66,11 +68,13 @@ for i = @items, #ARGV, @stride do
 end
 -- a flow its Client cancelled is told ended once, by the first record of a step's end
 local told = before == 'cancelled' and #ARGV >= @items and redis.call('HDEL', flow, 'untold') == 1
-local out = {state, ((before == 'running' and state ~= 'running') or told) and '1' or ''}
+out[@r_state] = state
+out[@r_ended] = ((before == 'running' and state ~= 'running') or told) and '1' or ''
 if state == 'running' then
   for _, launch in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-    out[#out + 1] = launch
-    out[#out + 1] = redis.call('HGET', flow, 'm:' .. launch) or ''
+    local o = #out
+    out[o + @r_step] = launch
+    out[o + @r_task] = redis.call('HGET', flow, 'm:' .. launch) or ''
   end
 end
 return out

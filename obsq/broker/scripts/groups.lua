@@ -8,7 +8,7 @@
 -- Returns {now, groups in all, next group offset or -1, batches in all, next batch offset
 -- or -1, {{type, group, size, oldest task (ms), newest task (ms)}, ...}, {{id, claim end
 -- (ms), type, group, ids, owner, failures, error}, ...}}; a batch whose hash is not a hash
--- (written by hand) comes as {id, claim end, false}.
+-- (written by hand) comes as {id, claim end}.
 local now = now_ms()
 local offset, limit = tonumber(ARGV[@offset]), tonumber(ARGV[@limit])
 local batch_offset, batch_limit = tonumber(ARGV[@batch_offset]), tonumber(ARGV[@batch_limit])
@@ -24,10 +24,13 @@ for _, task_type in ipairs(types) do
     local raw = redis.call('ZRANGE', first_key, start, start + limit - #groups - 1, 'WITHSCORES')
     for i = 1, #raw, 2 do
       local group = raw[i]
-      groups[#groups + 1] = {task_type, group,
-                             redis.call('ZSCORE', prefix .. 'gsize:' .. task_type, group) or '',
-                             raw[i + 1],
-                             redis.call('ZSCORE', prefix .. 'glast:' .. task_type, group) or ''}
+      local row = {}
+      row[@r_groups_type] = task_type
+      row[@r_groups_group] = group
+      row[@r_groups_size] = redis.call('ZSCORE', prefix .. 'gsize:' .. task_type, group) or ''
+      row[@r_groups_first] = raw[i + 1]
+      row[@r_groups_last] = redis.call('ZSCORE', prefix .. 'glast:' .. task_type, group) or ''
+      groups[#groups + 1] = row
     end
   end
   total = total + n
@@ -44,15 +47,29 @@ local raw = redis.call('ZRANGE', KEYS[2], batch_offset, batch_offset + batch_lim
 for i = 1, #raw, 2 do
   local f = redis.pcall('HMGET', prefix .. 'batch:' .. raw[i], 'type', 'group', 'ids', 'owner',
                         'failures', 'error')
-  if f.err then
-    batches[#batches + 1] = {raw[i], raw[i + 1], false}
-  else
-    batches[#batches + 1] = {raw[i], raw[i + 1], f[1] or '', f[2] or '', f[3] or '',
-                             f[4] or '', f[5] or '', f[6] or ''}
+  local row = {}
+  row[@r_batches_id] = raw[i]
+  row[@r_batches_claim_end] = raw[i + 1]
+  if not f.err then  -- else the batch's fields end the row: its hash is not a hash
+    row[@r_batches_type] = f[1] or ''
+    row[@r_batches_group] = f[2] or ''
+    row[@r_batches_ids] = f[3] or ''
+    row[@r_batches_owner] = f[4] or ''
+    row[@r_batches_failures] = f[5] or ''
+    row[@r_batches_error] = f[6] or ''
   end
+  batches[#batches + 1] = row
 end
 local next_batch = -1
 if batch_offset + #batches < batch_total and #batches > 0 then
   next_batch = batch_offset + #batches
 end
-return {now, total, next_offset, batch_total, next_batch, groups, batches}
+local out = {}
+out[@r_now] = now
+out[@r_total] = total
+out[@r_next_offset] = next_offset
+out[@r_batch_total] = batch_total
+out[@r_next_batch] = next_batch
+out[@r_groups] = groups
+out[@r_batches] = batches
+return out

@@ -80,7 +80,9 @@ local function window(start, n)
   return ids, scores
 end
 
-local out = {total, -1}
+local out = {}
+out[@r_total] = total
+out[@r_next_offset] = -1
 local active = prefix .. 'active'
 local pos, found, scanned = offset, 0, 0
 local chunk = want == '' and limit or 200
@@ -97,12 +99,19 @@ while found < limit and pos < total and scanned < cap do
     if matches(f[1]) then
       found = found + 1
       local owner = redis.call('HGET', active, id) or ''
-      local row = {id, scores[i], f[1] or '', f[2] or '', f[3] or '', f[4] or '', f[5] or '',
-                   string.sub(f[6] or '', 1, 300), string.sub(f[8] or f[7] or '', 1, 300),
-                   owner, f[8] and #f[8] or '', f[9] or ''}
-      for _, v in ipairs(row) do
-        out[#out + 1] = v
-      end
+      local o = #out
+      out[o + @r_id] = id
+      out[o + @r_score] = scores[i]
+      out[o + @r_type] = f[1] or ''
+      out[o + @r_retried] = f[2] or ''
+      out[o + @r_enqueued] = f[3] or ''
+      out[o + @r_due] = f[4] or ''
+      out[o + @r_done] = f[5] or ''
+      out[o + @r_error] = string.sub(f[6] or '', 1, 300)
+      out[o + @r_payload] = string.sub(f[8] or f[7] or '', 1, 300)
+      out[o + @r_owner] = owner
+      out[o + @r_size] = f[8] and #f[8] or ''
+      out[o + @r_priority] = f[9] or ''
       if found == limit then
         break
       end
@@ -110,6 +119,6 @@ while found < limit and pos < total and scanned < cap do
   end
 end
 if pos < total then
-  out[2] = pos
+  out[@r_next_offset] = pos
 end
 return out
