@@ -155,10 +155,7 @@ class RedisCalls:
                                                                  members=queues))
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        try:
-            return await self.runner.call(SCRIPTS[name], keys, args)
-        except (RedisError, OSError) as exc:
-            raise self.failed(name, exc) from exc
+        return await self._guard(name, self.runner.call(SCRIPTS[name], keys, args))
 
     async def _producer_script(self, name: str, keys: Sequence[str], args: Sequence[Any]
                                ) -> Any:
@@ -166,10 +163,7 @@ class RedisCalls:
         the pool; with `durable_replicas`, followed by WAIT (_script_replicated)."""
         if self.durable_replicas:
             return await self._script_replicated(name, keys, args)
-        try:
-            return await self.runner.call_kept(SCRIPTS[name], keys, args)
-        except (RedisError, OSError) as exc:
-            raise self.failed(name, exc) from exc
+        return await self._guard(name, self.runner.call_kept(SCRIPTS[name], keys, args))
 
     async def _script_replicated(self, name: str, keys: Sequence[str], args: Sequence[Any]
                                  ) -> Any:

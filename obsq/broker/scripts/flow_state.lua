@@ -8,20 +8,12 @@
 -- step's result}
 local f = redis.call('HMGET', KEYS[1], 'state', 'failed', 'error', 'nodes', 'ndone', 'enq',
                      'done', 'tail', 'cur')
-local out = {}
 if not f[1] then
-  out[@r_state] = ''
-  return out
+  return {[@r_state] = ''}
 end
 local queue = f[9] and redis.call('HGET', KEYS[1], 'q:' .. f[9]) or ''
-out[@r_state] = f[1]
-out[@r_failed] = f[2] or ''
-out[@r_error] = f[3] or ''
-out[@r_steps] = f[4] or '0'
-out[@r_completed] = f[5] or '0'
-out[@r_written] = f[6] or ''
-out[@r_ended] = f[7] or ''
-out[@r_current] = f[9] or ''
-out[@r_current_queue] = string.match(queue, '^[^\t]*')
-out[@r_result] = redis.call('HGET', KEYS[2], f[8] or '')
-return out
+return {[@r_state] = f[1], [@r_failed] = f[2] or '', [@r_error] = f[3] or '',
+        [@r_steps] = f[4] or '0', [@r_completed] = f[5] or '0', [@r_written] = f[6] or '',
+        [@r_ended] = f[7] or '', [@r_current] = f[9] or '',
+        [@r_current_queue] = string.match(queue, '^[^\t]*'),
+        [@r_result] = redis.call('HGET', KEYS[2], f[8] or '')}

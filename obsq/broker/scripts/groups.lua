@@ -13,6 +13,14 @@ local now = now_ms()
 local offset, limit = tonumber(ARGV[@offset]), tonumber(ARGV[@limit])
 local batch_offset, batch_limit = tonumber(ARGV[@batch_offset]), tonumber(ARGV[@batch_limit])
 
+-- The offset of the page after `rows`, read from `offset` of `total`; -1 after the last.
+local function next_page(offset, rows, total)
+  if #rows > 0 and offset + #rows < total then
+    return offset + #rows
+  end
+  return -1
+end
+
 local types = redis.call('SMEMBERS', KEYS[1])
 table.sort(types)
 local groups, total = {}, 0
@@ -35,10 +43,6 @@ for _, task_type in ipairs(types) do
   end
   total = total + n
 end
-local next_offset = -1
-if offset + #groups < total and #groups > 0 then
-  next_offset = offset + #groups
-end
 
 local batches = {}
 local batch_total = redis.call('ZCARD', KEYS[2])
@@ -60,16 +64,7 @@ for i = 1, #raw, 2 do
   end
   batches[#batches + 1] = row
 end
-local next_batch = -1
-if batch_offset + #batches < batch_total and #batches > 0 then
-  next_batch = batch_offset + #batches
-end
-local out = {}
-out[@r_now] = now
-out[@r_total] = total
-out[@r_next_offset] = next_offset
-out[@r_batch_total] = batch_total
-out[@r_next_batch] = next_batch
-out[@r_groups] = groups
-out[@r_batches] = batches
-return out
+return {[@r_now] = now, [@r_total] = total, [@r_next_offset] = next_page(offset, groups, total),
+        [@r_batch_total] = batch_total,
+        [@r_next_batch] = next_page(batch_offset, batches, batch_total),
+        [@r_groups] = groups, [@r_batches] = batches}

@@ -80,9 +80,7 @@ local function window(start, n)
   return ids, scores
 end
 
-local out = {}
-out[@r_total] = total
-out[@r_next_offset] = -1
+local out = {[@r_total] = total, [@r_next_offset] = -1}
 local active = prefix .. 'active'
 local pos, found, scanned = offset, 0, 0
 local chunk = want == '' and limit or 200

@@ -19,16 +19,9 @@ for _, list in ipairs(lists) do  -- pending, and the lists of its other prioriti
   pending = pending + redis.call('LLEN', list)
 end
 local waiting = tonumber(redis.call('GET', prefix .. 'waiting')) or 0
-local out = {}
-out[@r_pending] = pending + waiting
-out[@r_active] = redis.call('ZCARD', KEYS[2])
-out[@r_scheduled] = redis.call('ZCARD', KEYS[3])
-out[@r_retry] = redis.call('ZCARD', KEYS[4])
-out[@r_dead] = redis.call('ZCARD', KEYS[5])
-out[@r_completed] = redis.call('ZCARD', KEYS[6])
-out[@r_cancelled] = redis.call('ZCARD', KEYS[7])
-out[@r_oldest_due] = oldest
-out[@r_paused] = redis.call('EXISTS', KEYS[8])
-out[@r_now] = now
-out[@r_aggregating] = tonumber(redis.call('GET', prefix .. 'grouped')) or 0
-return out
+return {[@r_pending] = pending + waiting, [@r_active] = redis.call('ZCARD', KEYS[2]),
+        [@r_scheduled] = redis.call('ZCARD', KEYS[3]), [@r_retry] = redis.call('ZCARD', KEYS[4]),
+        [@r_dead] = redis.call('ZCARD', KEYS[5]), [@r_completed] = redis.call('ZCARD', KEYS[6]),
+        [@r_cancelled] = redis.call('ZCARD', KEYS[7]), [@r_oldest_due] = oldest,
+        [@r_paused] = redis.call('EXISTS', KEYS[8]), [@r_now] = now,
+        [@r_aggregating] = tonumber(redis.call('GET', prefix .. 'grouped')) or 0}
