@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from obsq.app import App
@@ -44,14 +43,14 @@ GROUP_HEADER = "obsq-group"  # on an aggregated task: the group it was made of
 class AggregationLoop(BackgroundLoop):
     name = "aggregator"
 
-    def __init__(self, app: App, broker: Broker, owner: str, queues: Sequence[str],
+    def __init__(self, app: App, broker: Broker, owner: str, queues: list[str],
                  interval: float, lease: float, allow_eviction: bool = False) -> None:
         """`allow_eviction`: the worker's (it checked Redis's policy at start)."""
         super().__init__(interval, broker.clock)
         self.app = app
         self.broker = broker
         self.owner = owner
-        self.queues = list(queues)
+        self.queues = queues  # shared: the worker adds partitions to it
         self.lease = lease
         self._running: set[asyncio.Task[None]] = set()  # aggregations under way
         self._abandoned: list[Batch] = []  # claimed, their aggregation cancelled by stop()

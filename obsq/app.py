@@ -15,10 +15,12 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from obsq.errors import ConfigurationError, StartupError
 from obsq.names import subscriber_task_type, validate_name, validate_namespace
+from obsq.partitions import check_partitions
+from obsq.patterns import PatternTable
 from obsq.priority import check_priority
 from obsq.schedule import Schedule
 from obsq.seconds import check_seconds, parse_rate
@@ -52,48 +54,6 @@ OUTCOMES = ("success", "retry", "dead", "cancelled", "requeued", "lease_lost", "
 RECOVERY_REASONS = ("expired", "worker_lost")
 THROTTLE_REASONS = ("concurrency", "rate", "ordering")
 AGGREGATION_OUTCOMES = ("success", "failed")
-CATCH_ALL = "*"
-PREFIX_ENDINGS = (":", ".")
-T = TypeVar("T")
-
-
-def is_prefix(pattern: str) -> bool:
-    return pattern == CATCH_ALL or pattern.endswith(PREFIX_ENDINGS)
-
-
-class PatternTable(Generic[T]):
-    """Values by route pattern, found for a task type as routes are: the exact type, else
-    the longest prefix (ending in ':' or '.') it starts with, else '*'."""
-
-    def __init__(self) -> None:
-        self._exact: dict[str, T] = {}
-        self._prefixes: list[tuple[str, T]] = []  # longest first, '*' last
-        self._cache: dict[str, T | None] = {}
-
-    def __contains__(self, pattern: str) -> bool:
-        return pattern in self._exact or any(p == pattern for p, _ in self._prefixes)
-
-    def add(self, pattern: str, value: T) -> None:
-        if is_prefix(pattern):
-            self._prefixes.append((pattern, value))
-            self._prefixes.sort(key=lambda item: (item[0] == CATCH_ALL, -len(item[0])))
-        else:
-            self._exact[pattern] = value
-        self._cache.clear()
-
-    def match(self, task_type: str) -> T | None:
-        found = self._cache.get(task_type, _MISSING)
-        if found is _MISSING:
-            found = self._exact.get(task_type)
-            if found is None:
-                found = next((v for p, v in self._prefixes
-                              if p == CATCH_ALL or task_type.startswith(p)), None)
-            if len(self._cache) < 10_000:  # types behind "*" are unbounded
-                self._cache[task_type] = found
-        return found
-
-    def values(self) -> list[T]:
-        return [*self._exact.values(), *(v for _, v in self._prefixes)]
 
 
 @dataclass(frozen=True)
@@ -159,6 +119,13 @@ class App:
         self.import_path: str | None = None  # "module:attribute", when load_app loaded it
         self.stuck_hooks: list[StuckHook] = []
         self.flow_hooks: list[FlowHook] = []
+        self.partitions: dict[str, int] = {}  # queue -> partitions, of app.queue
+
+    def queue(self, name: str, *, partitions: int = 1) -> None:
+        """Declare a queue stored as `partitions` partitions (obsq/partitions.py): on a
+        Redis Cluster they spread over its masters, so one hot queue uses all of them. Its
+        workers write the count to Redis, where producers without this App read it."""
+        self.partitions[validate_name("queue", name)] = check_partitions(partitions)
 
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
              timeout: float | None = None, retry_delay: RetryDelay = None,
@@ -212,9 +179,10 @@ class App:
 
     @property
     def queues(self) -> list[str]:
-        """The queues its routes declare, and `default` (where the others' tasks go): what
-        a worker serves when it is not told which queues."""
-        return sorted({DEFAULT_QUEUE, *(r.queue for r in self.routes if r.queue)})
+        """The queues its routes and app.queue declare, and `default` (where the others'
+        tasks go): what a worker serves when it is not told which queues."""
+        return sorted({DEFAULT_QUEUE, *(r.queue for r in self.routes if r.queue),
+                       *self.partitions})
 
     def periodic(self, spec: str, task_type: str, payload: Any = None, *,
                  name: str | None = None, timezone: str = "UTC", missed: str = "once",
@@ -367,7 +335,6 @@ def _bind(middleware: Middleware, call_next: CallNext) -> CallNext:
     return call
 
 
-_MISSING: Any = object()
 
 
 def load_app(spec: str) -> App:

@@ -6,7 +6,7 @@ or retries, or whose worker dies, ends cancelled there too."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from obsq.broker import Broker
 from obsq.loop import BackgroundLoop
@@ -15,13 +15,13 @@ from obsq.loop import BackgroundLoop
 class CancelWatcher(BackgroundLoop):
     name = "cancel-watcher"
 
-    def __init__(self, broker: Broker, worker_id: str, queues: Sequence[str],
+    def __init__(self, broker: Broker, worker_id: str, queues: list[str],
                  wait: float, cancel: Callable[[str, str], None]) -> None:
         """`cancel(queue, task id)` stops the attempt running it, if any."""
         super().__init__(wait)
         self.broker = broker
         self.worker_id = worker_id
-        self.queues = list(queues)
+        self.queues = queues  # shared: the worker adds partitions to it
         self.cancel = cancel
 
     async def tick(self) -> float:

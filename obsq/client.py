@@ -33,6 +33,8 @@ from obsq.fanout import check_event, check_grouped, event_jobs
 from obsq.flow import Chain, Chord, FlowInfo
 from obsq.flow_client import ClientFlows, or_flow
 from obsq.names import validate_namespace
+from obsq.partitions import queue_of
+from obsq.placement import Placement
 from obsq.producer_chain import ProducerChain
 from obsq.results import ResultWaiter, waited_too_long
 from obsq.schedule import Schedule, ScheduleInfo, read_schedules
@@ -85,6 +87,7 @@ class Client:
         self.results = ResultWaiter(self.broker, self.deadlines)
         self.hooks: list[ProducerHook] = []
         self.refusal_hooks: list[RefusalHook] = []
+        self.placement = Placement(self.broker, app.partitions if app is not None else {})
         self._queues = QueueRegistry(self._register_queues)
         self._coalescer = EnqueueCoalescer(self.broker.enqueue, ENQUEUE_BATCH, lambda write: (
             self.deadlines.run("enqueue", write)))
@@ -204,6 +207,7 @@ class Client:
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
         """The innermost layer: group by queue and write each group with the enqueues other
         callers make at the same time (EnqueueCoalescer), the queues at once."""
+        await self.placement.place(messages)
         by_queue = group_by_queue(messages)
         self.check_served(await self._queues.ensure(by_queue))
         if len(by_queue) == 1:
@@ -238,11 +242,13 @@ class Client:
     async def _enqueue_grouped(self, group: str, job: Job) -> TaskInfo:
         """Through the producer hooks (trace context, counts) into the group."""
         async def store(messages: list[TaskMessage]) -> list[TaskInfo]:
-            m = messages[0]
-            self.check_served(await self._queues.ensure([m.queue]))
-            status = (await self.broker.group(m.queue, m.type, group, messages))[0]
+            await self.placement.place(messages, group)
+            m, kept_in = messages[0], messages[0].partition or messages[0].queue
+            self.check_served(await self._queues.ensure([kept_in]))
+            status = (await self.broker.group(kept_in, m.type, group, messages))[0]
             return [TaskInfo(id=m.id, type=m.type, queue=m.queue, state="aggregating",
-                             headers=m.headers, duplicate=not status.created)]
+                             headers=m.headers, duplicate=not status.created,
+                             partition=m.partition)]
 
         message = self._message(job, self.broker.clock.time())
         self._warn_if_unhandled([job], group=True)
@@ -276,7 +282,7 @@ class Client:
         except BrokerError:
             return  # the enqueue itself reports a Redis that is away
         served = {q for w in workers for q in w.get("queues") or ()}
-        for queue in sorted(queues - served):
+        for queue in sorted({queue_of(q) for q in queues} - served):
             log.warning("enqueued to queue %r of namespace %r, which no live worker serves: "
                         "start one with --namespace %s --queues %s%s", queue, self.namespace,
                         self.namespace, queue, "" if self.app else _GIVE_THE_APP)
@@ -285,7 +291,7 @@ class Client:
     @or_flow
     async def info(self, task_id: str | FlowInfo, queue: str | None = None) -> Any:
         """The task's (or flow's: its FlowInfo or id) current state; raises TaskNotFound."""
-        queue = queue or await self.broker.find_queue(task_id)
+        queue = await self.placement.locate(task_id, queue)
         if queue is not None:
             fields, progress = await self.broker.task_fields(queue, task_id)
             if fields:
@@ -301,7 +307,7 @@ class Client:
         if isinstance(task_id, FlowInfo):
             return await self.flows.result(task_id.id, timeout)
         if isinstance(task_id, TaskInfo):
-            queue, task_id = task_id.queue, task_id.id
+            queue, task_id = task_id.partition or task_id.queue, task_id.id
         try:  # a Redis that stops answering cannot stretch the wait past `timeout` either
             return await asyncio.wait_for(self._result(task_id, timeout, queue), timeout)
         except ResultTimeout:
@@ -314,8 +320,7 @@ class Client:
         return await self.flows.result(task_id, timeout)  # a flow's id: no task has it
 
     async def _result(self, task_id: str, timeout: float | None, queue: str | None) -> Any:
-        queue = queue or await self.deadlines.run("find_queue",
-                                                  self.broker.find_queue(task_id))
+        queue = await self.deadlines.run("find_queue", self.placement.locate(task_id, queue))
         if queue is None:
             raise TaskNotFound(f"no task {task_id!r}")
         return await self.results.wait(queue, task_id, timeout)
@@ -328,7 +333,7 @@ class Client:
         within moments (async handlers get asyncio.CancelledError, plain functions see
         `task.cancelled`) and then ends cancelled: returns "running". One that ended already
         stays as it is: returns its state. Raises TaskNotFound. A flow (or its id): ClientFlows."""
-        queue = queue or await self.broker.find_queue(task_id)
+        queue = await self.placement.locate(task_id, queue)
         state = await self.broker.cancel(queue, task_id) if queue else ""
         if not state:
             raise TaskNotFound(f"no task {task_id!r}")
@@ -339,7 +344,7 @@ class Client:
     async def delete(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
         """Delete a task (or an ended flow and its steps) that is not running, with all kept
         for it; returns the state it was in. Raises TaskRunning (cancel first), TaskNotFound."""
-        queue = queue or await self.broker.find_queue(task_id)
+        queue = await self.placement.locate(task_id, queue)
         state = await self.broker.delete_task(queue, task_id) if queue else ""
         if state == "running":
             raise TaskRunning(f"task {task_id} is running: cancel it first")
@@ -366,9 +371,8 @@ class Client:
     @deadline("unschedule")
     async def unschedule(self, name: str) -> bool:
         """Remove an entry added at run time; False when there is none of that name."""
-        validate_name("schedule", name)
-        status = await self.broker.remove_schedule(name)
-        if status == "app":
+        if (status := await self.broker.remove_schedule(validate_name("schedule", name))
+                ) == "app":
             raise ValueError(f"schedule {name!r} is defined by the App's code "
                              "(app.periodic): remove it there")
         return status == "removed"

@@ -12,10 +12,11 @@ from obsq.task import TaskInfo, TaskMessage
 
 
 def group_by_queue(messages: list[TaskMessage]) -> dict[str, list[TaskMessage]]:
-    """The messages of each queue, in their order: one script call writes one queue's."""
+    """The messages of each queue (or partition), in their order: one script call writes
+    one queue's."""
     by_queue: dict[str, list[TaskMessage]] = {}
     for m in messages:
-        by_queue.setdefault(m.queue, []).append(m)
+        by_queue.setdefault(m.partition or m.queue, []).append(m)
     return by_queue
 
 
@@ -38,4 +39,5 @@ def unless_duplicate(info: TaskInfo) -> TaskInfo:
 def info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
     return TaskInfo(id=status.existing_id or m.id, type=m.type, queue=m.queue,
                     state="scheduled" if m.delay > 0 else "pending", max_retry=m.max_retry,
-                    headers=m.headers, duplicate=not status.created, priority=m.priority)
+                    headers=m.headers, duplicate=not status.created, priority=m.priority,
+                    partition=m.partition)

@@ -18,6 +18,7 @@ import orjson
 from obsq.app import App
 from obsq.broker import FetchedTask
 from obsq.errors import PayloadError, Retry, SkipRetry, UnknownTaskType
+from obsq.partitions import queue_of
 from obsq.pools import make_pool
 from obsq.pools.base import UnsentResult, within
 from obsq.settings import BACKOFF_BASE, BACKOFF_CAP, DEFAULT_MAX_RETRY, DEFAULT_TIMEOUT
@@ -74,6 +75,7 @@ class Executor:
         self._warned_results: set[str] = set()  # types whose result could not be encoded
 
     def build_task(self, queue: str, raw: FetchedTask, redis_now_ms: int) -> Task:
+        """`queue`: where it was fetched, a queue or one of its partitions."""
         route = self.app.route(raw.type)
         try:
             opts = orjson.loads(raw.options) if raw.options else {}
@@ -84,7 +86,8 @@ class Executor:
         max_retry = opts.get("max_retry")
         timeout = opts.get("timeout")
         return Task(
-            id=raw.id, type=raw.type, queue=queue, raw_payload=raw.payload,
+            id=raw.id, type=raw.type, queue=queue_of(queue), raw_payload=raw.payload,
+            partition=queue if queue_of(queue) != queue else "",
             raw_headers=raw.headers, retry_count=raw.retried, fence=raw.fence,
             route=route.pattern if route else "other", id_chosen=raw.id_chosen,
             ordering_key=raw.ordering_key, slot=raw.slot, binary=raw.binary,

@@ -16,11 +16,14 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from typing import TYPE_CHECKING, Any
 
 from obsq.broker import Broker
 from obsq.errors import BrokerError
 from obsq.loop import RedisRetry
+from obsq.partitions import count_in_name
+from obsq.serving import REFRESH, ServedQueues
 from obsq.settings import ACK_LINGER, MAX_FETCH, REDIS_RETRY_MAX, STOP_WAIT
 from obsq.settlement import Settler
 
@@ -32,32 +35,42 @@ log = logging.getLogger("obsq")
 
 class Fetcher:
     def __init__(self, broker: Broker, settler: Settler, worker_id: str, slots: Slots, *,
-                 queues: dict[str, int], strict_priority: bool, lease_seconds: float,
+                 served: ServedQueues, strict_priority: bool, lease_seconds: float,
                  wait_timeout: float) -> None:
         """`slots` is what the fetcher asks (obsq/slots.py): how many tasks to fetch now
         (0: wait for `slots.freed`) and how many an idle wait may take, the route limits
-        each fetch applies; it takes what came, and `slots.stopped` ends the loop."""
+        each fetch applies; it takes what came, and `slots.stopped` ends the loop. `served`:
+        the queues, their weights and their partitions (obsq/serving.py)."""
         self.broker = broker
         self.settler = settler
         self.worker_id = worker_id
         self.slots = slots
-        self.queues = queues
+        self.served = served
         self.strict_priority = strict_priority
         self.lease_seconds = lease_seconds
         self.wait_timeout = wait_timeout
-        self._order = sorted(queues, key=lambda q: -queues[q])
+        weights = served.weights
+        self._order = sorted(weights, key=lambda q: -weights[q])
+        self._turn = 0  # which partition of each queue comes first, in turn
+        self._refresh_at = time.monotonic() + REFRESH  # the worker's start looked just now
 
     def queue_order(self) -> list[str]:
-        """Strict: by weight. Weighted: a random order, each queue first in proportion to
-        its weight, so low-weight queues are never starved."""
-        if self.strict_priority or len(self._order) == 1:
-            return self._order
-        names, weights, order = list(self._order), [self.queues[q] for q in self._order], []
-        while names:
-            i = random.choices(range(len(names)), weights)[0]
-            order.append(names.pop(i))
-            weights.pop(i)
-        return order
+        """The partitions to fetch from, in order. Queues: strict, by weight; weighted, a
+        random order, each queue first in proportion to its weight, so low-weight queues
+        are never starved. A queue's partitions: each first in turn, so a partition that is
+        never empty does not keep the others waiting."""
+        order = self._order
+        if not self.strict_priority and len(order) > 1:
+            names, weights, order = list(order), [self.served.weights[q] for q in order], []
+            while names:
+                i = random.choices(range(len(names)), weights)[0]
+                order.append(names.pop(i))
+                weights.pop(i)
+        self._turn += 1
+        partitions = self.served.partitions
+        if len(partitions) == len(self.served.names):  # no queue is partitioned
+            return order
+        return [name for queue in order for name in _rotated(partitions[queue], self._turn)]
 
     async def run(self) -> None:
         """Fetch until the worker stops; Redis errors are retried with backoff."""
@@ -66,6 +79,9 @@ class Fetcher:
         while not slots.stopped.is_set():
             wanted, _ = slots.room()
             try:
+                if time.monotonic() >= self._refresh_at:  # partitions of another count
+                    await self.served.refresh()
+                    self._refresh_at = time.monotonic() + REFRESH
                 if wanted <= 0:
                     slots.freed.clear()
                     await self.settler.wait_carrying(slots.freed, ACK_LINGER)
@@ -88,7 +104,7 @@ class Fetcher:
         """Take up to `count` tasks of `queue`; the completions gathered so far ride along."""
         fetched = await self.settler.riding(lambda completions, resent: self.broker.dequeue(
             queue, count, self.worker_id, self.lease_seconds, completions, resent,
-            self.slots.limits()))
+            self.slots.limits(count_in_name(queue))))
         self.slots.take(queue, fetched)
         return len(fetched.tasks)
 
@@ -102,8 +118,8 @@ class Fetcher:
             return  # the next fetch carries them
         first = self.queue_order()[0]
         waiter = asyncio.ensure_future(self.broker.wait_and_dequeue(
-            list(self.queues), self.wait_timeout, first, min(slots.room()[1], MAX_FETCH),
-            self.worker_id, self.lease_seconds, slots.limits()))
+            list(self.served.names), self.wait_timeout, first, min(slots.room()[1], MAX_FETCH),
+            self.worker_id, self.lease_seconds, slots.limits(count_in_name(first))))
         interrupted = False
         try:
             while not waiter.done():
@@ -147,6 +163,11 @@ class Fetcher:
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.slots.stopped.wait(), timeout=seconds)
+
+
+def _rotated(names: list[str], turn: int) -> list[str]:
+    start = turn % len(names)
+    return names[start:] + names[:start]
 
 
 def _abandon(waiter: asyncio.Future[Any]) -> None:

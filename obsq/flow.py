@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from obsq.partitions import queue_of
 from obsq.task import Job, Task, TaskMessage, decode_stored_json, timestamp_to_datetime
 
 FLOW_HEADER = "obsq-flow"  # "<flow id> <step>" on each step's task (enqueue.lua watches it)
@@ -143,7 +144,7 @@ def stored_fields(steps: list[Step], messages: list[TaskMessage], last: int,
     fields: list[Any] = ["nodes", len(steps), "tail", last, "ret", int(retention * 1000)]
     for n, (step, m) in enumerate(zip(steps, messages)):
         fields += [f"s:{n}", "l" if not step.waits_for else "w", f"m:{n}", encode_message(m),
-                   f"q:{n}", f"{m.queue}\t{m.type}"]
+                   f"q:{n}", f"{m.partition or m.queue}\t{m.type}"]
         if step.waits_for:
             fields += [f"d:{n}", " ".join(map(str, step.waits_for)),
                        f"left:{n}", len(step.waits_for)]
@@ -164,7 +165,7 @@ def encode_message(m: TaskMessage) -> bytes:
         "binary": m.binary, "headers": m.headers, "max_retry": m.max_retry,
         "timeout": m.timeout, "retention": m.retention, "delay": m.delay,
         "unique_key": m.unique_key, "unique_for": m.unique_for,
-        "ordering_key": m.ordering_key, "priority": m.priority})
+        "ordering_key": m.ordering_key, "priority": m.priority, "partition": m.partition})
 
 
 def decode_message(raw: bytes) -> TaskMessage:
@@ -175,7 +176,7 @@ def decode_message(raw: bytes) -> TaskMessage:
         max_retry=d["max_retry"], timeout=d["timeout"], retention=d["retention"],
         delay=d["delay"], unique_key=d["unique_key"], unique_for=d["unique_for"],
         ordering_key=d["ordering_key"], priority=d.get("priority", 0), binary=d["binary"],
-        id_chosen=True)
+        id_chosen=True, partition=d.get("partition", ""))
 
 
 def previous_value(flow_id: str, waits_for: str, many: bool, raw: list[bytes | None]) -> Any:
@@ -228,8 +229,8 @@ class FlowInfo:
 
         steps = []
         for n in range(int(text("nodes") or 0)):
-            queue, _, task_type = text(f"q:{n}").partition("\t")
-            steps.append(FlowStep(n, step_id(flow_id, n), queue, task_type,
+            kept_in, _, task_type = text(f"q:{n}").partition("\t")
+            steps.append(FlowStep(n, step_id(flow_id, n), queue_of(kept_in), task_type,
                                   STEP_STATES.get(text(f"s:{n}"), "waiting"),
                                   [int(d) for d in text(f"d:{n}").split()]))
         last = int(text("tail") or 0)

@@ -92,6 +92,7 @@ class ClientFlows:
         first = [n for n, step in enumerate(steps) if not step.waits_for]
 
         async def store(checked: list[TaskMessage]) -> list[TaskInfo]:
+            await self.client.placement.place(checked)
             await self.broker.create_flow(
                 flow_id, first, stored_fields(steps, checked, last, flow.retention),
                 int(now * 1000), int((now + FLOW_LAUNCH_GRACE) * 1000))

@@ -88,7 +88,7 @@ class Suspects:
         retry = RedisRetry("marking a suspect that runs alone")
         while True:
             try:
-                return await self.broker.isolate(task.queue, attempt_of(task), self.worker_id)
+                return await self.broker.isolate(task.kept_in, attempt_of(task), self.worker_id)
             except BrokerError as exc:
                 if exc.out_of_memory:
                     return True

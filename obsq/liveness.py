@@ -83,7 +83,7 @@ class Vigil:
         twice."""
         if not self.in_doubt(task):
             return True
-        held = await self.broker.still_held(task.queue, [Attempt(task.id, task.fence)],
+        held = await self.broker.still_held(task.kept_in, [Attempt(task.id, task.fence)],
                                             self.worker_id)
         if not held[0]:
             log.warning("task %s (%s) not started: it was taken over while this worker did "

@@ -1,6 +1,7 @@
 """What a name may be. Queue names, task types, namespaces, task ids and schedule names
 become parts of Redis keys: a queue name is a Redis Cluster hash tag, so braces would split
-a queue across slots, and control characters would make keys unreadable in any tool. A
+a queue across slots, and control characters would make keys unreadable in any tool; '#'
+names a queue's partitions (obsq/partitions.py), so a queue's own name may not hold it. A
 namespace starts every key, and `obsq acl` grants a user `~<namespace>:*`: a namespace
 holding ':' (`shop:tenant2`) would live inside another's grant, and ACL glob characters
 would widen it, so a namespace holds only letters, digits, '.', '_' and '-'."""
@@ -12,6 +13,7 @@ import logging
 import re
 
 from obsq.errors import ConfigurationError
+from obsq.partitions import SEPARATOR, partition_index
 
 MAX_NAME_LENGTH = 200
 _FORBIDDEN = re.compile(r"[{}\x00-\x1f]")
@@ -34,6 +36,9 @@ def _checked_name(kind: str, value: str) -> str:
     if kind in ("queue", "schedule", "group", "event", "subscriber") and (
             _SPACE.search(value)):
         raise ValueError(f"{kind} {value!r} must not contain spaces")
+    if kind == "queue" and SEPARATOR in value and partition_index(value) is None:
+        raise ValueError(f"queue {value!r} must not contain {SEPARATOR!r}, which names a "
+                         "queue's partitions (<queue>#<i>/<n>.<salt>)")
     return value
 
 

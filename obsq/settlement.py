@@ -64,17 +64,17 @@ class Settler:
 
     async def settle(self, task: Task, verdict: Verdict) -> str:
         """Record the verdict in Redis; returns the final outcome."""
-        self.claims.ending(task.queue, task.id)
+        self.claims.ending(task.kept_in, task.id)
         try:
             return await self._settle(task, verdict)
         finally:
-            self.claims.released(task.queue, task.id, task.fence)
+            self.claims.released(task.kept_in, task.id, task.fence)
 
     async def _settle(self, task: Task, verdict: Verdict) -> str:
         attempt = attempt_of(task)
         if verdict.outcome == "success":
             future: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
-            self._acks.setdefault(task.queue, []).append(_Ack(Completion(
+            self._acks.setdefault(task.kept_in, []).append(_Ack(Completion(
                 attempt, task.retention, verdict.result, task.id_chosen), future))
             self.acks_waiting.set()
             if self.direct:
@@ -85,16 +85,16 @@ class Settler:
                 return "success"
         elif verdict.outcome == "cancelled":
             recorded = await self._persist(lambda: self.broker.cancel_attempt(
-                task.queue, attempt, self.worker_id))
+                task.kept_in, attempt, self.worker_id))
         elif verdict.outcome == "handed_on":
             recorded, verdict = await self._hand_on(task, verdict)
         elif verdict.outcome == "retry":
             recorded = await self._persist(lambda: self.broker.retry(
-                task.queue, attempt, self.worker_id, verdict.delay, verdict.error_text,
+                task.kept_in, attempt, self.worker_id, verdict.delay, verdict.error_text,
                 verdict.traceback_text))
         else:
             recorded = await self._persist(lambda: self.broker.fail(
-                task.queue, attempt, self.worker_id, verdict.error_text,
+                task.kept_in, attempt, self.worker_id, verdict.error_text,
                 verdict.traceback_text))
         outcome = {True: verdict.outcome, False: "lease_lost", None: "unrecorded"}[recorded]
         if recorded is False:
@@ -124,7 +124,7 @@ class Settler:
         """Hand a task of an unknown type on -> (recorded, the verdict Redis applied: still
         handed_on, or dead past the age, or cancelled)."""
         state = await self._persist(lambda: self.broker.hand_on(
-            task.queue, attempt_of(task), self.worker_id, verdict.error_text,
+            task.kept_in, attempt_of(task), self.worker_id, verdict.error_text,
             self.unknown_type_max_age))
         if state is None:
             return None, verdict
@@ -138,7 +138,7 @@ class Settler:
         handed = 0
         by_queue: dict[str, list[Task]] = {}
         for task in tasks:
-            by_queue.setdefault(task.queue, []).append(task)
+            by_queue.setdefault(task.kept_in, []).append(task)
         for queue, group in by_queue.items():
             for task in group:
                 self.claims.ending(queue, task.id)

@@ -26,9 +26,10 @@ class Slots:
     def __init__(self, concurrency: int, broker: Broker, worker_id: str, *,
                  run: Callable[[Task], Coroutine[Any, Any, None]],
                  admit: Callable[[str, Fetched], Iterable[Task]],
-                 limits: Callable[[], bytes]) -> None:
+                 limits: Callable[[int], bytes]) -> None:
         """`admit(queue, fetched)`: the tasks of a fetch, built and counted as the worker's;
-        `run(task)`: the coroutine that runs and settles one; `limits()`: obsq.limits'."""
+        `run(task)`: the coroutine that runs and settles one; `limits(partitions)`: obsq.limits',
+        for a queue of that many partitions."""
         self.concurrency = concurrency
         self.limits = limits
         self.busy = 0  # slots whose handler runs
@@ -104,7 +105,7 @@ class Slots:
         """The task, taken out of the buffer (or the suspects) if it waits there."""
         for waiting in (self.buffer, self.suspects.waiting):
             for task in waiting:
-                if (task.id, task.queue) == (task_id, queue):
+                if (task.id, task.kept_in) == (task_id, queue):
                     waiting.remove(task)
                     return task
         return None

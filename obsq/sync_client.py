@@ -71,6 +71,7 @@ class SyncClient:
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
         """The innermost layer of the enqueues made in the caller's thread: it blocks, and
         awaits nothing, so the hooks around it run to their end at once."""
+        self._client.placement.place_blocking(messages, self._producer.partition_counts)
         by_queue = group_by_queue(messages)
         new_queues = by_queue.keys() - self._known_queues
         if new_queues:

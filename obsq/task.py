@@ -23,6 +23,7 @@ import orjson
 
 from obsq.errors import PayloadError, Retry, TaskTooLarge
 from obsq.names import validate_name
+from obsq.partitions import queue_of
 from obsq.priority import check_priority
 from obsq.progress_call import running_loop, written_from_here
 from obsq.seconds import check_seconds, duration
@@ -107,6 +108,9 @@ class TaskMessage:
     binary: bool = False  # the payload was given as bytes and stays bytes
     id_chosen: bool = False  # the producer named the id: Redis must check that it is free
     origins: list[dict[str, str]] = field(default_factory=list)  # Job.origins; not stored
+    # the partition of a partitioned queue it is written to (obsq/placement.py); "": the
+    # queue itself
+    partition: str = ""
 
     def encoded_headers(self) -> bytes:
         return orjson.dumps(self.headers) if self.headers else b""
@@ -213,6 +217,7 @@ class Task:
         "id_chosen",
         "max_retry",
         "ordering_key",
+        "partition",
         "previous",
         "queue",
         "retention",
@@ -230,12 +235,15 @@ class Task:
                  retention: float, fence: int = 0, wait_seconds: float = 0.0,
                  route: str = "other", id_chosen: bool = False, ordering_key: str = "",
                  slot: str = "", binary: bool = False, suspect: bool = False,
-                 previous: Any = None,
+                 previous: Any = None, partition: str = "",
                  update_state: Callable[[Task, Any], Coroutine[Any, Any, None]] | None = None,
                  ) -> None:
         self.id = id
         self.type = type
         self.queue = queue
+        # the partition of its queue that holds it (app.queue(name, partitions=N)); "": the
+        # queue is not partitioned
+        self.partition = partition
         self.retry_count = retry_count
         self.max_retry = max_retry
         self.timeout = timeout
@@ -260,6 +268,11 @@ class Task:
         self._headers: dict[str, str] | None = None
         self._update_state = update_state
         self._loop = running_loop()  # the worker's: a plain handler's progress goes there
+
+    @property
+    def kept_in(self) -> str:
+        """The queue whose Redis keys hold it: its partition, else its queue."""
+        return self.partition or self.queue
 
     @property
     def payload(self) -> Any:
@@ -334,12 +347,16 @@ class TaskInfo:
     next_run_at: datetime | None = None
     completed_at: datetime | None = None
     duplicate: bool = False  # enqueue_many: a unique or id conflict; id is the existing task
+    # where it is kept when its queue is partitioned (app.queue(name, partitions=N)): that
+    # partition's name; "" for a queue of one partition
+    partition: str = ""
 
     @classmethod
     def from_fields(cls, task_id: str, queue: str, f: dict[bytes, bytes],
                     progress: bytes | None) -> TaskInfo:
         """The task as its hash in Redis (and its progress key) describe it; junk written
-        there by hand reads as text, not a crash."""
+        there by hand reads as text, not a crash. `queue`: where it was read, a queue or
+        one of its partitions."""
         def text(name: bytes) -> str | None:
             value = f.get(name)
             return value.decode(errors="replace") if value is not None else None
@@ -348,7 +365,8 @@ class TaskInfo:
         state = text(b"state") or "pending"
         headers = decode_stored_json(f.get(b"headers"))
         return cls(
-            id=task_id, type=text(b"type") or "", queue=queue, state=state,
+            id=task_id, type=text(b"type") or "", queue=queue_of(queue), state=state,
+            partition=queue if queue_of(queue) != queue else "",
             retry_count=_number(f.get(b"retried")), priority=_number(f.get(b"pri")),
             max_retry=options.get("max_retry") if isinstance(options, dict) else None,
             error=text(b"error") or None, result=decode_stored_json(f.get(b"result")),

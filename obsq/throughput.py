@@ -40,7 +40,7 @@ class ThroughputCounter(BackgroundLoop):
         if task.context.get(COUNTED):
             return
         task.context[COUNTED] = True
-        self._counts.setdefault(task.queue, Counter())[outcome] += 1
+        self._counts.setdefault(task.kept_in, Counter())[outcome] += 1
 
     async def tick(self) -> None:
         counts, self._counts = self._counts, {}

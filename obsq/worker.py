@@ -41,6 +41,8 @@ from obsq.liveness import Vigil
 from obsq.loop import BackgroundLoop, on_stop_signals
 from obsq.maintenance import Forwarder, Janitor, Recoverer
 from obsq.names import warn_if_not_the_apps
+from obsq.partitions import queue_of
+from obsq.serving import ServedQueues
 from obsq.settings import FETCH_STOP_TIMEOUT, WorkerSettings
 from obsq.settlement import Settler
 from obsq.slots import Slots
@@ -90,6 +92,7 @@ class Worker:
         self.broker.dedup_window, self.broker.dedup_max_ids = (settings.dedup_window,
                                                                settings.dedup_max_ids)
         self.broker.priority_aging = settings.priority_aging
+        self.served = ServedQueues(self.broker, self.queues, app.partitions)
         self.limits = RouteLimits(app, settings.route_concurrency)
         self.slots = Slots(self.concurrency, self.broker, self.id, run=self._process,
                            admit=self._admit, limits=self.limits.encoded)
@@ -124,7 +127,8 @@ class Worker:
         s = self.settings
         await self.broker.check()
         policy = await self.broker.check_memory_policy(refuse=not s.allow_eviction)
-        await self.broker.register_queues(self.queues)
+        await self.served.start()
+        await self.broker.register_queues(self.served.names)
         vigil = Vigil(
             self.broker, self.id, s, self.claims, describe=self.describe,
             running=self.slots.running.get, memory_policy=policy,
@@ -138,7 +142,7 @@ class Worker:
         self._vigil = vigil
         self.started_at = time.time()  # in the first heartbeat's description already
         await vigil.start()  # registers its subscriptions before it serves
-        self._flows = FlowLoop(self.broker, list(self.queues), self.app.flow_hooks, self.id,
+        self._flows = FlowLoop(self.broker, self.served.names, self.app.flow_hooks, self.id,
                                s.lock_ttl)
         self._loops = [
             self._flows,
@@ -148,12 +152,12 @@ class Worker:
             Janitor(self.broker, self.id, s.janitor_interval, s.lock_ttl,
                     dead_max_age=s.dead_max_age, dead_max_count=s.dead_max_count),
             ThroughputCounter(self.app, self.broker),
-            CancelWatcher(self.broker, self.id, list(self.queues), s.wait_timeout,
+            CancelWatcher(self.broker, self.id, self.served.names, s.wait_timeout,
                           self._cancel),
         ]
         if self.app.aggregations:
             self._aggregation = AggregationLoop(self.app, self.broker, self.id,
-                                                list(self.queues), s.aggregate_interval,
+                                                self.served.names, s.aggregate_interval,
                                                 s.aggregate_lease, s.allow_eviction)
             self._aggregation.start()
         for loop in self._loops:
@@ -163,7 +167,7 @@ class Worker:
                  "on Redis %s", self.id, ",".join(f"{q}={w}" for q, w in self.queues.items()),
                  self.concurrency, loop_name(), self.namespace, self.broker.safe_url)
         warn_if_not_the_apps("worker", self.namespace, self.app.namespace)
-        fetcher = Fetcher(self.broker, self.settler, self.id, self.slots, queues=self.queues,
+        fetcher = Fetcher(self.broker, self.settler, self.id, self.slots, served=self.served,
                           strict_priority=s.strict_priority, lease_seconds=s.lease_seconds,
                           wait_timeout=s.wait_timeout)
         return asyncio.create_task(fetcher.run(), name="obsq-fetch")
@@ -179,7 +183,8 @@ class Worker:
     def describe(self) -> dict[str, Any]:
         """What the heartbeat publishes in Redis, and the endpoint's status shows."""
         return {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(),
-                "queues": self.queues, "concurrency": self.concurrency, "busy": self.slots.busy,
+                "queues": self.queues, "served": self.served.names,
+                "concurrency": self.concurrency, "busy": self.slots.busy,
                 "started": self.started_at, "version": __version__,
                 "processed": self.processed, "draining": self.draining,
                 "subscriptions": [sub.task_type for sub in self.subscriptions],
@@ -217,7 +222,7 @@ class Worker:
         """The tasks of a fetch, each held by the worker (its lease kept, its own route
         limit counted) from now; the routes it left behind are told to the throttle hooks."""
         for task_type, reason in fetched.held:
-            self._throttled(queue, task_type, reason)
+            self._throttled(queue_of(queue), task_type, reason)
         tasks = []
         for raw in fetched.tasks:
             task = self.executor.build_task(queue, raw, fetched.now_ms)
@@ -225,7 +230,7 @@ class Worker:
             self.claims.took(queue, task.id, task.fence)
             self.limits.took(task)
             if raw.waited:
-                self._throttled(queue, raw.type, "ordering")
+                self._throttled(queue_of(queue), raw.type, "ordering")
             tasks.append(task)
         return tasks
 
@@ -239,7 +244,7 @@ class Worker:
             self.slots.start(task)
             return
         for runner, task in self.slots.running.items():
-            if (task.id, task.queue) == (task_id, queue) and not task.cancelled:
+            if (task.id, task.kept_in) == (task_id, queue) and not task.cancelled:
                 task.cancelled = True
                 route = self.app.route(task.type)
                 if route is None or route.is_async or self.executor.pool.interrupts:
@@ -269,7 +274,7 @@ class Worker:
                 self.processed += 1
                 self._flows.ended(task)
             else:
-                self.claims.released(task.queue, task.id, task.fence)
+                self.claims.released(task.kept_in, task.id, task.fence)
         finally:
             self.limits.released(task)
             del self.slots.running[runner]
@@ -301,7 +306,7 @@ class Worker:
                 log.exception("stuck-slots hook %r failed", hook)
 
     async def _update_state(self, task: Task, state: Any) -> None:
-        await self.broker.set_progress(task.queue, task.id, state,
+        await self.broker.set_progress(task.kept_in, task.id, state,
                                        self.settings.progress_ttl)
 
     # -- stopping -------------------------------------------------------------------------

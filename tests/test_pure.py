@@ -11,9 +11,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import obsq
-from obsq.app import PatternTable
 from obsq.errors import ConfigurationError
 from obsq.names import validate_name
+from obsq.patterns import PatternTable
 from obsq.settings import DEFAULT_QUEUE, WorkerSettings, parse_queues
 from obsq.task import build_message
 

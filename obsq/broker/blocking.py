@@ -31,6 +31,7 @@ from obsq.broker.producing import enqueue_args, enqueue_statuses
 from obsq.broker.records import Enqueued
 from obsq.broker.runner import BlockingRunner
 from obsq.errors import BrokerError
+from obsq.partitions import stored_count
 from obsq.task import TaskMessage
 
 
@@ -87,6 +88,12 @@ class BlockingProducer(BlockingCalls):
 
     def register_queues(self, queues: Iterable[str]) -> None:
         self._script(*self.broker.register_queues_call(queues))
+
+    def partition_counts(self, queues: Sequence[str]) -> dict[str, int]:
+        """As the asyncio broker's stored_counts (producing.py)."""
+        found = self._guard("partition_counts", lambda: self.redis.hmget(
+            self.broker.global_keys.partitions, list(queues)))
+        return dict(zip(queues, map(stored_count, found)))
 
     def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:
         """Write the messages of one queue in one script call (at most ENQUEUE_BATCH)."""

@@ -88,11 +88,15 @@ class QueueKeys:
 
 
 class GlobalKeys:
-    __slots__ = ("dataset", "flow_look", "flows", "namespace", "queues", "workers")
+    __slots__ = ("dataset", "flow_look", "flows", "namespace", "partitions", "queues",
+                 "workers")
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
         self.queues = f"{namespace}:queues"  # set of every queue ever enqueued to
+        # hash queue -> its number of partitions (obsq/partitions.py), as its workers' App
+        # declares it: what producers without that App read
+        self.partitions = f"{namespace}:partitions"
         self.workers = f"{namespace}:workers"  # zset worker id -> last heartbeat (ms)
         # a token the first worker writes, no expiry: missing, the data set is gone
         self.dataset = f"{namespace}:dataset"

@@ -14,6 +14,7 @@ from typing import Any
 from obsq.broker.calls import RedisCalls
 from obsq.broker.records import Ended, Enqueued
 from obsq.broker.wire import REPLIES, argv
+from obsq.partitions import stored_count
 from obsq.settings import INBOX_BATCH, INBOX_TTL
 from obsq.task import TaskMessage
 
@@ -34,9 +35,26 @@ class Producing(RedisCalls):
         k = self.keys(queue)
         return k.pending, k.scheduled, k.wake
 
-    async def find_queue(self, task_id: str) -> str | None:
-        """The queue holding `task_id`, looked up across every known queue."""
-        queues = await self.queues()
+    async def declare_partitions(self, counts: dict[str, int]) -> None:
+        """Write queues' partition counts (a worker at start, from its App's app.queue);
+        never refused by a Redis at maxmemory (register.lua)."""
+        if counts:
+            await self._script("register", (self.global_keys.partitions,), argv(
+                "register", counts.items(), kind="hash"))
+
+    async def partition_counts(self, queues: Sequence[str]) -> dict[str, int]:
+        """The partition counts of queues as their workers declared them; 1 for a queue no
+        worker declared, or whose entry is not a count."""
+        found = await self._guard("partition_counts", self.redis.hmget(
+            self.global_keys.partitions, list(queues)))
+        return dict(zip(queues, map(stored_count, found)))
+
+    async def find_queue(self, task_id: str, queues: Sequence[str] | None = None
+                         ) -> str | None:
+        """The queue (or partition) holding `task_id`, looked up in `queues`, else across
+        every known queue."""
+        if queues is None:
+            queues = await self.queues()
         if not queues:
             return None
         pipe = self.redis.pipeline(transaction=False)

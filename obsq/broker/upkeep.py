@@ -31,8 +31,9 @@ class Upkeep(RedisCalls):
              argv("heartbeat", ttl=max(int(ttl * 1000), 1), description=orjson.dumps(description))),
             ("register", (g.workers,),  # scored by its own clock: shown, never compared
              argv("register", [(int(self.clock.time() * 1000), worker_id)], kind="zset"))]
-        if description.get("queues"):
-            calls.append(self.register_queues_call(description["queues"]))
+        served = description.get("served") or description.get("queues")
+        if served:  # its queues' partitions, where it has them
+            calls.append(self.register_queues_call(served))
         return calls
 
     async def workers(self) -> list[dict[str, Any]]:

@@ -1,10 +1,11 @@
 -- prelude: call_sliced
--- Add members to a registry: the namespace's queues (a set) or its workers (a zset, each
--- scored). They are removed first, a write that cannot grow memory, so a Redis at
+-- Add members to a registry: the namespace's queues (a set), its workers (a zset, each
+-- scored) or its queues' partition counts (a hash). They are removed first, a write that cannot grow memory, so a Redis at
 -- maxmemory runs the whole script: a worker starts and heartbeats on a full Redis, and
 -- drains it.
 -- KEYS: the registry
--- ARGV: now, 'set' or 'zset', then the members (for a zset: score, member pairs)
+-- ARGV: now, 'set', 'zset' or 'hash', then the members (for a zset: score, member pairs;
+-- for a hash: field, value pairs)
 local members, pairs_ = {}, {}
 if ARGV[@kind] == 'set' then
   for i = @members, #ARGV do
@@ -12,6 +13,14 @@ if ARGV[@kind] == 'set' then
   end
   call_sliced('SREM', KEYS[1], members)
   call_sliced('SADD', KEYS[1], members)
+elseif ARGV[@kind] == 'hash' then
+  for i = @items, #ARGV, @stride do
+    members[#members + 1] = ARGV[i + @field]
+    pairs_[#pairs_ + 1] = ARGV[i + @field]
+    pairs_[#pairs_ + 1] = ARGV[i + @value]
+  end
+  call_sliced('HDEL', KEYS[1], members)
+  call_sliced('HSET', KEYS[1], pairs_)
 else
   for i = @items, #ARGV, @stride do
     members[#members + 1] = ARGV[i + @member]

@@ -1,0 +1,95 @@
+"""Where a producer writes each task: the partition of its queue (obsq/partitions.py).
+
+A queue's partition count is the App's (`app.queue`) when the producer has the App, else
+what the queue's workers wrote to Redis; that is read again after LOOKUP_TTL, so a change
+of the count reaches producers without the App within seconds. Until it does they write
+to the previous partitions, which workers go on draining: nothing waits for good.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from obsq.partitions import SEPARATOR, choose, partition_names, placement_key, queue_of
+from obsq.task import TaskMessage
+
+if TYPE_CHECKING:
+    from obsq.broker import Broker
+
+LOOKUP_TTL = 10.0  # seconds a partition count read from Redis is used
+
+
+class Placement:
+    def __init__(self, broker: Broker, declared: dict[str, int],
+                 now: Callable[[], float] = time.monotonic) -> None:
+        """`declared`: the App's counts (app.partitions, read at each enqueue, so a queue
+        declared after the Client was made counts too)."""
+        self.broker = broker
+        self._declared = declared
+        self._learned: dict[str, tuple[int, float]] = {}  # queue -> (count, read at)
+        self._now = now
+
+    async def place(self, messages: Sequence[TaskMessage], group: str = "") -> None:
+        """Set each message's partition, the counts not known read from Redis first."""
+        unknown = self.unknown(m.queue for m in messages if not m.partition)
+        if unknown:
+            self.learn(await self.broker.partition_counts(unknown))
+        self.assign(messages, group)
+
+    def place_blocking(self, messages: Sequence[TaskMessage],
+                       read_counts: Callable[[list[str]], dict[str, int]]) -> None:
+        """place, for a caller without an event loop (SyncClient), reading with `read_counts`."""
+        unknown = self.unknown(m.queue for m in messages if not m.partition)
+        if unknown:
+            self.learn(read_counts(unknown))
+        self.assign(messages)
+
+    async def locate(self, task_id: str, queue: str | None) -> str | None:
+        """The queue or partition holding `task_id` in `queue` (None: in any queue). In a
+        partitioned queue the partition its id chooses is looked at first (a task without
+        an ordering, unique or group key is there), then the others, then those of an
+        earlier count; None: nowhere."""
+        if queue is None:
+            return await self.broker.find_queue(task_id)
+        if SEPARATOR in queue:
+            return queue
+        unknown = self.unknown([queue])
+        if unknown:
+            self.learn(await self.broker.partition_counts(unknown))
+        names = partition_names(queue, self.count(queue))
+        if len(names) == 1:
+            return queue
+        first = choose(names, task_id)
+        return await self.broker.find_queue(task_id, [first, *(n for n in names if n != first)]
+                                            ) or await self.broker.find_queue(task_id, [
+            q for q in await self.broker.queues() if queue_of(q) == queue])
+
+    def unknown(self, queues: Iterable[str]) -> list[str]:
+        """Those of `queues` whose count must be read from Redis first."""
+        now = self._now()
+        return sorted({q for q in queues if q not in self._declared and SEPARATOR not in q
+                       and now - self._learned.get(q, (1, -LOOKUP_TTL))[1] >= LOOKUP_TTL})
+
+    def learn(self, counts: dict[str, int]) -> None:
+        now = self._now()
+        self._learned.update((queue, (count, now)) for queue, count in counts.items())
+
+    def count(self, queue: str) -> int:
+        return self._declared.get(queue) or self._learned.get(queue, (1, 0.0))[0]
+
+    def assign(self, messages: Iterable[TaskMessage], group: str = "") -> None:
+        """Set each message's partition by the counts known (a partition's name given as
+        the queue is kept: an operator may address one partition). `group`: the grouped
+        tasks' group, which must stay in one partition with its batch."""
+        for m in messages:
+            if m.partition:
+                continue
+            if SEPARATOR in m.queue:
+                m.partition, m.queue = m.queue, queue_of(m.queue)
+                continue
+            count = self.count(m.queue)
+            if count > 1:
+                m.partition = choose(partition_names(m.queue, count), placement_key(
+                    m.id, m.ordering_key, m.unique_key, group and f"{m.type} {group}"))
