@@ -108,9 +108,7 @@ class TaskMessage:
     binary: bool = False  # the payload was given as bytes and stays bytes
     id_chosen: bool = False  # the producer named the id: Redis must check that it is free
     origins: list[dict[str, str]] = field(default_factory=list)  # Job.origins; not stored
-    # the partition of a partitioned queue it is written to (obsq/placement.py); "": the
-    # queue itself
-    partition: str = ""
+    partition: str = ""  # the partition of its queue it goes to (obsq/placement.py), or ""
 
     def encoded_headers(self) -> bytes:
         return orjson.dumps(self.headers) if self.headers else b""
@@ -241,9 +239,7 @@ class Task:
         self.id = id
         self.type = type
         self.queue = queue
-        # the partition of its queue that holds it (app.queue(name, partitions=N)); "": the
-        # queue is not partitioned
-        self.partition = partition
+        self.partition = partition  # the partition of its queue holding it (app.queue), or ""
         self.retry_count = retry_count
         self.max_retry = max_retry
         self.timeout = timeout
@@ -347,9 +343,7 @@ class TaskInfo:
     next_run_at: datetime | None = None
     completed_at: datetime | None = None
     duplicate: bool = False  # enqueue_many: a unique or id conflict; id is the existing task
-    # where it is kept when its queue is partitioned (app.queue(name, partitions=N)): that
-    # partition's name; "" for a queue of one partition
-    partition: str = ""
+    partition: str = ""  # the partition of its queue that holds it (app.queue), or ""
 
     @classmethod
     def from_fields(cls, task_id: str, queue: str, f: dict[bytes, bytes],
