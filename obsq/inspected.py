@@ -145,8 +145,7 @@ def detail(task_id: str, queue: str, f: dict[bytes, bytes], progress: bytes | No
         traceback=traceback.decode(errors="replace") if traceback else None,
         due_at=timestamp_to_datetime(f.get(b"due")), recoveries=int(f.get(b"recov") or 0),
         unique_key=f[b"uniq"].decode() if f.get(b"uniq") else None)
-    if worker:  # an attempt runs: the hash still says where the task came from
-        detail.state, detail.next_run_at = "active", None
+    if worker:  # an attempt runs
         detail.worker, detail.fence = worker, int(fence)
         detail.lease_expires_at = timestamp_to_datetime(lease_ms)
     return detail

@@ -76,19 +76,6 @@ class Inspection(RedisCalls):
              for g in shape.rows_of("groups", r.groups)],
             [_batch_record(b) for b in shape.rows_of("batches", r.batches)])
 
-    async def task_record(self, queue: str, task_id: str
-                          ) -> tuple[dict[bytes, bytes], bytes | None, str, int | None]:
-        """The task hash, its progress, the owner of a running attempt ('' when none) and
-        its lease expiry (ms)."""
-        k = self.keys(queue)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(k.task(task_id))
-        pipe.get(k.progress(task_id))
-        pipe.hget(k.active, task_id)
-        pipe.zscore(k.lease, task_id)
-        fields, progress, owner, lease = await self._guard("task_info", pipe.execute())
-        return fields, progress, _text(owner or b""), int(lease) if lease else None
-
     async def worker_records(self) -> list[tuple[dict[str, Any], int]]:
         """(description, last heartbeat in ms) of each worker whose heartbeat is current."""
         g = self.global_keys

@@ -1,11 +1,12 @@
 -- prelude: (none)
 -- Client.result(): ask to be told when the task ends, and read its state in the same step
 -- so no ending can slip between the two; or, with ARGV[4] = 0, stop asking.
--- KEYS: active, watched, the task hash
+-- KEYS: watched, the task hash
 -- ARGV: now, id, client id, 1 (watch) or 0 (unwatch)
--- Returns {state, result, error}, or nil when the task does not exist.
+-- Returns {state, result, error}, or nil when the task does not exist; the state as the hash
+-- keeps it (only an ended one counts here: whether the task is active is not read).
 local id, client = ARGV[@id], ARGV[@client]
-local watchers = redis.call('HGET', KEYS[2], id)
+local watchers = redis.call('HGET', KEYS[1], id)
 if ARGV[@watching] == '0' then
   if watchers then
     local rest = {}
@@ -15,25 +16,22 @@ if ARGV[@watching] == '0' then
       end
     end
     if #rest > 0 then
-      redis.call('HSET', KEYS[2], id, table.concat(rest, ' '))
+      redis.call('HSET', KEYS[1], id, table.concat(rest, ' '))
     else
-      redis.call('HDEL', KEYS[2], id)
+      redis.call('HDEL', KEYS[1], id)
     end
   end
   return nil
 end
-if redis.call('EXISTS', KEYS[3]) == 0 then
+if redis.call('EXISTS', KEYS[2]) == 0 then
   return nil
 end
-local f = redis.call('HMGET', KEYS[3], 'state', 'result', 'error')
+local f = redis.call('HMGET', KEYS[2], 'state', 'result', 'error')
 if f[1] ~= 'completed' and f[1] ~= 'dead' and f[1] ~= 'cancelled' then
   if not watchers then
-    redis.call('HSET', KEYS[2], id, client)
+    redis.call('HSET', KEYS[1], id, client)
   elseif not string.find(' ' .. watchers .. ' ', ' ' .. client .. ' ', 1, true) then
-    redis.call('HSET', KEYS[2], id, watchers .. ' ' .. client)
-  end
-  if redis.call('HEXISTS', KEYS[1], id) == 1 then
-    f[1] = 'active'
+    redis.call('HSET', KEYS[1], id, watchers .. ' ' .. client)
   end
 end
 return f
