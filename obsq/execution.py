@@ -20,7 +20,7 @@ from obsq.broker import FetchedTask
 from obsq.errors import PayloadError, Retry, SkipRetry, UnknownTaskType
 from obsq.partitions import queue_of
 from obsq.pools import make_pool
-from obsq.pools.base import UnsentResult, within
+from obsq.pools.base import Deadlines, UnsentResult
 from obsq.settings import BACKOFF_BASE, BACKOFF_CAP, DEFAULT_MAX_RETRY, DEFAULT_TIMEOUT
 from obsq.task import Task, encode_json
 
@@ -68,7 +68,7 @@ class Executor:
         """`loop_blocked()`: seconds the event loop has stood blocked (LoopMonitor), which
         the timeouts of async handlers do not count."""
         self.app = app
-        self.loop_blocked = loop_blocked
+        self.deadlines = Deadlines(loop_blocked)  # the timeouts of async handlers
         self.pool = make_pool(pool, concurrency, app, on_stuck)
         self.update_state = update_state
         self.chain = app.wrap(self._invoke)
@@ -161,7 +161,7 @@ class Executor:
             raise UnknownTaskType(f"no handler is registered for task type {task.type!r}")
         task.payload  # noqa: B018 - decode now: a tampered payload must fail before the handler
         if route.is_async:
-            return await within(route.handler(task), task.timeout, self.loop_blocked)
+            return await self.deadlines.within(route.handler(task), task.timeout)
         return await self.pool.run(route, task)  # its timeout counts from the handler's start
 
     def close(self) -> None:

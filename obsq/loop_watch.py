@@ -1,7 +1,7 @@
 """Watching a worker's event loop for handlers that block it (a sync library call in an
 `async def`): how late the loop runs (its lag, for the metric and the liveness probe), a
-watchdog thread that names the blocking handler and logs where it blocks, and handler
-timeouts that do not count the time the loop stood blocked.
+watchdog thread that names the blocking handler and logs where it blocks, and the time the
+loop stood blocked, which handler timeouts do not count (obsq/pools/base.py, Deadlines).
 
 While the loop is blocked nothing on it runs: a handler awaiting I/O has not overrun its
 timeout because another handler held the loop, so its deadline moves later by the time
@@ -67,55 +67,6 @@ class LoopMonitor:
         if late >= BLOCKED_AT_LEAST:
             self.blocked_total += late
             self._counted_to = now
-
-
-class StretchedTimeout:
-    """`async with StretchedTimeout(seconds, blocked)`: asyncio.timeout(seconds), whose
-    deadline moves later by the time the loop stood blocked meanwhile (`blocked()`: that
-    time, counted since the loop started). One timer per use and no generator: every
-    attempt of an async handler passes here. The cancellation it makes is told apart from
-    one from outside as asyncio.timeout does (Task.cancelling/uncancel, Python 3.11+)."""
-
-    __slots__ = ("_before", "_blocked", "_cancelling", "_expired", "_handle", "_loop",
-                 "_seconds", "_start", "_task")
-
-    def __init__(self, seconds: float, blocked: Callable[[], float]) -> None:
-        self._seconds = seconds
-        self._blocked = blocked
-        self._expired = False
-        self._handle: asyncio.TimerHandle | None = None
-
-    async def __aenter__(self) -> StretchedTimeout:
-        loop = self._loop = asyncio.get_running_loop()
-        task = self._task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("StretchedTimeout must be used inside a task")
-        self._cancelling = task.cancelling()
-        self._start, self._before = loop.time(), self._blocked()
-        self._handle = loop.call_at(self._start + self._seconds, self._check)
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: object) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        if (self._expired and self._task.uncancel() <= self._cancelling  # type: ignore[union-attr]
-                and exc_type is asyncio.CancelledError):
-            raise TimeoutError from exc
-
-    def expired(self) -> bool:
-        """Whether the deadline passed (the TimeoutError is this timeout's)."""
-        return self._expired
-
-    def _check(self) -> None:
-        due = self._start + self._seconds + self._blocked() - self._before
-        if due > self._loop.time():
-            self._handle = self._loop.call_at(due, self._check)
-            return
-        self._handle = None
-        self._expired = True
-        self._task.cancel()  # type: ignore[union-attr]
 
 
 class LoopWatchdog:

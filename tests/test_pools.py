@@ -2,7 +2,8 @@
 tests/engine/test_plain_overrun.py): a thread pool's timeout counts from the handler's
 start, an overrunning handler's thread is replaced and counted as stuck until it returns;
 a process pool keeps its children, replaces one that overran or died, and never holds more
-than its size; and the settings that choose a pool and its stuck limit."""
+than its size; the settings that choose a pool and its stuck limit; and the timeouts of
+awaited attempts (Deadlines: one timer per timeout length)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 
 from obsq.app import Route
 from obsq.errors import ConfigurationError, HandlerCrashed, TaskTimeout
+from obsq.pools.base import Deadlines
 from obsq.pools.processes import ProcessSlots
 from obsq.pools.threads import ThreadSlots
 from obsq.settings import WorkerSettings
@@ -164,3 +166,45 @@ async def pid_alive(pid: int) -> bool:
             return False
         await asyncio.sleep(0.01)
     return True
+
+
+async def test_attempts_of_one_timeout_length_each_end_at_their_own_deadline():
+    deadlines = Deadlines()
+
+    async def attempt(start: float, runs: float) -> str:
+        await asyncio.sleep(start)
+        try:
+            return await deadlines.within(asyncio.sleep(runs, "done"), 0.3)
+        except TaskTimeout:
+            return "timed out"
+
+    # one timer watches the three: the first's deadline passes while the second still has
+    # time, and the third, started later, runs past the second's deadline but not its own
+    assert await asyncio.gather(attempt(0, 0.6), attempt(0.1, 0.15), attempt(0.2, 0.25)
+                                ) == ["timed out", "done", "done"]
+    started = time.monotonic()
+    with pytest.raises(TaskTimeout, match=r"ran longer than its timeout of 0\.2 s"):
+        await deadlines.within(asyncio.sleep(5), 0.2)
+    assert 0.15 < time.monotonic() - started < 2
+
+
+async def test_a_cancellation_from_outside_is_no_timeout_and_blocked_time_is_not_counted():
+    blocked = [0.0]
+    deadlines = Deadlines(lambda: blocked[0])
+    outside = asyncio.ensure_future(deadlines.within(asyncio.sleep(5), 1))
+    await asyncio.sleep(0.05)
+    outside.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await outside
+
+    async def loop_blocked_for_a_while() -> None:
+        await asyncio.sleep(0.1)
+        blocked[0] += 0.4  # as the LoopMonitor counts a blocked loop
+
+    started = time.monotonic()
+    blocking = asyncio.ensure_future(loop_blocked_for_a_while())
+    with pytest.raises(TaskTimeout):
+        await deadlines.within(asyncio.sleep(5), 0.2)
+    await blocking
+    assert time.monotonic() - started >= 0.55  # 0.2 s, moved later by the 0.4 s blocked
+    assert asyncio.current_task().cancelling() == 0  # the timeouts' own cancellations undone

@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from obsq.errors import ConfigurationError, HandlerCrashed, TaskTimeout
-from obsq.pools.base import Stuck, UnsentResult, within
+from obsq.pools.base import Deadlines, Stuck, UnsentResult
 from obsq.pools.child import child_setups, serve
 
 if TYPE_CHECKING:
@@ -107,6 +107,7 @@ class ProcessSlots:
         self._live = 0  # children started and not killed: in use, idle or just started
         self._background: set[asyncio.Future[Any]] = set()
         self._closed = False
+        self._deadlines = Deadlines()  # the children's timeouts
 
     async def run(self, route: Route, task: Task) -> Any:
         child = await self._take()
@@ -116,7 +117,7 @@ class ProcessSlots:
             except OSError:  # it died while idle, unnoticed so far
                 reply = None
             else:
-                reply = await within(child.reply(), task.timeout)
+                reply = await self._deadlines.within(child.reply(), task.timeout)
             if reply is None:
                 raise HandlerCrashed(f"the process running the handler of task {task.id} "
                                      f"({task.type}, pid {child.process.pid}) died before it "
