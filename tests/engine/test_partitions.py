@@ -1,0 +1,184 @@
+"""A queue of several partitions (app.queue(name, partitions=N)) on one Redis: each task
+lands in one partition, chosen so that what must stay together does (an ordering key, a
+unique key, a group, a producer-chosen id); producers without the App learn the count the
+workers wrote; the worker serves every partition, an idle one woken by any of them; the
+partitions of an earlier count are drained; route limits are shared out per partition;
+reading, cancelling and deleting by the queue's name find the task where it is."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from support import wait_until
+
+import obsq
+import obsq.task
+from obsq import fetching
+from obsq.partitions import partition_names, queue_of
+
+HOT = partition_names("hot", 3)
+
+
+def _declared(app: obsq.App, count: int = 3) -> obsq.App:
+    app.queue("hot", partitions=count)
+    return app
+
+
+async def test_tasks_spread_and_run_and_read_back_by_the_queues_name(app, client,
+                                                                    start_worker) -> None:
+    _declared(app)
+
+    @app.task("echo", queue="hot")
+    async def echo(task: obsq.Task):
+        return [task.queue, task.partition]
+
+    infos = await client.enqueue_many([obsq.Job("echo", i, retention=60) for i in range(90)])
+    counts = {name: sum(i.partition == name for i in infos) for name in HOT}
+    assert all(15 <= n <= 45 for n in counts.values()), counts
+    assert {i.queue for i in infos} == {"hot"}
+    waiting = await client.info(infos[0].id, "hot")
+    assert (waiting.queue, waiting.partition, waiting.state) == ("hot", infos[0].partition,
+                                                                  "pending")
+    await start_worker(queues="hot")
+    assert await client.result(infos[0], timeout=10) == ["hot", infos[0].partition]
+    assert await client.result(infos[1].id, timeout=10, queue="hot") == [
+        "hot", infos[1].partition]
+    assert (await client.info(infos[2].id)).partition == infos[2].partition
+
+
+async def test_what_must_stay_together_lands_in_one_partition(app, client) -> None:
+    _declared(app)
+    keyed = await client.enqueue_many([obsq.Job("t", i, queue="hot", ordering_key="k1")
+                                       for i in range(20)])
+    assert len({i.partition for i in keyed}) == 1
+    first = await client.enqueue("t", {"same": 1}, queue="hot", unique_for=60)
+    with pytest.raises(obsq.DuplicateTask):
+        await client.enqueue("t", {"same": 1}, queue="hot", unique_for=60)
+    again = await client.enqueue_many([obsq.Job("t", {"same": 1}, queue="hot",
+                                                 unique_for=60)])
+    assert again[0].duplicate and again[0].id == first.id
+    await client.enqueue("t", 1, queue="hot", task_id="order-77")
+    with pytest.raises(obsq.DuplicateTask):
+        await client.enqueue("t", 2, queue="hot", task_id="order-77")
+
+
+async def test_a_producer_without_the_app_learns_the_count(app, redis_url, namespace,
+                                                           raw_redis, start_worker) -> None:
+    _declared(app)
+    await start_worker(queues="hot")
+    assert raw_redis.hget(f"{namespace}:partitions", "hot") == b"3"
+    async with obsq.Client(redis_url, namespace=namespace) as bare:
+        infos = await bare.enqueue_many([obsq.Job("x", i, queue="hot") for i in range(30)])
+    assert {i.partition for i in infos} == set(HOT)
+    with obsq.SyncClient(redis_url, namespace=namespace) as sync:
+        assert sync.enqueue("x", 1, queue="hot").partition in HOT
+    raw_redis.hset(f"{namespace}:partitions", "junk", "not a count")
+    async with obsq.Client(redis_url, namespace=namespace) as bare:
+        assert (await bare.enqueue("x", 1, queue="junk")).partition == ""  # one partition
+
+
+async def test_an_idle_worker_wakes_for_a_task_in_any_partition(app, client,
+                                                                start_worker) -> None:
+    _declared(app)
+    done = asyncio.Queue()
+
+    @app.task("ping", queue="hot")
+    async def ping(task: obsq.Task):
+        done.put_nowait(task.partition)
+
+    await start_worker(queues="hot", wait_timeout=30.0)
+    for name in (*HOT, *reversed(HOT)):
+        await asyncio.sleep(0.2)  # the worker is back in its wait
+        await client.enqueue("ping", queue=name)  # straight into one partition
+        assert await asyncio.wait_for(done.get(), timeout=5) == name
+
+
+async def test_the_partitions_of_an_earlier_count_are_drained(app, redis_url, namespace,
+                                                              start_worker, monkeypatch
+                                                              ) -> None:
+    monkeypatch.setattr(fetching, "REFRESH", 0.2)
+    ran: list[str] = []
+    old = obsq.App(namespace)
+    old.queue("hot", partitions=2)
+
+    @app.task("job", queue="hot")
+    async def job(task: obsq.Task):
+        ran.append(task.partition)
+
+    async with obsq.Client(redis_url, app=old) as producer:
+        before = await producer.enqueue_many([obsq.Job("job", i, queue="hot")
+                                              for i in range(20)])
+        assert {i.partition for i in before} == set(partition_names("hot", 2))
+        await start_worker(_declared(app), queues="hot")
+        await wait_until(lambda: len(ran) == 20, what="the old partitions drained")
+        # an old producer still writing there, after the worker looked
+        await asyncio.sleep(0.5)
+        await producer.enqueue_many([obsq.Job("job", i, queue="hot") for i in range(5)])
+        await wait_until(lambda: len(ran) == 25, what="the late tasks served")
+    async with obsq.Client(redis_url, app=app) as producer:
+        await producer.enqueue_many([obsq.Job("job", i, queue="hot") for i in range(30)])
+    await wait_until(lambda: len(ran) == 55)
+    assert set(ran[25:]) == set(HOT)
+
+
+async def test_a_routes_concurrency_limit_is_shared_out(app, client, start_worker) -> None:
+    _declared(app)
+    running, most = 0, 0
+
+    @app.task("slow", queue="hot", concurrency=4)
+    async def slow(task: obsq.Task):
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+
+    infos = await client.enqueue_many([obsq.Job("slow", i, retention=60) for i in range(60)])
+    await start_worker(queues="hot", concurrency=30)
+    for info in infos:
+        await client.result(info, timeout=30)
+    assert 3 <= most <= 4 + 3 - 1  # ceil(4/3) = 2 per partition: at most 6 at once
+
+
+async def test_cancel_delete_flows_and_groups_in_a_partitioned_queue(app, client,
+                                                                    start_worker) -> None:
+    _declared(app)
+
+    @app.task("add", queue="hot")
+    async def add(task: obsq.Task):
+        return (task.previous or 0) + task.payload
+
+    batches: list[list[int]] = []
+
+    @app.task("batch", queue="hot")
+    async def batch(task: obsq.Task):
+        batches.append(sorted(task.payload))
+
+    app.aggregate("item", lambda group, tasks: ("batch", [t.payload for t in tasks]),
+                  max_size=5)
+    waiting = [await client.enqueue("add", i, queue="hot", delay=60) for i in range(6)]
+    assert {await client.cancel(w.id, "hot") for w in waiting[:3]} == {"cancelled"}
+    assert {await client.delete(w.id, "hot") for w in waiting[3:]} == {"scheduled"}
+    grouped = [await client.enqueue("item", i, queue="hot", group="g") for i in range(5)]
+    assert len({g.partition for g in grouped}) == 1
+    await start_worker(queues="hot")
+    flow = await client.enqueue(obsq.chain(*(obsq.Job("add", n) for n in range(1, 6))))
+    assert await client.result(flow, timeout=20) == 15
+    assert {queue_of(s.queue) for s in (await client.info(flow)).steps} == {"hot"}
+    await wait_until(lambda: batches == [[0, 1, 2, 3, 4]], what="the group aggregated")
+
+
+def test_names_and_counts_are_checked() -> None:
+    app = obsq.App()
+    for bad in (0, 257, "3", 2.0, True):
+        with pytest.raises(ValueError, match="partitions"):
+            app.queue("hot", partitions=bad)
+    with pytest.raises(ValueError, match="'#'"):
+        app.queue("a#b", partitions=2)
+    with pytest.raises(ValueError, match="'#'"):
+        app.task("t", queue="a#1")
+    with pytest.raises(ValueError, match="'#'"):
+        obsq.task.build_message(obsq.Job("t", queue="hot#x"))
+    assert obsq.task.build_message(obsq.Job("t", queue=HOT[2])).queue == HOT[2]  # one
+    assert queue_of(HOT[1]) == "hot" and len(set(HOT)) == 3
