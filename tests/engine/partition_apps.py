@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-
 from typing import Any
 
 import redis.asyncio as aioredis
