@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from obsq.broker import Broker
 from obsq.broker.checking import ID_KEYS, Finding
+from obsq.broker.wire import EndEntry
 from obsq.errors import UnknownTaskType
 from obsq.flow import FlowInfo
 from obsq.flow_steps import record_ends
@@ -111,7 +112,7 @@ class Doctor:
         notes = []
         for queue in queues:
             entries = await self.broker.flow_ends(queue, STEP)
-            waiting |= {e.split(b"\n", 1)[0].decode(errors="replace") for e in entries}
+            waiting |= {EndEntry.read(e).id for e in entries}
             if entries:
                 notes.append(f"{queue}: {len(entries)} flow step end(s) not yet recorded in "
                              "their flow (a worker's FlowLoop records them)")
@@ -189,9 +190,9 @@ class Doctor:
                 diagnosis.repairs.append(f"{problem.queue}: dropped {n} id(s) with no task "
                                          f"from {problem.key}")
             elif problem.repair == "fail":
-                await record_ends(self.broker, [f"{task_id}\ndead\nits task was gone (obsq "
-                                                "doctor --repair)".encode()
-                                                for task_id in problem.ids])
+                await record_ends(self.broker, [
+                    EndEntry(task_id, "dead", b"its task was gone (obsq doctor --repair)"
+                             ).written() for task_id in problem.ids])
                 diagnosis.repairs.append(f"flows: recorded {len(problem.ids)} step(s) whose "
                                          "task was gone as dead, failing their flow")
             elif problem.repair == "mark":

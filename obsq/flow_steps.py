@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from obsq.broker.wire import EndEntry
 from obsq.enqueued import group_by_queue
 from obsq.flow import decode_message, parse_step
 from obsq.settings import ENQUEUE_BATCH
@@ -43,10 +44,10 @@ async def record_ends(broker: Broker, entries: Sequence[bytes]) -> list[str]:
     no flow is passed over."""
     by_flow: dict[str, list[tuple[int, str, bytes]]] = {}
     for entry in entries:
-        task_id, state, value = [*entry.split(b"\n", 2), b"", b""][:3]
-        step = parse_step(task_id.decode(errors="replace"))
-        if step is not None and state:
-            by_flow.setdefault(step[0], []).append((step[1], state.decode(), value))
+        end = EndEntry.read(entry)
+        step = parse_step(end.id)
+        if step is not None and end.state:
+            by_flow.setdefault(step[0], []).append((step[1], end.state, end.value))
     ended = []
     for flow_id, ends in by_flow.items():
         state, done, launches = await broker.flow_steps_ended(flow_id, ends)

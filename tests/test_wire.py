@@ -14,7 +14,16 @@ from support import ROOT
 from obsq.broker.calls import SCRIPTS
 from obsq.broker.keys import TASK_STATES
 from obsq.broker.records import FetchedTask
-from obsq.broker.wire import LAYOUTS, REPLIES, Layout, Reply, argv, constants, in_order
+from obsq.broker.wire import (
+    LAYOUTS,
+    REPLIES,
+    EndEntry,
+    Layout,
+    Reply,
+    argv,
+    constants,
+    in_order,
+)
 
 SCRIPT_DIR = ROOT / "obsq" / "broker" / "scripts"
 BODIES = {p.stem: p.read_text() for p in sorted(SCRIPT_DIR.glob("[!_]*.lua"))}
@@ -143,3 +152,12 @@ def test_a_reply_is_read_by_the_names_it_is_written_by() -> None:
 
 def test_the_depths_of_stats_are_the_task_states_in_order() -> None:
     assert REPLIES["stats"].head[:len(TASK_STATES)] == TASK_STATES
+
+
+def test_an_end_entry_is_read_in_the_order_notify_done_writes_it() -> None:
+    prelude = COMMENT.sub("", (SCRIPT_DIR / "_prelude.lua").read_text())
+    [written] = re.findall(r"'LPUSH', inbox, (.+)\)", prelude)
+    assert tuple(part.strip() for part in written.split(".. '\\n' ..")) == EndEntry._fields
+    entry = EndEntry("t1", "dead", b"line\nnext")
+    assert EndEntry.read(entry.written()) == entry
+    assert EndEntry.read(b"junk") == EndEntry("junk", "", b"")

@@ -13,7 +13,7 @@ from typing import Any
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.records import Ended, Enqueued
-from obsq.broker.wire import REPLIES, argv
+from obsq.broker.wire import REPLIES, EndEntry, argv
 from obsq.partitions import stored_count
 from obsq.settings import INBOX_BATCH, INBOX_TTL
 from obsq.task import TaskMessage
@@ -179,6 +179,6 @@ def _ends(messages: list[tuple[str, bytes]]) -> list[Ended]:
     ends = []
     for queue, message in messages:
         if message:
-            task_id, state, value = message.split(b"\n", 2)
-            ends.append(Ended(queue, task_id.decode(errors="replace"), state.decode(), value))
+            end = EndEntry.read(message)
+            ends.append(Ended(queue, end.id, end.state, end.value))
     return ends

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections import namedtuple
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from obsq.broker.keys import TASK_STATES
 
@@ -270,3 +270,23 @@ def in_order(script: str, *values: Any) -> list[Any]:
     if len(values) < len(names) or (len(values) > len(names) and not rest):
         raise TypeError(f"{script} takes {names} {rest}, got {len(values)} values")
     return list(values)
+
+
+class EndEntry(NamedTuple):
+    """A task's end as an inbox holds it: notify_done (_prelude.lua) pushes it onto the
+    inbox of each client waiting in result() and onto the queue's flow inbox (flow_ends
+    reads it), as these fields joined by newlines, the value last (it may hold newlines)."""
+
+    id: str
+    state: str
+    value: bytes  # the result (JSON) or the error text
+
+    @classmethod
+    def read(cls, raw: bytes) -> EndEntry:
+        """The fields of an entry; those an entry written by hand lacks read as empty."""
+        task_id, state, value = [*raw.split(b"\n", len(cls._fields) - 1), b"", b""][:3]
+        return cls(task_id.decode(errors="replace"), state.decode(errors="replace"), value)
+
+    def written(self) -> bytes:
+        """The entry as notify_done writes it."""
+        return b"\n".join((self.id.encode(), self.state.encode(), self.value))
