@@ -27,18 +27,15 @@ class ServedQueues:
         counts (app.partitions)."""
         self.broker = broker
         self.weights = weights
-        self.declared = {q: n for q, n in declared.items() if q in weights}
+        self.declared = {q: n for q, n in declared.items() if q in weights}  # the App's
         # each queue's partitions served now, its current ones first
         self.partitions: dict[str, list[str]] = {q: [q] for q in weights}
         # every partition served, one list shared with the loops that read it at each pass
         self.names: list[str] = list(weights)
 
-    async def start(self) -> None:
-        """Write the App's counts (for producers without the App), then look."""
-        await self.broker.declare_partitions(self.declared)
-        await self.refresh()
-
     async def refresh(self) -> None:
+        """Look again (at start, then every REFRESH seconds). The App's counts reach Redis
+        with each heartbeat (broker/upkeep.py)."""
         counts = dict(self.declared)
         undeclared = [q for q in self.weights if q not in counts]
         if undeclared:

@@ -127,7 +127,7 @@ class Worker:
         s = self.settings
         await self.broker.check()
         policy = await self.broker.check_memory_policy(refuse=not s.allow_eviction)
-        await self.served.start()
+        await self.served.refresh()
         await self.broker.register_queues(self.served.names)
         vigil = Vigil(
             self.broker, self.id, s, self.claims, describe=self.describe,
@@ -184,6 +184,7 @@ class Worker:
         """What the heartbeat publishes in Redis, and the endpoint's status shows."""
         return {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": self.queues, "served": self.served.names,
+                "partitions": self.served.declared,
                 "concurrency": self.concurrency, "busy": self.slots.busy,
                 "started": self.started_at, "version": __version__,
                 "processed": self.processed, "draining": self.draining,

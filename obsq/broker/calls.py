@@ -154,6 +154,11 @@ class RedisCalls:
         return ("register", (self.global_keys.queues,), argv("register", kind="set",
                                                                  members=queues))
 
+    def declare_partitions_call(self, counts: dict[str, int]) -> ScriptCall:
+        """Queues' partition counts into the namespace's hash (register.lua)."""
+        return ("register", (self.global_keys.partitions,), argv(
+            "register", counts.items(), kind="hash"))
+
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._guard(name, self.runner.call(SCRIPTS[name], keys, args))
 

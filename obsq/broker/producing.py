@@ -35,13 +35,6 @@ class Producing(RedisCalls):
         k = self.keys(queue)
         return k.pending, k.scheduled, k.wake
 
-    async def declare_partitions(self, counts: dict[str, int]) -> None:
-        """Write queues' partition counts (a worker at start, from its App's app.queue);
-        never refused by a Redis at maxmemory (register.lua)."""
-        if counts:
-            await self._script("register", (self.global_keys.partitions,), argv(
-                "register", counts.items(), kind="hash"))
-
     async def partition_counts(self, queues: Sequence[str]) -> dict[str, int]:
         """The partition counts of queues as their workers declared them; 1 for a queue no
         worker declared, or whose entry is not a count."""

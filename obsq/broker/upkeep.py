@@ -21,10 +21,11 @@ class Upkeep(RedisCalls):
 
     def heartbeat_calls(self, worker_id: str, description: dict[str, Any], ttl: float
                          ) -> list[ScriptCall]:
-        """Refresh the worker's key (its TTL says it lives), its place in the registry and
-        its queues (again each time: a Redis that restarted empty has lost the set the
-        sweeps go through). Each script's first write cannot grow memory, so a Redis at
-        maxmemory never refuses a heartbeat: that would have the worker's tasks run twice."""
+        """Refresh the worker's key (its TTL says it lives), its place in the registry, its
+        queues and their partition counts (again each time: a Redis that restarted empty has
+        lost the set the sweeps go through, and the counts producers read). Each script's
+        first write cannot grow memory, so a Redis at maxmemory never refuses a heartbeat:
+        that would have the worker's tasks run twice."""
         g = self.global_keys
         calls: list[ScriptCall] = [
             ("heartbeat", (g.worker(worker_id),),
@@ -34,6 +35,8 @@ class Upkeep(RedisCalls):
         served = description.get("served") or description.get("queues")
         if served:  # its queues' partitions, where it has them
             calls.append(self.register_queues_call(served))
+        if description.get("partitions"):  # the counts its App declares, for producers
+            calls.append(self.declare_partitions_call(description["partitions"]))
         return calls
 
     async def workers(self) -> list[dict[str, Any]]:

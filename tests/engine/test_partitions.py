@@ -182,3 +182,47 @@ def test_names_and_counts_are_checked() -> None:
         obsq.task.build_message(obsq.Job("t", queue="hot#x"))
     assert obsq.task.build_message(obsq.Job("t", queue=HOT[2])).queue == HOT[2]  # one
     assert queue_of(HOT[1]) == "hot" and len(set(HOT)) == 3
+
+
+async def test_a_redis_restarted_empty_learns_the_counts_again(app, redis_url, namespace,
+                                                               raw_redis, start_worker
+                                                               ) -> None:
+    _declared(app)
+    ran: list[str] = []
+
+    @app.task("job", queue="hot")
+    async def job(task: obsq.Task):
+        ran.append(task.partition)
+
+    await start_worker(queues="hot")
+    for key in raw_redis.scan_iter(match=f"{namespace}:*"):  # what a restart loses
+        raw_redis.delete(key)
+    await wait_until(lambda: raw_redis.hget(f"{namespace}:partitions", "hot") == b"3",
+                     what="the count written again by the next heartbeat")
+    async with obsq.Client(redis_url, namespace=namespace) as bare:
+        await bare.enqueue_many([obsq.Job("job", i, queue="hot") for i in range(30)])
+    await wait_until(lambda: len(ran) == 30)
+    assert set(ran) == set(HOT)
+
+
+async def test_a_rolling_deploy_that_partitions_a_queue(app, redis_url, namespace,
+                                                        start_worker, monkeypatch) -> None:
+    """The old version (one partition) and the new (three) run side by side, producers of
+    both write; every task runs once, and the old workers leave nothing behind."""
+    monkeypatch.setattr(fetching, "REFRESH", 0.2)
+    ran: list[int] = []
+    old = obsq.App(namespace)
+    for version in (old, _declared(app)):
+        version.task("job", queue="hot")(lambda task: ran.append(task.payload))
+    old_worker = await start_worker(old, queues="hot")
+    await start_worker(app, queues="hot")
+    async with obsq.Client(redis_url, app=old) as old_producer, obsq.Client(
+            redis_url, app=app) as new_producer:
+        for n in range(0, 200, 20):
+            await old_producer.enqueue_many([obsq.Job("job", n + i) for i in range(10)])
+            await new_producer.enqueue_many([obsq.Job("job", n + i) for i in range(10, 20)])
+            if n == 100:
+                old_worker.stop()
+        await wait_until(lambda: len(ran) >= 200, timeout=30)
+        await asyncio.sleep(0.3)
+    assert sorted(ran) == list(range(200))
