@@ -13,21 +13,19 @@ if ARGV[@kind] == 'set' then
   end
   call_sliced('SREM', KEYS[1], members)
   call_sliced('SADD', KEYS[1], members)
-elseif ARGV[@kind] == 'hash' then
+else  -- pairs: a hash's (field, value), a zset's (score, member)
+  local hash = ARGV[@kind] == 'hash'
   for i = @items, #ARGV, @stride do
-    members[#members + 1] = ARGV[i + @field]
-    pairs_[#pairs_ + 1] = ARGV[i + @field]
-    pairs_[#pairs_ + 1] = ARGV[i + @value]
+    members[#members + 1] = ARGV[i + (hash and @field or @member)]
+    pairs_[#pairs_ + 1] = ARGV[i + (hash and @field or @score)]
+    pairs_[#pairs_ + 1] = ARGV[i + (hash and @value or @member)]
   end
-  call_sliced('HDEL', KEYS[1], members)
-  call_sliced('HSET', KEYS[1], pairs_)
-else
-  for i = @items, #ARGV, @stride do
-    members[#members + 1] = ARGV[i + @member]
-    pairs_[#pairs_ + 1] = ARGV[i + @score]
-    pairs_[#pairs_ + 1] = ARGV[i + @member]
+  if hash then
+    call_sliced('HDEL', KEYS[1], members)
+    call_sliced('HSET', KEYS[1], pairs_)
+  else
+    call_sliced('ZREM', KEYS[1], members)
+    call_sliced('ZADD', KEYS[1], pairs_)
   end
-  call_sliced('ZREM', KEYS[1], members)
-  call_sliced('ZADD', KEYS[1], pairs_)
 end
 return 1
