@@ -46,16 +46,20 @@ class FlowLoop(BackgroundLoop):
         self._next_sweep = 0.0
         self.recording = False  # a step of this worker ended, and its flow has not heard yet
 
-    async def run(self, task: Task, run: Callable[[Task], Awaitable[Verdict]]) -> Verdict:
+    def run(self, task: Task, run: Callable[[Task], Awaitable[Verdict]]) -> Awaitable[Verdict]:
         """Run the attempt, a flow's step with task.previous set (read from its flow; a
-        Redis that fails the read fails the attempt, retried as any)."""
+        Redis that fails the read fails the attempt, retried as any). A task outside any
+        flow is run as it is, with no coroutine of its own around it."""
         step = step_of(task)
-        if step is not None:
-            try:
-                many, waits_for, raw = await self.broker.flow_previous(*step)
-            except BrokerError as exc:
-                return Verdict("retry", error=exc, delay=1.0)
-            task.previous = previous_value(step[0], waits_for, many, raw)
+        return run(task) if step is None else self._run_step(task, step, run)
+
+    async def _run_step(self, task: Task, step: tuple[str, int],
+                        run: Callable[[Task], Awaitable[Verdict]]) -> Verdict:
+        try:
+            many, waits_for, raw = await self.broker.flow_previous(*step)
+        except BrokerError as exc:
+            return Verdict("retry", error=exc, delay=1.0)
+        task.previous = previous_value(step[0], waits_for, many, raw)
         return await run(task)
 
     def ended(self, task: Task) -> None:

@@ -40,6 +40,9 @@ class Slots:
         self.freed = asyncio.Event()  # a slot freed: the fetcher may look again
         self.stopped = asyncio.Event()  # the worker stops: fetch no more
         self.draining = False  # start nothing more from the buffer
+        # the loop its tasks run on, known from the first fetch taken (the slots may be
+        # made before it runs); asyncio.create_task would look it up again for each task
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._run = run
         self._admit = admit
         self._recent_duration = PREFETCH_BELOW_SECONDS  # moving average of handler run time
@@ -61,6 +64,7 @@ class Slots:
         """Start fetched tasks in free slots; the rest wait in the buffer (all of them once
         the worker is stopping: the drain hands the buffer back)."""
         fetched_at = time.monotonic()
+        self.loop = asyncio.get_running_loop()
         for task in self._admit(queue, fetched):
             if task.suspect:
                 self.suspects.hold(task)
@@ -89,7 +93,7 @@ class Slots:
         if fetched_at is not None:  # waited in the buffer too
             task.wait_seconds += time.monotonic() - fetched_at
         self.busy += 1
-        runner = asyncio.create_task(self._run(task))
+        runner = self.loop.create_task(self._run(task))  # type: ignore[union-attr]
         self.running[runner] = task
         self.handling.add(runner)
 

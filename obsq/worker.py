@@ -253,7 +253,8 @@ class Worker:
                 return
 
     async def _process(self, task: Task) -> None:
-        runner: asyncio.Task[None] = asyncio.current_task()  # type: ignore[assignment]
+        runner: asyncio.Task[None] = asyncio.current_task(  # type: ignore[assignment]
+            self.slots.loop)
         started = time.monotonic()
         verdict = None  # None: nothing to record (taken over before it started)
         try:
