@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from obsq.app import load_app
-from obsq.broker import DEPTH_STATES, TASK_STATES
+from obsq.broker import TASK_STATES
 from obsq.broker.inspection import PURGEABLE, REVIVABLE
 from obsq.doctor import Doctor, stalls
 from obsq.errors import (
@@ -21,14 +21,16 @@ from obsq.errors import (
     TaskNotFound,
     TaskRunning,
 )
-from obsq.inspector import MAX_PAGE, Inspector, QueueInfo
+from obsq.inspector import MAX_PAGE, Inspector
 from obsq.terminal import (
     Output,
     first_line,
     flow_text,
     flows_table,
     groups_table,
+    partitions_table,
     print_tasks,
+    queues_table,
     schedules_table,
     task_text,
     when,
@@ -62,7 +64,10 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
         return sub
 
     looking("stats", "queues, their depth by state, and live workers")
-    looking("queues", "every queue: depth by state, latency, throughput and failures")
+    queues = looking("queues", "every queue: depth by state, latency, throughput and "
+                     "failures; a partitioned queue as one, its partitions when named")
+    queues.add_argument("names", nargs="*", metavar="queue", help="these queues only, "
+                        "each partitioned one with a row for each partition")
     tasks = looking("tasks", "list the tasks of a queue in one state, a page at a time")
     tasks.add_argument("queue")
     tasks.add_argument("state", choices=TASK_STATES)
@@ -171,27 +176,25 @@ async def stats(inspector: Inspector, args: argparse.Namespace, out: Output) -> 
     queues, workers = await inspector.queues(), await inspector.workers()
     if out.as_json:
         return out.data({"queues": queues, "workers": workers})
-    rows = [[q.name, *(_count(q.depth[s], s) for s in DEPTH_STATES), f"{q.latency:.1f}s",
-             ("yes", "paused") if q.paused else ""] for q in queues]
-    print(out.table(["queue", *DEPTH_STATES, "latency", "paused"], rows) if rows
-          else await _empty(inspector))
+    print(queues_table(out, queues) if queues else await _empty(inspector))
     print(f"\n{len(workers)} live worker(s)")
     if workers:
         print(workers_table(out, workers))
 
 
 async def queues(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
-    found = await inspector.queues()
+    """Every queue, or those named with each partitioned one's partitions below it."""
+    found = [await inspector.queue(name) for name in args.names] if args.names \
+        else await inspector.queues()
     if out.as_json:
         return out.data(found)
     if not found:
         print(await _empty(inspector))
         return
-    print(out.table(
-        ["queue", *DEPTH_STATES, "latency", "paused", "runs/min", "failed/min", "runs/h",
-         "failed/h"],
-        [[q.name, *(_count(q.depth[s], s) for s in DEPTH_STATES), f"{q.latency:.1f}s",
-          ("yes", "paused") if q.paused else "", *_rate_cells(q)] for q in found]))
+    print(queues_table(out, found, detailed=True))
+    for q in found if args.names else ():
+        if q.partitions:
+            print(f"\n{q.name}: {len(q.partitions)} partitions\n{partitions_table(out, q)}")
 
 
 async def tasks(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
@@ -334,8 +337,10 @@ async def purge(inspector: Inspector, args: argparse.Namespace, out: Output) -> 
 
 
 async def pause(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
-    await (inspector.pause if args.command == "pause" else inspector.unpause)(args.queue)
-    print(f"queue {args.queue} {args.command}d")
+    parts = await (inspector.pause if args.command == "pause" else inspector.unpause)(
+        args.queue)
+    print(f"queue {args.queue} {args.command}d" + (
+        f" (its {len(parts)} partitions)" if parts != [args.queue] else ""))
 
 
 async def doctor(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:
@@ -387,14 +392,4 @@ async def _hint(inspector: Inspector) -> str:
         return f"; namespaces with queues here: {', '.join(others[:20])} (--namespace NS)"
     return ""
 
-
-def _count(n: int, state: str) -> tuple[str, str | None]:
-    return str(n), state if n and state in ("dead", "retry") else None
-
-
-def _rate_cells(q: QueueInfo) -> list[Any]:
-    return [str(q.last_minute.processed), (str(q.last_minute.failed),
-                                           "error" if q.last_minute.failed else None),
-            str(q.last_hour.processed), (str(q.last_hour.failed),
-                                         "error" if q.last_hour.failed else None)]
 

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from obsq.broker.inspection import PageRow
+from obsq.partitions import queue_of
 from obsq.task import TaskInfo, bytes_preview, decode_stored_json, timestamp_to_datetime
 
 
@@ -23,14 +24,33 @@ class Rate:
 
 
 @dataclass
-class QueueInfo:
-    name: str
+class PartitionInfo:
+    """One partition of a partitioned queue (obsq/partitions.py), as it stands alone."""
+
+    name: str  # its own name, which addresses it alone (<queue>#<index>/<count>.<salt>)
+    index: int
+    count: int  # partitions of its queue when it was made (an earlier count: drained)
     depth: dict[str, int]
-    latency: float  # seconds the oldest pending task has waited
+    latency: float
     paused: bool
     last_minute: Rate
     last_hour: Rate
+
+    @property
+    def size(self) -> int:
+        return sum(self.depth.values())
+
+
+@dataclass
+class QueueInfo:
+    name: str
+    depth: dict[str, int]  # of a partitioned queue: summed over its partitions
+    latency: float  # seconds the oldest pending task has waited (the longest of partitions)
+    paused: bool  # of a partitioned queue: all its partitions are (each says whether it is)
+    last_minute: Rate
+    last_hour: Rate
     per_minute: list[Rate] = field(default_factory=list)  # the last hour, oldest first
+    partitions: list[PartitionInfo] = field(default_factory=list)  # none: one Redis queue
 
     @property
     def size(self) -> int:
@@ -53,6 +73,7 @@ class TaskSummary:
     payload: str  # the first few hundred bytes of its JSON, or a preview of its bytes
     worker: str | None  # the worker running it, while active
     priority: int = 0  # 0 to 9, higher first within its queue
+    partition: str = ""  # the partition of its queue holding it, or "" (not partitioned)
 
 
 @dataclass
@@ -106,9 +127,13 @@ class Requeued:
     missing: list[str] = field(default_factory=list)  # ids asked for that were not there
 
 
-def summaries(queue: str, state: str, rows: list[PageRow]) -> list[TaskSummary]:
+def summaries(kept_in: str, state: str, rows: list[PageRow]) -> list[TaskSummary]:
+    """The rows of a page of `kept_in`, a queue or one of its partitions."""
+    queue = queue_of(kept_in)
+    partition = kept_in if kept_in != queue else ""
     return [TaskSummary(
-        id=task_id, queue=queue, state=state, type=task_type, retry_count=retried,
+        id=task_id, queue=queue, partition=partition, state=state, type=task_type,
+        retry_count=retried,
         enqueued_at=timestamp_to_datetime(enq),
         due_at=timestamp_to_datetime(score if state in ("scheduled", "retry") else due),
         finished_at=timestamp_to_datetime(done), error=error,

@@ -5,22 +5,29 @@ and the web console (`obsq ui`) are both built on it.
 Every read is bounded, whatever the size of a queue: a page of tasks is a window by rank,
 a type filter looks at a bounded number of tasks, and repairs of a whole state (requeue,
 purge) run in steps of STEP tasks, each one short script.
+
+A partitioned queue (`app.queue(name, partitions=N)`) is one queue here: its name reads and
+repairs all its partitions (obsq/partition_view.py says how they are summed and paged),
+and a partition's own name (`<queue>#<i>/<n>.<salt>`, in QueueInfo.partitions) that
+partition alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 from obsq.app import App
-from obsq.broker import TASK_STATES, Broker
+from obsq.broker import TASK_STATES, Broker, GroupListing
 from obsq.broker.inspection import PURGEABLE, REVIVABLE
 from obsq.client import Client
 from obsq.errors import ConfigurationError, QueueNotFound, TaskNotFound
 from obsq.flow import FlowInfo
 from obsq.group_view import BatchInfo, GroupInfo, GroupPage, group_page
 from obsq.inspected import (
+    PartitionInfo,
     QueueInfo,
     Rate,
     Requeued,
@@ -34,6 +41,7 @@ from obsq.inspected import (
     summaries,
 )
 from obsq.names import validate_name, validate_namespace
+from obsq.partition_view import across, combined, partitions_of, resolve
 from obsq.schedule import ScheduleInfo, read_schedules
 from obsq.settings import DEFAULT_REDIS_URL
 from obsq.task import timestamp_to_datetime
@@ -64,21 +72,27 @@ class Inspector:
     # -- reading --------------------------------------------------------------------------
 
     async def queue_names(self) -> list[str]:
-        return await self.broker.queues()
+        """The namespace's queues, a partitioned one by its own name."""
+        return list(partitions_of(await self.broker.queues()))
 
     async def queues(self, names: Sequence[str] | None = None) -> list[QueueInfo]:
         """Depth per state, latency, pause flag, throughput and failures of each queue (of
-        every queue of the namespace when `names` is None)."""
-        names = list(await self.broker.queues() if names is None else names)
-        if not names:
+        every queue of the namespace when `names` is None); a partitioned queue's summed,
+        with each partition's in QueueInfo.partitions."""
+        registered = await self.broker.queues()
+        wanted = partitions_of(registered) if names is None else {
+            name: resolve(name, registered) or [name] for name in names}
+        physical = list(dict.fromkeys(q for parts in wanted.values() for q in parts))
+        if not physical:
             return []
-        stats = await self.broker.queue_stats(names)
-        counts = await self.broker.outcome_counts(names, 61, COUNTED_OUTCOMES)
-        return [QueueInfo(q, stats[q].depth, stats[q].latency, stats[q].paused,
-                          *rates(*counts[q])) for q in names]
+        stats = await self.broker.queue_stats(physical)
+        counts = await self.broker.outcome_counts(physical, 61, COUNTED_OUTCOMES)
+        infos = {q: QueueInfo(q, stats[q].depth, stats[q].latency, stats[q].paused,
+                              *rates(*counts[q])) for q in physical}
+        return [combined(name, [infos[q] for q in parts]) for name, parts in wanted.items()]
 
     async def queue(self, name: str) -> QueueInfo:
-        await self._known(name)
+        await self._partitions(name)
         return (await self.queues([name]))[0]
 
     async def tasks(self, queue: str, state: str, limit: int = 20, offset: int = 0,
@@ -90,11 +104,24 @@ class Inspector:
         if state not in TASK_STATES:
             raise ValueError(f"state must be one of {', '.join(TASK_STATES)}, got {state!r}")
         _check_page(limit, offset)
-        await self._known(queue)
-        total, next_offset, rows = await self.broker.task_page(
-            queue, state, offset, limit, type or "", TYPE_SCAN_CAP)
-        return TaskPage(queue, state, summaries(queue, state, rows), total, offset, limit,
-                        next_offset, type or None)
+        parts = await self._partitions(queue)
+
+        async def read(i: int, start: int, n: int, cap: int) -> tuple[list[TaskSummary],
+                                                                       int | None]:
+            _, next_start, rows = await self.broker.task_page(parts[i], state, start, n,
+                                                              type or "", cap)
+            return summaries(parts[i], state, rows), next_start
+
+        if len(parts) == 1:
+            total, next_offset, rows = await self.broker.task_page(
+                parts[0], state, offset, limit, type or "", TYPE_SCAN_CAP)
+            found = summaries(parts[0], state, rows)
+        else:
+            sizes = [total for total, _, _ in await asyncio.gather(*(
+                self.broker.task_page(q, state, 0, 0, "", 0) for q in parts))]
+            total = sum(sizes)
+            found, next_offset = await across(sizes, offset, limit, read, TYPE_SCAN_CAP)
+        return TaskPage(queue, state, found, total, offset, limit, next_offset, type or None)
 
     async def groups(self, queue: str, limit: int = 20, offset: int = 0,
                      batch_offset: int = 0, *, app: App | None = None) -> GroupPage:
@@ -102,24 +129,49 @@ class Inspector:
         of its batches (claimed, or waiting again after their aggregator failed), `limit`
         of each. Given the App, each group says when its aggregator's rules make it due."""
         _check_page(limit, offset, batch_offset)
-        await self._known(queue)
-        listing = await self.broker.group_listing(queue, offset, limit, batch_offset, limit)
+        parts = await self._partitions(queue)
+        if len(parts) == 1:
+            listing = await self.broker.group_listing(parts[0], offset, limit, batch_offset,
+                                                      limit)
+            return group_page(queue, listing, offset, limit, batch_offset, app)
+        counts = await asyncio.gather(*(self.broker.group_listing(q, 0, 0, 0, 0)
+                                        for q in parts))
+
+        async def groups(i: int, start: int, n: int, _: int) -> tuple[list[Any], int | None]:
+            found = await self.broker.group_listing(parts[i], start, n, 0, 0)
+            return found.groups, found.next_offset
+
+        async def batches(i: int, start: int, n: int, _: int) -> tuple[list[Any], int | None]:
+            found = await self.broker.group_listing(parts[i], 0, 0, start, n)
+            return found.batches, found.next_batch_offset
+
+        group_rows, next_offset = await across([c.total for c in counts], offset, limit,
+                                               groups, limit)
+        batch_rows, next_batch = await across([c.batch_total for c in counts], batch_offset,
+                                              limit, batches, limit)
+        listing = GroupListing(counts[0].now_ms, sum(c.total for c in counts), next_offset,
+                               sum(c.batch_total for c in counts), next_batch, group_rows,
+                               batch_rows)
         return group_page(queue, listing, offset, limit, batch_offset, app)
 
     async def group_tasks(self, queue: str, type: str, group: str, limit: int = 20,
                           offset: int = 0) -> TaskPage:
-        """A page of the tasks waiting in one group, oldest first (state "aggregating")."""
+        """A page of the tasks waiting in one group, oldest first (state "aggregating");
+        a group lives in one partition of its queue."""
         _check_page(limit, offset)
-        await self._known(queue)
-        total, next_offset, rows = await self.broker.group_page(queue, type, group, offset,
-                                                                limit)
-        return TaskPage(queue, "aggregating", summaries(queue, "aggregating", rows), total,
+        for kept_in in await self._partitions(queue):
+            total, next_offset, rows = await self.broker.group_page(kept_in, type, group,
+                                                                    offset, limit)
+            if total:
+                break
+        return TaskPage(queue, "aggregating", summaries(kept_in, "aggregating", rows), total,
                         offset, limit, next_offset, type)
 
     async def task(self, task_id: str, queue: str | None = None) -> TaskDetail:
-        """Everything about one task; raises TaskNotFound."""
+        """Everything about one task (in whichever partition of `queue` holds it); raises
+        TaskNotFound."""
         given = queue
-        queue = queue or await self.broker.find_queue(task_id)
+        queue = await self._holder(task_id, queue)
         if queue is not None:
             fields, progress, owner, lease = await self.broker.task_record(queue, task_id)
             if fields:
@@ -177,44 +229,51 @@ class Inspector:
         or every task that was in the state when the call began (in steps of STEP)."""
         if state not in REVIVABLE:
             raise ValueError(f"only {', '.join(REVIVABLE)} tasks can be requeued, not {state}")
-        await self._known(queue)
+        moved = left = 0
         if ids:
-            moved, left, missing = 0, 0, []
-            for start in range(0, len(ids), STEP):
-                m, left, gone = await self.broker.revive(queue, state, ids[start:start + STEP])
-                moved += m
-                missing += gone
+            missing = list(ids)  # each partition is asked for the ids the others had not
+            for part in await self._partitions(queue):
+                still, part_left = [], 0
+                for start in range(0, len(missing), STEP):
+                    m, part_left, gone = await self.broker.revive(
+                        part, state, missing[start:start + STEP])
+                    moved += m
+                    still += gone
+                missing, left = still, left + part_left
             return Requeued(queue, state, moved, left, missing)
-        moved, left = await self._in_steps(queue, state, self.broker.revive)
+        for part in await self._partitions(queue):
+            m, part_left = await self._in_steps(part, state, self.broker.revive)
+            moved, left = moved + m, left + part_left
         return Requeued(queue, state, moved, left)
 
     async def delete(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
         """Delete a task in any state but running, with its data; returns the state it was
         in. Raises TaskNotFound or TaskRunning (Client.delete)."""
-        return await self._client.delete(task_id, queue)
+        return await self._client.delete(task_id, await self._where(task_id, queue))
 
     async def cancel(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
         """Cancel a task (Client.cancel): "cancelled", "running" (its worker stops it), or
         the state it had ended in. Raises TaskNotFound."""
-        return await self._client.cancel(task_id, queue)
+        return await self._client.cancel(task_id, await self._where(task_id, queue))
 
     async def purge(self, queue: str, state: str) -> int:
         """Delete every task that was in a state (not active) when the call began, in steps
         of STEP; returns how many were deleted."""
         if state not in PURGEABLE:
             raise ValueError(f"only {', '.join(PURGEABLE)} tasks can be purged, not {state}")
-        await self._known(queue)
-        deleted, _ = await self._in_steps(queue, state, self.broker.purge_step)
+        deleted = 0
+        for part in await self._partitions(queue):
+            deleted += (await self._in_steps(part, state, self.broker.purge_step))[0]
         return deleted
 
-    async def pause(self, queue: str) -> None:
-        """Workers stop taking tasks from the queue (running ones finish)."""
-        await self._known(queue)
-        await self.broker.set_paused(queue, True)
+    async def pause(self, queue: str) -> list[str]:
+        """Workers stop taking tasks from the queue (running ones finish): from each of its
+        partitions registered now (those a new count adds later are not paused); returns
+        the queues or partitions paused."""
+        return await self._set_paused(queue, True)
 
-    async def unpause(self, queue: str) -> None:
-        await self._known(queue)
-        await self.broker.set_paused(queue, False)
+    async def unpause(self, queue: str) -> list[str]:
+        return await self._set_paused(queue, False)
 
     async def close(self) -> None:
         await self.broker.close()
@@ -227,13 +286,37 @@ class Inspector:
 
     # -- helpers --------------------------------------------------------------------------
 
-    async def _known(self, queue: str) -> None:
+    async def _set_paused(self, queue: str, paused: bool) -> list[str]:
+        parts = await self._partitions(queue)
+        for part in parts:
+            await self.broker.set_paused(part, paused)
+        return parts
+
+    async def _partitions(self, queue: str) -> list[str]:
+        """The registered queues `queue` names: its partitions, or itself; QueueNotFound."""
         try:
             validate_name("queue", queue)
         except ValueError as exc:
             raise ConfigurationError(str(exc)) from None
-        if not await self.broker.queue_exists(queue):
+        parts = resolve(queue, await self.broker.queues())
+        if not parts:
             raise QueueNotFound(f"no queue {queue!r} in namespace {self.namespace!r}")
+        return parts
+
+    async def _holder(self, task_id: str, queue: str | None) -> str | None:
+        """The queue or partition holding the task: of `queue` (any when None)."""
+        if queue is None:
+            return await self.broker.find_queue(task_id)
+        parts = resolve(queue, await self.broker.queues())
+        if len(parts) == 1:
+            return parts[0]
+        return await self.broker.find_queue(task_id, parts) if parts else queue
+
+    async def _where(self, task_id: str | FlowInfo, queue: str | None) -> str | None:
+        """Where Client.delete or cancel looks: the partition holding the task when found."""
+        if queue is None or isinstance(task_id, FlowInfo):
+            return queue
+        return await self._holder(task_id, queue) or queue
 
     async def _in_steps(self, queue: str, state: str, step: Any) -> tuple[int, int]:
         """Run `step(queue, state, batch=n) -> (done, left, ...)` until the tasks that were
@@ -253,5 +336,6 @@ def _check_page(limit: int, *offsets: int) -> None:
         raise ValueError(f"limit must be 1 to {MAX_PAGE} and offset not negative")
 
 
-__all__ = ["BatchInfo", "GroupInfo", "GroupPage", "Inspector", "QueueInfo", "Rate", "Requeued",
+__all__ = ["BatchInfo", "GroupInfo", "GroupPage", "Inspector", "PartitionInfo", "QueueInfo",
+           "Rate", "Requeued",
            "ScheduleInfo", "TaskDetail", "TaskPage", "TaskSummary", "WorkerInfo", "as_data"]

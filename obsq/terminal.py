@@ -10,9 +10,12 @@ import time
 from datetime import datetime
 from typing import Any
 
+from obsq.broker import DEPTH_STATES
 from obsq.flow import FlowInfo
 from obsq.inspector import (
     GroupPage,
+    PartitionInfo,
+    QueueInfo,
     ScheduleInfo,
     TaskDetail,
     TaskPage,
@@ -69,6 +72,50 @@ def print_tasks(out: Output, page: TaskPage, where: str) -> None:
          *([(first_line(t.error), "error")] if errors else [])] for t in page.tasks]))
     more = f"; next page: --offset {page.next_offset}" if page.next_offset is not None else ""
     print(out.paint(f"\n{len(page.tasks)} shown, {page.total:,} {where}{more}", "dim"))
+
+
+def queues_table(out: Output, found: list[QueueInfo], detailed: bool = False) -> str:
+    """A row a queue (a partitioned one summed); `detailed`: with its partitions and its
+    runs and failures."""
+    return out.table(
+        ["queue", *(["partitions"] if detailed else []), *DEPTH_STATES, "latency", "paused",
+         *(RATE_COLUMNS if detailed else [])],
+        [[q.name, *([str(len(q.partitions) or "-")] if detailed else []),
+          *_depth_cells(q.depth), f"{q.latency:.1f}s", _paused(q),
+          *(_rate_cells(q) if detailed else [])] for q in found])
+
+
+def partitions_table(out: Output, q: QueueInfo) -> str:
+    """The partitions of a queue, a row each, indented under its row."""
+    table = out.table(
+        ["partition", "index", *DEPTH_STATES, "latency", "paused", *RATE_COLUMNS],
+        [[p.name, f"{p.index}/{p.count}", *_depth_cells(p.depth), f"{p.latency:.1f}s",
+          ("yes", "paused") if p.paused else "", *_rate_cells(p)] for p in q.partitions])
+    return indent(table)
+
+
+RATE_COLUMNS = ["runs/min", "failed/min", "runs/h", "failed/h"]
+
+
+def _depth_cells(depth: dict[str, int]) -> list[tuple[str, str | None]]:
+    return [(str(depth[s]), s if depth[s] and s in ("dead", "retry") else None)
+            for s in DEPTH_STATES]
+
+
+def _paused(q: QueueInfo) -> Any:
+    """'yes' when the queue is paused; of a partitioned one of which only some partitions
+    are, how many."""
+    paused = sum(p.paused for p in q.partitions)
+    if not q.paused and paused:
+        return f"{paused}/{len(q.partitions)}", "paused"
+    return ("yes", "paused") if q.paused else ""
+
+
+def _rate_cells(q: QueueInfo | PartitionInfo) -> list[Any]:
+    return [str(q.last_minute.processed), (str(q.last_minute.failed),
+                                           "error" if q.last_minute.failed else None),
+            str(q.last_hour.processed), (str(q.last_hour.failed),
+                                         "error" if q.last_hour.failed else None)]
 
 
 def groups_table(out: Output, page: GroupPage, with_due: bool) -> str:

@@ -1,10 +1,12 @@
 """The queue-wide gauges, read from Redis when Prometheus scrapes.
 
-`obsq_queue_depth`, `obsq_queue_latency_seconds`, `obsq_queue_paused`, `obsq_workers`,
-`obsq_redis_maxmemory_policy_ok` and `obsq_redis_memory_*_bytes` describe Redis, not this
+`obsq_queue_depth`, `obsq_queue_latency_seconds`, `obsq_queue_paused`,
+`obsq_queue_partitions`, `obsq_workers`, `obsq_redis_maxmemory_policy_ok` and
+`obsq_redis_memory_*_bytes` describe Redis, not this
 process, so they are not multiprocess files: a custom collector asks Redis at scrape time
 through an asyncio Broker that runs on some event loop (the worker's), while the scrape runs
-in an HTTP thread.
+in an HTTP thread. A partitioned queue is one queue here, its figures summed over its
+partitions (obsq/partition_view.py), so dashboards and alerts read it by its own name.
 Reads are cached for a second and bounded by a timeout, so a slow Redis never hangs a
 scrape; concurrent scrapes share one read, and after a failure Redis is not asked again
 until the cache would have expired. A failed read serves the last values while they are
@@ -20,13 +22,14 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from obsq.broker import DEPTH_STATES, Broker
+from obsq.broker import DEPTH_STATES, Broker, QueueStats
 from obsq.errors import BrokerError
 from obsq.loop_watch import BLOCKED_AT_LEAST
+from obsq.partition_view import partitions_of, summed
+from obsq.partitions import queue_of
 from obsq.settings import (
     COLLECTOR_CACHE,
     COLLECTOR_STALE_LIMIT,
@@ -63,7 +66,7 @@ class QueueCollector:
 
     def describe(self) -> Iterable[GaugeMetricFamily]:
         """Names only, without asking Redis (for registries that check duplicates)."""
-        return [*_families({}, None, None, None), *_read_status(False, 0.0)]
+        return [*_families({}, {}, None, None, None), *_read_status(False, 0.0)]
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         with self._lock:
@@ -86,7 +89,7 @@ class QueueCollector:
             return  # waiting here would block the loop that must answer; serve the cache
         future = asyncio.run_coroutine_threadsafe(self._read(), self.loop)
         try:
-            stats, workers, policy, memory = future.result(self.timeout)
+            stats, counts, workers, policy, memory = future.result(self.timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
             self._failed(self._why_late())
@@ -97,7 +100,7 @@ class QueueCollector:
         except Exception as exc:  # a closed loop, a cancelled read: not worth a traceback
             self._failed(f"{type(exc).__name__}: {exc}")
             return
-        self._families = _families(stats, workers, policy, memory)
+        self._families = _families(stats, counts, workers, policy, memory)
         self._read_at = time.monotonic()
         self._read_wall_time = time.time()
         if self._failing:
@@ -121,13 +124,19 @@ class QueueCollector:
                         else "serving none until a read works")
         self._failing = True
 
-    async def _read(self) -> tuple[dict[str, dict[str, Any]], int, str | None,
+    async def _read(self) -> tuple[dict[str, QueueStats], dict[str, int], int, str | None,
                                    tuple[int, int] | None]:
+        """Each queue's figures, a partitioned queue's summed over its partitions under
+        its own name (whether `queues` names it or its partitions)."""
         queues = self.queues if isinstance(self.queues, Sequence) else await self.queues()
-        stats = await self.broker.queue_stats(list(queues))
+        stored = partitions_of(await self.broker.queues())
+        wanted = {q: stored.get(q, [q]) for q in dict.fromkeys(map(queue_of, queues))}
+        stats = await self.broker.queue_stats([p for parts in wanted.values() for p in parts])
+        counts = await self.broker.partition_counts(list(wanted)) if wanted else {}
         workers = await self.broker.workers()
         policy = await self.broker.memory_policy()
-        return stats, len(workers), policy, await self.broker.memory_usage()
+        return ({q: summed([stats[p] for p in parts]) for q, parts in wanted.items()}, counts,
+                len(workers), policy, await self.broker.memory_usage())
 
 
 def _read_status(ok: bool, read_at: float) -> list[GaugeMetricFamily]:
@@ -140,14 +149,17 @@ def _read_status(ok: bool, read_at: float) -> list[GaugeMetricFamily]:
                               "(0: none yet)", value=read_at)]
 
 
-def _families(stats: dict[str, dict[str, Any]], workers: int | None, policy: str | None,
-              memory: tuple[int, int] | None) -> list[GaugeMetricFamily]:
+def _families(stats: dict[str, QueueStats], counts: dict[str, int], workers: int | None,
+              policy: str | None, memory: tuple[int, int] | None) -> list[GaugeMetricFamily]:
     depth = GaugeMetricFamily("obsq_queue_depth", "Tasks of a queue in each state",
                               labels=["queue", "state"])
     latency = GaugeMetricFamily("obsq_queue_latency_seconds",
                                 "Age of the oldest pending task of a queue", labels=["queue"])
     paused = GaugeMetricFamily("obsq_queue_paused", "1 when the queue is paused",
                                labels=["queue"])
+    partitions = GaugeMetricFamily("obsq_queue_partitions", "Partitions a queue is stored "
+                                   "as, as its workers declare them (app.queue)",
+                                   labels=["queue"])
     live = GaugeMetricFamily("obsq_workers", "Live workers registered in Redis")
     policy_ok = GaugeMetricFamily(
         "obsq_redis_maxmemory_policy_ok",
@@ -162,6 +174,8 @@ def _families(stats: dict[str, dict[str, Any]], workers: int | None, policy: str
             depth.add_metric([queue, state], s.depth[state])
         latency.add_metric([queue], s.latency)
         paused.add_metric([queue], 1 if s.paused else 0)
+    for queue, count in counts.items():
+        partitions.add_metric([queue], count)
     if workers is not None:
         live.add_metric([], workers)
     if policy is not None:
@@ -169,4 +183,4 @@ def _families(stats: dict[str, dict[str, Any]], workers: int | None, policy: str
     if memory is not None:
         used.add_metric([], memory[0])
         limit.add_metric([], memory[1])
-    return [depth, latency, paused, live, policy_ok, used, limit]
+    return [depth, latency, paused, partitions, live, policy_ok, used, limit]

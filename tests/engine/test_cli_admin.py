@@ -151,7 +151,7 @@ async def test_inspection_commands_print_tables_and_json(app, client, start_work
     code, out = await obsq_cli("queues")
     header, row = out.splitlines()[:2]
     assert header.split()[-4:] == ["runs/min", "failed/min", "runs/h", "failed/h"]
-    assert row.split()[:7] == ["billing", "0", "0", "0", "0", "1", "0"]
+    assert row.split()[:8] == ["billing", "-", "0", "0", "0", "0", "1", "0"]  # - partitions
     code, out = await obsq_cli("queues", "--json")
     assert json.loads(out)[0]["depth"]["dead"] == 1
     code, out = await obsq_cli("workers", "--json")

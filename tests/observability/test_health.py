@@ -158,6 +158,12 @@ class SlowBroker:
             await asyncio.Event().wait()  # a Redis that never answers
         return await self.broker.queue_stats(queues)
 
+    async def queues(self):
+        return await self.broker.queues()
+
+    async def partition_counts(self, queues):
+        return await self.broker.partition_counts(queues)
+
     async def workers(self):
         return await self.broker.workers()
 
