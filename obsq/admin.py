@@ -22,6 +22,7 @@ from obsq.errors import (
     TaskRunning,
 )
 from obsq.inspector import MAX_PAGE, Inspector
+from obsq.partition_view import partitions_of
 from obsq.terminal import (
     Output,
     first_line,
@@ -368,7 +369,9 @@ async def doctor(inspector: Inspector, args: argparse.Namespace, out: Output) ->
     for problem in found.problems:
         print(out.paint(problem.line(), "error"))
     if found.clean:
-        print(f"namespace {found.namespace!r}: {len(found.queues)} queue(s), no problems"
+        queues = len(partitions_of(found.queues))  # a partitioned queue is one
+        stored = f" (in {len(found.queues)} with partitions)" if queues < len(found.queues) else ""
+        print(f"namespace {found.namespace!r}: {queues} queue(s){stored}, no problems"
               + (f", {len(notices)} notice(s)" if notices else ""))
 
 

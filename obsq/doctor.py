@@ -1,14 +1,15 @@
-"""`obsq doctor`: a namespace's invariants checked queue by queue, in bounded steps, and
-what of them can be mended safely. What it checks, per queue: every id of `pending`, the
-leases and the state zsets has a task hash whose state is that of the key it sits in (and
-of `pending:<p>`, whose priority is p, each named in `levels` while it holds tasks); every
-id of a held list or an ordering key's list has a task naming that list's pattern or key;
-`waiting` counts the held tasks and those behind the first of each ordering key; `grouped`
-counts the tasks in groups and in batches; no attempt is in `active` without a lease, nor
-holds a lease that ended long ago while its worker is lost. Per namespace: no running flow
-waits for a step whose task is gone; as information (the engine mends these by itself):
-schedule fires claimed and not confirmed, lapsed subscriptions, flow steps' ends not yet
-recorded and steps left launching.
+"""`obsq doctor`: a namespace's invariants checked queue by queue (each partition of a
+partitioned queue as a queue: it has every key of one; it is named after its queue), in
+bounded steps, and what of them can be mended safely. What it checks, per queue: every id
+of `pending`, the leases and the state zsets has a task hash whose state is that of the
+key it sits in (and of `pending:<p>`, whose priority is p, each named in `levels` while it
+holds tasks); every id of a held list or an ordering key's list has a task naming that
+list's pattern or key; `waiting` counts the held tasks and those behind the first of each
+ordering key; `grouped` counts the tasks in groups and in batches; no attempt is in
+`active` without a lease, nor holds a lease that ended long ago while its worker is lost.
+Per namespace: no running flow waits for a step whose task is gone; as information (the
+engine mends these by itself): schedule fires claimed and not confirmed, lapsed
+subscriptions, flow steps' ends not yet recorded and steps left launching.
 
 States the engine repairs within its sweep intervals (a lease that just ended, a lost
 worker's attempts before the recoverer's next pass) are not problems: an attempt counts as
@@ -27,6 +28,7 @@ from obsq.errors import UnknownTaskType
 from obsq.flow import FlowInfo
 from obsq.flow_steps import record_ends
 from obsq.inspector import Inspector
+from obsq.partition_view import readable
 from obsq.priority import PRIORITIES
 from obsq.settings import WorkerSettings
 
@@ -51,7 +53,8 @@ class Problem:
 
     def line(self) -> str:
         shown = ", ".join(self.examples)
-        return f"{self.queue}: {self.what}: {self.count}" + (f" (e.g. {shown})" if shown else "")
+        return f"{readable(self.queue)}: {self.what}: {self.count}" + (
+            f" (e.g. {shown})" if shown else "")
 
 
 @dataclass
@@ -114,7 +117,8 @@ class Doctor:
             entries = await self.broker.flow_ends(queue, STEP)
             waiting |= {EndEntry.read(e).id for e in entries}
             if entries:
-                notes.append(f"{queue}: {len(entries)} flow step end(s) not yet recorded in "
+                notes.append(f"{readable(queue)}: {len(entries)} flow step end(s) not yet "
+                             "recorded in "
                              "their flow (a worker's FlowLoop records them)")
         gone, launching, suspects = 0, 0, []
         for flow_id in await self._flow_ids():
@@ -184,10 +188,11 @@ class Doctor:
         them, take orphaned attempts back through the recoverer's path, set counters to
         what they count (last, as dropping a held id changes what `waiting` should be)."""
         for problem in diagnosis.problems:
+            where = readable(problem.queue)
             if problem.repair == "drop":
                 n = await self.broker.drop_missing(problem.queue, problem.key, problem.kind,
                                                    problem.ids)
-                diagnosis.repairs.append(f"{problem.queue}: dropped {n} id(s) with no task "
+                diagnosis.repairs.append(f"{where}: dropped {n} id(s) with no task "
                                          f"from {problem.key}")
             elif problem.repair == "fail":
                 await record_ends(self.broker, [
@@ -197,11 +202,11 @@ class Doctor:
                                          "task was gone as dead, failing their flow")
             elif problem.repair == "mark":
                 await self.broker.unmarked_levels(problem.queue, mark=True)
-                diagnosis.repairs.append(f"{problem.queue}: named priorities {problem.ids} "
+                diagnosis.repairs.append(f"{where}: named priorities {problem.ids} "
                                          "in levels")
             elif problem.repair == "recover":
                 n = await self._recover(problem.queue)
-                diagnosis.repairs.append(f"{problem.queue}: took back {n} orphaned "
+                diagnosis.repairs.append(f"{where}: took back {n} orphaned "
                                          "attempt(s) to pending (or dead past max_recoveries)")
         for queue in sorted({p.queue for p in diagnosis.problems if p.repair != "fail"}):
             diagnosis.repairs += await self._recount(queue)
@@ -282,7 +287,8 @@ class Doctor:
         for key, now, should in ((k.prefix + "waiting", waiting, should_wait),
                                  (k.grouped, grouped, should_group)):
             if now != should and await self.broker.settle_counter(key, now, should):
-                done.append(f"{queue}: set {key.rsplit(':', 1)[-1]} from {now} to {should}")
+                done.append(f"{readable(queue)}: set {key.rsplit(':', 1)[-1]} from {now} to "
+                            f"{should}")
         return done
 
     async def _recover(self, queue: str) -> int:

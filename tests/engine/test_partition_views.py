@@ -126,6 +126,29 @@ async def test_repairs_of_the_queue_act_on_every_partition(
     assert (await inspector.queue("events")).size == 0
 
 
+async def test_groups_of_the_queue_come_from_every_partition(
+        app, client, inspector: Inspector) -> None:
+    _partitioned(app)
+    for n in range(8):
+        for _ in range(n % 3 + 1):
+            await client.enqueue("ev:g", n, group=f"g{n}", queue="events")
+    groups, offset = [], 0
+    while offset is not None:
+        page = await inspector.groups("events", limit=3, offset=offset)
+        assert page.total == 8 and len(page.groups) <= 3
+        groups += page.groups
+        offset = page.next_offset
+    assert sorted(g.group for g in groups) == [f"g{n}" for n in range(8)]
+    assert {g.group: g.size for g in groups} == {f"g{n}": n % 3 + 1 for n in range(8)}
+    info = await inspector.queue("events")
+    assert info.depth["aggregating"] == 15
+    assert sum(p.depth["aggregating"] > 0 for p in info.partitions) >= 2
+    for n in (2, 5, 7):
+        page = await inspector.group_tasks("events", "ev:g", f"g{n}")
+        assert page.total == n % 3 + 1 and {t.queue for t in page.tasks} == {"events"}
+    assert (await inspector.group_tasks("events", "ev:g", "none")).total == 0
+
+
 async def test_worker_outcomes_count_in_the_queue(app, client, start_worker,
                                                   inspector: Inspector) -> None:
     _partitioned(app)
@@ -185,13 +208,32 @@ async def test_cli_shows_one_row_and_the_breakdown(app, client, obsq_cli) -> Non
     assert (code, out.strip()) == (0, "queue events paused (its 3 partitions)")
 
 
-async def test_queue_gauges_sum_the_partitions(app, client, broker) -> None:
+async def test_doctor_names_the_queue_of_each_partition(app, client, obsq_cli, namespace,
+                                                       raw_redis) -> None:
+    _partitioned(app)
+    await _enqueue_mix(client)
+    code, out = await obsq_cli("doctor")
+    assert code == 0 and out.splitlines() == [
+        "notice: events: 15 pending task(s), the oldest waiting 0 s, and no live worker "
+        "serves the queue",
+        f"namespace '{namespace}': 1 queue(s) (in 3 with partitions), no problems, 1 notice(s)"]
+    raw_redis.lpush(f"{namespace}:{{{PARTS[1]}}}:pending", "ghost-1")
+    code, out = await obsq_cli("doctor")
+    assert code == 1
+    assert f"events (partition 1/3: {PARTS[1]}): ids with no task in pending: 1 (e.g. " \
+        "ghost-1)" in out
+    code, out = await obsq_cli("doctor", "--repair")
+    assert f"repaired events (partition 1/3: {PARTS[1]}): dropped 1 id(s)" in out
+
+
+async def test_queue_gauges_sum_the_partitions(app, client, broker, namespace,
+                                              raw_redis) -> None:
     from obsq.observability.collector import QueueCollector
 
     _partitioned(app)
     await _enqueue_mix(client)
     await client.enqueue("plain", 1, queue="other")
-    await broker.declare_partitions(app.partitions)  # as its workers do when they start
+    raw_redis.hset(f"{namespace}:partitions", "events", 3)  # as its workers write it
     loop = asyncio.get_running_loop()
     for source in (["events", "other"], broker.queues):  # a worker's names, the exporter's
         collector = QueueCollector(broker, loop, source, cache_seconds=0)
