@@ -94,7 +94,9 @@ class Inspection(RedisCalls):
         reply = await self._script("revive", (k.by_state(state), k.pending, k.wake),
                                    argv("revive", reset=1 if state in ("dead", "cancelled") else 0,
                                         batch=batch, ids=task_ids))
-        return reply[0], reply[1], [_text(i) for i in reply[2:]]
+        shape = REPLIES["revive"]
+        r = shape.head_of(reply)
+        return r.moved, r.left, [_text(m.missing) for m in shape.records(reply)]
 
     async def delete_task(self, queue: str, task_id: str) -> str:
         """The state the deleted task was in; 'running' (refused) or '' (no such task)."""

@@ -105,9 +105,9 @@ class Producing(RedisCalls):
                                    argv("watch", id=task_id, client=client_id, watching=1))
         if reply is None:
             return None
-        state, result, error = reply
-        return (state.decode() if state else "pending", result or None,
-                error.decode(errors="replace") if error else None)
+        r = REPLIES["watch"].head_of(reply)
+        return (r.state.decode() if r.state else "pending", r.result or None,
+                r.error.decode(errors="replace") if r.error else None)
 
     async def unwatch(self, queue: str, task_id: str, client_id: str) -> None:
         k = self.keys(queue)

@@ -40,15 +40,14 @@ class Scheduling(RedisCalls):
 
     async def due_fires(self, limit: int) -> DueFires:
         s = self.schedule_keys
-        now, version, soonest, due, firing = await self._script(
-            "due_fires", (s.next, s.version, s.firing),
-            argv("due_fires", limit=limit))
+        r = REPLIES["due_fires"].head_of(await self._script(
+            "due_fires", (s.next, s.version, s.firing), argv("due_fires", limit=limit)))
         return DueFires(
-            now, version, float(soonest) if soonest else None,
-            [(due[i].decode(errors="replace"), float(due[i + 1]))
-             for i in range(0, len(due), 2)],
-            {firing[i].decode(errors="replace"): firing[i + 1]
-             for i in range(0, len(firing), 2)})
+            r.now, r.version, float(r.soonest) if r.soonest else None,
+            [(name.decode(errors="replace"), float(at))
+             for name, at in zip(r.due[::2], r.due[1::2])],
+            {name.decode(errors="replace"): claim
+             for name, claim in zip(r.firing[::2], r.firing[1::2])})
 
     async def claim_fire(self, name: str, digest: str, expected: float, following: float,
                          fire: int = 0, claim: bytes = b"", missed: int = 0) -> bool:

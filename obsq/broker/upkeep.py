@@ -74,12 +74,13 @@ class Upkeep(RedisCalls):
         hash scanned from `cursor`) -> (requeued, moved to dead, next cursor ("0": done),
         seconds until the queue's next lease ends, on the broker's clock; None: none)."""
         k = self.keys(queue)
-        requeued, killed, cursor, ends_in = await self._script(
+        r = REPLIES["recover"].head_of(await self._script(
             "recover", (k.lease, k.pending, k.dead, k.wake, k.active),
             argv("recover", max_recoveries=max_recoveries, batch=batch, cursor=cursor,
-                 lost=lost_workers))
-        return (requeued, killed, cursor.decode() if isinstance(cursor, bytes) else str(cursor),
-                int(ends_in) / 1000 if int(ends_in) >= 0 else None)
+                 lost=lost_workers)))
+        return (r.requeued, r.killed,
+                r.cursor.decode() if isinstance(r.cursor, bytes) else str(r.cursor),
+                int(r.ends_in) / 1000 if int(r.ends_in) >= 0 else None)
 
     async def forward(self, sets: Sequence[tuple[str, str]], batch: int
                       ) -> list[tuple[int, float | None]]:
@@ -92,8 +93,9 @@ class Upkeep(RedisCalls):
             k = self.keys(queue)
             calls.append(("forward", (k.by_state(state), k.pending, k.wake),
                           argv("forward", batch=batch, scheduled=1 if state == "scheduled" else 0)))
-        return [(moved, int(due) / 1000 if int(due) >= 0 else None)
-                for moved, due in await self._scripts(calls)]
+        shape = REPLIES["forward"]
+        return [(r.moved, int(r.next_due) / 1000 if int(r.next_due) >= 0 else None)
+                for r in map(shape.head_of, await self._scripts(calls))]
 
     async def cleanup(self, queue: str, dead_max_age: float, dead_max_count: int,
                       batch: int) -> int:

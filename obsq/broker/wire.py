@@ -232,6 +232,7 @@ REPLIES: dict[str, Reply] = {
     "dequeue": Reply(("now", "dropped", "count"), DEQUEUE_TASK, count_in="count",
                      tail=("type", "why")),
     "enqueue": Reply((), ("position", "refusal")),
+    "due_fires": Reply(("now", "version", "soonest", "due", "firing")),
     "flow_cancel": Reply(("state",), ("step", "where")),
     "flow_previous": Reply(("chord", "waited"), ("result",)),
     "flow_state": Reply(("state", "failed", "error", "steps", "completed", "written", "ended",
@@ -242,12 +243,16 @@ REPLIES: dict[str, Reply] = {
                     rows={"groups": ("type", "group", "size", "first", "last"),
                           "batches": ("id", "claim_end", "type", "group", "ids", "owner",
                                       "failures", "error")}),
+    "forward": Reply(("moved", "next_due")),
     "page": Reply(("total", "next_offset"),
                   ("id", "score", "type", "retried", "enqueued", "due", "done", "error",
                    "payload", "owner", "size", "priority")),
+    "recover": Reply(("requeued", "killed", "cursor", "ends_in")),
+    "revive": Reply(("moved", "left"), ("missing",)),
     "schedules": Reply(("now",), ("name", "next", "definition", "last", "claim", "fires",
                                   "missed")),
     "stats": Reply((*TASK_STATES, "oldest_due", "paused", "now", "aggregating")),
+    "watch": Reply(("state", "result", "error")),
 }
 
 

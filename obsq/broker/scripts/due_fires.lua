@@ -11,5 +11,6 @@ local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[@limit])
 local after = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0,
                          1)
-return {now, tonumber(redis.call('GET', KEYS[2]) or '0') or 0, after[2] or '', due,
-        redis.call('HGETALL', KEYS[3])}
+return {[@r_now] = now, [@r_version] = tonumber(redis.call('GET', KEYS[2]) or '0') or 0,
+        [@r_soonest] = after[2] or '', [@r_due] = due,
+        [@r_firing] = redis.call('HGETALL', KEYS[3])}

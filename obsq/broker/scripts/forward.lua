@@ -27,6 +27,6 @@ if ARGV[@scheduled] == '1' then
 end
 local next_due = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if next_due[2] then
-  return {moved, math.max(tonumber(next_due[2]) - now, 0)}
+  return {[@r_moved] = moved, [@r_next_due] = math.max(tonumber(next_due[2]) - now, 0)}
 end
-return {moved, -1}
+return {[@r_moved] = moved, [@r_next_due] = -1}

@@ -63,4 +63,5 @@ for _, id in ipairs(ids) do
 end
 wake(KEYS[4], requeued)
 local next_end = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {requeued, killed, cursor, next_end[2] and math.max(tonumber(next_end[2]) - now, 0) or -1}
+return {[@r_requeued] = requeued, [@r_killed] = killed, [@r_cursor] = cursor,
+        [@r_ends_in] = next_end[2] and math.max(tonumber(next_end[2]) - now, 0) or -1}

@@ -35,10 +35,10 @@ end
 if moved > 0 then
   wake(KEYS[3], moved)
 end
-local out = {moved, redis.call('ZCARD', KEYS[1])}
+local out = {[@r_moved] = moved, [@r_left] = redis.call('ZCARD', KEYS[1])}
 if #ARGV >= @ids then
   for _, id in ipairs(missing) do
-    out[#out + 1] = id
+    out[#out + @r_missing] = id
   end
 end
 return out

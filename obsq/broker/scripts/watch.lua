@@ -27,11 +27,12 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
   return nil
 end
 local f = redis.call('HMGET', KEYS[2], 'state', 'result', 'error')
-if f[1] ~= 'completed' and f[1] ~= 'dead' and f[1] ~= 'cancelled' then
+local state = f[1]
+if state ~= 'completed' and state ~= 'dead' and state ~= 'cancelled' then
   if not watchers then
     redis.call('HSET', KEYS[1], id, client)
   elseif not string.find(' ' .. watchers .. ' ', ' ' .. client .. ' ', 1, true) then
     redis.call('HSET', KEYS[1], id, watchers .. ' ' .. client)
   end
 end
-return f
+return {[@r_state] = state, [@r_result] = f[2], [@r_error] = f[3]}
