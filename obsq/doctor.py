@@ -151,9 +151,9 @@ class Doctor:
     async def _flow_ids(self) -> list[str]:
         ids: list[str] = []
         while True:
-            total, *page = await self.broker.index_flows("page", len(ids), STEP)
-            ids += [raw.decode() for raw in page]
-            if not page or len(ids) >= int(total):
+            total, page = await self.broker.flow_page(len(ids), STEP)
+            ids += page
+            if not page or len(ids) >= total:
                 return ids
 
     async def _flow(self, flow_id: str) -> FlowInfo | None:

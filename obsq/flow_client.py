@@ -124,16 +124,16 @@ class ClientFlows:
     async def page(self, limit: int = 20, offset: int = 0) -> tuple[int, list[FlowInfo]]:
         """The number of flows kept, and a page of them, the latest first, without their
         steps (one gone since it was listed is left out)."""
-        total, *ids = await self.broker.index_flows("page", offset, limit)
+        total, ids = await self.broker.flow_page(offset, limit)
         flows = []
-        for raw in ids:
-            s = await self.broker.flow_state(raw.decode())
+        for flow_id in ids:
+            s = await self.broker.flow_state(flow_id)
             if s is not None:
                 flows.append(FlowInfo(
-                    raw.decode(), s.state, [], -1, s.failed, s.error or None,
+                    flow_id, s.state, [], -1, s.failed, s.error or None,
                     decode_stored_json(s.result), timestamp_to_datetime(s.written),
                     timestamp_to_datetime(s.ended), s.steps, s.completed))
-        return int(total), flows
+        return total, flows
 
     async def result(self, flow_id: str, timeout: float | None) -> Any:
         """Its last step's result, once the flow completed; FlowFailed when a step ended it

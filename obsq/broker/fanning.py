@@ -11,7 +11,7 @@ import orjson
 
 from obsq.broker.calls import RedisCalls, ScriptCall
 from obsq.broker.records import Batch, Claimed, Enqueued, GroupedTask
-from obsq.broker.wire import argv
+from obsq.broker.wire import REPLIES, argv
 from obsq.task import TaskMessage
 
 # (pattern, max_size, max_delay, grace_period): how a worker aggregates the types a route
@@ -41,14 +41,17 @@ class Fanning(RedisCalls):
             "ids": [os.urandom(16).hex() for _ in range(limit)],
             "patterns": [(p, size, int(delay * 1000), int(grace * 1000))
                          for p, size, delay, grace in aggregations]})
-        wait, batches = await self._script(
+        shape = REPLIES["claim_batches"]
+        r = shape.head_of(await self._script(
             "claim_batches", (k.batches, k.grouped, k.group_types),
-            argv("claim_batches", owner=owner, lease=max(int(lease * 1000), 1), plan=argument))
+            argv("claim_batches", owner=owner, lease=max(int(lease * 1000), 1), plan=argument)))
         return Claimed(
-            [Batch(b[0].decode(), queue, b[1].decode(), b[2].decode(), int(b[3]), int(b[4]),
-                   [GroupedTask(t[0].decode(), t[1], t[2], bool(t[3])) for t in b[5]])
-             for b in batches],
-            int(wait) / 1000 if int(wait) >= 0 else None)
+            [Batch(b.id.decode(), queue, b.type.decode(), b.group.decode(), int(b.fence),
+                   int(b.failures),
+                   [GroupedTask(t.id.decode(), t.payload, t.headers, bool(t.binary))
+                    for t in shape.rows_of("tasks", b.tasks)])
+             for b in shape.rows_of("batches", r.batches)],
+            int(r.wait) / 1000 if int(r.wait) >= 0 else None)
 
     async def end_batch(self, batch: Batch, error: str | None = None,
                         retry_in: float = 0.0) -> bool:

@@ -143,6 +143,13 @@ class Flowing(RedisCalls):
         await self._script("flow_ends", (self.keys(queue).flow_inbox,),
                            argv("flow_ends", mode="drop", entries=entries))
 
+    async def flow_page(self, offset: int, count: int) -> tuple[int, list[str]]:
+        """(flows kept, the ids of a page of them, the latest first)."""
+        shape = REPLIES["flow_index"]
+        reply = await self.index_flows("page", offset, count)
+        return (int(shape.head_of(reply).total),
+                [r.id.decode(errors="replace") for r in shape.records(reply)])
+
     async def index_flows(self, mode: str, *args: Any) -> Any:
         """flow_index.lua on the namespace's index of flows."""
         g = self.global_keys

@@ -107,9 +107,9 @@ class Inspection(RedisCalls):
     async def purge_step(self, queue: str, state: str, batch: int) -> tuple[int, int]:
         """Delete up to `batch` tasks of a state: (deleted, left)."""
         k = self.keys(queue)
-        deleted, left = await self._script("delete", _delete_keys(k),
-                                           argv("delete", mode=state, batch=batch))
-        return deleted, left
+        r = REPLIES["delete"].head_of(await self._script(
+            "delete", _delete_keys(k), argv("delete", mode=state, batch=batch)))
+        return r.deleted, r.left
 
     async def tally(self, counts: Mapping[str, Mapping[str, int]], ttl: float) -> None:
         """Add {queue: {outcome: count}} to the current minute's buckets."""

@@ -5,10 +5,10 @@ without the other fails at load or in tests/test_wire.py, not in production.
 
 A reply read by position is declared too (`Reply`): its leading values, then items of
 fixed fields (their count in a leading value, or to the end), then optional pairs to the
-end; a leading value may be a list of rows of its own fields (`rows`). The script writes
-each value at `out[@r_name]`, an item's at `base + @r_name`, a pair's at `base + @rt_name`
-(1-based) and a row's field at `row[@r_<value>_<field>]`, and Python reads them by the same
-names (`Reply.head_of`, `records`, `rows_of`).
+end; a leading value, or a field of a row, may be a list of rows of its own fields
+(`rows`). The script writes each value at `out[@r_name]`, an item's at `base + @r_name`, a
+pair's at `base + @rt_name` (1-based) and a row's field at `row[@r_<list>_<field>]`, and
+Python reads them by the same names (`Reply.head_of`, `records`, `rows_of`).
 
 A spec lists ARGV after "now" (the runner's, always first): plain names in order, then
 `*(a b c)` for items repeated to the end (Lua: `for i = @items, #ARGV, @stride`, fields
@@ -105,7 +105,7 @@ def modes(field: str, **specs: str) -> Layout:
 class Reply:
     """A script's reply: `head` values, then `count_in` (a head value; "" to the end)
     items of `item` fields, then pairs of `tail` fields to the end; `rows` names the head
-    values that are lists of rows, with each row's fields."""
+    values (or fields of rows) that are lists of rows, with each row's fields."""
 
     __slots__ = ("_head", "_item", "_rows", "constants", "count_in", "head", "item", "rows",
                  "tail")
@@ -116,8 +116,8 @@ class Reply:
         self.head, self.item, self.tail, self.count_in = tuple(head), tuple(item), tuple(
             tail), count_in
         self.rows = {part: tuple(fields) for part, fields in (rows or {}).items()}
-        if not set(self.rows) <= set(self.head):
-            raise ValueError("rows belong to a head value")
+        if not set(self.rows) <= {*self.head, *(f for row in self.rows.values() for f in row)}:
+            raise ValueError("rows belong to a head value or a field of other rows")
         named = [(f"r_{n}", i + 1) for i, n in enumerate(self.head)]
         named += [(f"r_{n}", i + 1) for i, n in enumerate(self.item)]
         named += [(f"rt_{n}", i + 1) for i, n in enumerate(self.tail)]
@@ -229,11 +229,16 @@ LAYOUTS: dict[str, Layout] = {
 DEQUEUE_TASK = ("id", "fence", "type", "payload", "headers", "options", "retried", "due_ms",
                 "id_chosen", "ordering_key", "waited", "slot", "binary", "suspect")
 REPLIES: dict[str, Reply] = {
+    "claim_batches": Reply(("wait", "batches"), rows={
+        "batches": ("id", "type", "group", "fence", "failures", "tasks"),
+        "tasks": ("id", "payload", "headers", "binary")}),
+    "delete": Reply(("deleted", "left")),  # of a purge step (an id's returns its state)
     "dequeue": Reply(("now", "dropped", "count"), DEQUEUE_TASK, count_in="count",
                      tail=("type", "why")),
     "enqueue": Reply((), ("position", "refusal")),
     "due_fires": Reply(("now", "version", "soonest", "due", "firing")),
     "flow_cancel": Reply(("state",), ("step", "where")),
+    "flow_index": Reply(("total",), ("id",)),  # of a page (the other modes: a list or 1)
     "flow_previous": Reply(("chord", "waited"), ("result",)),
     "flow_state": Reply(("state", "failed", "error", "steps", "completed", "written", "ended",
                          "current", "current_queue", "result")),

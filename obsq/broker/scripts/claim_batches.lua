@@ -47,11 +47,8 @@ local function live(ids, batch)
     local f = redis.call('HMGET', task_key(id), 'state', 'payload', 'headers', 'bin')
     if f[1] == 'aggregating' then
       redis.call('HSET', task_key(id), 'batch', batch)
-      if f[4] then
-        found[#found + 1] = {id, f[4], f[3] or '', 1}
-      else
-        found[#found + 1] = {id, f[2] or '', f[3] or '', 0}
-      end
+      found[#found + 1] = {[@r_tasks_id] = id, [@r_tasks_payload] = f[4] or f[2] or '',
+                           [@r_tasks_headers] = f[3] or '', [@r_tasks_binary] = f[4] and 1 or 0}
     end
   end
   return found
@@ -70,12 +67,14 @@ local function record(batch, task_type, group, tasks, failures)
   local fence = redis.call('INCR', prefix .. 'fence')
   local ids = {}
   for i, t in ipairs(tasks) do
-    ids[i] = t[1]
+    ids[i] = t[@r_tasks_id]
   end
   redis.call('HSET', prefix .. 'batch:' .. batch, 'type', task_type, 'group', group,
              'ids', table.concat(ids, ' '), 'fence', fence, 'owner', owner)
   redis.call('ZADD', KEYS[1], now + lease, batch)
-  batches[#batches + 1] = {batch, task_type, group, fence, failures, tasks}
+  batches[#batches + 1] = {[@r_batches_id] = batch, [@r_batches_type] = task_type,
+                           [@r_batches_group] = group, [@r_batches_fence] = fence,
+                           [@r_batches_failures] = failures, [@r_batches_tasks] = tasks}
 end
 
 -- 1. Batches whose claim ran out, of the types the caller aggregates.
@@ -186,4 +185,4 @@ local wait = -1
 if soonest then
   wait = math.max(soonest - now, 0)
 end
-return {wait, batches}
+return {[@r_wait] = wait, [@r_batches] = batches}

@@ -95,4 +95,4 @@ if key == KEYS[1] then
 else
   left = redis.call('ZCARD', key)
 end
-return {#ids, left}
+return {[@r_deleted] = #ids, [@r_left] = left}

@@ -16,9 +16,12 @@ elseif mode == 'due' then
   return redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[@until], 'LIMIT', 0, ARGV[@count])
 elseif mode == 'page' then
   local first = tonumber(ARGV[@offset])
-  local ids = redis.call('ZREVRANGE', KEYS[1], first, first + tonumber(ARGV[@count]) - 1)
-  table.insert(ids, 1, redis.call('ZCARD', KEYS[1]))
-  return ids
+  local out = {[@r_total] = redis.call('ZCARD', KEYS[1])}
+  for _, id in ipairs(redis.call('ZREVRANGE', KEYS[1], first,
+                                 first + tonumber(ARGV[@count]) - 1)) do
+    out[#out + @r_id] = id
+  end
+  return out
 elseif mode == 'set' then
   for i = @ids, #ARGV do
     redis.call('ZADD', KEYS[2], 'XX', ARGV[@to], ARGV[i])
