@@ -164,7 +164,10 @@ class Worker:
             loop.start()
         self.started.set()
         log.info("worker %s started: queues %s, concurrency %d, event loop %s, namespace %s "
-                 "on Redis %s", self.id, ",".join(f"{q}={w}" for q, w in self.queues.items()),
+                 "on Redis %s", self.id, ",".join(
+                     f"{q}={w}" + (f" ({len(self.served.partitions[q])} partitions)"
+                                   if len(self.served.partitions[q]) > 1 else "")
+                     for q, w in self.queues.items()),
                  self.concurrency, loop_name(), self.namespace, self.broker.safe_url)
         warn_if_not_the_apps("worker", self.namespace, self.app.namespace)
         fetcher = Fetcher(self.broker, self.settler, self.id, self.slots, served=self.served,

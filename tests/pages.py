@@ -26,7 +26,7 @@ RUN_BY_TEST_README = (
     'app = obsq.App(namespace="myproject")',  # the tasks module of the project
     "asyncio.run(main())\n\nwith obsq.SyncClient(",  # the README's producer
     "obsq.Inspector(",
-    "ordering_key=",
+    "ordering_key=\"acct-42\"",
     "app.aggregate(",
     "blob:store",
     "client.schedule(",

@@ -90,7 +90,7 @@ def test_the_console_section_runs_as_written(project, readme_worker, redis_url) 
 
 def test_the_limits_section_runs_as_written(project, redis_url) -> None:
     (project / "control.py").write_text(
-        python_block("ordering_key=").replace(PAGE_URL, redis_url))
+        python_block("ordering_key=\"acct-42\"").replace(PAGE_URL, redis_url))
     out = run([sys.executable, "control.py"], cwd=project,
               env=obsq_env(OBSQ_REDIS_URL=redis_url)).stdout.splitlines()
     assert out == ["['acct-42 step 0', 'acct-42 step 1', 'acct-42 step 2']", "running",

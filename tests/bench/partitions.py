@@ -1,10 +1,10 @@
 """What partitioning a queue costs and what it buys (a report, no asserts).
 
-    python tests/bench/partitions.py drain [--tasks 20000] [--rounds 3]
-    python tests/bench/partitions.py cluster [--tasks 20000] [--rounds 3] [--workers 2]
+    python tests/bench/partitions.py drain [--tasks 20000] [--rounds 3] [--concurrency 10]
+    python tests/bench/partitions.py cluster [--tasks 20000] [--rounds 3] [--workers 1]
     python tests/bench/partitions.py pickup [--tasks 200]
 
-`drain`: one `obsq worker partition_app:app` (concurrency 10) on one private Redis drains a
+`drain`: one `obsq worker partition_app:app` (--concurrency) on one private Redis drains a
 backlog of no-op tasks from a queue of 1, 3 and 8 partitions, the counts interleaved in each
 round: tasks/s, worker and Redis CPU per task (/proc), script time and commands per task
 (INFO commandstats): the Redis work a task costs, summed over its partitions.
@@ -120,7 +120,8 @@ async def depth(servers: Servers, names: tuple[str, ...]) -> int:
     return sum(pipe.execute())
 
 
-async def drain(tasks: int, count: int, masters: int, workers: int) -> tuple[float, ...]:
+async def drain(tasks: int, count: int, masters: int, workers: int, concurrency: int
+                ) -> tuple[float, ...]:
     """(tasks/s, worker CPU µs/task, Redis CPU µs/task, script µs/task, then each master's
     share of the Redis CPU) of one drain of a queue of `count` partitions."""
     servers = Servers(masters)
@@ -137,7 +138,7 @@ async def drain(tasks: int, count: int, masters: int, workers: int) -> tuple[flo
         async with obsq.Inspector(servers.url, NAMESPACE) as inspector:
             for name in names:
                 await inspector.pause(name)
-            procs = [start_worker(servers.url, queue) for _ in range(workers)]
+            procs = [start_worker(servers.url, queue, concurrency) for _ in range(workers)]
             await live_workers(inspector, workers)
             cpu = sum(cpu_seconds(p.pid) for p in procs)
             redis_cpu = servers.cpu()
@@ -164,12 +165,13 @@ def report_drains(args: argparse.Namespace, masters: int, counts: tuple[int, ...
     for round_ in range(args.rounds):
         order = counts[round_ % len(counts):] + counts[:round_ % len(counts)]
         for count in order:
-            figures[count].append(asyncio.run(drain(args.tasks, count, masters, args.workers)))
+            figures[count].append(asyncio.run(drain(args.tasks, count, masters, args.workers,
+                                                 args.concurrency)))
             print(f"round {round_ + 1} {count} partition(s) {line(figures[count][-1])}  "
                   f"(load average {os.getloadavg()[0]:.2f})", flush=True)
     where = f"a Cluster of {masters} masters" if masters else "one Redis"
     print(f"\nmedians of {args.rounds} rounds, {args.tasks:,} no-op tasks, {args.workers} "
-          f"worker(s) of concurrency 10, on {where}:")
+          f"worker(s) of concurrency {args.concurrency}, on {where}:")
     for count, runs in figures.items():
         print(f"  {count} partition(s) "
               f"{line([statistics.median(r[i] for r in runs) for i in range(len(runs[0]))])}")
@@ -230,6 +232,7 @@ if __name__ == "__main__":
     parser.add_argument("--tasks", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, default=10)
     arguments = parser.parse_args()
     if arguments.what == "drain":
         report_drains(arguments, 0, (1, 3, 8))
