@@ -52,6 +52,7 @@ class Fetcher:
         weights = served.weights
         self._order = sorted(weights, key=lambda q: -weights[q])
         self._turn = 0  # which partition of each queue comes first, in turn
+        self._woken: str | None = None  # a partition an idle wait heard of: fetched first
         self._refresh_at = time.monotonic() + REFRESH  # the worker's start looked just now
 
     def queue_order(self) -> list[str]:
@@ -70,7 +71,12 @@ class Fetcher:
         partitions = self.served.partitions
         if len(partitions) == len(self.served.names):  # no queue is partitioned
             return order
-        return [name for queue in order for name in _rotated(partitions[queue], self._turn)]
+        names = [name for queue in order for name in _rotated(partitions[queue], self._turn)]
+        woken, self._woken = self._woken, None
+        if woken in names:  # the wait was woken by this one, and its dequeue rode another
+            names.remove(woken)
+            names.insert(0, woken)
+        return names
 
     async def run(self) -> None:
         """Fetch until the worker stops; Redis errors are retried with backoff."""
@@ -143,12 +149,14 @@ class Fetcher:
                     await self.settler.flush()
             if waiter.cancelled():  # abandoned on a stop (a Cluster's plain wait)
                 return
-            _, fetched = await waiter
+            woken, fetched = await waiter
         except asyncio.CancelledError:
             if not waiter.done():
                 waiter.cancel()
             raise
         slots.take(first, fetched)
+        if woken and not fetched.tasks:
+            self._woken = woken
         await asyncio.sleep(0)  # let the handlers just started begin before the next fetch
 
     async def _interrupt(self, waiter: asyncio.Future[Any]) -> None:

@@ -86,19 +86,19 @@ class Working(RedisCalls):
 
     async def wait_and_dequeue(self, queues: Sequence[str], timeout: float, queue: str,
                                count: int, worker_id: str, lease_seconds: float,
-                               limits: bytes = b"") -> tuple[bool, Fetched]:
+                               limits: bytes = b"") -> tuple[str | None, Fetched]:
         """Block on the wake lists (and the worker's own, see `interrupt_wait`) with the
         dequeue of `queue` queued right behind on the same connection: Redis runs it the
         moment the BLPOP returns, so an idle worker gets its task in the round trip that
         wakes it. Returns (woken, fetched). On a Cluster, whose keys live in different
         slots, or with a clock the scripts do not read themselves (the dequeue would carry
         the time of the wait's start), it only waits; the caller fetches."""
-        wake = [self.keys(q).wake for q in queues]
+        wake = {self.keys(q).wake: q for q in queues}
         if not self.is_cluster:  # where interrupt_wait can reach it
-            wake.append(self.global_keys.wake(worker_id))
+            wake[self.global_keys.wake(worker_id)] = ""
         if self.is_cluster or not self.clock.read_by_scripts:
-            woken = await self._blpop_any("wait_for_work", wake, timeout)
-            return woken is not None, Fetched(0, [])
+            woken = await self._blpop_any("wait_for_work", list(wake), timeout)
+            return _woken_queue(wake, woken), Fetched(0, [])
         name, keys, args = self._dequeue_call(queue, count, worker_id, lease_seconds, limits)
         asked_at = time.monotonic()
         woken, fetched = await self._guard("wait_for_work", self.runner.calls(
@@ -107,7 +107,7 @@ class Working(RedisCalls):
             raise self.failed("wait_for_work", woken)
         if isinstance(fetched, Exception):
             raise self.failed(name, fetched)
-        return woken is not None, self._parse_dequeue(queue, fetched, asked_at)
+        return _woken_queue(wake, woken), self._parse_dequeue(queue, fetched, asked_at)
 
     async def isolate(self, queue: str, attempt: Attempt, worker_id: str) -> bool:
         """Record that a suspect's attempt starts alone in its worker (isolate.lua); False
@@ -277,3 +277,12 @@ def _task_reader() -> Callable[[list[Any], int], FetchedTask]:
 
 
 _read_task = _task_reader()
+
+
+def _woken_queue(wake: dict[str, str], woken: Any) -> str | None:
+    """The queue a BLPOP reply (key, token) names; "" for the worker's own list, None for
+    no reply."""
+    if woken is None:
+        return None
+    key = woken[0].decode() if isinstance(woken[0], bytes) else woken[0]
+    return wake.get(key, "")

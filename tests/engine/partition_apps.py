@@ -1,34 +1,19 @@
 """The App that subprocess workers of the partition tests run (tests/engine/
 test_partition_cluster.py): one queue, `hot`, of three partitions. Each attempt records
 "<task id> <pid>" when it starts and when it returns, and the keyed tasks record
-"<key> <n>" in the order they ran, under the prefix and at the URL of tests/engine/apps.py."""
+"<key> <n>" in the order they ran, under the prefix and at the URL of tests/engine/apps.py
+(a plain Redis beside the Cluster the tasks are in)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
-
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
 
 import obsq
 
-from .apps import key
+from .apps import key, recorder
 
 app = obsq.App(namespace="engine-partition-apps")
-_recorder: Any = None
-
-
-def recorder() -> Any:
-    """A client of the recording URL, a Cluster's (redis+cluster://) included."""
-    global _recorder
-    if _recorder is None:
-        url = os.environ["OBSQ_ENGINE_RECORD_URL"]
-        _recorder = RedisCluster.from_url(url.replace("redis+cluster://", "redis://", 1)) \
-            if url.startswith("redis+cluster://") else aioredis.Redis.from_url(url)
-    return _recorder
-
 app.queue("hot", partitions=3)
 
 
