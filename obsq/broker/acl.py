@@ -20,7 +20,7 @@ from obsq.names import validate_namespace
 # the redis-py calls of obsq/broker and holds them to this list and the two below).
 BROKER_COMMANDS = ("blpop", "del", "evalsha", "exists", "expire", "get", "hexists", "hget",
                    "hgetall", "hmget", "info", "lpop", "rpush", "scan", "script|load", "set",
-                   "sismember", "smembers", "unlink", "wait", "zrange", "zrem", "zscore")
+                   "smembers", "unlink", "wait", "zrange", "zrem", "zscore")
 # Sent, and not granted: CONFIG GET, tried once per process for maxmemory-policy (INFO
 # answers instead, and CONFIG GET would reveal the server's secrets); HELLO, the version
 # where INFO is denied (Redis lets every user run it).

@@ -36,10 +36,6 @@ PageRow = tuple[str, "int | None", str, int, "int | None", "int | None", "int | 
 
 
 class Inspection(RedisCalls):
-    async def queue_exists(self, queue: str) -> bool:
-        return bool(await self._guard("queues", self.redis.sismember(self.global_keys.queues,
-                                                                     queue)))
-
     async def task_page(self, queue: str, state: str, offset: int, limit: int,
                         task_type: str, scan_cap: int) -> tuple[int, int | None, list[PageRow]]:
         """(tasks in the state, offset of the next page or None, rows); with a type filter
