@@ -63,12 +63,15 @@ class Output:
 
 
 def print_tasks(out: Output, page: TaskPage, where: str) -> None:
-    """No error column for completed tasks: an error there is an earlier attempt's."""
+    """No error column for completed tasks: an error there is an earlier attempt's; a
+    partition column for a partitioned queue's."""
     errors = page.state != "completed"
-    print(out.table(["id", "type", "priority", "retries", "time (UTC)",
-                     *(["error"] if errors else [])], [
-        [t.id, t.type, str(t.priority), str(t.retry_count), when(t.due_at if page.state in (
-            "scheduled", "retry") else t.finished_at or t.enqueued_at),
+    partitioned = any(t.partition for t in page.tasks)
+    print(out.table(["id", "type", *(["partition"] if partitioned else []), "priority",
+                     "retries", "time (UTC)", *(["error"] if errors else [])], [
+        [t.id, t.type, *([t.partition] if partitioned else []), str(t.priority),
+         str(t.retry_count), when(t.due_at if page.state in (
+             "scheduled", "retry") else t.finished_at or t.enqueued_at),
          *([(first_line(t.error), "error")] if errors else [])] for t in page.tasks]))
     more = f"; next page: --offset {page.next_offset}" if page.next_offset is not None else ""
     print(out.paint(f"\n{len(page.tasks)} shown, {page.total:,} {where}{more}", "dim"))
@@ -155,7 +158,8 @@ def task_text(out: Output, d: TaskDetail) -> str:
                  if d.max_retry is None else d.max_retry)
     earlier = " (of the last failed attempt; retried, then completed)" if (
         d.state == "completed" and d.error) else ""
-    fields = [("id", d.id), ("queue", d.queue), ("type", d.type),
+    fields = [("id", d.id), ("queue", d.queue),
+              *([("partition", d.partition)] if d.partition else []), ("type", d.type),
               ("state", out.paint(d.state, d.state)), ("priority", str(d.priority)),
               ("retries", f"{d.retry_count} of {max_retry}"),
               ("enqueued", when(d.enqueued_at)), ("due", when(d.due_at)),

@@ -204,8 +204,19 @@ async def test_cli_shows_one_row_and_the_breakdown(app, client, obsq_cli) -> Non
     assert [line.split()[0] for line in out.splitlines()[1:3]] == ["events", "other"]
     code, out = await obsq_cli("tasks", "events", "scheduled", "--json")
     assert json.loads(out)["total"] == 6
+    task = json.loads(out)["tasks"][0]
+    assert task["queue"] == "events" and task["partition"] in PARTS
+    code, out = await obsq_cli("tasks", "events", "scheduled")
+    assert out.splitlines()[0].split()[:3] == ["id", "type", "partition"]
+    assert out.splitlines()[1].split()[:3] == [task["id"], "ev:a", task["partition"]]
+    code, out = await obsq_cli("task", task["id"], "--queue", "events")
+    assert f"partition   {task['partition']}" in out
     code, out = await obsq_cli("pause", "events")
     assert (code, out.strip()) == (0, "queue events paused (its 3 partitions)")
+    code, out = await obsq_cli("unpause", PARTS[1])
+    assert (code, out.strip()) == (0, f"queue {PARTS[1]} unpaused")
+    code, out = await obsq_cli("queues")
+    assert out.splitlines()[1].split()[-5] == "2/3"  # paused, then the four rates
 
 
 async def test_doctor_names_the_queue_of_each_partition(app, client, obsq_cli, namespace,
