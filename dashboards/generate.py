@@ -458,7 +458,8 @@ def overview() -> dash.Dashboard:
         ),
         single(
             "Paused queues",
-            "1 when a queue is paused (obsq pause QUEUE).",
+            "1 when a queue is paused (obsq pause QUEUE); a partitioned queue when all its "
+            "partitions are (obsq queues QUEUE shows each).",
             "short",
             f"max by (queue) (obsq_queue_paused{{{qsel}}})",
             [(None, "green"), (1, "orange")],
@@ -473,6 +474,17 @@ def overview() -> dash.Dashboard:
                     }
                 )
             ],
+        ),
+        single(
+            "Partitions",
+            "Partitions each queue is stored as (app.queue(name, partitions=N)), as its "
+            "workers declare them; the queue panels sum them under the queue's name.",
+            "short",
+            f"max by (queue) (obsq_queue_partitions{{{qsel}}})",
+            [(None, "blue")],
+            legend="{{queue}}",
+            width=12,
+            height=8,
         ),
     ]:
         board = board.with_panel(panel)

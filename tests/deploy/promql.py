@@ -41,6 +41,7 @@ CONTRACT_METRICS = frozenset(
         "obsq_queue_depth",
         "obsq_queue_latency_seconds",
         "obsq_queue_paused",
+        "obsq_queue_partitions",
         "obsq_workers",
         "obsq_redis_maxmemory_policy_ok",
         "obsq_redis_memory_used_bytes",
