@@ -1,6 +1,6 @@
 """The parts that need no Redis, tested fast: building a message from a job, reading
-`--queues`, settings, names and the pattern table of routes (schedule entries:
-test_schedule.py)."""
+`--queues`, settings, names, the pattern table of routes and pages read across a queue's
+partitions (schedule entries: test_schedule.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import obsq
 from obsq.errors import ConfigurationError
 from obsq.names import validate_name
+from obsq.partition_view import across, partitions_of, readable
 from obsq.patterns import PatternTable
 from obsq.settings import DEFAULT_QUEUE, WorkerSettings, parse_queues
 from obsq.task import build_message
@@ -137,3 +138,34 @@ def test_the_pattern_tables_cache_stays_bounded_under_unbounded_types() -> None:
     table.add("*", 1)
     assert all(table.match(f"type-{i}") == 1 for i in range(10_050))
     assert len(table._cache) == 10_000
+
+
+async def test_a_page_across_partitions_takes_each_window_once() -> None:
+    rows = [[f"{p}-{i}" for i in range(n)] for p, n in enumerate([3, 0, 5, 2])]
+    everything = [r for part in rows for r in part]
+
+    async def read(p: int, start: int, n: int, cap: int) -> tuple[list[str], int | None]:
+        window = rows[p][start:start + min(n, cap)]
+        end = start + len(window)
+        return window, end if end < len(rows[p]) else None
+
+    for limit in (1, 2, 3, 4, 10):
+        seen, offset = [], 0
+        while offset is not None:
+            page, offset = await across([3, 0, 5, 2], offset, limit, read, 10_000)
+            assert len(page) <= limit
+            seen += page
+        assert seen == everything, limit
+    assert await across([3, 0, 5, 2], 10, 4, read, 10_000) == ([], None)
+    assert await across([3, 0, 5, 2], 4, 20, read, 10_000) == (everything[4:], None)
+    # a scan budget spent in one partition ends the page at the next one
+    assert await across([3, 0, 5, 2], 0, 20, read, 3) == (everything[:3], 3)
+
+
+def test_partitions_are_gathered_under_their_queue() -> None:
+    names = ["events#1/3.23", "mail", "events#0/2.1", "events", "events#0/3.0"]
+    assert partitions_of(names) == {
+        "events": ["events", "events#0/2.1", "events#0/3.0", "events#1/3.23"],
+        "mail": ["mail"]}
+    assert readable("events#1/3.23") == "events (partition 1/3: events#1/3.23)"
+    assert readable("mail") == "mail"
