@@ -14,7 +14,6 @@ partition alone.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -117,8 +116,7 @@ class Inspector:
                 parts[0], state, offset, limit, type or "", TYPE_SCAN_CAP)
             found = summaries(parts[0], state, rows)
         else:
-            sizes = [total for total, _, _ in await asyncio.gather(*(
-                self.broker.task_page(q, state, 0, 0, "", 0) for q in parts))]
+            sizes = await self.broker.page_totals(parts, state)
             total = sum(sizes)
             found, next_offset = await across(sizes, offset, limit, read, TYPE_SCAN_CAP)
         return TaskPage(queue, state, found, total, offset, limit, next_offset, type or None)
@@ -134,8 +132,7 @@ class Inspector:
             listing = await self.broker.group_listing(parts[0], offset, limit, batch_offset,
                                                       limit)
             return group_page(queue, listing, offset, limit, batch_offset, app)
-        counts = await asyncio.gather(*(self.broker.group_listing(q, 0, 0, 0, 0)
-                                        for q in parts))
+        counts = await self.broker.group_totals(parts)
 
         async def groups(i: int, start: int, n: int, _: int) -> tuple[list[Any], int | None]:
             found = await self.broker.group_listing(parts[i], start, n, 0, 0)

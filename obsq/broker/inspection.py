@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from obsq.broker.calls import RedisCalls
+from obsq.broker.calls import RedisCalls, ScriptCall
 from obsq.broker.records import BatchRecord, GroupListing, GroupRecord
 from obsq.broker.wire import REPLIES, argv
 
@@ -40,11 +40,20 @@ class Inspection(RedisCalls):
                         task_type: str, scan_cap: int) -> tuple[int, int | None, list[PageRow]]:
         """(tasks in the state, offset of the next page or None, rows); with a type filter
         at most `scan_cap` ids are looked at."""
-        k = self.keys(queue)
-        return _page(await self._script(
-            "page", (k.by_state(state),),
-            argv("page", order=PAGE_ORDER[state], offset=offset, limit=limit, pattern=task_type,
-                 cap=scan_cap)))
+        return _page(await self._script(*self._page_call(queue, state, offset, limit,
+                                                          task_type, scan_cap)))
+
+    async def page_totals(self, queues: Sequence[str], state: str) -> list[int]:
+        """How many tasks each queue has in a state, as its pages count them (the
+        partitions of a queue, whose pages follow one another), in one round trip."""
+        replies = await self._scripts([self._page_call(q, state, 0, 0, "", 0) for q in queues])
+        return [_page(reply)[0] for reply in replies]
+
+    def _page_call(self, queue: str, state: str, offset: int, limit: int, task_type: str,
+                   scan_cap: int) -> ScriptCall:
+        return ("page", (self.keys(queue).by_state(state),),
+                argv("page", order=PAGE_ORDER[state], offset=offset, limit=limit,
+                     pattern=task_type, cap=scan_cap))
 
     async def group_page(self, queue: str, task_type: str, group: str, offset: int,
                          limit: int) -> tuple[int, int | None, list[PageRow]]:
@@ -58,19 +67,21 @@ class Inspection(RedisCalls):
                             batch_limit: int) -> GroupListing:
         """A page of the queue's groups (by type, oldest first) and one of its batches (by
         the end of their claim), read together (groups.lua)."""
+        return _listing(await self._script(*self._groups_call(queue, offset, limit,
+                                                              batch_offset, batch_limit)))
+
+    async def group_totals(self, queues: Sequence[str]) -> list[GroupListing]:
+        """How many groups and batches each queue has (listings without rows), in one round
+        trip."""
+        return [_listing(reply) for reply in await self._scripts([
+            self._groups_call(q, 0, 0, 0, 0) for q in queues])]
+
+    def _groups_call(self, queue: str, offset: int, limit: int, batch_offset: int,
+                     batch_limit: int) -> ScriptCall:
         k = self.keys(queue)
-        shape = REPLIES["groups"]
-        r = shape.head_of(await self._script(
-            "groups", (k.group_types, k.batches),
-            argv("groups", offset=offset, limit=limit, batch_offset=batch_offset,
-                 batch_limit=batch_limit)))
-        return GroupListing(
-            r.now, r.total, r.next_offset if r.next_offset >= 0 else None, r.batch_total,
-            r.next_batch if r.next_batch >= 0 else None,
-            [GroupRecord(_text(g.type), _text(g.group), _number(g.size) or 0,
-                         _number(g.first), _number(g.last))
-             for g in shape.rows_of("groups", r.groups)],
-            [_batch_record(b) for b in shape.rows_of("batches", r.batches)])
+        return ("groups", (k.group_types, k.batches),
+                argv("groups", offset=offset, limit=limit, batch_offset=batch_offset,
+                     batch_limit=batch_limit))
 
     async def worker_records(self) -> list[tuple[dict[str, Any], int]]:
         """(description, last heartbeat in ms) of each worker whose heartbeat is current."""
@@ -152,6 +163,19 @@ def _page(reply: list[Any]) -> tuple[int, int | None, list[PageRow]]:
          _text(r.owner), _number(r.size), _number(r.priority) or 0)
         for r in shape.records(reply)]
     return head.total, (head.next_offset if head.next_offset >= 0 else None), rows
+
+
+def _listing(reply: list[Any]) -> GroupListing:
+    """groups.lua's reply."""
+    shape = REPLIES["groups"]
+    r = shape.head_of(reply)
+    return GroupListing(
+        r.now, r.total, r.next_offset if r.next_offset >= 0 else None, r.batch_total,
+        r.next_batch if r.next_batch >= 0 else None,
+        [GroupRecord(_text(g.type), _text(g.group), _number(g.size) or 0,
+                     _number(g.first), _number(g.last))
+         for g in shape.rows_of("groups", r.groups)],
+        [_batch_record(b) for b in shape.rows_of("batches", r.batches)])
 
 
 def _batch_record(b: Any) -> BatchRecord:
