@@ -79,8 +79,14 @@ class Inspector:
         every queue of the namespace when `names` is None); a partitioned queue's summed,
         with each partition's in QueueInfo.partitions."""
         registered = await self.broker.queues()
-        wanted = partitions_of(registered) if names is None else {
-            name: resolve(name, registered) or [name] for name in names}
+        return await self._figures(partitions_of(registered) if names is None else {
+            name: resolve(name, registered) or [name] for name in names})
+
+    async def queue(self, name: str) -> QueueInfo:
+        return (await self._figures({name: await self._partitions(name)}))[0]
+
+    async def _figures(self, wanted: dict[str, list[str]]) -> list[QueueInfo]:
+        """The QueueInfo of each queue of `wanted`, stored as the queues it maps to."""
         physical = list(dict.fromkeys(q for parts in wanted.values() for q in parts))
         if not physical:
             return []
@@ -89,10 +95,6 @@ class Inspector:
         infos = {q: QueueInfo(q, stats[q].depth, stats[q].latency, stats[q].paused,
                               *rates(*counts[q])) for q in physical}
         return [combined(name, [infos[q] for q in parts]) for name, parts in wanted.items()]
-
-    async def queue(self, name: str) -> QueueInfo:
-        await self._partitions(name)
-        return (await self.queues([name]))[0]
 
     async def tasks(self, queue: str, state: str, limit: int = 20, offset: int = 0,
                     type: str | None = None) -> TaskPage:
