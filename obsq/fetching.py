@@ -15,14 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from typing import TYPE_CHECKING, Any
 
-from obsq.broker import Broker
+from obsq.broker import Broker, Fetched
 from obsq.errors import BrokerError
 from obsq.loop import RedisRetry
-from obsq.partitions import count_in_name
+from obsq.partitions import SEPARATOR, count_in_name
 from obsq.serving import REFRESH, ServedQueues
 from obsq.settings import ACK_LINGER, MAX_FETCH, REDIS_RETRY_MAX, STOP_WAIT
 from obsq.settlement import Settler
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from obsq.slots import Slots
 
 log = logging.getLogger("obsq")
+AHEAD_FOR = 1.0  # seconds a partition's best rank is trusted before it is fetched first again
 
 
 class Fetcher:
@@ -53,13 +55,17 @@ class Fetcher:
         self._order = sorted(weights, key=lambda q: -weights[q])
         self._turn = 0  # which partition of each queue comes first, in turn
         self._woken: str | None = None  # a partition an idle wait heard of: fetched first
+        # partition -> (the rank of its best task left, ms; inf: none; when it was told)
+        self._ahead: dict[str, tuple[float, float]] = {}
         self._refresh_at = time.monotonic() + REFRESH  # the worker's start looked just now
 
     def queue_order(self) -> list[str]:
         """The partitions to fetch from, in order. Queues: strict, by weight; weighted, a
         random order, each queue first in proportion to its weight, so low-weight queues
-        are never starved. A queue's partitions: each first in turn, so a partition that is
-        never empty does not keep the others waiting."""
+        are never starved. A queue's partitions: by the rank of the best task each had left
+        at its last fetch (due - priority * aging, as dequeue.lua ranks a queue's tasks), so
+        the queue's best tasks go first across its partitions; one not fetched for AHEAD_FOR
+        seconds first of all (its rank may have changed), in turn."""
         order = self._order
         if not self.strict_priority and len(order) > 1:
             names, weights, order = list(order), [self.served.weights[q] for q in order], []
@@ -71,12 +77,29 @@ class Fetcher:
         partitions = self.served.partitions
         if len(partitions) == len(self.served.names):  # no queue is partitioned
             return order
-        names = [name for queue in order for name in _rotated(partitions[queue], self._turn)]
+        names = [name for queue in order for name in self._by_rank(partitions[queue])]
         woken, self._woken = self._woken, None
         if woken in names:  # the wait was woken by this one, and its dequeue rode another
             names.remove(woken)
             names.insert(0, woken)
         return names
+
+    def _by_rank(self, names: list[str]) -> list[str]:
+        now = time.monotonic()
+        unknown, known = [], []
+        for turn, name in enumerate(_rotated(names, self._turn)):
+            seen = self._ahead.get(name)
+            if seen is None or now - seen[1] >= AHEAD_FOR:
+                unknown.append(name)
+            else:
+                known.append((seen[0], turn, name))
+        return unknown + [name for _, _, name in sorted(known)]
+
+    def _told(self, queue: str, fetched: Fetched) -> None:
+        """Keep what a partition's fetch said of its best task left (not a plain wait's)."""
+        if SEPARATOR in queue and fetched.asked_at:
+            self._ahead[queue] = (math.inf if fetched.ahead_ms is None else fetched.ahead_ms,
+                                  time.monotonic())
 
     async def run(self) -> None:
         """Fetch until the worker stops; Redis errors are retried with backoff."""
@@ -112,6 +135,7 @@ class Fetcher:
             queue, count, self.worker_id, self.lease_seconds, completions, resent,
             self.slots.limits(count_in_name(queue))))
         self.slots.take(queue, fetched)
+        self._told(queue, fetched)
         return len(fetched.tasks)
 
     async def _wait_for_work(self) -> None:
@@ -155,6 +179,7 @@ class Fetcher:
                 waiter.cancel()
             raise
         slots.take(first, fetched)
+        self._told(first, fetched)
         if woken and not fetched.tasks:
             self._woken = woken
         await asyncio.sleep(0)  # let the handlers just started begin before the next fetch

@@ -34,6 +34,9 @@ class Fetched(NamedTuple):
     tasks: list[FetchedTask]
     held: tuple[tuple[str, str], ...] = ()
     asked_at: float = 0.0  # when the worker sent the call (time.monotonic())
+    # a partition's fetch: the rank (ms, due - priority * aging) of its best task left, None
+    # when none is; the worker takes a queue's partitions by it
+    ahead_ms: int | None = None
 
 
 class Attempt(NamedTuple):

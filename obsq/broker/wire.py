@@ -174,7 +174,7 @@ LAYOUTS: dict[str, Layout] = {
     "cleanup": Layout("dead_age dead_count batch window max_ids"),
     "confirm_fire": Layout("name claim fire outcome"),
     "delete": modes("mode", id="id", other="batch"),
-    "dequeue": Layout("lease count worker limits aging"),
+    "dequeue": Layout("lease count worker limits aging ahead"),
     "doctor": modes("step", list="offset count state field value",
                     zset="offset count state field value", lease="offset count grace",
                     owners="cursor count", ord="keys...", counters="",
@@ -233,7 +233,7 @@ REPLIES: dict[str, Reply] = {
         "batches": ("id", "type", "group", "fence", "failures", "tasks"),
         "tasks": ("id", "payload", "headers", "binary")}),
     "delete": Reply(("deleted", "left")),  # of a purge step (an id's returns its state)
-    "dequeue": Reply(("now", "dropped", "count"), DEQUEUE_TASK, count_in="count",
+    "dequeue": Reply(("now", "dropped", "count", "ahead"), DEQUEUE_TASK, count_in="count",
                      tail=("type", "why")),
     "enqueue": Reply((), ("position", "refusal")),
     "due_fires": Reply(("now", "version", "soonest", "due", "firing")),

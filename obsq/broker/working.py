@@ -16,6 +16,7 @@ from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
 from obsq.broker.records import Attempt, Completions, Fetched, FetchedTask
 from obsq.broker.scripts import FULL_ERROR_BYTES, FULL_NOTE, FULL_TEXT_HOLD
 from obsq.broker.wire import REPLIES, argv
+from obsq.partitions import SEPARATOR
 from obsq.settings import ATTEMPTS_PER_CALL
 
 log = logging.getLogger("obsq")
@@ -72,7 +73,8 @@ class Working(RedisCalls):
         k = self.keys(queue)
         return ("dequeue", (k.pending, k.lease, k.wake, k.paused, k.active, k.fence),
                 argv("dequeue", lease=int(lease_seconds * 1000), count=count, worker=worker_id,
-                     limits=limits, aging=int(self.priority_aging * 1000)))
+                     limits=limits, aging=int(self.priority_aging * 1000),
+                     ahead="1" if SEPARATOR in queue else ""))  # a partition's: see Fetched
 
     def _parse_dequeue(self, queue: str, reply: list[Any], asked_at: float) -> Fetched:
         if reply[1]:
@@ -82,7 +84,8 @@ class Working(RedisCalls):
         end = len(shape.head) + reply[shape.head.index("count")] * len(shape.item)
         tasks = [_read_task(reply, i) for i in range(len(shape.head), end, len(shape.item))]
         held = tuple((_text(t), _text(why)) for t, why in shape.tail_of(reply))
-        return Fetched(reply[0], tasks, held, asked_at)
+        ahead = reply[shape.head.index("ahead")]
+        return Fetched(reply[0], tasks, held, asked_at, int(ahead) if ahead else None)
 
     async def wait_and_dequeue(self, queues: Sequence[str], timeout: float, queue: str,
                                count: int, worker_id: str, lease_seconds: float,

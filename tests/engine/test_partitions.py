@@ -226,3 +226,25 @@ async def test_a_rolling_deploy_that_partitions_a_queue(app, redis_url, namespac
         await wait_until(lambda: len(ran) >= 200, timeout=30)
         await asyncio.sleep(0.3)
     assert sorted(ran) == list(range(200))
+
+
+async def test_priorities_hold_across_the_partitions(app, client, inspector,
+                                                     start_worker) -> None:
+    """The worker takes a queue's partitions in the order of their best tasks (each fetch
+    tells it the rank of the best task left), so the queue's higher priorities run first
+    whichever partition holds them."""
+    _declared(app)
+    ran: list[int] = []
+
+    @app.task("p", queue="hot")
+    async def p(task: obsq.Task):
+        ran.append(task.payload)
+
+    infos = await client.enqueue_many([obsq.Job("p", 0) for _ in range(30)]
+                                      + [obsq.Job("p", 9, priority=9) for _ in range(30)])
+    assert len({i.partition for i in infos[30:]}) == 3
+    await inspector.pause("hot")
+    await start_worker(queues="hot", concurrency=1)
+    await inspector.unpause("hot")
+    await wait_until(lambda: len(ran) == 60)
+    assert ran == [9] * 30 + [0] * 30, ran

@@ -7,8 +7,10 @@
 --       interval_ms, tolerance_ms], ...], "l": [[pattern, room], ...]}, the App's routes
 --       with a limit across workers (0: none) and this worker's own route limits with the
 --       room left under each; aging_ms (priority: a task pending this long ranks one level
---       higher)
--- Returns {now, dropped, tasks, then per task: id, fence, type, payload, headers, options,
+--       higher); ahead: '1' to be told the rank of the best task left (a partition's fetch:
+--       the worker takes the partitions of a queue in the order of their best tasks)
+-- Returns {now, dropped, tasks, the best task left's rank (ms: due - priority * aging; '' when
+-- none is left or not asked), then per task: id, fence, type, payload, headers, options,
 -- retried, due, '1' when the producer chose its id, ordering key, waited for its key ('1'
 -- or ''), route slot ('' for none), '1' when the payload is bytes (kept in field 'bin',
 -- where a worker that predates them finds no payload and fails the task instead of
@@ -16,12 +18,12 @@
 -- alone); then per task held back: its type and why ('concurrency' or 'rate')}.
 -- The pop comes first, so a Redis at maxmemory lets the script finish.
 if redis.call('EXISTS', KEYS[4]) == 1 then
-  return {[@r_now] = 0, [@r_dropped] = 0, [@r_count] = 0}
+  return {[@r_now] = 0, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = ''}
 end
 local now = now_ms()
 
 -- With tasks of priorities other than 0 (their levels named in `levels`): up to `count`
--- ids, the best ranked first, and whether any task is left. A task of priority p pending
+-- ids, the best ranked first, and the rank of the best task left (nil: none). A task of priority p pending
 -- for w ms ranks as p + w / aging_ms, so a lower priority is never starved: it ages into
 -- the higher ones. Ranks compare as due - p * aging_ms (the lower first; equal: the higher
 -- priority). The oldest task (the head) of each list is ranked, and the best list is taken
@@ -78,7 +80,7 @@ local function by_rank(levels, count)
       redis.call('SREM', prefix .. 'levels', int_text(e[2]))
     end
   end
-  return #ids > 0 and ids, #entries > 0
+  return #ids > 0 and ids, entries[1] and entries[1][3]
 end
 
 local levels = redis.call('SMEMBERS', prefix .. 'levels')
@@ -90,7 +92,7 @@ else
 end
 if not ids then
   redis.call('DEL', KEYS[3])
-  return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0}
+  return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = ''}
 end
 local limits = ARGV[@limits] ~= '' and cjson.decode(ARGV[@limits]) or nil
 
@@ -213,6 +215,17 @@ local out = {}
 out[@r_now] = now
 out[@r_dropped] = dropped
 out[@r_count] = #tasks / @r_stride
+out[@r_ahead] = ''
+if ARGV[@ahead] == '1' then
+  if left then
+    out[@r_ahead] = int_text(left)
+  elseif #levels == 0 then
+    local id = redis.call('LINDEX', KEYS[1], -1)
+    if id then
+      out[@r_ahead] = int_text(tonumber(redis.call('HGET', task_key(id), 'due')) or now)
+    end
+  end
+end
 for _, v in ipairs(tasks) do
   out[#out + 1] = v
 end
