@@ -3,6 +3,7 @@
     python tests/bench/partitions.py drain [--tasks 20000] [--rounds 3] [--concurrency 10]
     python tests/bench/partitions.py cluster [--tasks 20000] [--rounds 3] [--workers 1]
     python tests/bench/partitions.py pickup [--tasks 200]
+    python tests/bench/partitions.py limits [--tasks 1000]
 
 `drain`: one `obsq worker partition_app:app` (--concurrency) on one private Redis drains a
 backlog of no-op tasks from a queue of 1, 3 and 8 partitions, the counts interleaved in each
@@ -15,7 +16,11 @@ master's share of it.
 
 `pickup`: an idle worker (its wait 30 s long) and one task sent every 20 ms: how long from
 the send to the handler's start, by the partition that held it, for 1 and 3 partitions, on
-one Redis and on the Cluster."""
+one Redis and on the Cluster.
+
+`limits`: a route limited to 100 starts a second and 4 at once drains --tasks tasks from a
+queue of 1 and of 3 partitions, spread by id or all of one ordering key: the rate reached
+and the most running at once (each partition keeps its share of the limits)."""
 
 from __future__ import annotations
 
@@ -214,6 +219,40 @@ async def pickup(tasks: int, count: int, masters: int) -> dict[str, list[float]]
         servers.close()
 
 
+async def limited(tasks: int, count: int, keyed: bool) -> tuple[float, int]:
+    """(starts a second, most running at once) of a drain of the limited route."""
+    servers = Servers()
+    queue = f"p{count}"
+    app = obsq.App(NAMESPACE)
+    if count > 1:
+        app.queue(queue, partitions=count)
+    worker = start_worker(servers.url, queue, 50, BENCH_RECORD_URL=servers.url)
+    try:
+        async with obsq.Inspector(servers.url, NAMESPACE) as inspector:
+            await live_workers(inspector, 1)
+        async with obsq.Client(servers.url, namespace=NAMESPACE, app=app) as client:
+            await client.enqueue_many([obsq.Job("limited", i, queue=queue, ordering_key=(
+                "one" if keyed else None)) for i in range(tasks)])
+        names, most, start = partition_names(queue, count), 0, time.monotonic()
+        while int(servers.raw.get("bench-part:limited") or 0) < tasks:
+            most = max(most, sum(servers.raw.scard(f"{NAMESPACE}:{{{n}}}:running:limited")
+                                 for n in names))
+            await asyncio.sleep(0.002)
+        return tasks / (time.monotonic() - start), most
+    finally:
+        worker.terminate()
+        worker.wait(60)
+        servers.close()
+
+
+def report_limits(args: argparse.Namespace) -> None:
+    for count, keyed in ((1, False), (3, False), (1, True), (3, True)):
+        rate, most = asyncio.run(limited(args.tasks, count, keyed))
+        how = "all of one ordering key" if keyed else "spread by id"
+        print(f"{count} partition(s), {how:23}: {rate:6.1f} starts/s (limit 100/s), at most "
+              f"{most} running at once (limit 4)", flush=True)
+
+
 def report_pickup(args: argparse.Namespace) -> None:
     for masters in (0, 3):
         for count in (1, 3):
@@ -228,7 +267,7 @@ def report_pickup(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("drain", "cluster", "pickup"))
+    parser.add_argument("what", choices=("drain", "cluster", "pickup", "limits"))
     parser.add_argument("--tasks", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=1)
@@ -238,5 +277,7 @@ if __name__ == "__main__":
         report_drains(arguments, 0, (1, 3, 8))
     elif arguments.what == "cluster":
         report_drains(arguments, 3, (1, 3))
+    elif arguments.what == "limits":
+        report_limits(arguments)
     else:
         report_pickup(arguments)
