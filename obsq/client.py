@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -20,7 +20,7 @@ from obsq.broker import Broker
 from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
 from obsq.broker.deadline import CallDeadlines, call_timeout_of, deadline
 from obsq.clock import Clock
-from obsq.enqueued import group_by_queue, info_after_enqueue, infos_in_order, unless_duplicate
+from obsq.enqueue_step import EnqueuePlan, EnqueueStep, info_after_grouping, unless_duplicate
 from obsq.errors import (
     BrokerError,
     ConfigurationError,
@@ -39,7 +39,7 @@ from obsq.producer_chain import ProducerChain
 from obsq.results import ResultWaiter, waited_too_long
 from obsq.schedule import Schedule, ScheduleInfo, read_schedules
 from obsq.settings import DEFAULT_NAMESPACE, DEFAULT_REDIS_URL, ENQUEUE_BATCH, env_flag
-from obsq.task import Job, TaskInfo, TaskMessage, build_message, validate_name
+from obsq.task import Job, TaskInfo, TaskMessage, validate_name
 
 log = logging.getLogger("obsq")
 
@@ -88,11 +88,11 @@ class Client:
         self.hooks: list[ProducerHook] = []
         self.refusal_hooks: list[RefusalHook] = []
         self.placement = Placement(self.broker, app.partitions if app is not None else {})
+        self.step = EnqueueStep(app, self.placement, self.refusal_hooks)
         self._queues = QueueRegistry(self._register_queues)
         self._coalescer = EnqueueCoalescer(self.broker.enqueue, ENQUEUE_BATCH, lambda write: (
             self.deadlines.run("enqueue", write)))
         self._unheard: set[str] = set()  # events published with no subscriber, warned of
-        self._unhandled: set[str] = set()  # types the App has no handler for, warned of
         self._checks: set[asyncio.Future[None]] = set()
         self._chain = ProducerChain(self._store)
         self.flows = ClientFlows(self)  # enqueue, info, result, cancel, delete of a flow
@@ -153,70 +153,47 @@ class Client:
     async def _write(self, messages: list[TaskMessage]) -> list[TaskInfo]:
         return await self._chain(*self.producer_hooks)(messages) if messages else []
 
-    def prepare(self, jobs: Sequence[Job], warn: bool = True) -> list[TaskMessage]:
+    def prepare(self, jobs: Sequence[Job], warn: bool = True, group: bool = False
+                ) -> list[TaskMessage]:
         """An enqueue's first step, whichever transport writes it (this Client's or the
-        SyncClient's): the jobs checked and encoded, then (`warn`) an unhandled type said."""
-        now = self.broker.clock.time()
-        messages = [self._message(job, now) for job in jobs]
-        if warn:
-            self._warn_if_unhandled(jobs)
-        return messages
+        SyncClient's): the jobs checked and encoded now, then (`warn`) an unhandled type
+        said (EnqueueStep.prepare)."""
+        return self.step.prepare(jobs, self.broker.clock.time(), warn, group)
+
+    async def plan(self, messages: list[TaskMessage], group: str = "") -> EnqueuePlan:
+        """Each message placed in its queue's partition (the counts not known read from
+        Redis first), the messages grouped by queue (EnqueueStep.plan)."""
+        unknown = self.step.to_read(messages)
+        return self.step.plan(messages, await self.broker.partition_counts(unknown)
+                              if unknown else {}, group)
 
     @property
     def waits_for_replicas(self) -> bool:
         """Enqueues wait for replicas (WAIT, on this Client's connections only)."""
         return bool(self.broker.durable_replicas)
 
-    def _warn_if_unhandled(self, jobs: Sequence[Job], group: bool = False) -> None:
-        """A typo in a type shows otherwise only as tasks handed on for a day, or grouped tasks
-        waiting for good: said once per type, where the Client's App registers handlers."""
-        app = self.app
-        if app is None or not app.routes:
-            return
-        for job in jobs:
-            if job.type in self._unhandled:
-                continue
-            if group:  # the aggregated task is what runs: the grouped type needs no handler
-                missing = ("aggregator (app.aggregate)" if app.aggregation(job.type) is None
-                           else "")
-            else:
-                missing = "handler" if app.route(job.type) is None else ""
-            if missing:
-                self._unhandled.add(job.type)
-                log.warning("task type %r has no %s in the App of this Client: its tasks "
-                            "wait or fail until a worker's App has one", job.type, missing)
-
-    def _message(self, job: Job, now: float) -> TaskMessage:
-        try:
-            return self._checked_message(job, now)
-        except (ValueError, TypeError) as exc:
-            for hook in (*(self.app.refusal_hooks if self.app else ()), *self.refusal_hooks):
-                hook(job, exc)
-            raise
-
-    def _checked_message(self, job: Job, now: float) -> TaskMessage:
-        if self.app is None:
-            return build_message(job, now=now)
-        route = self.app.route(job.type)
-        if route is None:
-            return build_message(job, now=now, max_payload=self.app.max_payload)
-        return build_message(job, queue=route.queue, max_retry=route.max_retry,
-                             timeout=route.timeout, now=now, priority=route.priority,
-                             max_payload=self.app.max_payload_of(route))
-
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
-        """The innermost layer: group by queue and write each group with the enqueues other
-        callers make at the same time (EnqueueCoalescer), the queues at once."""
-        await self.placement.place(messages)
-        by_queue = group_by_queue(messages)
-        self.check_served(await self._queues.ensure(by_queue))
-        if len(by_queue) == 1:
-            [(queue, group)] = by_queue.items()
-            return [info_after_enqueue(m, status) for m, status in
-                    zip(group, await self._coalescer.enqueue(queue, group))]
-        replies = await asyncio.gather(*(self._coalescer.enqueue(queue, group)
-                                         for queue, group in by_queue.items()))
-        return infos_in_order(messages, by_queue, replies)
+        """The innermost layer, the enqueue step on the event loop: each queue's group
+        written with the enqueues other callers make at the same time (EnqueueCoalescer),
+        the queues at once."""
+        plan = await self.plan(messages)
+        await self.ensure_queues(plan.groups)
+        if len(plan.groups) == 1:
+            [(queue, group)] = plan.groups.items()
+            return plan.answer([await self._coalescer.enqueue(queue, group)])
+        return plan.answer(await asyncio.gather(*(self._coalescer.enqueue(queue, group)
+                                                  for queue, group in plan.groups.items())))
+
+    async def ensure_queues(self, queues: Iterable[str]) -> None:
+        """Register the queues this Client has not (Redis's memory policy checked first;
+        concurrent callers share the call), and look, in the background, whether a live
+        worker serves them: a wrong queue, or a worker in another namespace than the
+        App's, shows at once."""
+        new_queues = await self._queues.ensure(queues)
+        if new_queues:
+            check = asyncio.ensure_future(self._warn_if_unserved(new_queues))
+            self._checks.add(check)
+            check.add_done_callback(self._checks.discard)
 
     @deadline("register")
     async def _register_queues(self, queues: set[str]) -> None:
@@ -230,29 +207,18 @@ class Client:
         await self.broker.check_memory_policy(refuse=not self.allow_eviction,
                                               allowed_by=PRODUCER_ALLOWS_EVICTION)
 
-    def check_served(self, new_queues: set[str]) -> None:
-        """Look, once a queue and in the background, whether a live worker serves it: a
-        wrong queue, or a worker in another namespace than the App's, shows at once."""
-        if new_queues:
-            check = asyncio.ensure_future(self._warn_if_unserved(new_queues))
-            self._checks.add(check)
-            check.add_done_callback(self._checks.discard)
-
     @deadline("enqueue")
     async def _enqueue_grouped(self, group: str, job: Job) -> TaskInfo:
         """Through the producer hooks (trace context, counts) into the group."""
         async def store(messages: list[TaskMessage]) -> list[TaskInfo]:
-            await self.placement.place(messages, group)
+            await self.plan(messages, group)
             m, kept_in = messages[0], messages[0].partition or messages[0].queue
-            self.check_served(await self._queues.ensure([kept_in]))
+            await self.ensure_queues([kept_in])
             status = (await self.broker.group(kept_in, m.type, group, messages))[0]
-            return [TaskInfo(id=m.id, type=m.type, queue=m.queue, state="aggregating",
-                             headers=m.headers, duplicate=not status.created,
-                             partition=m.partition)]
+            return [info_after_grouping(m, status)]
 
-        message = self._message(job, self.broker.clock.time())
-        self._warn_if_unhandled([job], group=True)
-        info = (await ProducerChain(store)(*self.producer_hooks)([message]))[0]
+        messages = self.prepare([job], group=True)
+        info = (await ProducerChain(store)(*self.producer_hooks)(messages))[0]
         if info.duplicate:
             raise DuplicateTask(f"task id {info.id!r} is taken", info.id)
         return info

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from obsq.broker import Enqueued
-from obsq.enqueued import info_after_enqueue
+from obsq.enqueue_step import info_after_enqueue
 from obsq.errors import FlowFailed, ResultTimeout, TaskFailed, TaskNotFound, TaskRunning
 from obsq.flow import (
     FLOW_HEADER,
@@ -79,10 +79,9 @@ class ClientFlows:
         """Check every step, pass them through the producer hooks, write the flow and
         enqueue its first steps."""
         steps, last = flatten(flow)
-        self.client._warn_if_unhandled([step.job for step in steps])
         flow_id = new_task_id()
         now = self.broker.clock.time()
-        messages = [self.client._message(step.job, now) for step in steps]
+        messages = self.client.step.prepare([step.job for step in steps], now)
         for n, m in enumerate(messages):
             m.id, m.id_chosen = step_id(flow_id, n), True
             m.headers[FLOW_HEADER] = f"{flow_id} {n}"
@@ -92,7 +91,7 @@ class ClientFlows:
         first = [n for n, step in enumerate(steps) if not step.waits_for]
 
         async def store(checked: list[TaskMessage]) -> list[TaskInfo]:
-            await self.client.placement.place(checked)
+            await self.client.plan(checked)
             await self.broker.create_flow(
                 flow_id, first, stored_fields(steps, checked, last, flow.retention),
                 int(now * 1000), int((now + FLOW_LAUNCH_GRACE) * 1000))

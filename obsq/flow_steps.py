@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from obsq.broker.wire import EndEntry
-from obsq.enqueued import group_by_queue
+from obsq.enqueue_step import group_by_queue
 from obsq.flow import decode_message, parse_step
 from obsq.settings import ENQUEUE_BATCH
 

@@ -9,7 +9,7 @@ to the previous partitions, which workers go on draining: nothing waits for good
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from obsq.partitions import SEPARATOR, choose, partition_names, placement_key, queue_of
@@ -30,21 +30,6 @@ class Placement:
         self._declared = declared
         self._learned: dict[str, tuple[int, float]] = {}  # queue -> (count, read at)
         self._now = now
-
-    async def place(self, messages: Sequence[TaskMessage], group: str = "") -> None:
-        """Set each message's partition, the counts not known read from Redis first."""
-        unknown = self.unknown(m.queue for m in messages if not m.partition)
-        if unknown:
-            self.learn(await self.broker.partition_counts(unknown))
-        self.assign(messages, group)
-
-    def place_blocking(self, messages: Sequence[TaskMessage],
-                       read_counts: Callable[[list[str]], dict[str, int]]) -> None:
-        """place, for a caller without an event loop (SyncClient), reading with `read_counts`."""
-        unknown = self.unknown(m.queue for m in messages if not m.partition)
-        if unknown:
-            self.learn(read_counts(unknown))
-        self.assign(messages)
 
     async def locate(self, task_id: str, queue: str | None) -> str | None:
         """The queue or partition holding `task_id` in `queue` (None: in any queue). In a

@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 from obsq.app import ProducerHook
 from obsq.broker.blocking import BlockingProducer
 from obsq.client import Client
-from obsq.enqueued import group_by_queue, infos_in_order, unless_duplicate
+from obsq.enqueue_step import unless_duplicate
 from obsq.flow import Chain, Chord, FlowInfo
 from obsq.producer_chain import ProducerChain, is_sync_safe
 from obsq.schedule import Schedule, ScheduleInfo
-from obsq.settings import DEFAULT_REDIS_URL, ENQUEUE_BATCH
+from obsq.settings import DEFAULT_REDIS_URL
 from obsq.task import Job, TaskInfo, TaskMessage
 
 T = TypeVar("T")
@@ -69,22 +69,19 @@ class SyncClient:
         return _run_now(self._chain(app_hooks, hooks)(messages)) if messages else []
 
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
-        """The innermost layer of the enqueues made in the caller's thread: it blocks, and
-        awaits nothing, so the hooks around it run to their end at once."""
-        self._client.placement.place_blocking(messages, self._producer.partition_counts)
-        by_queue = group_by_queue(messages)
-        new_queues = by_queue.keys() - self._known_queues
+        """The innermost layer of the enqueues made in the caller's thread, the Client's
+        enqueue step on a blocking transport: it blocks, and awaits nothing, so the hooks
+        around it run to their end at once. A queue new to it is registered by the Client
+        (once for both, on its event-loop thread)."""
+        step = self._client.step
+        unknown = step.to_read(messages)
+        plan = step.plan(messages, self._producer.partition_counts(unknown) if unknown else {})
+        new_queues = plan.new_queues(self._known_queues)
         if new_queues:
-            self._run(self._client.check_memory_policy())  # Redis is asked once
-            self._producer.register_queues(new_queues)
+            self._run(self._client.ensure_queues(new_queues))
             self._known_queues |= new_queues
-            self._loop.call_soon_threadsafe(self._client.check_served, set(new_queues))
-        replies = []
-        for queue, group in by_queue.items():
-            replies.append([status for start in range(0, len(group), ENQUEUE_BATCH)
-                            for status in self._producer.enqueue(
-                                queue, group[start:start + ENQUEUE_BATCH])])
-        return infos_in_order(messages, by_queue, replies)
+        return plan.answer([self._producer.enqueue(queue, group)
+                            for queue, group in plan.groups.items()])
 
     def publish(self, event: str, payload: Any = None, **options: Any) -> list[TaskInfo]:
         return self._run(self._client.publish(event, payload, **options))

@@ -18,7 +18,7 @@ reply is never read as the answer to the next call.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -27,11 +27,12 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
 from obsq.broker.connection import create_client
-from obsq.broker.producing import enqueue_args, enqueue_statuses
+from obsq.broker.producing import Producing, enqueue_statuses
 from obsq.broker.records import Enqueued
 from obsq.broker.runner import BlockingRunner
 from obsq.errors import BrokerError
 from obsq.partitions import stored_count
+from obsq.settings import ENQUEUE_BATCH
 from obsq.task import TaskMessage
 
 
@@ -80,14 +81,14 @@ class BlockingCalls:
 
 
 class BlockingProducer(BlockingCalls):
-    """Enqueue and register queues for `broker`'s namespace, blocking, on a connection kept
-    beside the pool for whichever thread finds it free."""
+    """The Redis calls of an enqueue for `broker`'s namespace, blocking, on a connection kept
+    beside the pool for whichever thread finds it free: the SyncClient's transport of the
+    enqueue step (obsq/enqueue_step.py)."""
 
-    def __init__(self, broker: RedisCalls, call_timeout: float) -> None:
+    broker: Producing
+
+    def __init__(self, broker: Producing, call_timeout: float) -> None:
         super().__init__(broker, call_timeout, keep=True)
-
-    def register_queues(self, queues: Iterable[str]) -> None:
-        self._script(*self.broker.register_queues_call(queues))
 
     def partition_counts(self, queues: Sequence[str]) -> dict[str, int]:
         """As the asyncio broker's stored_counts (producing.py)."""
@@ -96,10 +97,13 @@ class BlockingProducer(BlockingCalls):
         return dict(zip(queues, map(stored_count, found)))
 
     def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:
-        """Write the messages of one queue in one script call (at most ENQUEUE_BATCH)."""
-        reply = self._script("enqueue", self.broker.enqueue_keys(queue),
-                             enqueue_args(messages, self.broker.memory_share))
-        return enqueue_statuses(reply, len(messages))
+        """Write the messages of one queue, ENQUEUE_BATCH a script call."""
+        statuses: list[Enqueued] = []
+        for start in range(0, len(messages), ENQUEUE_BATCH):
+            batch = messages[start:start + ENQUEUE_BATCH]
+            reply = self._script(*self.broker.enqueue_call(queue, batch))
+            statuses += enqueue_statuses(reply, len(batch))
+        return statuses
 
 
 def _no_free_connection(exc: RedisConnectionError) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from obsq.broker.calls import RedisCalls
+from obsq.broker.calls import RedisCalls, ScriptCall
 from obsq.broker.records import Ended, Enqueued
 from obsq.broker.wire import REPLIES, EndEntry, argv
 from obsq.partitions import stored_count
@@ -27,13 +27,16 @@ class Producing(RedisCalls):
 
     async def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:
         """Write the messages of one queue in one script call (at most ENQUEUE_BATCH)."""
-        reply = await self._producer_script("enqueue", self.enqueue_keys(queue),
-                                            enqueue_args(messages, self.memory_share))
+        reply = await self._producer_script(*self.enqueue_call(queue, messages))
         return enqueue_statuses(reply, len(messages))
 
-    def enqueue_keys(self, queue: str) -> tuple[str, str, str]:
+    def enqueue_call(self, queue: str, messages: Sequence[TaskMessage]) -> ScriptCall:
+        """enqueue.lua's call for the messages of one queue, whichever transport makes it
+        (this broker, or the SyncClient's BlockingProducer); enqueue_statuses reads its
+        reply."""
         k = self.keys(queue)
-        return k.pending, k.scheduled, k.wake
+        return ("enqueue", (k.pending, k.scheduled, k.wake),
+                enqueue_args(messages, self.memory_share))
 
     async def partition_counts(self, queues: Sequence[str]) -> dict[str, int]:
         """The partition counts of queues as their workers declared them; 1 for a queue no
