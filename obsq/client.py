@@ -38,7 +38,13 @@ from obsq.placement import Placement
 from obsq.producer_chain import ProducerChain
 from obsq.results import ResultWaiter, waited_too_long
 from obsq.schedule import Schedule, ScheduleInfo, read_schedules
-from obsq.settings import DEFAULT_NAMESPACE, DEFAULT_REDIS_URL, ENQUEUE_BATCH, env_flag
+from obsq.settings import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_REDIS_URL,
+    ENQUEUE_BATCH,
+    ENQUEUE_MEMORY_SHARE,
+    env_flag,
+)
 from obsq.task import Job, TaskInfo, TaskMessage, validate_name
 
 log = logging.getLogger("obsq")
@@ -70,18 +76,16 @@ class Client:
         self.namespace = validate_namespace(namespace)
         self.call_timeout = call_timeout_of(call_timeout)
         self.app = app
-        self.broker = broker or Broker(redis_url, self.namespace, clock=clock)
+        if broker is None:
+            broker = Broker(redis_url, self.namespace, clock=clock,
+                            durable_replicas=durable_replicas or 0,
+                            memory_share=ENQUEUE_MEMORY_SHARE if memory_share is None
+                            else memory_share)
+        elif durable_replicas or memory_share is not None:
+            raise ConfigurationError("a Client given a broker takes its durable_replicas and "
+                                     "memory_share: give them to the Broker")
+        self.broker = broker
         self.deadlines = CallDeadlines(self.call_timeout, self.broker.timed_out)
-        if durable_replicas:
-            if durable_replicas < 0 or self.broker.is_cluster:
-                raise ConfigurationError("durable_replicas must be a number of replicas, and "
-                                         "is not available on a Redis Cluster")
-            self.broker.durable_replicas = durable_replicas
-        if memory_share is not None:
-            if not 0 < memory_share <= 1:
-                raise ConfigurationError(f"memory_share must be above 0 and at most 1, got "
-                                         f"{memory_share!r}")
-            self.broker.memory_share = memory_share
         self.allow_eviction = env_flag("OBSQ_ALLOW_EVICTION") if allow_eviction is None \
             else allow_eviction
         self.results = ResultWaiter(self.broker, self.deadlines)

@@ -87,11 +87,11 @@ class Worker:
         self.started_at = 0.0
         self.started = asyncio.Event()  # set once it serves (after Redis answered)
         self.processed = 0
-        self.broker = Broker(settings.redis_url, self.namespace, clock=clock)
-        self.broker.on_error = app.redis_error_hooks  # the App's list: hooks added later count
-        self.broker.dedup_window, self.broker.dedup_max_ids = (settings.dedup_window,
-                                                               settings.dedup_max_ids)
-        self.broker.priority_aging = settings.priority_aging
+        self.broker = Broker(settings.redis_url, self.namespace, clock=clock,
+                             on_error=app.redis_error_hooks,  # the App's: later hooks count
+                             dedup_window=settings.dedup_window,
+                             dedup_max_ids=settings.dedup_max_ids,
+                             priority_aging=settings.priority_aging)
         self.served = ServedQueues(self.broker, self.queues, app.partitions)
         self.limits = RouteLimits(app, settings.route_concurrency)
         self.slots = Slots(self.concurrency, self.broker, self.id, run=self._process,

@@ -28,7 +28,7 @@ from obsq.broker.runner import Runner, first_error
 from obsq.broker.scripts import load_scripts
 from obsq.broker.wire import argv
 from obsq.clock import REDIS_CLOCK, Clock
-from obsq.errors import BrokerError, BrokerTimeout, denied_by_acl
+from obsq.errors import BrokerError, BrokerTimeout, ConfigurationError, denied_by_acl
 from obsq.settings import (
     DEDUP_MAX_IDS,
     DEDUP_WINDOW,
@@ -58,27 +58,42 @@ UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)  # said as "can
 
 class RedisCalls:
     def __init__(self, url: str, namespace: str, *, client: Any = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, on_error: list[ErrorHook] | None = None,
+                 memory_share: float = ENQUEUE_MEMORY_SHARE, durable_replicas: int = 0,
+                 priority_aging: float = 60.0, dedup_window: float = DEDUP_WINDOW,
+                 dedup_max_ids: int = DEDUP_MAX_IDS) -> None:
+        """Its callers' settings are given here, never written later: `on_error`, the list
+        of hooks told of each failed call (a worker gives its App's, so that hooks added
+        later count); `memory_share`, above which enqueues are refused (enqueue.lua);
+        `durable_replicas`, the replicas each enqueue waits for (WAIT, not on a Cluster);
+        `priority_aging`, the seconds a pending task waits to rank one priority higher;
+        `dedup_window` and `dedup_max_ids`, how long a deleted task's producer-chosen id
+        is remembered, and how many per queue."""
+        if not 0 < memory_share <= 1:
+            raise ConfigurationError(f"memory_share must be above 0 and at most 1, got "
+                                     f"{memory_share!r}")
         self.url = url
         self.clock = clock or REDIS_CLOCK  # the time every script is given (the runner's now)
         self.safe_url = safe(url)  # the URL without its password, for messages and logs
         self.namespace = namespace
         self.redis = client if client is not None else create_client(url)
         self.is_cluster = isinstance(self.redis, RedisCluster)
+        if durable_replicas < 0 or (durable_replicas and self.is_cluster):
+            raise ConfigurationError("durable_replicas must be a number of replicas, and "
+                                     "is not available on a Redis Cluster")
         # every script call; enqueues go over one connection kept for them while it is free
         self.runner = Runner(self.redis, keep=True, now=self.clock.script_now)
-        self.memory_share = ENQUEUE_MEMORY_SHARE  # enqueues refused above it (enqueue.lua)
-        self.durable_replicas = 0  # replicas each enqueue waits for (WAIT)
-        self.priority_aging = 60.0  # s a pending task waits to rank one priority higher
-        # how long a deleted task's producer-chosen id is remembered, and how many per queue
-        self.dedup_window = DEDUP_WINDOW
-        self.dedup_max_ids = DEDUP_MAX_IDS
+        self.memory_share = memory_share
+        self.durable_replicas = durable_replicas
+        self.priority_aging = priority_aging
+        self.dedup_window = dedup_window
+        self.dedup_max_ids = dedup_max_ids
         self.durable_timeout = DURABLE_WAIT_TIMEOUT
         self.global_keys = GlobalKeys(namespace)
         self.schedule_keys = ScheduleKeys(namespace)
         self.event_keys = EventKeys(namespace)
         self._queue_keys: dict[str, QueueKeys] = {}
-        self.on_error: list[ErrorHook] = []
+        self.on_error: list[ErrorHook] = on_error if on_error is not None else []
 
     def keys(self, queue: str) -> QueueKeys:
         keys = self._queue_keys.get(queue)
