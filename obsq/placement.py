@@ -34,8 +34,10 @@ class Placement:
     async def locate(self, task_id: str, queue: str | None) -> str | None:
         """The queue or partition holding `task_id` in `queue` (None: in any queue). In a
         partitioned queue the partition its id chooses is looked at first (a task without
-        an ordering, unique or group key is there), then the others, then those of an
-        earlier count; None: nowhere."""
+        an ordering, unique or group key is there), then the others; then the queue's
+        partitions of any count known to Redis (an earlier count, or one no worker has
+        written yet). Found nowhere: `queue` itself (its caller reads no task there), or None
+        when no queue was named."""
         if queue is None:
             return await self.broker.find_queue(task_id)
         if SEPARATOR in queue:
@@ -44,12 +46,14 @@ class Placement:
         if unknown:
             self.learn(await self.broker.partition_counts(unknown))
         names = partition_names(queue, self.count(queue))
-        if len(names) == 1:
-            return queue
         first = choose(names, task_id)
-        return await self.broker.find_queue(task_id, [first, *(n for n in names if n != first)]
-                                            ) or await self.broker.find_queue(task_id, [
-            q for q in await self.broker.queues() if queue_of(q) == queue])
+        found = await self.broker.find_queue(task_id, [first, *(n for n in names
+                                                                 if n != first)])
+        if found is None:
+            found = await self.broker.find_queue(task_id, [
+                q for q in await self.broker.queues() if queue_of(q) == queue
+                and q not in names])
+        return found or queue
 
     def unknown(self, queues: Iterable[str]) -> list[str]:
         """Those of `queues` whose count must be read from Redis first."""

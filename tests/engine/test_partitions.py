@@ -73,7 +73,14 @@ async def test_a_producer_without_the_app_learns_the_count(app, redis_url, names
     assert {i.partition for i in infos} == set(HOT)
     with obsq.SyncClient(redis_url, namespace=namespace) as sync:
         assert sync.enqueue("x", 1, queue="hot").partition in HOT
-    raw_redis.hset(f"{namespace}:partitions", "junk", "not a count")
+    cold = obsq.App(namespace)
+    cold.queue("cold", partitions=4)  # no worker has written its count
+    async with obsq.Client(redis_url, app=cold) as producer, obsq.Client(
+            redis_url, namespace=namespace) as bare:
+        early = await producer.enqueue("x", 1, queue="cold")
+        assert early.partition and (await bare.info(early.id, "cold")).partition == (
+            early.partition)
+        raw_redis.hset(f"{namespace}:partitions", "junk", "not a count")
     async with obsq.Client(redis_url, namespace=namespace) as bare:
         assert (await bare.enqueue("x", 1, queue="junk")).partition == ""  # one partition
 
