@@ -188,7 +188,7 @@ class Environment:
         self._check_running()
         if self.worker.in_flight or not self.clock.idle():
             return False
-        left = await self.worker.broker.unfinished(list(self.worker.queues), self.worker.id)
+        left = await self.worker.broker.unfinished(self.worker.served.names, self.worker.id)
         return left == 0 and not self.worker.in_flight and self.clock.idle()
 
     def _check_running(self) -> None:
