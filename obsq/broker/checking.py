@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from obsq.broker.calls import RedisCalls
-from obsq.broker.inspection import _text
+from obsq.broker.decoding import as_text
 from obsq.broker.wire import argv
 
 # A queue's lists and zsets of task ids, by the state their tasks' hashes must name ('':
@@ -49,14 +49,14 @@ class Checking(RedisCalls):
         """(next cursor, '0' at the end; ids in the active hash without a lease)."""
         reply = await self._script("doctor", (self.keys(queue).active,),
                                    argv("doctor", step="owners", cursor=cursor, count=count))
-        return _text(reply[0]), [_text(i) for i in reply[1:]]
+        return as_text(reply[0]), [as_text(i) for i in reply[1:]]
 
     async def ordering_keys(self, queue: str, count: int) -> list[str]:
         """The ordering keys with a list in the queue (SCAN in steps of `count`)."""
         start = self.keys(queue).prefix + "ord:"
         found = []
         async for key in self.redis.scan_iter(match=_glob(start) + "*", count=count):
-            found.append(_text(key)[len(start):])
+            found.append(as_text(key)[len(start):])
         return found
 
     async def ordering_waiting(self, queue: str, keys: Sequence[str]) -> int:
@@ -70,7 +70,7 @@ class Checking(RedisCalls):
         k = self.keys(queue)
         *counts, patterns = await self._script("doctor", (k.group_types, k.batches),
                                                argv("doctor", step="counters"))
-        return (*counts, [_text(p) for p in patterns])
+        return (*counts, [as_text(p) for p in patterns])
 
     async def drop_missing(self, queue: str, key: str, kind: str, ids: Sequence[str]) -> int:
         """Remove from a list of the queue, a held list ('held'), an ordering key's list
@@ -85,7 +85,7 @@ class Checking(RedisCalls):
         (no worker would fetch those); `mark`: name them."""
         reply = await self._script("doctor", (self.keys(queue).pending,),
                                    argv("doctor", step="levels", mark="1" if mark else "0"))
-        return [_text(level) for level in reply]
+        return [as_text(level) for level in reply]
 
     async def settle_counter(self, key: str, expected: int, value: int) -> bool:
         """Set a counter to `value` if it still reads `expected`."""
@@ -105,23 +105,23 @@ class Checking(RedisCalls):
     async def firing_claims(self) -> dict[str, int]:
         """{schedule entry: the fire (ms) claimed and not confirmed}."""
         raw = await self._guard("doctor", self.redis.hgetall(self.schedule_keys.firing))
-        return {_text(k): int(_text(v).split(" ", 1)[0] or 0) for k, v in raw.items()}
+        return {as_text(k): int(as_text(v).split(" ", 1)[0] or 0) for k, v in raw.items()}
 
     async def lapsed_subscriptions(self, now_ms: int) -> dict[str, list[str]]:
         """{event: subscriptions ('<subscriber> <queue>') lapsed by `now_ms`}."""
         e = self.event_keys
         events = await self._guard("doctor", self.redis.smembers(e.subscribed))
         found = {}
-        for event in sorted(_text(x) for x in events):
+        for event in sorted(as_text(x) for x in events):
             lapsed = await self._guard("doctor", self.redis.zrange(
                 e.subscribers(event), "-inf", now_ms, byscore=True))
             if lapsed:
-                found[event] = [_text(s) for s in lapsed]
+                found[event] = [as_text(s) for s in lapsed]
         return found
 
 
 def _finding(raw: Sequence[Any]) -> Finding:
-    return _text(raw[0]), _text(raw[1]), _text(raw[2])
+    return as_text(raw[0]), as_text(raw[1]), as_text(raw[2])
 
 
 def _glob(text: str) -> str:

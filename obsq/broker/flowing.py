@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from obsq.broker.calls import RedisCalls
+from obsq.broker.decoding import as_text
 from obsq.broker.keys import FlowKeys, QueueKeys
 from obsq.broker.wire import REPLIES, argv, in_order
 
@@ -50,7 +51,7 @@ class Flowing(RedisCalls):
                                    argv("flow_step", ends))
         shape = REPLIES["flow_step"]
         head = shape.head_of(reply)
-        return (_state(head.state), head.ended == b"1",
+        return (as_text(head.state), head.ended == b"1",
                 [(int(r.step), r.task) for r in shape.records(reply)])
 
     async def flow_launching(self, flow_id: str) -> tuple[str, list[tuple[int, bytes]]]:
@@ -75,7 +76,7 @@ class Flowing(RedisCalls):
         for r in shape.records(reply):
             queue, _, task_type = r.where.decode().partition("\t")
             steps.append((int(r.step), queue, task_type))
-        return _state(shape.head_of(reply).state), steps
+        return as_text(shape.head_of(reply).state), steps
 
     async def flow_previous(self, flow_id: str, step: int
                             ) -> tuple[bool, str, list[bytes | None]]:
@@ -155,7 +156,3 @@ class Flowing(RedisCalls):
         g = self.global_keys
         return await self._script("flow_index", (g.flows, g.flow_look),
                                   in_order("flow_index", mode, *args))
-
-
-def _state(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from obsq.broker.calls import RedisCalls, ScriptCall
+from obsq.broker.decoding import as_number, as_text
 from obsq.broker.records import BatchRecord, GroupListing, GroupRecord
 from obsq.broker.wire import REPLIES, argv
 
@@ -103,12 +104,12 @@ class Inspection(RedisCalls):
                                         batch=batch, ids=task_ids))
         shape = REPLIES["revive"]
         r = shape.head_of(reply)
-        return r.moved, r.left, [_text(m.missing) for m in shape.records(reply)]
+        return r.moved, r.left, [as_text(m.missing) for m in shape.records(reply)]
 
     async def delete_task(self, queue: str, task_id: str) -> str:
         """The state the deleted task was in; 'running' (refused) or '' (no such task)."""
         k = self.keys(queue)
-        return _text(await self._script("delete", _delete_keys(k),
+        return as_text(await self._script("delete", _delete_keys(k),
                                         argv("delete", mode="id", id=task_id)))
 
     async def purge_step(self, queue: str, state: str, batch: int) -> tuple[int, int]:
@@ -146,7 +147,7 @@ class Inspection(RedisCalls):
 
         async def scan() -> None:
             async for key in self.redis.scan_iter(match="*:queues", count=1000, _type="set"):
-                found.add(_text(key)[:-len(":queues")])
+                found.add(as_text(key)[:-len(":queues")])
 
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._guard("namespaces", scan()), seconds)
@@ -158,9 +159,9 @@ def _page(reply: list[Any]) -> tuple[int, int | None, list[PageRow]]:
     shape = REPLIES["page"]
     head = shape.head_of(reply)
     rows: list[PageRow] = [
-        (_text(r.id), _number(r.score), _text(r.type), _number(r.retried) or 0,
-         _number(r.enqueued), _number(r.due), _number(r.done), _text(r.error), r.payload,
-         _text(r.owner), _number(r.size), _number(r.priority) or 0)
+        (as_text(r.id), as_number(r.score), as_text(r.type), as_number(r.retried) or 0,
+         as_number(r.enqueued), as_number(r.due), as_number(r.done), as_text(r.error), r.payload,
+         as_text(r.owner), as_number(r.size), as_number(r.priority) or 0)
         for r in shape.records(reply)]
     return head.total, (head.next_offset if head.next_offset >= 0 else None), rows
 
@@ -172,8 +173,8 @@ def _listing(reply: list[Any]) -> GroupListing:
     return GroupListing(
         r.now, r.total, r.next_offset if r.next_offset >= 0 else None, r.batch_total,
         r.next_batch if r.next_batch >= 0 else None,
-        [GroupRecord(_text(g.type), _text(g.group), _number(g.size) or 0,
-                     _number(g.first), _number(g.last))
+        [GroupRecord(as_text(g.type), as_text(g.group), as_number(g.size) or 0,
+                     as_number(g.first), as_number(g.last))
          for g in shape.rows_of("groups", r.groups)],
         [_batch_record(b) for b in shape.rows_of("batches", r.batches)])
 
@@ -181,25 +182,11 @@ def _listing(reply: list[Any]) -> GroupListing:
 def _batch_record(b: Any) -> BatchRecord:
     """A batch of groups.lua's reply; fields written by hand read as empty or 0."""
     if b.type is None:  # its hash is not a hash
-        return BatchRecord(_text(b.id), _number(b.claim_end), "", "", [], "", 0, "", False)
-    return BatchRecord(_text(b.id), _number(b.claim_end), _text(b.type), _text(b.group),
-                       _text(b.ids).split(), _text(b.owner), _number(b.failures) or 0,
-                       _text(b.error))
+        return BatchRecord(as_text(b.id), as_number(b.claim_end), "", "", [], "", 0, "", False)
+    return BatchRecord(as_text(b.id), as_number(b.claim_end), as_text(b.type), as_text(b.group),
+                       as_text(b.ids).split(), as_text(b.owner), as_number(b.failures) or 0,
+                       as_text(b.error))
 
 
 def _delete_keys(k: Any) -> tuple[str, ...]:
     return (k.pending, k.scheduled, k.retry, k.dead, k.completed, k.cancelled, k.active)
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-
-
-def _number(raw: bytes | int | None) -> int | None:
-    """A stored number, or None when absent or not a number (junk written by hand)."""
-    if raw in (None, b"", ""):
-        return None
-    try:
-        return int(float(raw))  # scores come back as '1.7e12'-style text
-    except (TypeError, ValueError):
-        return None

@@ -10,6 +10,7 @@ killed between the claim and the enqueue leaves the fire for the next one."""
 from __future__ import annotations
 
 from obsq.broker.calls import RedisCalls
+from obsq.broker.decoding import as_count
 from obsq.broker.records import DueFires, ScheduleRecord
 from obsq.broker.wire import REPLIES, argv
 
@@ -89,19 +90,11 @@ class Scheduling(RedisCalls):
         shape = REPLIES["schedules"]
         records = [
             ScheduleRecord(r.name.decode(errors="replace"), r.definition or None,
-                           float(r.next), _count(r.last) or None, r.claim or None,
-                           _count(r.fires), _count(r.missed))
+                           float(r.next), as_count(r.last) or None, r.claim or None,
+                           as_count(r.fires), as_count(r.missed))
             for r in shape.records(reply)]
         return shape.head_of(reply).now, records
 
 
 def _score(ms: float) -> str:
     return "+inf" if ms == float("inf") else str(int(ms))
-
-
-def _count(raw: bytes) -> int:
-    """A stored count or time; 0 when absent or not a number (written by hand)."""
-    try:
-        return int(raw or 0)
-    except ValueError:
-        return 0

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
+from obsq.broker.decoding import as_count, as_text
 from obsq.broker.records import Attempt, Completions, Fetched, FetchedTask
 from obsq.broker.scripts import FULL_ERROR_BYTES, FULL_NOTE, FULL_TEXT_HOLD
 from obsq.broker.wire import REPLIES, argv
@@ -83,7 +84,7 @@ class Working(RedisCalls):
         shape = REPLIES["dequeue"]
         end = len(shape.head) + reply[shape.head.index("count")] * len(shape.item)
         tasks = [_read_task(reply, i) for i in range(len(shape.head), end, len(shape.item))]
-        held = tuple((_text(t), _text(why)) for t, why in shape.tail_of(reply))
+        held = tuple((as_text(t), as_text(why)) for t, why in shape.tail_of(reply))
         ahead = reply[shape.head.index("ahead")]
         return Fetched(reply[0], tasks, held, asked_at, int(ahead) if ahead else None)
 
@@ -145,7 +146,7 @@ class Working(RedisCalls):
             shortest=int(HAND_ON_DELAY * 1000), longest=int(HAND_ON_MAX_DELAY * 1000),
             max_age=int(max_age * 1000), error=error, type=attempt.type, slot=attempt.slot,
             ordering=attempt.ordering_key))
-        return _text(state) if state else ""
+        return as_text(state) if state else ""
 
     async def fail(self, queue: str, attempt: Attempt, worker_id: str, error: str,
                    traceback: str = "") -> bool:
@@ -200,13 +201,13 @@ class Working(RedisCalls):
         first = await self._blpop_any("read_cancels", [k.decode() for k in queue_of], timeout)
         if first is None:
             return []
-        cancels = [(queue_of[first[0]], _text(first[1]))]
+        cancels = [(queue_of[first[0]], as_text(first[1]))]
         pipe = self.redis.pipeline(transaction=False)
         for key in queue_of:
             pipe.lpop(key, ATTEMPTS_PER_CALL)
         for queue, more in zip(queue_of.values(),
                                await self._guard("read_cancels", pipe.execute())):
-            cancels += ((queue, _text(m)) for m in more or ())
+            cancels += ((queue, as_text(m)) for m in more or ())
         return cancels
 
     async def hand_back(self, queue: str, attempts: Sequence[Attempt], worker_id: str
@@ -250,24 +251,12 @@ class Working(RedisCalls):
             self.keys(queue).progress(task_id), orjson.dumps(state), px=int(ttl * 1000)))
 
 
-def _text(raw: bytes) -> str:
-    return raw.decode(errors="replace")
-
-
-def _count(raw: bytes) -> int:
-    """A numeric field of a task hash; junk written by hand reads as 0, not a crash."""
-    try:
-        return int(raw or 0)
-    except ValueError:
-        return 0
-
-
 # How each field of a dequeued task is read, by name (wire.REPLIES["dequeue"]); the rest
 # are kept as they come.
-_READERS = {"id": "_text({})", "type": "_text({})", "retried": "_count({})",
-            "due_ms": "_count({})", "id_chosen": "{} == b'1'", "ordering_key": "_text({})",
-            "waited": "{} == b'1'", "slot": "_text({})", "binary": "{} == b'1'",
-            "suspect": "{} == b'1'"}
+_TEXT = "{}.decode(errors='replace')"  # decoding.as_text of bytes, without its call
+_READERS = {"id": _TEXT, "type": _TEXT, "retried": "as_count({})", "due_ms": "as_count({})",
+            "id_chosen": "{} == b'1'", "ordering_key": _TEXT, "waited": "{} == b'1'",
+            "slot": _TEXT, "binary": "{} == b'1'", "suspect": "{} == b'1'"}
 
 
 def _task_reader() -> Callable[[list[Any], int], FetchedTask]:
@@ -275,7 +264,7 @@ def _task_reader() -> Callable[[list[Any], int], FetchedTask]:
     declaration (a loop over the fields would cost a dequeue twice the CPU per task)."""
     fields = ", ".join(_READERS.get(name, "{}").format(f"r[i + {offset}]")
                        for offset, name in enumerate(REPLIES["dequeue"].item))
-    scope = {"FetchedTask": FetchedTask, "_text": _text, "_count": _count}
+    scope = {"FetchedTask": FetchedTask, "as_count": as_count}
     return eval(f"lambda r, i: FetchedTask({fields})", scope)
 
 
