@@ -166,10 +166,14 @@ class Client:
 
     async def plan(self, messages: list[TaskMessage], group: str = "") -> EnqueuePlan:
         """Each message placed in its queue's partition (the counts not known read from
-        Redis first), the messages grouped by queue (EnqueueStep.plan)."""
+        Redis first), the messages grouped by queue (EnqueueStep.plan). A Redis is asked
+        its memory policy before anything else: one that may evict is refused whole, and
+        one out of reach is said so by its URL."""
         unknown = self.step.to_read(messages)
-        return self.step.plan(messages, await self.broker.partition_counts(unknown)
-                              if unknown else {}, group)
+        if not unknown:
+            return self.step.plan(messages, {}, group)
+        await self.check_memory_policy()
+        return self.step.plan(messages, await self.broker.partition_counts(unknown), group)
 
     @property
     def waits_for_replicas(self) -> bool:
