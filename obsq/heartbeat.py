@@ -37,33 +37,34 @@ class Claims:
     """The attempts a worker holds (buffered, running, or being settled), shared with its
     heartbeat thread. An attempt whose end is being recorded is `ending`: its lease is
     still extended, but a lease the extension finds gone was ended by the worker itself
-    (the settle reached Redis first), not lost."""
+    (the settle reached Redis first), not lost.
+
+    Only the worker's event loop changes them, and the heartbeat thread only reads: each
+    change is one dict or set operation, atomic under the GIL, and the thread iterates a
+    copy made in one call, so no lock is taken (three per task cost a busy worker 3 µs of
+    each task's CPU)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._held: dict[tuple[str, str], int] = {}  # (queue, id) -> fence
         self._ending: set[tuple[str, str]] = set()
 
     def took(self, queue: str, task_id: str, fence: int) -> None:
-        with self._lock:
-            self._held[queue, task_id] = fence
-            self._ending.discard((queue, task_id))
+        self._ending.discard((queue, task_id))  # first: an older attempt's end is not this
+        self._held[queue, task_id] = fence
 
     def ending(self, queue: str, task_id: str) -> None:
-        with self._lock:
-            self._ending.add((queue, task_id))
+        self._ending.add((queue, task_id))
 
     def released(self, queue: str, task_id: str, fence: int) -> None:
-        with self._lock:
-            if self._held.get((queue, task_id)) == fence:
-                del self._held[queue, task_id]
-                self._ending.discard((queue, task_id))
+        key = (queue, task_id)
+        if self._held.get(key) == fence:
+            del self._held[key]
+            self._ending.discard(key)
 
     def by_queue(self) -> dict[str, list[Attempt]]:
         attempts: dict[str, list[Attempt]] = {}
-        with self._lock:
-            for (queue, task_id), fence in self._held.items():
-                attempts.setdefault(queue, []).append(Attempt(task_id, fence))
+        for (queue, task_id), fence in self._held.copy().items():
+            attempts.setdefault(queue, []).append(Attempt(task_id, fence))
         return attempts
 
     def really_lost(self, queue: str, ids: Sequence[str], sent: Sequence[Attempt]
@@ -71,9 +72,8 @@ class Claims:
         """Of the ids an extension found lost, those the worker still holds with the fence
         it sent and is not ending itself."""
         fences = {a.task_id: a.fence for a in sent}
-        with self._lock:
-            return [i for i in ids if (queue, i) not in self._ending
-                    and self._held.get((queue, i)) == fences.get(i)]
+        return [i for i in ids if (queue, i) not in self._ending
+                and self._held.get((queue, i)) == fences.get(i)]
 
 
 class Keeper:
