@@ -17,7 +17,7 @@ from typing import Any
 
 from obsq.app import App, ProducerHook, RefusalHook
 from obsq.broker import Broker
-from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
+from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry, SharedCalls
 from obsq.broker.deadline import CallDeadlines, call_timeout_of, deadline
 from obsq.clock import Clock
 from obsq.enqueue_step import EnqueuePlan, EnqueueStep, info_after_grouping, unless_duplicate
@@ -94,6 +94,8 @@ class Client:
         self.placement = Placement(self.broker, app.partitions if app is not None else {})
         self.step = EnqueueStep(app, self.placement, self.refusal_hooks)
         self._queues = QueueRegistry(self._register_queues)
+        # concurrent enqueues of a new queue share one read of its partition count
+        self._counts = SharedCalls(self._read_counts, lambda _, read: self.placement.learn(read))
         self._coalescer = EnqueueCoalescer(self.broker.enqueue, ENQUEUE_BATCH, lambda write: (
             self.deadlines.run("enqueue", write)))
         self._unheard: set[str] = set()  # events published with no subscriber, warned of
@@ -170,10 +172,9 @@ class Client:
         its memory policy before anything else: one that may evict is refused whole, and
         one out of reach is said so by its URL."""
         unknown = self.step.to_read(messages)
-        if not unknown:
-            return self.step.plan(messages, {}, group)
-        await self.check_memory_policy()
-        return self.step.plan(messages, await self.broker.partition_counts(unknown), group)
+        if unknown:
+            await self._counts.run(set(unknown))
+        return self.step.plan(messages, {}, group)
 
     @property
     def waits_for_replicas(self) -> bool:
@@ -204,6 +205,11 @@ class Client:
             check.add_done_callback(self._checks.discard)
 
     @deadline("register")
+    async def _read_counts(self, queues: set[str]) -> dict[str, int]:
+        """Partition counts, Redis's memory policy checked first (a Client's first call)."""
+        await self.check_memory_policy()
+        return await self.broker.partition_counts(sorted(queues))
+
     async def _register_queues(self, queues: set[str]) -> None:
         """Before a queue's first task: refuse an evicting Redis (unless allowed), register."""
         await self.check_memory_policy()

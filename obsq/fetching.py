@@ -96,8 +96,9 @@ class Fetcher:
         return unknown + [name for _, _, name in sorted(known)]
 
     def _told(self, queue: str, fetched: Fetched) -> None:
-        """Keep what a partition's fetch said of its best task left (not a plain wait's)."""
-        if SEPARATOR in queue and fetched.asked_at:
+        """Keep what a partition's fetch said of its best task left (not a plain wait's, nor
+        a paused partition's: it says nothing of the tasks it holds)."""
+        if SEPARATOR in queue and fetched.asked_at and fetched.now_ms:
             self._ahead[queue] = (math.inf if fetched.ahead_ms is None else fetched.ahead_ms,
                                   time.monotonic())
 

@@ -47,7 +47,8 @@ SCRIPTS = load_scripts()
 # at 0.
 COMMANDS = ("dataset", "delete_namespace", "deregister", "find_queue", "flow_delete",
             "flow_info", "forget_workers",
-            "lost_workers", "memory_policy", "memory_usage", "namespaces", "publish",
+            "lost_workers", "memory_policy", "memory_usage", "namespaces", "partition_counts",
+            "publish",
             "queues", "read_cancels", "read_inbox", "schedule_entries", "set_progress",
             "still_held",
             "task_info",

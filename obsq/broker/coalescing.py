@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from obsq.broker.records import Enqueued
 from obsq.task import TaskMessage
 
 Write = Callable[[str, list[TaskMessage]], Awaitable[list[Enqueued]]]
 Bound = Callable[[Awaitable[list[Enqueued]]], Awaitable[list[Enqueued]]]
+R = TypeVar("R")
 
 
 class _Lane:
@@ -121,34 +122,48 @@ class EnqueueCoalescer:
         await asyncio.gather(*flushers, return_exceptions=True)
 
 
+class SharedCalls(Generic[R]):
+    """Concurrent callers that need the same keys share one call per key: a key already
+    under way is awaited, the rest go in one new call; `settled(keys, result)` is told of
+    each call that succeeded."""
+
+    def __init__(self, call: Callable[[set[str]], Awaitable[R]],
+                 settled: Callable[[set[str], R], None]) -> None:
+        self._call, self._settled = call, settled
+        self._underway: dict[str, asyncio.Future[R]] = {}
+
+    async def run(self, keys: set[str]) -> set[str]:
+        """Wait for every key's call (this caller's failure too when it fails); returns the
+        keys this caller's own call covered."""
+        fresh = keys - self._underway.keys()
+        if fresh:
+            call = asyncio.ensure_future(self._call(fresh))
+            for key in fresh:
+                self._underway[key] = call
+            call.add_done_callback(lambda done: self._done(fresh, done))
+        calls = {self._underway[k] for k in keys if k in self._underway}
+        if calls:
+            await asyncio.wait(calls)  # a caller that gives up does not cancel the others'
+        for call in calls:
+            call.result()
+        return fresh
+
+    def _done(self, keys: set[str], call: asyncio.Future[R]) -> None:
+        for key in keys:
+            self._underway.pop(key, None)
+        if not call.cancelled() and call.exception() is None:
+            self._settled(keys, call.result())
+
+
 class QueueRegistry:
     """Queues this process has registered; concurrent first uses of one share the call."""
 
     def __init__(self, register: Callable[[set[str]], Awaitable[Any]]) -> None:
-        self._register = register
         self.known: set[str] = set()
-        self._underway: dict[str, asyncio.Future[Any]] = {}
+        self._calls: SharedCalls[Any] = SharedCalls(
+            register, lambda queues, _: self.known.update(queues))
 
     async def ensure(self, queues: Iterable[str]) -> set[str]:
         """Register the queues not known yet; returns those this call registered itself."""
         new = set(queues) - self.known
-        if not new:
-            return new
-        fresh = new - self._underway.keys()
-        if fresh:
-            call = asyncio.ensure_future(self._register(fresh))
-            for queue in fresh:
-                self._underway[queue] = call
-            call.add_done_callback(lambda done: self._settled(fresh, done))
-        calls = {self._underway[q] for q in new if q in self._underway}
-        if calls:
-            await asyncio.wait(calls)  # a caller that gives up does not cancel the others'
-        for call in calls:
-            call.result()  # its failure is this caller's too
-        return fresh
-
-    def _settled(self, queues: set[str], call: asyncio.Future[Any]) -> None:
-        for queue in queues:
-            self._underway.pop(queue, None)
-        if not call.cancelled() and call.exception() is None:
-            self.known |= queues
+        return await self._calls.run(new) if new else new
