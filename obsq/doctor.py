@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from obsq.broker import Broker
 from obsq.broker.checking import ID_KEYS, Finding
+from obsq.broker.roles import InspectionBroker
 from obsq.broker.wire import EndEntry
 from obsq.errors import UnknownTaskType
 from obsq.flow import FlowInfo
@@ -93,7 +93,7 @@ async def stalls(inspector: Inspector) -> list[str]:
 
 
 class Doctor:
-    def __init__(self, broker: Broker, grace: float = ORPHAN_GRACE) -> None:
+    def __init__(self, broker: InspectionBroker, grace: float = ORPHAN_GRACE) -> None:
         self.broker = broker
         self.grace = grace
 

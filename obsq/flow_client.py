@@ -43,6 +43,7 @@ from obsq.task import (
 )
 
 if TYPE_CHECKING:
+    from obsq.broker.roles import ProducerBroker
     from obsq.client import Client
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])  # the decorated method, its types kept
@@ -73,7 +74,7 @@ class ClientFlows:
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self.broker = client.broker
+        self.broker: ProducerBroker = client.broker
 
     async def enqueue(self, flow: Flow) -> FlowInfo:
         """Check every step, pass them through the producer hooks, write the flow and

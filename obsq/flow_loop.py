@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from obsq.app import FlowHook
-from obsq.broker import Broker
+from obsq.broker.roles import WorkerBroker
 from obsq.errors import BrokerError
 from obsq.execution import Verdict
 from obsq.flow import FLOW_BATCH, FLOW_SWEEP_INTERVAL, previous_value, step_of
@@ -31,7 +31,7 @@ ENDED_LOOK = 600.0  # ... at an ended one (its keys expire with its retention)
 class FlowLoop(BackgroundLoop):
     name = "flows"
 
-    def __init__(self, broker: Broker, queues: list[str], hooks: list[FlowHook], owner: str,
+    def __init__(self, broker: WorkerBroker, queues: list[str], hooks: list[FlowHook], owner: str,
                  lock_ttl: float, interval: float = FLOW_SWEEP_INTERVAL) -> None:
         """`hooks`: the App's flow hooks, told of each flow this loop ends. The sweep of
         every queue and of the index runs in one process at a time, under the lock `flows`

@@ -16,13 +16,13 @@ from obsq.partitions import SEPARATOR, choose, partition_names, placement_key, q
 from obsq.task import TaskMessage
 
 if TYPE_CHECKING:
-    from obsq.broker import Broker
+    from obsq.broker.roles import ProducerBroker
 
 LOOKUP_TTL = 10.0  # seconds a partition count read from Redis is used
 
 
 class Placement:
-    def __init__(self, broker: Broker, declared: dict[str, int],
+    def __init__(self, broker: ProducerBroker, declared: dict[str, int],
                  now: Callable[[], float] = time.monotonic) -> None:
         """`declared`: the App's counts (app.partitions, read at each enqueue, so a queue
         declared after the Client was made counts too)."""

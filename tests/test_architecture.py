@@ -1,16 +1,20 @@
 """The package's shape, checked on its source (no Redis): imports run one way with no
 cycle, the engine and the client know nothing of observability, no module grows past 400
-lines, and every Lua script names the prelude helpers it relies on. `python3 -m pytest -q
+lines, every Lua script names the prelude helpers it relies on, and each part calls only
+what its role of the broker (obsq/broker/roles.py) names. `python3 -m pytest -q
 tests/test_architecture.py` is the command to check it."""
 
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 from pathlib import Path
 
 import pytest
 from support import ROOT
+
+from obsq.broker import Broker, roles
 
 PACKAGE = ROOT / "obsq"
 # The processes' assembly: what may wire observability onto the engine.
@@ -122,3 +126,66 @@ def _code(path: Path) -> str:
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             node.value = ""
     return ast.unparse(tree)
+
+
+# -- the broker's roles (obsq/broker/roles.py) ---------------------------------------------
+
+ROLES = {name: cls for name, cls in vars(roles).items()
+         if isinstance(cls, type) and cls.__module__ == roles.__name__}
+# Parts held to a role that they do not name: those that keep the Broker they make (or the
+# worker's own, or hand it to a Client), and the forwarder, whose broker is its LockedLoop's.
+OWNERS = {"obsq.client": "ProducerBroker", "obsq.sync_client": "ProducerBroker",
+          "obsq.worker": "WorkerBroker", "obsq.fetching": "WorkerBroker",
+          "obsq.settlement": "WorkerBroker", "obsq.aggregation": "WorkerBroker",
+          "obsq.scheduler": "UpkeepBroker", "obsq.maintenance.forwarder": "UpkeepBroker",
+          "obsq.inspector": "InspectionBroker"}
+
+
+def role_members(role: type) -> set[str]:
+    """What a role names, its bases' included: methods and attributes."""
+    return {name for cls in role.__mro__ if cls.__module__ == roles.__name__
+            for name in (*vars(cls).get("__annotations__", {}),
+                         *(n for n, v in vars(cls).items() if inspect.isfunction(v)))
+            if not name.startswith("_")}
+
+
+def broker_uses(module: str) -> set[str]:
+    """The attributes a module reads of a broker: `broker.x`, `self.broker.x`,
+    `self._broker.x`, `client.broker.x`."""
+    used = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id in ("broker", "_broker")) or (
+                    isinstance(owner, ast.Attribute) and owner.attr in ("broker", "_broker")):
+                used.add(node.attr)
+    return used
+
+
+def test_each_role_names_the_brokers_methods_as_the_broker_has_them() -> None:
+    broker = Broker("redis://127.0.0.1:1/0", "roles")  # no connection is made
+    for name, role in ROLES.items():
+        for member in role_members(role):
+            assert hasattr(broker, member), f"{name}.{member}: the Broker has no {member}"
+            declared = getattr(role, member, None)
+            if inspect.isfunction(declared):
+                real = getattr(Broker, member)
+                assert inspect.signature(declared) == inspect.signature(real), (
+                    f"{name}.{member}{inspect.signature(declared)} differs from the "
+                    f"Broker's {member}{inspect.signature(real)}")
+                assert inspect.iscoroutinefunction(declared) == (
+                    inspect.iscoroutinefunction(real)), f"{name}.{member}"
+
+
+def test_each_part_calls_only_what_its_role_of_the_broker_names() -> None:
+    held = dict(OWNERS)
+    for module in MODULES:
+        named = {n.id for n in ast.walk(ast.parse(MODULES[module].read_text()))
+                 if isinstance(n, ast.Name) and n.id in ROLES}
+        if named and not module.startswith("obsq.broker"):
+            assert len(named) == 1, f"{module} names several roles of the broker: {named}"
+            held[module] = named.pop()
+    assert len(held) > len(OWNERS)
+    beyond = {module: sorted(broker_uses(module) - role_members(ROLES[role]))
+              for module, role in held.items()}
+    assert {m: names for m, names in beyond.items() if names} == {}

@@ -25,7 +25,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from prometheus_client.core import GaugeMetricFamily
 
-from obsq.broker import DEPTH_STATES, Broker, QueueStats
+from obsq.broker import DEPTH_STATES, QueueStats
+from obsq.broker.roles import InspectionBroker
 from obsq.errors import BrokerError
 from obsq.loop_watch import BLOCKED_AT_LEAST
 from obsq.partition_view import partitions_of, summed
@@ -44,8 +45,8 @@ QueueSource = Sequence[str] | Callable[[], Awaitable[Sequence[str]]]
 
 
 class QueueCollector:
-    def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop, queues: QueueSource,
-                 *, cache_seconds: float = COLLECTOR_CACHE,
+    def __init__(self, broker: InspectionBroker, loop: asyncio.AbstractEventLoop,
+                 queues: QueueSource, *, cache_seconds: float = COLLECTOR_CACHE,
                  timeout: float = COLLECTOR_TIMEOUT,
                  loop_lag: Callable[[], float] | None = None) -> None:
         """`queues`: the names to report, or an async function returning them (the exporter
