@@ -204,12 +204,13 @@ class Client:
             self._checks.add(check)
             check.add_done_callback(self._checks.discard)
 
-    @deadline("register")
+    @deadline("partition_counts")
     async def _read_counts(self, queues: set[str]) -> dict[str, int]:
         """Partition counts, Redis's memory policy checked first (a Client's first call)."""
         await self.check_memory_policy()
         return await self.broker.partition_counts(sorted(queues))
 
+    @deadline("register")
     async def _register_queues(self, queues: set[str]) -> None:
         """Before a queue's first task: refuse an evicting Redis (unless allowed), register."""
         await self.check_memory_policy()

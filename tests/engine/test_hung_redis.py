@@ -132,6 +132,25 @@ def test_the_sync_client_ends_every_call_on_a_stopped_redis_and_recovers(
         client.close()
 
 
+def test_a_new_queue_whose_count_is_known_ends_on_a_stopped_redis(namespace,
+                                                                  private_redis) -> None:
+    """The App declares the queue's partitions, so its first enqueue reads nothing before
+    it registers the queue: the registration, shared by the SyncClient's and the Client's
+    enqueues, ends within the deadline too."""
+    app = obsq.App(namespace=namespace)
+    app.queue("declared", partitions=2)
+    client = obsq.SyncClient(private_redis.url, namespace, app=app, call_timeout=1)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        client.enqueue("t", "first")  # the memory policy asked, the script loaded
+        with stopped(private_redis), pytest.raises(obsq.BrokerTimeout, match="'register'"):
+            pool.submit(client.enqueue, "t", "x", queue="declared").result(GUARD)
+        assert client.enqueue("t", "after", queue="declared").partition.startswith("declared")
+    finally:
+        pool.shutdown(wait=False)
+        client.close()
+
+
 @pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), "5", 1e300])
 def test_a_call_timeout_that_is_not_a_positive_number_is_refused(value) -> None:
     with pytest.raises(obsq.ConfigurationError, match="call_timeout"):
