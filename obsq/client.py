@@ -71,7 +71,8 @@ class Client:
         ENQUEUE_MEMORY_SHARE; 1: only Redis's own limit), keeping the rest for workers.
         `call_timeout` (None: OBSQ_CALL_TIMEOUT, else 5 s): each call (but result's wait)
         that Redis does not answer within it fails with BrokerTimeout. `clock`: what its
-        scripts and `eta`s count time by (None: Redis's clock; obsq.testing's is manual)."""
+        scripts and `eta`s count time by (None: Redis's clock; obsq.testing's is manual).
+        `broker`: one made already, which keeps its own durable_replicas and memory_share."""
         namespace = namespace or (app.namespace if app is not None else DEFAULT_NAMESPACE)
         self.namespace = validate_namespace(namespace)
         self.call_timeout = call_timeout_of(call_timeout)

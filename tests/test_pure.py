@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import obsq
+from obsq.broker import Broker
 from obsq.errors import ConfigurationError
 from obsq.names import validate_name
 from obsq.partition_view import across, partitions_of, readable
@@ -101,6 +102,24 @@ def test_settings_come_from_the_environment_and_are_checked() -> None:
         WorkerSettings.from_env({"OBSQ_CONCURRENCY": "many"})
     with pytest.raises(ConfigurationError, match="heartbeat_ttl"):
         WorkerSettings(heartbeat_interval=5, heartbeat_ttl=5)
+
+
+async def test_a_brokers_settings_are_given_where_it_is_made() -> None:
+    """Checked there, and never written into it afterwards: a Client given a broker does
+    not take settings of its own that only that broker could hold. No Redis is reached."""
+    url = "redis://127.0.0.1:1/0"
+    broker = Broker(url, "ns", memory_share=0.5, priority_aging=2.0, dedup_window=5.0)
+    assert (broker.memory_share, broker.priority_aging, broker.dedup_window) == (0.5, 2.0, 5.0)
+    for bad in ({"memory_share": 0}, {"memory_share": 1.5}, {"durable_replicas": -1}):
+        with pytest.raises(ConfigurationError):
+            Broker(url, "ns", **bad)
+    client = obsq.Client(url, "ns", durable_replicas=2)
+    assert client.broker.durable_replicas == 2
+    await client.close()
+    for given in ({"durable_replicas": 1}, {"memory_share": 0.5}):
+        with pytest.raises(ConfigurationError, match="give them to the Broker"):
+            obsq.Client(url, "ns", broker=broker, **given)
+    await broker.close()
 
 
 def test_names() -> None:
