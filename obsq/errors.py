@@ -117,7 +117,7 @@ class BrokerError(ObsqError):
 
 
 READ_ONLY_CALLS = frozenset({"task_info", "memory_policy", "watch", "find_queue",
-                             "read_inbox", "schedules"})
+                             "read_inbox", "schedules", "partition_counts"})
 
 
 class BrokerTimeout(BrokerError):
