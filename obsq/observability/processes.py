@@ -66,9 +66,10 @@ async def run_worker(worker: Worker, *, http_port: int | None = None,
                      http_host: str = "0.0.0.0", metrics: bool = True, tracing: bool = True,
                      queue_metrics: bool = True, serving: Serving | None = None) -> None:
     """Run `worker` with obsq's metrics and tracing on its App and, given a port (0: any
-    free one; None or negative: none), its HTTP endpoint, started before the worker so that
-    a taken port stops the start; `queue_metrics`: see serve_worker. `serving(server)` is
-    told the endpoint once it listens."""
+    free one; None or negative: none), its HTTP endpoint, started as soon as the worker's
+    stop-signal handlers are in place (a taken port stops the worker before it serves);
+    `queue_metrics`: see serve_worker. `serving(server)` is told the endpoint once it
+    listens."""
     instrument_app(worker.app, metrics=metrics, tracing=tracing,
                    concurrency=worker.concurrency, queues=worker.queues,
                    worker_id=worker.id, redis_url=worker.broker.url)
@@ -78,14 +79,16 @@ async def run_worker(worker: Worker, *, http_port: int | None = None,
         from obsq.observability.metrics import watch_worker
 
         watch_worker(worker)
-    server = None
-    if http_port is not None and http_port >= 0:
-        server = serve_worker(worker, http_host, http_port, queue_metrics=queue_metrics)
-        if serving is not None:
-            serving(server)
     running = asyncio.ensure_future(worker.run())
+    server = None
     try:
-        if server is not None:
+        # worker.run's first step puts its stop-signal handlers in place: a SIGTERM right
+        # after the endpoint's first answer is then a drain, not Python's default death
+        await asyncio.sleep(0)
+        if http_port is not None and http_port >= 0:
+            server = serve_worker(worker, http_host, http_port, queue_metrics=queue_metrics)
+            if serving is not None:
+                serving(server)
             started = asyncio.ensure_future(worker.started.wait())
             await asyncio.wait([running, started], return_when=asyncio.FIRST_COMPLETED)
             started.cancel()
@@ -93,7 +96,7 @@ async def run_worker(worker: Worker, *, http_port: int | None = None,
                 log.info("worker %s: metrics and probes on :%d", worker.id, server.port)
         await running
     finally:
-        if not running.done():  # cancelled from outside: the worker drains first
+        if not running.done():  # cancelled from outside, or its port taken: it drains first
             worker.stop()
             await asyncio.shield(running)
         if server is not None:
@@ -125,19 +128,24 @@ async def run_scheduler(scheduler: Scheduler, *, http_port: int | None = None,
         counting = SchedulerMetrics()
         scheduler.on_fire(counting.on_fire)
         scheduler.on_entries(counting.on_entries)
+    running = asyncio.ensure_future(scheduler.run())
     server = None
-    if http_port is not None and http_port >= 0:
-        server = HealthServer(
-            http_host, http_port, endpoint_registry(),
-            live=loop_liveness(asyncio.get_running_loop()),
-            ready=scheduler.ready,
-            status=scheduler.describe)
-        log.info("scheduler: metrics and probes on :%d", server.port)
-        if serving is not None:
-            serving(server)
     try:
-        await scheduler.run()
+        await asyncio.sleep(0)  # its stop-signal handlers first, as run_worker's
+        if http_port is not None and http_port >= 0:
+            server = HealthServer(
+                http_host, http_port, endpoint_registry(),
+                live=loop_liveness(asyncio.get_running_loop()),
+                ready=scheduler.ready,
+                status=scheduler.describe)
+            log.info("scheduler: metrics and probes on :%d", server.port)
+            if serving is not None:
+                serving(server)
+        await running
     finally:
+        if not running.done():
+            scheduler.stop()
+            await asyncio.shield(running)
         if server is not None:
             await asyncio.to_thread(server.close)
 
@@ -159,18 +167,20 @@ async def run_exporter(redis_url: str, namespace: str, port: int, *,
         return {"exporter": True, "version": __version__, "namespace": namespace,
                 "redis_ok": watch.ok, "uptime": round(time.time() - started, 3)}
 
-    server = HealthServer(host, port, registry, live=loop_liveness(loop),
-                          ready=watch.problem, status=status)
     stop = asyncio.Event()
-    remove_signals = on_stop_signals(lambda sig: stop.set())
-    log.info("exporter serving the queue gauges of namespace %s on :%d", namespace,
-             server.port)
-    if serving is not None:
-        serving(server)
+    remove_signals = on_stop_signals(lambda sig: stop.set())  # before the endpoint answers
+    server = None
     try:
+        server = HealthServer(host, port, registry, live=loop_liveness(loop),
+                              ready=watch.problem, status=status)
+        log.info("exporter serving the queue gauges of namespace %s on :%d", namespace,
+                 server.port)
+        if serving is not None:
+            serving(server)
         await watch.run(stop)
     finally:
         remove_signals()
-        await asyncio.to_thread(server.close)
+        if server is not None:
+            await asyncio.to_thread(server.close)
         await broker.close()
         log.info("exporter stopped")
