@@ -100,6 +100,7 @@ class Client:
         self._coalescer = EnqueueCoalescer(self.broker.enqueue, ENQUEUE_BATCH, lambda write: (
             self.deadlines.run("enqueue", write)))
         self._unheard: set[str] = set()  # events published with no subscriber, warned of
+        self._looked: set[str] = set()  # queues looked at for a live worker serving them
         self._checks: set[asyncio.Future[None]] = set()
         self._chain = ProducerChain(self._store)
         self.flows = ClientFlows(self)  # enqueue, info, result, cancel, delete of a flow
@@ -199,9 +200,10 @@ class Client:
         concurrent callers share the call), and look, in the background, whether a live
         worker serves them: a wrong queue, or a worker in another namespace than the
         App's, shows at once."""
-        new_queues = await self._queues.ensure(queues)
-        if new_queues:
-            check = asyncio.ensure_future(self._warn_if_unserved(new_queues))
+        unseen = {queue_of(q) for q in await self._queues.ensure(queues)} - self._looked
+        if unseen:  # once a queue, not once a partition or registration
+            self._looked |= unseen
+            check = asyncio.ensure_future(self._warn_if_unserved(unseen))
             self._checks.add(check)
             check.add_done_callback(self._checks.discard)
 
@@ -264,7 +266,7 @@ class Client:
         except BrokerError:
             return  # the enqueue itself reports a Redis that is away
         served = {q for w in workers for q in w.get("queues") or ()}
-        for queue in sorted({queue_of(q) for q in queues} - served):
+        for queue in sorted(queues - served):
             log.warning("enqueued to queue %r of namespace %r, which no live worker serves: "
                         "start one with --namespace %s --queues %s%s", queue, self.namespace,
                         self.namespace, queue, "" if self.app else _GIVE_THE_APP)

@@ -13,7 +13,7 @@ import logging
 import re
 
 from obsq.errors import ConfigurationError
-from obsq.partitions import SEPARATOR, partition_index
+from obsq.partitions import SEPARATOR, is_partition_name
 
 MAX_NAME_LENGTH = 200
 _FORBIDDEN = re.compile(r"[{}\x00-\x1f]")
@@ -36,9 +36,9 @@ def _checked_name(kind: str, value: str) -> str:
     if kind in ("queue", "schedule", "group", "event", "subscriber") and (
             _SPACE.search(value)):
         raise ValueError(f"{kind} {value!r} must not contain spaces")
-    if kind == "queue" and SEPARATOR in value and partition_index(value) is None:
+    if kind == "queue" and SEPARATOR in value and not is_partition_name(value):
         raise ValueError(f"queue {value!r} must not contain {SEPARATOR!r}, which names a "
-                         "queue's partitions (<queue>#<i>/<n>.<salt>)")
+                         "queue's partitions (<queue>#<i>/<n>.<salt>, as obsq names them)")
     return value
 
 

@@ -90,6 +90,14 @@ def count_in_name(name: str) -> int:
     return index[1] if index else 1
 
 
+def is_partition_name(name: str) -> bool:
+    """`name` is the name obsq gives one of a queue's partitions (a name typed by hand with
+    another index, count or salt would make a partition no worker serves)."""
+    index = partition_index(name)
+    return index is not None and 1 < index[1] <= MAX_PARTITIONS and index[0] < index[1] \
+        and name == partition_names(queue_of(name), index[1])[index[0]]
+
+
 def choose(names: tuple[str, ...], key: str) -> str:
     """The partition of `names` that holds the tasks of `key` (crc32: the same on every
     producer, every run, every version of Python)."""

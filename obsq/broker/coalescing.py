@@ -16,6 +16,7 @@ callers that see the same new queue at once share that one call too.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Generic, TypeVar
@@ -155,15 +156,25 @@ class SharedCalls(Generic[R]):
             self._settled(keys, call.result())
 
 
-class QueueRegistry:
-    """Queues this process has registered; concurrent first uses of one share the call."""
+REGISTER_AGAIN = 60.0  # seconds after which a producer registers a queue it writes to again
 
-    def __init__(self, register: Callable[[set[str]], Awaitable[Any]]) -> None:
-        self.known: set[str] = set()
+
+class QueueRegistry:
+    """Queues this process has registered; concurrent first uses of one share the call. A
+    queue is registered again REGISTER_AGAIN seconds later, at its next use: a Redis that
+    restarted empty has it in its set again within a minute, where the sweeps, and workers
+    looking for the partitions of another count, find its tasks."""
+
+    def __init__(self, register: Callable[[set[str]], Awaitable[Any]],
+                 now: Callable[[], float] = time.monotonic) -> None:
+        self.known: dict[str, float] = {}  # queue -> when it was registered
+        self._now = now
         self._calls: SharedCalls[Any] = SharedCalls(
-            register, lambda queues, _: self.known.update(queues))
+            register, lambda queues, _: self.known.update(dict.fromkeys(queues, now())))
 
     async def ensure(self, queues: Iterable[str]) -> set[str]:
-        """Register the queues not known yet; returns those this call registered itself."""
-        new = set(queues) - self.known
+        """Register the queues not known yet, or not lately; returns those this call
+        registered itself."""
+        stale = self._now() - REGISTER_AGAIN
+        new = {q for q in queues if self.known.get(q, stale) <= stale}
         return await self._calls.run(new) if new else new

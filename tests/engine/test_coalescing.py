@@ -14,7 +14,7 @@ import pytest
 from support import depth
 
 from obsq.broker import Broker
-from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
+from obsq.broker.coalescing import REGISTER_AGAIN, EnqueueCoalescer, QueueRegistry
 from obsq.broker.records import Enqueued
 from obsq.errors import BrokerError
 from obsq.task import Job, TaskMessage, build_message
@@ -250,10 +250,10 @@ async def test_a_failed_registration_fails_its_callers_and_is_tried_again(broker
     register.gate.set()
     for outcome in await asyncio.gather(*calls, return_exceptions=True):
         assert isinstance(outcome, BrokerError)
-    assert registry.known == set()
+    assert not registry.known
     register.fail = None
     assert await registry.ensure(["mail"]) == {"mail"}
-    assert registry.known == {"mail"} and "mail" in await broker.queues()
+    assert set(registry.known) == {"mail"} and "mail" in await broker.queues()
 
 
 async def test_a_caller_that_gives_up_does_not_cancel_the_others_registration(broker) -> None:
@@ -266,4 +266,18 @@ async def test_a_caller_that_gives_up_does_not_cancel_the_others_registration(br
     gives_up.cancel()
     register.gate.set()
     assert await stays == set()
-    assert registry.known == {"mail"} and "mail" in await broker.queues()
+    assert set(registry.known) == {"mail"} and "mail" in await broker.queues()
+
+
+async def test_a_queue_is_registered_again_a_while_after(broker, monkeypatch) -> None:
+    """A Redis restarted empty has lost the set of queues: each producer puts its queues
+    back at their next use once REGISTER_AGAIN has passed, not only at their first."""
+    register, clock = GatedRegister(broker), [100.0]
+    register.gate.set()
+    registry = QueueRegistry(register, now=lambda: clock[0])
+    assert await registry.ensure(["mail"]) == {"mail"}
+    clock[0] += REGISTER_AGAIN - 1
+    assert await registry.ensure(["mail"]) == set()
+    clock[0] += 1
+    assert await registry.ensure(["mail", "sms"]) == {"mail", "sms"}
+    assert register.calls == [{"mail"}, {"mail", "sms"}]

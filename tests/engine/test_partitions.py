@@ -15,6 +15,7 @@ from support import wait_until
 import obsq
 import obsq.task
 from obsq import fetching
+from obsq.broker import coalescing
 from obsq.partitions import partition_names, queue_of
 
 HOT = partition_names("hot", 3)
@@ -257,3 +258,37 @@ async def test_priorities_hold_across_the_partitions(app, client, inspector, sta
     await inspector.unpause("hot")
     await wait_until(lambda: len(ran) == 60)
     assert ran == [9] * 30 + [0] * 30, ran
+
+
+async def test_partitions_lost_with_redis_are_registered_again_by_their_producer(
+        app, redis_url, namespace, raw_redis, start_worker, monkeypatch) -> None:
+    """A worker of another count finds a producer's partitions through the namespace's set
+    of queues; after Redis lost its data the producer puts them back there."""
+    monkeypatch.setattr(fetching, "REFRESH", 0.2)
+    monkeypatch.setattr(coalescing, "REGISTER_AGAIN", 0.2)
+    ran: list[int] = []
+
+    @app.task("job", queue="hot")
+    async def job(task: obsq.Task):
+        ran.append(task.payload)
+
+    await start_worker(_declared(app, 2), queues="hot")
+    other = obsq.App(namespace)
+    other.queue("hot", partitions=4)
+    async with obsq.Client(redis_url, app=other) as producer:
+        await producer.enqueue_many([obsq.Job("job", n, queue="hot") for n in range(20)])
+        await wait_until(lambda: len(ran) == 20)
+        for key in raw_redis.scan_iter(match=f"{namespace}:*"):  # what a restart loses
+            raw_redis.delete(key)
+        await asyncio.sleep(0.3)
+        await producer.enqueue_many([obsq.Job("job", n, queue="hot") for n in range(20, 40)])
+        await wait_until(lambda: len(ran) == 40, what="the second batch run")
+    assert sorted(ran) == list(range(40))
+
+
+def test_only_the_names_obsq_gives_partitions_address_one() -> None:
+    """A partition's name typed with another index, count or salt would make a partition
+    that no worker serves: refused, as any '#' in a queue's name."""
+    for typo in ("hot#7/3.0", HOT[1].rsplit(".", 1)[0] + ".999", "hot#1/8.0", "hot#0/1.0"):
+        with pytest.raises(ValueError, match="'#'"):
+            obsq.task.build_message(obsq.Job("t", queue=typo))
