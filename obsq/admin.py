@@ -370,7 +370,8 @@ async def doctor(inspector: Inspector, args: argparse.Namespace, out: Output) ->
         print(out.paint(problem.line(), "error"))
     if found.clean:
         queues = len(partitions_of(found.queues))  # a partitioned queue is one
-        stored = f" (in {len(found.queues)} with partitions)" if queues < len(found.queues) else ""
+        stored = (f" ({len(found.queues)} counting each partition)"
+                  if queues < len(found.queues) else "")
         print(f"namespace {found.namespace!r}: {queues} queue(s){stored}, no problems"
               + (f", {len(notices)} notice(s)" if notices else ""))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from support import wait_until
 
@@ -218,3 +219,18 @@ async def test_work_no_worker_takes_is_a_notice_and_fails_only_strict(
 async def _handed_on(client, task_id: str) -> bool:
     info = await client.info(task_id)
     return info.state == "scheduled" and "UnknownTaskType" in (info.error or "")
+
+
+async def test_a_completed_id_past_its_retention_without_its_task_is_no_damage(
+        client, obsq_cli, raw_redis, namespace) -> None:
+    """A completed task's hash expires a minute after its retention; the janitor takes the
+    id out of `completed` only while a worker runs. Past its retention, no damage; before,
+    an id without its task is."""
+    await client.enqueue("noop", queue="default")  # the queue exists
+    completed = f"{namespace}:{{default}}:completed"
+    raw_redis.zadd(completed, {"expired-long-ago": 1})
+    code, out = await obsq_cli("doctor")
+    assert code == 0 and "expired-long-ago" not in out, out
+    raw_redis.zadd(completed, {"kept-for-an-hour": (time.time() + 3600) * 1000})
+    code, out = await obsq_cli("doctor")
+    assert code == 1 and "kept-for-an-hour" in out, out
