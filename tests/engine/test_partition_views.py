@@ -227,7 +227,8 @@ async def test_doctor_names_the_queue_of_each_partition(app, client, obsq_cli, n
     assert code == 0 and out.splitlines() == [
         "notice: events: 15 pending task(s), the oldest waiting 0 s, and no live worker "
         "serves the queue",
-        f"namespace '{namespace}': 1 queue(s) (3 counting each partition), no problems, 1 notice(s)"]
+        f"namespace '{namespace}': 1 queue(s) (3 counting each partition), no problems, "
+        "1 notice(s)"]
     raw_redis.lpush(f"{namespace}:{{{PARTS[1]}}}:pending", "ghost-1")
     code, out = await obsq_cli("doctor")
     assert code == 1
