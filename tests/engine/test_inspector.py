@@ -262,3 +262,25 @@ async def test_a_task_looked_up_in_the_wrong_queue_says_where_it_is(client, insp
     with pytest.raises(obsq.TaskNotFound, match="in queue 'default': it is in queue 'mail'"):
         await inspector.task(info.id, "default")
     assert (await inspector.task(info.id, "mail")).queue == "mail"
+
+
+async def test_tasks_waiting_behind_an_ordering_key_are_listed_as_pending(
+        client, inspector: Inspector, obsq_cli) -> None:
+    """They count as pending (obsq queues), so the pending pages list them, after the rest
+    and in the order they were enqueued; one that starts or leaves is listed no more."""
+    keyed = [await client.enqueue("t", i, queue="flat", ordering_key="k1") for i in range(4)]
+    urgent = await client.enqueue("t", "urgent", queue="flat", priority=5)
+    assert (await inspector.queue("flat")).depth["pending"] == 5
+    page = await inspector.tasks("flat", "pending", limit=3)
+    assert [t.id for t in page.tasks] == [urgent.id, keyed[0].id, keyed[1].id]
+    assert (page.total, page.next_offset) == (5, 3)
+    rest = await inspector.tasks("flat", "pending", limit=3, offset=3)
+    assert [t.id for t in rest.tasks] == [keyed[2].id, keyed[3].id]
+    code, out = await obsq_cli("tasks", "flat", "pending")
+    assert code == 0 and "5 shown" in out and all(i.id in out for i in keyed)
+
+    assert await client.cancel(keyed[2].id) == "cancelled"  # one waiting leaves
+    await inspector.delete(keyed[0].id)  # the first leaves: keyed[1] is pending now
+    page = await inspector.tasks("flat", "pending")
+    assert [t.id for t in page.tasks] == [urgent.id, keyed[1].id, keyed[3].id]
+    assert page.total == (await inspector.queue("flat")).depth["pending"] == 3

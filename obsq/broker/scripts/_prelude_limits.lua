@@ -5,6 +5,8 @@
 --   rate:<pattern>     the route's next free start time (ms), for its rate limit
 --   ord:<key>          list of the ids sharing an ordering key, in enqueue order: only the
 --                      first is ever pending, scheduled, running or retrying
+--   ordwait            sorted set of the ids waiting behind the first of their key, in
+--                      enqueue order (queue_behind): the pending pages list them
 --   waiting            how many tasks of the queue are held or wait for their key (they
 --                      count as pending)
 -- The task hash keeps `held` (the pattern it is held for), `slot` (the pattern whose
@@ -77,6 +79,15 @@ local function release_limits(id, task_type, slot)
   end
 end
 
+-- Task `id`, enqueued at `now` (ms), waits behind the first of its ordering key. Its score
+-- is `now`, or one more than the last one's when that is later (tasks enqueued in the same
+-- millisecond, or by one call), so the set keeps the order they were enqueued in.
+local function queue_behind(id, now)
+  local waiting = prefix .. 'ordwait'
+  local last = redis.call('ZRANGE', waiting, -1, -1, 'WITHSCORES')[2]
+  redis.call('ZADD', waiting, math.max(tonumber(now), (tonumber(last) or 0) + 1), id)
+end
+
 -- Task `id` ended for good (completed, dead, cancelled, deleted): the next task of its
 -- ordering key (`key`; '' for none) becomes pending, or scheduled if it is not due yet.
 local function release_successor(id, key, now)
@@ -92,10 +103,12 @@ local function release_successor(id, key, now)
   if not (was_first and next_id) then
     if not was_first then
       redis.call('DECR', prefix .. 'waiting')  -- it waited; it does not any more
+      redis.call('ZREM', prefix .. 'ordwait', id)
     end
     return
   end
   redis.call('DECR', prefix .. 'waiting')
+  redis.call('ZREM', prefix .. 'ordwait', next_id)
   local next_key = task_key(next_id)
   local due = tonumber(redis.call('HGET', next_key, 'due')) or now
   if due > now then

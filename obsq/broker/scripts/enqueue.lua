@@ -1,4 +1,5 @@
--- prelude: now_text, int_text, task_key, call_sliced, wake, above_share, push_pending
+-- prelude: now_text, int_text, task_key, call_sliced, wake, above_share, push_pending,
+--   queue_behind
 -- Enqueue a batch of tasks into one queue.
 -- KEYS: pending, scheduled, wake
 -- ARGV: now, the share of maxmemory producers may fill (1: no limit), then 12 plain values
@@ -100,6 +101,7 @@ for i = @items, #ARGV, @stride do
         fields[#fields + 1] = 'ow'
         fields[#fields + 1] = '1'
         redis.call('INCR', prefix .. 'waiting')
+        queue_behind(id, now)
       end
     end
     redis.call('HSET', key, unpack(fields))

@@ -5,7 +5,9 @@
 -- KEYS: the state's list (pending) or sorted set; or any key of the queue, then a group's
 --       list (grp:<type> <group>) to read instead
 -- ARGV: now, order ('list': oldest first from the right end of each list of pending
---       tasks, the highest priority first, then of each list of held tasks; 'head': oldest first from the left end of a group; 'asc'; 'desc'),
+--       tasks, the highest priority first, then of each list of held tasks, then the
+--       tasks waiting behind their ordering key by when they were enqueued; 'head':
+--       oldest first from the left end of a group; 'asc'; 'desc'),
 --       offset, limit, type ('' any; a route pattern: a type, a prefix ending in ':' or
 --       '.', or '*'), scan cap
 -- Returns {total, next offset or -1, then per task: id, score, type, retried, enq, due,
@@ -15,20 +17,22 @@ local order, offset, limit, want, cap = ARGV[@order], tonumber(ARGV[@offset]), t
     ARGV[@pattern], tonumber(ARGV[@cap])
 local source = KEYS[2] or KEYS[1]
 -- pending is read as one list made of the lists of priorities above 0, highest first, the
--- pending list, then the lists of the tasks held back by a route limit (they count as
--- pending), each oldest first
+-- pending list, the lists of the tasks held back by a route limit, each oldest first, and
+-- last the sorted set of those waiting behind their ordering key (they count as pending)
 local segments, lengths = {source}, {}
+local waiting = prefix .. 'ordwait'
 if order == 'list' then
   segments = level_lists(source)
   segments[#segments + 1] = source
   for _, held in ipairs(held_lists()) do
     segments[#segments + 1] = held
   end
+  segments[#segments + 1] = waiting
 end
 local total = 0
 if order == 'list' or order == 'head' then
   for i, key in ipairs(segments) do
-    lengths[i] = redis.call('LLEN', key)
+    lengths[i] = key == waiting and redis.call('ZCARD', key) or redis.call('LLEN', key)
     total = total + lengths[i]
   end
 else
@@ -57,10 +61,17 @@ local function window(start, n)
         skip = skip - lengths[s]
       else
         local take = math.min(n - #ids, lengths[s] - skip)
-        local raw = redis.call('LRANGE', key, -(skip + take), -(skip + 1))
-        for i = #raw, 1, -1 do
-          ids[#ids + 1] = raw[i]
-          scores[#scores + 1] = ''
+        if key == waiting then
+          for _, id in ipairs(redis.call('ZRANGE', key, skip, skip + take - 1)) do
+            ids[#ids + 1] = id
+            scores[#scores + 1] = ''
+          end
+        else
+          local raw = redis.call('LRANGE', key, -(skip + take), -(skip + 1))
+          for i = #raw, 1, -1 do
+            ids[#ids + 1] = raw[i]
+            scores[#scores + 1] = ''
+          end
         end
         skip = 0
       end
