@@ -40,7 +40,7 @@ from obsq.inspected import (
     summaries,
 )
 from obsq.names import validate_name, validate_namespace
-from obsq.partition_view import across, combined, partitions_of, resolve
+from obsq.partition_view import across, combined, partitions_of, readable, resolve
 from obsq.schedule import ScheduleInfo, read_schedules
 from obsq.settings import DEFAULT_REDIS_URL
 from obsq.task import timestamp_to_datetime
@@ -178,8 +178,10 @@ class Inspector:
         if given is not None:
             elsewhere = await self.broker.find_queue(task_id)
             if elsewhere is not None:
+                where = readable(elsewhere) if elsewhere != readable(elsewhere) else repr(
+                    elsewhere)  # a partition by its queue, as the doctor names it
                 raise TaskNotFound(f"no task {task_id!r} in queue {given!r}: it is in queue "
-                                   f"{elsewhere!r}")
+                                   f"{where}")
         raise TaskNotFound(f"no task {task_id!r} in namespace {self.namespace!r} (tasks "
                            "without retention are removed when they complete)")
 

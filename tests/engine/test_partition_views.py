@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from support import wait_until
 
 import obsq
 from obsq.inspector import Inspector
-from obsq.partitions import partition_names
+from obsq.partitions import partition_index, partition_names
 
 PARTS = partition_names("events", 3)
 
@@ -92,7 +93,9 @@ async def test_the_inspector_shows_one_queue_with_its_partitions(
         assert detail.queue == "events" and detail.partition in PARTS
         assert (await inspector.task(task_id)).partition == detail.partition
     elsewhere = next(p for p in PARTS if p != detail.partition)
-    with pytest.raises(obsq.TaskNotFound, match="it is in queue"):
+    index, count = partition_index(detail.partition) or (0, 0)
+    named = f"it is in queue events (partition {index}/{count}: {detail.partition})"
+    with pytest.raises(obsq.TaskNotFound, match=re.escape(named)):
         await inspector.task(detail.id, elsewhere)
 
 
