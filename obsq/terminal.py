@@ -64,7 +64,8 @@ class Output:
 
 def print_tasks(out: Output, page: TaskPage, where: str) -> None:
     """No error column for completed tasks: an error there is an earlier attempt's; a
-    partition column for a partitioned queue's."""
+    partition column for a partitioned queue's, whose pages go through its partitions one
+    after another (a state's order holds within each, not across them)."""
     errors = page.state != "completed"
     partitioned = any(t.partition for t in page.tasks)
     print(out.table(["id", "type", *(["partition"] if partitioned else []), "priority",
@@ -73,8 +74,10 @@ def print_tasks(out: Output, page: TaskPage, where: str) -> None:
          str(t.retry_count), when(t.due_at if page.state in (
              "scheduled", "retry") else t.finished_at or t.enqueued_at),
          *([(first_line(t.error), "error")] if errors else [])] for t in page.tasks]))
+    across = any(t.partition not in ("", page.queue) for t in page.tasks)  # not one named
+    order = "; tasks are listed partition by partition" if across else ""
     more = f"; next page: --offset {page.next_offset}" if page.next_offset is not None else ""
-    print(out.paint(f"\n{len(page.tasks)} shown, {page.total:,} {where}{more}", "dim"))
+    print(out.paint(f"\n{len(page.tasks)} shown, {page.total:,} {where}{order}{more}", "dim"))
 
 
 def queues_table(out: Output, found: list[QueueInfo], detailed: bool = False) -> str:

@@ -212,6 +212,11 @@ async def test_cli_shows_one_row_and_the_breakdown(app, client, obsq_cli) -> Non
     code, out = await obsq_cli("tasks", "events", "scheduled")
     assert out.splitlines()[0].split()[:3] == ["id", "type", "partition"]
     assert out.splitlines()[1].split()[:3] == [task["id"], "ev:a", task["partition"]]
+    code, out = await obsq_cli("tasks", "events", "pending", "--limit", "4")
+    assert out.splitlines()[-1] == ("4 shown, 15 pending in events; tasks are listed "
+                                    "partition by partition; next page: --offset 4")
+    code, out = await obsq_cli("tasks", PARTS[0], "pending")
+    assert code == 0 and "partition by partition" not in out
     code, out = await obsq_cli("task", task["id"], "--queue", "events")
     assert f"partition   {task['partition']}" in out
     code, out = await obsq_cli("pause", "events")
