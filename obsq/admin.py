@@ -195,7 +195,7 @@ async def queues(inspector: Inspector, args: argparse.Namespace, out: Output) ->
     print(queues_table(out, found, detailed=True))
     for q in found if args.names else ():
         if q.partitions:
-            print(f"\n{q.name}: {len(q.partitions)} partitions\n{partitions_table(out, q)}")
+            print(f"\n{partitions_table(out, q)}")
 
 
 async def tasks(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:

@@ -29,12 +29,13 @@ class PartitionInfo:
 
     name: str  # its own name, which addresses it alone (<queue>#<index>/<count>.<salt>)
     index: int
-    count: int  # partitions of its queue when it was made (an earlier count: drained)
+    count: int  # partitions of its queue when it was made
     depth: dict[str, int]
     latency: float
     paused: bool
     last_minute: Rate
     last_hour: Rate
+    earlier: bool = False  # of a count its queue no longer has: listed while it holds tasks
 
     @property
     def size(self) -> int:
@@ -51,6 +52,7 @@ class QueueInfo:
     last_hour: Rate
     per_minute: list[Rate] = field(default_factory=list)  # the last hour, oldest first
     partitions: list[PartitionInfo] = field(default_factory=list)  # none: one Redis queue
+    partition_count: int = 0  # the count its workers declared (partition_view.py); 0: none
 
     @property
     def size(self) -> int:

@@ -94,7 +94,9 @@ class Inspector:
         counts = await self.broker.outcome_counts(physical, 61, COUNTED_OUTCOMES)
         infos = {q: QueueInfo(q, stats[q].depth, stats[q].latency, stats[q].paused,
                               *rates(*counts[q])) for q in physical}
-        return [combined(name, [infos[q] for q in parts]) for name, parts in wanted.items()]
+        declared = await self.broker.partition_counts(list(wanted))
+        return [combined(name, [infos[q] for q in parts], declared[name])
+                for name, parts in wanted.items()]
 
     async def tasks(self, queue: str, state: str, limit: int = 20, offset: int = 0,
                     type: str | None = None) -> TaskPage:

@@ -1,7 +1,8 @@
 """What an operator sees of a partitioned queue (obsq/partitions.py): one queue, whatever
 the number of queues Redis stores it as. The namespace's registry lists each partition as a
 queue of its own; here they are put back under their queue's name, with those of an earlier
-count still registered (workers drain them), and their figures summed.
+count still registered (workers drain them), and their figures summed; its count is the
+one its workers declared.
 
 A page of a partitioned queue (tasks of a state, groups, batches) lists its partitions one
 after another, each in its own order (a state's order holds within a partition, not across
@@ -63,16 +64,28 @@ def summed(parts: Sequence[Figures]) -> QueueStats:
                       max(p.latency for p in parts), all(p.paused for p in parts))
 
 
-def combined(name: str, parts: Sequence[QueueInfo]) -> QueueInfo:
-    """The QueueInfo of a queue stored as `parts` (summed), runs and failures summed."""
+def combined(name: str, parts: Sequence[QueueInfo], declared: int = 1) -> QueueInfo:
+    """The QueueInfo of a queue stored as `parts` (summed), runs and failures summed.
+
+    Its partition count is `declared` (what its workers declared), or, while none of those
+    partitions is registered (no worker has declared a count yet), the highest registered.
+    A partition of another count is kept in the registry for good, so the breakdown lists
+    it only while it holds tasks in any state (dead and completed ones too: they are still
+    the operator's to read, requeue or purge there), marked `earlier`; every partition's
+    figures count in the sums."""
     if [p.name for p in parts] == [name]:
         return parts[0]
+    found = [PartitionInfo(p.name, *(partition_index(p.name) or (0, 1)), p.depth, p.latency,
+                           p.paused, p.last_minute, p.last_hour) for p in parts]
+    count = declared if any(p.count == declared for p in found) else max(
+        p.count for p in found)
+    for p in found:
+        p.earlier = p.count != count
     return QueueInfo(
         name, *summed(parts), _sum(p.last_minute for p in parts),
         _sum(p.last_hour for p in parts),
         [_sum(minute) for minute in zip(*(p.per_minute for p in parts))],
-        [PartitionInfo(p.name, *(partition_index(p.name) or (0, 1)), p.depth, p.latency,
-                       p.paused, p.last_minute, p.last_hour) for p in parts])
+        [p for p in found if not p.earlier or p.size], count)
 
 
 async def across(sizes: Sequence[int], offset: int, limit: int, read: Read[Row],

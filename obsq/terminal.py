@@ -86,18 +86,22 @@ def queues_table(out: Output, found: list[QueueInfo], detailed: bool = False) ->
     return out.table(
         ["queue", *(["partitions"] if detailed else []), *DEPTH_STATES, "latency", "paused",
          *(RATE_COLUMNS if detailed else [])],
-        [[q.name, *([str(len(q.partitions) or "-")] if detailed else []),
+        [[q.name, *([str(q.partition_count or "-")] if detailed else []),
           *_depth_cells(q.depth), f"{q.latency:.1f}s", _paused(q),
           *(_rate_cells(q) if detailed else [])] for q in found])
 
 
 def partitions_table(out: Output, q: QueueInfo) -> str:
-    """The partitions of a queue, a row each, indented under its row."""
+    """A line with the queue's partition count, then its partitions, a row each, indented;
+    one of an earlier count (draining) says so after its name."""
+    earlier = sum(p.earlier for p in q.partitions)
+    also = f", and {earlier} of an earlier count still holding tasks" if earlier else ""
     table = out.table(
         ["partition", "index", *DEPTH_STATES, "latency", "paused", *RATE_COLUMNS],
-        [[p.name, f"{p.index}/{p.count}", *_depth_cells(p.depth), f"{p.latency:.1f}s",
+        [[(f"{p.name} (earlier count, draining)", "dim") if p.earlier else p.name,
+          f"{p.index}/{p.count}", *_depth_cells(p.depth), f"{p.latency:.1f}s",
           ("yes", "paused") if p.paused else "", *_rate_cells(p)] for p in q.partitions])
-    return indent(table)
+    return f"{q.name}: {q.partition_count} partitions{also}\n{indent(table)}"
 
 
 RATE_COLUMNS = ["runs/min", "failed/min", "runs/h", "failed/h"]

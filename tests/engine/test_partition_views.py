@@ -265,3 +265,37 @@ async def test_queue_gauges_sum_the_partitions(app, client, broker, namespace,
         assert {q for q, _ in depth} == {"events", "other"}
         assert {s.labels["queue"]: s.value for s in families["obsq_queue_partitions"].samples
                 } == {"events": 3, "other": 1}
+
+
+async def test_the_count_is_the_declared_one_and_earlier_partitions_show_while_they_hold(
+        redis_url, namespace, raw_redis, inspector: Inspector, obsq_cli) -> None:
+    """After 4 -> 2 partitions, the queue has 2; of the 4 earlier ones, those drained are
+    left out of the breakdown (the registry keeps them for good), one still holding tasks
+    (dead ones here) is listed, marked; every one counts in the sums."""
+    earlier, now = partition_names("events", 4), partition_names("events", 2)
+    for count, n in ((4, 40), (2, 20)):
+        raw_redis.hset(f"{namespace}:partitions", "events", count)  # as its workers write it
+        async with obsq.Client(redis_url, namespace) as producer:
+            await producer.enqueue_many([obsq.Job("ev:a", i, queue="events")
+                                         for i in range(n)])
+    for name in earlier[:3]:
+        await inspector.purge(name, "pending")
+    kept = (await inspector.tasks(earlier[3], "pending", 500)).tasks
+    raw_redis.zadd(f"{namespace}:{{{earlier[3]}}}:dead", {kept[0].id: 1})
+    raw_redis.lrem(f"{namespace}:{{{earlier[3]}}}:pending", 0, kept[0].id)
+    await inspector.purge(earlier[3], "pending")
+
+    info = await inspector.queue("events")
+    assert info.partition_count == 2 and info.depth["pending"] == 20
+    assert info.depth["dead"] == 1
+    assert [(p.name, p.earlier) for p in info.partitions] == [
+        *((name, False) for name in now), (earlier[3], True)]
+    code, out = await obsq_cli("queues", "events")
+    lines = out.splitlines()
+    assert code == 0 and lines[1].split()[:3] == ["events", "2", "20"]
+    assert "events: 2 partitions, and 1 of an earlier count still holding tasks" in out
+    assert f"{earlier[3]} (earlier count, draining)" in out
+    assert not any(name in out for name in earlier[:3])
+
+    await inspector.purge(earlier[3], "dead")  # drained: left out
+    assert [p.name for p in (await inspector.queue("events")).partitions] == list(now)
