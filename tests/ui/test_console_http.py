@@ -339,3 +339,28 @@ async def test_the_queue_page_shows_groups_and_failing_batches(app, client, cons
 
 async def _batch_failed(console: httpx.AsyncClient) -> bool:
     return "&lt;script&gt;window.__xss" in (await console.get("/queues/mail")).text
+
+
+async def test_the_queue_page_lists_what_counts_as_pending_and_the_current_partitions(
+        client, redis_url, namespace, raw_redis) -> None:
+    """Tasks behind an ordering key are in the pending list; a partitioned queue shows the
+    count its workers declared, and a partition of an earlier count only while it holds
+    tasks, marked."""
+    from obsq.partitions import partition_names
+
+    keyed = [await client.enqueue("t", i, queue="flat", ordering_key="k1") for i in range(3)]
+    earlier, now = partition_names("events", 4), partition_names("events", 2)
+    for count in (4, 2):
+        raw_redis.hset(f"{namespace}:partitions", "events", count)  # as its workers write it
+        async with obsq.Client(redis_url, namespace) as producer:
+            await producer.enqueue_many([obsq.Job("ev", i, queue="events") for i in range(40)])
+    async with Inspector(redis_url, namespace) as inspector:
+        for name in earlier[1:]:
+            await inspector.purge(name, "pending")
+    async with _console(redis_url, namespace) as http:
+        body = (await http.get("/queues/flat?state=pending")).text
+        assert all(info.id in body for info in keyed)
+        body = (await http.get("/queues/events")).text
+        assert "2 partitions" in body and "earlier count, draining" in body
+        assert all(name in body for name in (*now, earlier[0]))
+        assert not any(name in body for name in earlier[1:])
