@@ -58,8 +58,8 @@ class Placement:
     def unknown(self, queues: Iterable[str]) -> list[str]:
         """Those of `queues` whose count must be read from Redis first."""
         now = self._now()
-        return sorted({q for q in queues if q not in self._declared and SEPARATOR not in q
-                       and now - self._learned.get(q, (1, -LOOKUP_TTL))[1] >= LOOKUP_TTL})
+        return sorted(q for q in set(queues) if q not in self._declared and SEPARATOR not in q
+                      and now - self._learned.get(q, (1, -LOOKUP_TTL))[1] >= LOOKUP_TTL)
 
     def learn(self, counts: dict[str, int]) -> None:
         now = self._now()
@@ -72,13 +72,16 @@ class Placement:
         """Set each message's partition by the counts known (a partition's name given as
         the queue is kept: an operator may address one partition). `group`: the grouped
         tasks' group, which must stay in one partition with its batch."""
+        partitions_of: dict[str, tuple[str, ...]] = {}  # each queue's, looked up once
         for m in messages:
             if m.partition:
                 continue
-            if SEPARATOR in m.queue:
-                m.partition, m.queue = m.queue, queue_of(m.queue)
-                continue
-            count = self.count(m.queue)
-            if count > 1:
-                m.partition = choose(partition_names(m.queue, count), placement_key(
+            names = partitions_of.get(m.queue)
+            if names is None:
+                names = partitions_of[m.queue] = () if SEPARATOR in m.queue else \
+                    partition_names(m.queue, self.count(m.queue))
+            if len(names) > 1:
+                m.partition = choose(names, placement_key(
                     m.id, m.ordering_key, m.unique_key, group and f"{m.type} {group}"))
+            elif not names:
+                m.partition, m.queue = m.queue, queue_of(m.queue)
