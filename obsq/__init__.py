@@ -1,10 +1,10 @@
 """obsq: a Redis task queue and worker for Python, built for Kubernetes and made to be
-watched. Read the package top-down: task, app, client, broker, worker, maintenance,
-scheduler, observability, cli."""
+watched. The package is in layers, each importing only those below it (DESIGN.md section 2
+draws them): cli, ops/, observability/, inspection/, engine/, producer/, app, broker/, task."""
 
 from obsq._version import __version__
 from obsq.app import App, Route
-from obsq.client import Client
+from obsq.engine.worker import Worker
 from obsq.errors import (
     BrokerError,
     BrokerTimeout,
@@ -27,10 +27,10 @@ from obsq.errors import (
     UnknownTaskType,
 )
 from obsq.flow import FlowInfo, StepFailure, chain, chord
-from obsq.inspector import Inspector
-from obsq.sync_client import SyncClient
+from obsq.inspection.inspector import Inspector
+from obsq.producer.client import Client
+from obsq.producer.sync_client import SyncClient
 from obsq.task import Job, Task, TaskInfo, TaskMessage
-from obsq.worker import Worker
 
 __all__ = [
     "App", "BrokerError", "BrokerTimeout", "Client", "ConfigurationError", "DuplicateTask",

@@ -10,12 +10,13 @@ import os
 import sys
 from typing import Any
 
-from obsq import eventloop
 from obsq._version import __version__
-from obsq.admin import add_commands as add_admin_commands
 from obsq.app import load_app
+from obsq.engine import eventloop
 from obsq.errors import BrokerError, ConfigurationError, StartupError
 from obsq.names import validate_namespace
+from obsq.ops.admin import add_commands as add_admin_commands
+from obsq.ops.supervisor import LIFELINE_FLAG
 from obsq.settings import (
     DEFAULT_NAMESPACE,
     EXPORTER_HTTP_PORT,
@@ -26,7 +27,6 @@ from obsq.settings import (
     SchedulerSettings,
     WorkerSettings,
 )
-from obsq.supervisor import LIFELINE_FLAG
 
 log = logging.getLogger("obsq")
 ALLOW_EVICTION = ("--allow-eviction",)
@@ -79,7 +79,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         settings.http_port = None  # no endpoint: a supervisor's child, or by choice
     configure_logging(settings.log_format, settings.log_level)
     if settings.processes > 1:
-        from obsq.supervisor import Supervisor
+        from obsq.ops.supervisor import Supervisor
 
         return Supervisor(args.app, settings).run()
     if settings.http_port is not None:
@@ -89,13 +89,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     if settings.tracing:
         setup_tracing()
-    from obsq.worker import Worker
+    from obsq.engine.worker import Worker
 
     supervised = args.supervisor_fd is not None  # a child of `--processes N`
 
     async def serve(worker: Worker) -> None:
         if supervised:
-            from obsq.supervisor import serve_supervised
+            from obsq.ops.supervisor import serve_supervised
 
             serve_supervised(worker, args.supervisor_fd)
         await run_worker(worker, http_port=settings.http_port, http_host=settings.http_host,
@@ -111,13 +111,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
+    from obsq.engine.scheduler import Scheduler
     from obsq.observability import (
         configure_logging,
         run_scheduler,
         setup_tracing,
         shutdown_tracing,
     )
-    from obsq.scheduler import Scheduler
 
     configure_logging(args.log_format or os.environ.get("OBSQ_LOG_FORMAT", "text"),
                       os.environ.get("OBSQ_LOG_LEVEL", "INFO"))
@@ -148,7 +148,7 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from obsq.demo import run_demo
+    from obsq.ops.demo import run_demo
 
     return asyncio.run(run_demo(args.redis_url or os.environ.get("OBSQ_REDIS_URL"),
                                 args.duration, args.http_port,
@@ -163,7 +163,7 @@ def cmd_acl(args: argparse.Namespace) -> int:
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
-    from obsq import admin
+    from obsq.ops import admin
 
     return asyncio.run(admin.run(args.command, _redis_url(args), _namespace(args), args))
 

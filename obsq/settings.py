@@ -145,8 +145,8 @@ STOP_MARGIN = 10.0
 # looks again this often (WorkerSettings.policy_check_interval) and warns of a change.
 SAFE_MEMORY_POLICY = "noeviction"
 POLICY_CHECK_INTERVAL = 30.0
-POOLS = ("thread", "process")  # where plain handlers run (obsq/pools)
-LOOPS = ("auto", "uvloop", "asyncio")  # the event loop a worker runs on (obsq/eventloop.py)
+POOLS = ("thread", "process")  # where plain handlers run (obsq/engine/pools)
+LOOPS = ("auto", "uvloop", "asyncio")  # the event loop a worker runs on (obsq/engine/eventloop.py)
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
@@ -321,7 +321,7 @@ class WorkerSettings(EnvSettings):
     stuck_limit: float = 300.0
     blocked_loop_warning: float = 2.0  # a handler blocking the event loop is logged past it
     blocked_loop_limit: float = 60.0  # and liveness fails past this (the pod is restarted)
-    loop: str = "auto"  # uvloop where installed, else asyncio's (obsq/eventloop.py)
+    loop: str = "auto"  # uvloop where installed, else asyncio's (obsq/engine/eventloop.py)
 
     def __post_init__(self) -> None:
         self.check_times()

@@ -29,12 +29,12 @@ from types import TracebackType
 from typing import Any
 
 from obsq.app import App
-from obsq.client import Client
 from obsq.clock import ManualClock
+from obsq.engine.scheduler import Scheduler
+from obsq.engine.worker import Worker
+from obsq.producer.client import Client
 from obsq.redis_server import RedisServer, start_private_redis
-from obsq.scheduler import Scheduler
 from obsq.settings import SchedulerSettings, WorkerSettings
-from obsq.worker import Worker
 
 __all__ = ["Environment", "private_redis"]
 

@@ -29,9 +29,9 @@ from support import (
 
 import obsq
 from obsq.broker.acl import acl_rule
+from obsq.engine.scheduler import Scheduler
 from obsq.observability import run_scheduler, run_worker
 from obsq.redis_server import RedisServer, redis_servers
-from obsq.scheduler import Scheduler
 from obsq.settings import SchedulerSettings, env_flag
 from obsq.testing import Environment
 

@@ -39,8 +39,8 @@ from obsq.broker.acl import (
     script_commands,
 )
 from obsq.broker.startup import StartupChecks
+from obsq.engine.scheduler import Scheduler
 from obsq.redis_server import RedisServer
-from obsq.scheduler import Scheduler
 from obsq.settings import SchedulerSettings
 
 SCRIPTS = ROOT / "obsq" / "broker" / "scripts"

@@ -1,5 +1,6 @@
-"""The package's shape, checked on its source (no Redis): imports run one way with no
-cycle, the engine and the client know nothing of observability, no module grows past 400
+"""The package's shape, checked on its source (no Redis): imports run down the layers of
+DESIGN.md section 2 with no cycle (so the engine and the producer know nothing of
+observability), the old public paths of moved names still import, no module grows past 400
 lines, every Lua script names the prelude helpers it relies on, and each part calls only
 what its role of the broker (obsq/broker/roles.py) names. `python3 -m pytest -q
 tests/test_architecture.py` is the command to check it."""
@@ -17,9 +18,31 @@ from support import ROOT
 from obsq.broker import Broker, roles
 
 PACKAGE = ROOT / "obsq"
-# The processes' assembly: what may wire observability onto the engine.
-ASSEMBLY = ("obsq.cli", "obsq.supervisor", "obsq.demo", "obsq.ui")
 MAX_LINES = 400
+# Public paths of names that moved into a layer, each kept as a re-export (DESIGN.md
+# section 2): `module: name`. Nothing in the package imports them.
+OLD_PATHS = {"obsq.producer_chain": "sync_safe", "obsq.flow_client": "ClientFlows",
+             "obsq.pools.child": "on_child_start"}
+# The layers, top first (DESIGN.md section 2 draws them): a module imports only modules of
+# its own layer and of the layers below it. A package is a layer of its own, with all its
+# subpackages; "obsq" alone is the package root, the public names.
+LAYERS = (
+    ("obsq.__main__", "obsq.cli"),
+    ("obsq.ops",),
+    ("obsq", "obsq.testing", "obsq.pytest_plugin", "obsq.producer_chain", "obsq.flow_client",
+     "obsq.pools"),
+    ("obsq.observability",),
+    ("obsq.inspection",),
+    ("obsq.engine",),
+    ("obsq.producer",),
+    ("obsq.app", "obsq.loop"),
+    ("obsq.broker",),
+    ("obsq.schedule", "obsq.flow"),
+    ("obsq.task",),
+    ("obsq.settings", "obsq.names", "obsq.seconds", "obsq.partitions", "obsq.patterns",
+     "obsq.priority", "obsq.progress_call", "obsq.clock", "obsq.errors", "obsq.redis_server",
+     "obsq._version"),
+)
 
 
 def module_name(path: Path) -> str:
@@ -79,12 +102,34 @@ def test_the_import_graph_has_no_cycle() -> None:
             visit(module, [module])
 
 
-def test_only_the_assembly_imports_observability_or_the_package_root() -> None:
-    offenders = {
-        module: sorted(d for d in deps if d == "obsq" or d.startswith("obsq.observability"))
-        for module, deps in GRAPH.items()
-        if not module.startswith(("obsq.observability", *ASSEMBLY)) and module != "obsq"}
-    assert {m: d for m, d in offenders.items() if d} == {}
+def layer_of(module: str) -> int | None:
+    for index, members in enumerate(LAYERS):
+        for member in members:
+            if module == member or (member != "obsq" and module.startswith(member + ".")):
+                return index
+    return None
+
+
+def test_every_module_has_a_layer() -> None:
+    assert sorted(m for m in MODULES if layer_of(m) is None) == []
+
+
+def test_imports_run_down_the_layers() -> None:
+    upward = sorted(
+        f"{module} imports {dependency}" for module, deps in GRAPH.items()
+        for dependency in deps if (layer_of(dependency) or 0) < (layer_of(module) or 0))
+    assert upward == []
+
+
+def test_the_old_public_paths_import_what_moved() -> None:
+    import importlib
+
+    for path, name in OLD_PATHS.items():
+        old = getattr(importlib.import_module(path), name)
+        assert old.__module__ != path and getattr(importlib.import_module(old.__module__),
+                                                  name) is old
+    assert sorted(f"{m} imports {d}" for m, deps in GRAPH.items() for d in deps
+                  if d.startswith(tuple(OLD_PATHS))) == []
 
 
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.name)
@@ -134,11 +179,12 @@ ROLES = {name: cls for name, cls in vars(roles).items()
          if isinstance(cls, type) and cls.__module__ == roles.__name__}
 # Parts held to a role that they do not name: those that keep the Broker they make (or the
 # worker's own, or hand it to a Client), and the forwarder, whose broker is its LockedLoop's.
-OWNERS = {"obsq.client": "ProducerBroker", "obsq.sync_client": "ProducerBroker",
-          "obsq.worker": "WorkerBroker", "obsq.fetching": "WorkerBroker",
-          "obsq.settlement": "WorkerBroker", "obsq.aggregation": "WorkerBroker",
-          "obsq.scheduler": "UpkeepBroker", "obsq.maintenance.forwarder": "UpkeepBroker",
-          "obsq.inspector": "InspectionBroker"}
+OWNERS = {"obsq.producer.client": "ProducerBroker", "obsq.producer.sync_client": "ProducerBroker",
+          "obsq.engine.worker": "WorkerBroker", "obsq.engine.fetching": "WorkerBroker",
+          "obsq.engine.settlement": "WorkerBroker", "obsq.engine.aggregation": "WorkerBroker",
+          "obsq.engine.scheduler": "UpkeepBroker",
+          "obsq.engine.maintenance.forwarder": "UpkeepBroker",
+          "obsq.inspection.inspector": "InspectionBroker"}
 
 
 def role_members(role: type) -> set[str]:

@@ -75,7 +75,7 @@ def test_the_demo_takes_an_unused_namespace_and_refuses_one_in_use(
 async def test_the_demo_says_which_redis_server_it_started(monkeypatch, capsys):
     """With no Redis given and none on 6379 (as on a new machine) the demo starts the newest
     redis-server on PATH and prints its path and version."""
-    from obsq import demo
+    from obsq.ops import demo
 
     found = redis_servers()
     if not found:

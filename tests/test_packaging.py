@@ -72,7 +72,7 @@ def test_the_wheel_is_typed_and_described(wheel: zipfile.ZipFile) -> None:
     names = wheel.namelist()
     assert "obsq/py.typed" in names
     assert "obsq/broker/scripts/enqueue.lua" in names
-    assert any(n.startswith("obsq/ui/templates/") for n in names)
+    assert any(n.startswith("obsq/ops/ui/templates/") for n in names)
     metadata = _metadata(wheel)
     classifiers = metadata.get_all("Classifier")
     assert "Typing :: Typed" in classifiers

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from obsq.app import Route
+from obsq.engine.pools.base import Deadlines
+from obsq.engine.pools.processes import ProcessSlots
+from obsq.engine.pools.threads import ThreadSlots
 from obsq.errors import ConfigurationError, HandlerCrashed, TaskTimeout
-from obsq.pools.base import Deadlines
-from obsq.pools.processes import ProcessSlots
-from obsq.pools.threads import ThreadSlots
 from obsq.settings import WorkerSettings
 from obsq.task import Task
 from tests.engine import pool_apps

@@ -13,8 +13,8 @@ import pytest
 import obsq
 from obsq.broker import Broker
 from obsq.errors import ConfigurationError
+from obsq.inspection.partition_view import across, partitions_of, readable
 from obsq.names import validate_name
-from obsq.partition_view import across, partitions_of, readable
 from obsq.patterns import PatternTable
 from obsq.settings import DEFAULT_QUEUE, WorkerSettings, parse_queues
 from obsq.task import build_message

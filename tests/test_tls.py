@@ -24,9 +24,9 @@ from support import (
 )
 
 import obsq
+from obsq.engine.scheduler import Scheduler
 from obsq.errors import ConfigurationError
 from obsq.redis_server import RedisServer, free_port
-from obsq.scheduler import Scheduler
 from obsq.settings import SchedulerSettings
 
 APP_MODULE = '''

@@ -1,4 +1,4 @@
-"""What `obsq doctor` (obsq/doctor.py) asks of Redis: one bounded step of a queue's
+"""What `obsq doctor` (obsq/ops/doctor.py) asks of Redis: one bounded step of a queue's
 invariants per call of doctor.lua (a window of a list or zset, of the leases, of the active
 hash, the counters against what they count), the ordering-key lists found by SCAN, and the
 repairs that re-check what they mend in the same script."""

@@ -2,7 +2,7 @@
 the steps it launches, mark them launched, cancel, read and delete a flow; each queue's flow
 inbox, and the namespace's index of flows. A flow's own keys share its hash tag; a step's
 task lives in its queue's slot, so a launch is two calls made safe by the order they run in
-(obsq/flow_steps.py)."""
+(obsq/producer/flow_steps.py)."""
 
 from __future__ import annotations
 

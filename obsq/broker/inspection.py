@@ -1,4 +1,4 @@
-"""What the Inspector (obsq/inspector.py) asks of Redis: bounded pages of one state of a
+"""What the Inspector (obsq/inspection/inspector.py) asks of Redis: bounded pages of one state of a
 queue or of one task group, the groups and batches of a queue, one task with everything
 kept for it, workers with their last heartbeat, the repairs (requeue, delete, purge) one
 bounded step per call, and the per-minute outcome counters the workers keep. A base of

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from obsq.observability.instrument import instrument_app, instrument_client
 
 if TYPE_CHECKING:
-    from obsq.scheduler import Scheduler
-    from obsq.worker import Worker
+    from obsq.engine.scheduler import Scheduler
+    from obsq.engine.worker import Worker
 
 
 def configure_logging(fmt: str = "text", level: str | int = "INFO", stream: Any = None) -> Any:

@@ -6,7 +6,7 @@
 process, so they are not multiprocess files: a custom collector asks Redis at scrape time
 through an asyncio Broker that runs on some event loop (the worker's), while the scrape runs
 in an HTTP thread. A partitioned queue is one queue here, its figures summed over its
-partitions (obsq/partition_view.py), so dashboards and alerts read it by its own name.
+partitions (obsq/inspection/partition_view.py), so dashboards and alerts read it by its own name.
 Reads are cached for a second and bounded by a timeout, so a slow Redis never hangs a
 scrape; concurrent scrapes share one read, and after a failure Redis is not asked again
 until the cache would have expired. A failed read serves the last values while they are
@@ -27,9 +27,9 @@ from prometheus_client.core import GaugeMetricFamily
 
 from obsq.broker import DEPTH_STATES, QueueStats
 from obsq.broker.roles import InspectionBroker
+from obsq.engine.loop_watch import BLOCKED_AT_LEAST
 from obsq.errors import BrokerError
-from obsq.loop_watch import BLOCKED_AT_LEAST
-from obsq.partition_view import partitions_of, summed
+from obsq.inspection.partition_view import partitions_of, summed
 from obsq.partitions import queue_of
 from obsq.settings import (
     COLLECTOR_CACHE,

@@ -12,7 +12,7 @@ from obsq.settings import DEFAULT_QUEUE
 
 if TYPE_CHECKING:
     from obsq.app import App
-    from obsq.client import Client
+    from obsq.producer.client import Client
 
 # What each App and Client already has, so that instrumenting twice adds nothing (a second
 # Worker on the same App must not count its tasks twice).

@@ -18,8 +18,8 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 from opentelemetry.instrumentation.utils import unwrap
 from wrapt import wrap_function_wrapper
 
-from obsq.client import Client
 from obsq.observability.instrument import instrument_client
+from obsq.producer.client import Client
 
 
 def _instrumented_init(init: Any, client: Client, args: Any, kwargs: Any) -> None:

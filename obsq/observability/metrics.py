@@ -43,7 +43,7 @@ from obsq.settings import DEFAULT_QUEUE
 from obsq.task import Task
 
 if TYPE_CHECKING:
-    from obsq.worker import Worker
+    from obsq.engine.worker import Worker
 
 # From 5 ms to 10 minutes: handlers and queueing delays of a task queue span seconds to
 # minutes, unlike the sub-second buckets of an HTTP server.

@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 from obsq._version import __version__
 from obsq.broker import Broker
-from obsq.health import LIVENESS, READINESS, first_problem
+from obsq.engine.health import LIVENESS, READINESS, first_problem
+from obsq.engine.pools.child import on_child_start
 from obsq.loop import on_stop_signals
 from obsq.observability.collector import QueueCollector
 from obsq.observability.http import HealthServer
 from obsq.observability.instrument import instrument_app, instrument_client
 from obsq.observability.metrics import SchedulerMetrics, endpoint_registry
 from obsq.observability.probes import RedisWatch, loop_liveness
-from obsq.pools.child import on_child_start
 
 if TYPE_CHECKING:
     from obsq.app import App
-    from obsq.scheduler import Scheduler
-    from obsq.worker import Worker
+    from obsq.engine.scheduler import Scheduler
+    from obsq.engine.worker import Worker
 
 log = logging.getLogger("obsq")
 Serving = Callable[[HealthServer], None]  # told the endpoint once it listens
@@ -36,7 +36,7 @@ Serving = Callable[[HealthServer], None]  # told the endpoint once it listens
 def serve_worker(worker: Worker, host: str, port: int, *, queue_metrics: bool = True
                  ) -> HealthServer:
     """The endpoint of `worker` (call it on the worker's event loop; port 0: a free one).
-    /healthz judges the process alone (obsq/health.py LIVENESS: its event loop not blocked
+    /healthz judges the process alone (obsq/engine/health.py LIVENESS: its event loop not blocked
     past the limit, its heartbeat thread coming round); /readyz: started, not draining,
     Redis answering (READINESS). `queue_metrics`: with the queue-wide gauges of its queues
     (off where an `obsq exporter` publishes them for the installation)."""

@@ -24,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parents[1])]
 
 import obsq  # noqa: E402
-from obsq.inspector import Inspector  # noqa: E402
+from obsq.inspection.inspector import Inspector  # noqa: E402
 from obsq.redis_server import RedisServer  # noqa: E402
 
 NAMESPACE = "bench-views"

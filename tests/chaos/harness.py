@@ -29,7 +29,7 @@ from support import ROOT, ObsqProcess, newest_redis_server, obsq_env, short_inte
 
 import obsq
 from obsq.broker import Broker
-from obsq.doctor import Doctor
+from obsq.ops.doctor import Doctor
 from obsq.redis_server import RedisServer, free_port
 
 from .tasks import app as tasks_app

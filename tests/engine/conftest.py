@@ -21,7 +21,7 @@ from support import ROOT, ObsqProcess, missing_tool, short_interval_env, wait_fo
 
 from obsq import cli
 from obsq.broker import Broker
-from obsq.inspector import Inspector
+from obsq.inspection.inspector import Inspector
 from obsq.redis_server import RedisServer, free_port
 
 # The engine's core, run with obsq connecting as a user restricted to `obsq acl`'s rule: a

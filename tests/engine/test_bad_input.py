@@ -188,7 +188,7 @@ async def test_garbage_in_stored_fields_falls_back_to_defaults(app, client, star
     await start_worker()
     await wait_until(lambda: seen)
     if field == "opts":  # the route's max_retry, the default timeout
-        assert seen == [(3, obsq.execution.DEFAULT_TIMEOUT, {"h": "v"}, "p")]
+        assert seen == [(3, obsq.engine.execution.DEFAULT_TIMEOUT, {"h": "v"}, "p")]
     else:
         assert seen == [(1, 9, {}, "p")]
     await wait_until(lambda: not raw_redis.exists(QueueKeys(namespace, "default").task(info.id)))

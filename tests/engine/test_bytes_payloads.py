@@ -17,8 +17,8 @@ from support import wait_until
 import obsq
 from obsq import cli
 from obsq.broker import QueueKeys
-from obsq.inspector import Inspector
-from obsq.ui.app import create_app
+from obsq.inspection.inspector import Inspector
+from obsq.ops.ui.app import create_app
 
 SAMPLES = [b"", b"\x00\xff\xfe\x80 not utf-8", b"{}", b'"text"', bytes(range(256)) * 40,
            b"\n".join(os.urandom(8) for _ in range(5))]

@@ -16,7 +16,7 @@ from support import depth, equal, wait_until
 import obsq
 from obsq import cli
 from obsq.broker import QueueKeys
-from obsq.inspector import Inspector
+from obsq.inspection.inspector import Inspector
 
 from .helpers import decoded, record_key
 

@@ -87,7 +87,7 @@ async def test_a_worker_outside_its_apps_namespace_is_said_by_worker_scheduler_a
     """OBSQ_NAMESPACE=elsewhere with App(namespace=...): the producers using the App write
     where no worker looks. The worker and scheduler say so at start, and the App's Client
     says its queue has no live worker."""
-    from obsq.scheduler import Scheduler
+    from obsq.engine.scheduler import Scheduler
 
     caplog.set_level(logging.INFO, logger="obsq")
     app, elsewhere = _routed_app(namespace), f"{namespace}-elsewhere"

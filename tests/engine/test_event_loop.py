@@ -1,4 +1,4 @@
-"""The worker's event loop (obsq/eventloop.py): uvloop where installed, asyncio's own when
+"""The worker's event loop (obsq/engine/eventloop.py): uvloop where installed, asyncio's own when
 OBSQ_LOOP says so or uvloop is missing, and a worker asked for uvloop without it does not
 start. `obsq worker` runs its tasks on either and says which at start."""
 
@@ -11,7 +11,7 @@ import pytest
 from support import wait_until
 
 import obsq
-from obsq import eventloop
+from obsq.engine import eventloop
 from obsq.errors import ConfigurationError
 from obsq.settings import WorkerSettings
 

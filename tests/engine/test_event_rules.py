@@ -10,7 +10,7 @@ from support import wait_until
 
 import obsq
 from obsq.broker import EventKeys, QueueKeys
-from obsq.inspector import Inspector
+from obsq.inspection.inspector import Inspector
 
 from .helpers import collides, queue_key_names
 

@@ -16,7 +16,7 @@ from support import wait_until
 
 import obsq
 from obsq import Job, chain, chord
-from obsq.flow_steps import launch, record_ends
+from obsq.producer.flow_steps import launch, record_ends
 
 from .helpers import record_key
 
@@ -110,7 +110,7 @@ async def test_a_producer_killed_before_enqueueing_the_first_steps(
     async def killed(*args: object) -> None:
         raise asyncio.CancelledError
 
-    monkeypatch.setattr("obsq.flow_client.launch", killed)
+    monkeypatch.setattr("obsq.producer.flow_client.launch", killed)
     with contextlib.suppress(asyncio.CancelledError):
         await client.enqueue(chord([Job("one"), Job("one")], Job("one")))
     monkeypatch.undo()

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 import obsq
-from obsq.inspector import MAX_PAGE, Inspector
+from obsq.inspection.inspector import MAX_PAGE, Inspector
 
 RULES = [("ingest:", 3, 600.0, 600.0)]  # (pattern, max_size, max_delay, grace) for claims
 

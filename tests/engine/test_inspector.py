@@ -12,7 +12,7 @@ import redis
 from support import wait_until
 
 import obsq
-from obsq.inspector import STEP, Inspector
+from obsq.inspection.inspector import STEP, Inspector
 
 
 async def test_a_task_shows_everything_kept_for_it(app, client, start_worker,

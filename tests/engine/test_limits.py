@@ -18,8 +18,8 @@ from support import depth, wait_until
 import obsq
 from obsq.broker import QueueKeys
 from obsq.clock import ManualClock
-from obsq.limits import RouteLimits
-from obsq.maintenance import Forwarder
+from obsq.engine.limits import RouteLimits
+from obsq.engine.maintenance import Forwarder
 
 from .helpers import record_key
 

@@ -17,7 +17,7 @@ from support import wait_until
 
 import obsq
 from obsq.broker import Broker, QueueKeys
-from obsq.doctor import Doctor
+from obsq.ops.doctor import Doctor
 from obsq.settings import REDIS_MAX_CONNECTIONS
 
 KEEPER_CONNECTIONS = 1  # the heartbeat thread's own, beside the worker's pool

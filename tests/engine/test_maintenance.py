@@ -11,7 +11,7 @@ from support import depth, wait_until
 import obsq
 from obsq.broker import Broker, GlobalKeys, QueueKeys
 from obsq.clock import ManualClock
-from obsq.maintenance import Forwarder
+from obsq.engine.maintenance import Forwarder
 
 
 async def test_the_forwarder_runs_delayed_tasks_once_due_in_order(app, start_env) -> None:

@@ -25,10 +25,10 @@ from support import (
 import obsq
 from obsq.broker import Broker
 from obsq.broker.calls import OPERATIONS
+from obsq.engine.scheduler import Scheduler
 from obsq.errors import BrokerError, ConfigurationError
 from obsq.observability.collector import QueueCollector
 from obsq.redis_server import RedisServer, free_port
-from obsq.scheduler import Scheduler
 from obsq.settings import SchedulerSettings
 
 EVICTING = "allkeys-lru"

@@ -14,7 +14,7 @@ import pytest
 from support import wait_until
 
 import obsq
-from obsq.inspector import Inspector
+from obsq.inspection.inspector import Inspector
 from obsq.partitions import partition_index, partition_names
 
 PARTS = partition_names("events", 3)

@@ -11,7 +11,7 @@ import pytest
 from redis.cluster import RedisCluster
 
 import obsq
-from obsq.inspector import Inspector
+from obsq.inspection.inspector import Inspector
 from obsq.partitions import partition_names
 
 PARTS = partition_names("events", 3)

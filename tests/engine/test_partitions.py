@@ -14,8 +14,8 @@ from support import wait_until
 
 import obsq
 import obsq.task
-from obsq import fetching
 from obsq.broker import coalescing
+from obsq.engine import fetching
 from obsq.partitions import partition_names, queue_of
 
 HOT = partition_names("hot", 3)

@@ -16,8 +16,8 @@ import obsq
 from obsq.broker import Attempt, Broker, Completion
 from obsq.broker.calls import OPERATIONS
 from obsq.broker.keeping import BlockingKeeping
+from obsq.engine.maintenance import Recoverer
 from obsq.errors import BrokerError
-from obsq.maintenance import Recoverer
 
 
 async def test_a_lost_workers_attempts_are_recovered_in_bounded_steps(client, broker) -> None:

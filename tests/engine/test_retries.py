@@ -10,7 +10,7 @@ import logging
 import pytest
 
 import obsq
-from obsq.execution import default_backoff
+from obsq.engine.execution import default_backoff
 from obsq.settings import BACKOFF_BASE, BACKOFF_CAP
 
 

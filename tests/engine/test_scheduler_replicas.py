@@ -17,8 +17,8 @@ from support import ObsqProcess, wait_until
 
 import obsq
 from obsq.clock import ManualClock
-from obsq.inspector import Inspector
-from obsq.scheduler import SchedulerLoop
+from obsq.engine.scheduler import SchedulerLoop
+from obsq.inspection.inspector import Inspector
 from obsq.settings import SchedulerSettings
 
 from .helpers import decoded, record_key

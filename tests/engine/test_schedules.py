@@ -22,9 +22,9 @@ import obsq
 from obsq.broker import ScheduleKeys
 from obsq.broker.keys import QueueKeys
 from obsq.clock import ManualClock
-from obsq.inspector import Inspector
+from obsq.engine.scheduler import SchedulerLoop
+from obsq.inspection.inspector import Inspector
 from obsq.schedule import FIRE_HEADER
-from obsq.scheduler import SchedulerLoop
 from obsq.settings import SchedulerSettings
 
 from .helpers import collides, namespace_keys, queue_key_names
@@ -115,7 +115,7 @@ async def test_the_scheduler_picks_up_changes_at_once_and_never_polls(
     """A scheduler with a 30 s lock waits up to 10 s at a time: an entry added or removed
     is seen within that only because the change wakes it; while idle it makes a few calls
     per wait, which Redis counts."""
-    from obsq.scheduler import Scheduler
+    from obsq.engine.scheduler import Scheduler
 
     scheduler = Scheduler(app, private_redis.url, handle_signals=False,
                           settings=SchedulerSettings(lock_ttl=30.0, missed_after=60.0))

@@ -11,10 +11,10 @@ import pytest
 from support import depth
 
 from obsq.broker import Broker, Completions
+from obsq.engine.execution import Verdict
+from obsq.engine.settlement import Settler
 from obsq.errors import BrokerError
-from obsq.execution import Verdict
 from obsq.redis_server import RedisServer
-from obsq.settlement import Settler
 from obsq.task import Job, Task, build_message
 
 WORKER = "w1"

@@ -17,10 +17,10 @@ import obsq
 from obsq.broker import Attempt, Broker, QueueKeys
 from obsq.broker.records import FetchedTask
 from obsq.clock import ManualClock
-from obsq.doctor import Doctor
-from obsq.inspector import Inspector
-from obsq.maintenance import Forwarder
-from obsq.ui import create_app
+from obsq.engine.maintenance import Forwarder
+from obsq.inspection.inspector import Inspector
+from obsq.ops.doctor import Doctor
+from obsq.ops.ui import create_app
 
 from .helpers import decoded, live_worker_pids, record_key
 

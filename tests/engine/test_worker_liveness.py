@@ -17,7 +17,7 @@ from support import wait_until
 import obsq
 from obsq.broker import Attempt, Broker, Completion
 from obsq.broker.keeping import BlockingKeeping
-from obsq.heartbeat import Claims, Keeper
+from obsq.engine.heartbeat import Claims, Keeper
 from obsq.redis_server import free_port
 
 BLOCK = 8.0  # seconds the handler blocks the loop: past the heartbeat TTL and the lease

@@ -14,10 +14,10 @@ import pytest
 from support import wait_for, wait_until
 
 import obsq
-from obsq.inspector import Inspector
+from obsq.inspection.inspector import Inspector
+from obsq.ops.ui import auth as ui_auth
+from obsq.ops.ui import create_app
 from obsq.redis_server import free_port
-from obsq.ui import auth as ui_auth
-from obsq.ui import create_app
 
 TOKEN = "s3cret-token"
 XSS_PAYLOAD = {"html": "<script>window.__xss = 1</script>",

@@ -10,7 +10,7 @@ from pathlib import Path
 from support import wait_until
 
 import obsq
-from obsq.inspector import Inspector
+from obsq.inspection.inspector import Inspector
 from obsq.partitions import partition_names
 
 PARTS = partition_names("events", 3)

@@ -1,0 +1,168 @@
+"""Running one attempt: build the Task from what Redis handed over, call the handler
+through the middleware with its timeout (async handlers on the event loop, plain ones in the
+worker's pool of threads or processes, obsq/engine/pools, so they cannot starve the loop), and
+decide what the attempt's end means: success, retry or dead."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import traceback
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from obsq.app import App
+from obsq.broker import FetchedTask
+from obsq.engine.pools import make_pool
+from obsq.engine.pools.base import Deadlines, UnsentResult
+from obsq.errors import PayloadError, Retry, SkipRetry, UnknownTaskType
+from obsq.partitions import queue_of
+from obsq.settings import BACKOFF_BASE, BACKOFF_CAP, DEFAULT_MAX_RETRY, DEFAULT_TIMEOUT
+from obsq.task import Task, encode_json
+
+log = logging.getLogger("obsq")
+MAX_ERROR_LENGTH = 2000
+MAX_TRACEBACK_LENGTH = 8000
+NO_RESULT = b"null"
+
+
+@dataclass(slots=True)
+class Verdict:
+    """How an attempt ended, before Redis has recorded it."""
+
+    outcome: str  # success | retry | dead | cancelled | handed_on
+    result: bytes = NO_RESULT
+    error: BaseException | None = None
+    delay: float = 0.0
+
+    @property
+    def error_text(self) -> str:
+        if self.error is None:
+            return ""
+        text = f"{type(self.error).__name__}: {self.error}"
+        return text if len(text) <= MAX_ERROR_LENGTH else text[:MAX_ERROR_LENGTH] + "..."
+
+    @property
+    def traceback_text(self) -> str:
+        """Kept with the task for the Inspector; the end of a long one is what matters."""
+        if self.error is None:
+            return ""
+        text = "".join(traceback.format_exception(self.error))
+        return text if len(text) <= MAX_TRACEBACK_LENGTH else "..." + text[-MAX_TRACEBACK_LENGTH:]
+
+
+def default_backoff(retry_count: int) -> float:
+    """Exponential backoff with jitter: 1-2 s, 2-4 s, 4-8 s ... up to 5-10 minutes."""
+    return min(BACKOFF_BASE * 2.0 ** retry_count, BACKOFF_CAP) * random.uniform(0.5, 1.0)
+
+
+class Executor:
+    def __init__(self, app: App, concurrency: int,
+                 update_state: Callable[[Task, Any], Coroutine[Any, Any, None]], *,
+                 pool: str = "thread", on_stuck: Callable[[], None] = lambda: None,
+                 loop_blocked: Callable[[], float] = lambda: 0.0) -> None:
+        """`loop_blocked()`: seconds the event loop has stood blocked (LoopMonitor), which
+        the timeouts of async handlers do not count."""
+        self.app = app
+        self.deadlines = Deadlines(loop_blocked)  # the timeouts of async handlers
+        self.pool = make_pool(pool, concurrency, app, on_stuck)
+        self.update_state = update_state
+        self.chain = app.wrap(self._invoke)
+        self._warned_results: set[str] = set()  # types whose result could not be encoded
+
+    def build_task(self, queue: str, raw: FetchedTask, redis_now_ms: int) -> Task:
+        """`queue`: where it was fetched, a queue or one of its partitions."""
+        route = self.app.route(raw.type)
+        try:
+            opts = orjson.loads(raw.options) if raw.options else {}
+        except orjson.JSONDecodeError:
+            opts = {}  # a tampered option blob: fall back to the route's defaults
+        if not isinstance(opts, dict):
+            opts = {}
+        max_retry = opts.get("max_retry")
+        timeout = opts.get("timeout")
+        return Task(
+            id=raw.id, type=raw.type, queue=queue_of(queue), raw_payload=raw.payload,
+            partition=queue if queue_of(queue) != queue else "",
+            raw_headers=raw.headers, retry_count=raw.retried, fence=raw.fence,
+            route=route.pattern if route else "other", id_chosen=raw.id_chosen,
+            ordering_key=raw.ordering_key, slot=raw.slot, binary=raw.binary,
+            suspect=raw.suspect,
+            max_retry=max_retry if isinstance(max_retry, int) else
+            (route.max_retry if route and route.max_retry is not None else DEFAULT_MAX_RETRY),
+            timeout=timeout if isinstance(timeout, (int, float)) and timeout > 0 else
+            (route.timeout if route and route.timeout else DEFAULT_TIMEOUT),
+            retention=float(opts.get("retention") or 0),
+            wait_seconds=max(redis_now_ms - raw.due_ms, 0) / 1000 if raw.due_ms else 0.0,
+            update_state=self.update_state)
+
+    async def run(self, task: Task) -> Verdict:
+        """Run the attempt; every exception becomes a verdict, cancellation propagates. A
+        task of a type with no route never enters the chain: it is handed on to a worker
+        that knows the type (a newer version, in a rolling deploy), no retry spent."""
+        if self.app.route(task.type) is None:
+            return Verdict("handed_on", error=UnknownTaskType(
+                f"no handler is registered for task type {task.type!r}"))
+        try:
+            result = await self.chain(task)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return self.failure(task, exc)
+        if result is None:  # most handlers: nothing to encode
+            return Verdict("success")
+        if isinstance(result, UnsentResult):
+            return self._unencodable_result(task, result.reason)
+        try:
+            return Verdict("success", encode_json(
+                result, f"the result of task type {task.type!r}"))
+        except (TypeError, ValueError) as exc:
+            return self._unencodable_result(task, str(exc))
+
+    def _unencodable_result(self, task: Task, problem: str) -> Verdict:
+        """The handler ran to its end, so it is never run again for its result: without
+        retention the result is dropped (a warning once per type); a task asked to keep
+        its result ends dead with the reason, as what was asked cannot be kept."""
+        if task.retention:
+            return Verdict("dead", error=SkipRetry(f"{problem}; the handler ran and is not "
+                                                   "run again"))
+        if task.type not in self._warned_results:
+            self._warned_results.add(task.type)
+            log.warning("%s; it is not kept (return JSON, or nothing)", problem)
+        return Verdict("success")
+
+    def failure(self, task: Task, exc: BaseException) -> Verdict:
+        if isinstance(exc, (SkipRetry, PayloadError)) or task.retry_count >= task.max_retry:
+            return Verdict("dead", error=exc)
+        delay = exc.delay if isinstance(exc, Retry) else self._retry_delay(task, exc)
+        return Verdict("retry", error=exc, delay=delay)
+
+    def _retry_delay(self, task: Task, exc: BaseException) -> float:
+        route = self.app.route(task.type)
+        policy = route.retry_delay if route else None
+        if policy is None:
+            return default_backoff(task.retry_count)
+        if not callable(policy):
+            return float(policy)
+        try:
+            return max(float(policy(task.retry_count, exc, task)), 0.0)
+        except Exception:
+            log.exception("retry_delay of %s failed; using the default backoff", task.type)
+            return default_backoff(task.retry_count)
+
+    async def _invoke(self, task: Task) -> Any:
+        """The innermost layer of the middleware chain: the handler itself."""
+        route = self.app.route(task.type)
+        if route is None:  # a middleware changed task.type
+            raise UnknownTaskType(f"no handler is registered for task type {task.type!r}")
+        task.payload  # noqa: B018 - decode now: a tampered payload must fail before the handler
+        if route.is_async:
+            return await self.deadlines.within(route.handler(task), task.timeout)
+        return await self.pool.run(route, task)  # its timeout counts from the handler's start
+
+    def close(self) -> None:
+        self.pool.close()

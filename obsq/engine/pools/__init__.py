@@ -1,0 +1,34 @@
+"""Where plain (sync) handlers run, so that one that overruns its timeout never starves the
+tasks after it. Two pools, chosen by `WorkerSettings.pool` (`--pool`, OBSQ_POOL):
+
+- `thread` (the default, `threads.py`): one thread per slot. A handler that overruns is
+  abandoned (a thread cannot be stopped): its attempt ends with TaskTimeout, its slot gets
+  a fresh thread, and the old one counts as stuck until its handler returns.
+- `process` (`processes.py`, the child's side in `child.py`): one child process per slot,
+  which is killed and replaced when its handler overruns, is cancelled, or crashes.
+
+Both count a task's timeout from the moment its handler starts, not from its submission.
+Async handlers never come here: they run on the worker's event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from obsq.engine.pools.base import HandlerPool
+
+if TYPE_CHECKING:
+    from obsq.app import App
+
+
+def make_pool(kind: str, size: int, app: App, on_stuck: Callable[[], None]) -> HandlerPool:
+    """The pool named `kind` (one of settings.POOLS) with `size` slots; `on_stuck` is
+    called on the event loop whenever the number of stuck slots changes."""
+    if kind == "process":
+        from obsq.engine.pools.processes import ProcessSlots
+
+        return ProcessSlots(size, app)
+    from obsq.engine.pools.threads import ThreadSlots
+
+    return ThreadSlots(size, on_stuck)

@@ -1,0 +1,315 @@
+"""`obsq scheduler`: fires the schedule entries of a namespace, those of its App's code
+(`app.periodic`, written to Redis by the scheduler) and those clients add and remove at run
+time (`client.schedule`). Any number of replicas may run: one holds the lock and fires, and
+another takes over within 1.5 lock TTLs when it dies.
+
+Each fire is claimed in Redis (the entry's next fire moves on from the value read, once),
+its task enqueued through the scheduler's Client (producer hooks, tracing and enqueue
+metrics apply) under an id made of the fire time, and the claim confirmed. A claim left
+unconfirmed by a scheduler that died is finished by the next one under the same id, which
+Redis refuses twice; fire tasks are kept at least `missed_after` after they end, so that
+refusal holds even for a task that already ran.
+
+The lock holder blocks on Redis until its next fire or until an entry changes: entries
+added or removed at run time are picked up at once, with no polling.
+
+Like the Worker it knows nothing of metrics or HTTP: obsq.observability.run_scheduler
+serves its probes and metrics, through `on_fire`, `on_entries`, `ready()` and
+`describe()`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from obsq._version import __version__
+from obsq.app import App
+from obsq.clock import Clock
+from obsq.errors import BrokerError, DuplicateTask
+from obsq.loop import LockedLoop, on_stop_signals
+from obsq.names import warn_if_not_the_apps
+from obsq.producer.client import Client
+from obsq.schedule import Schedule, fire_text, parse_claim
+from obsq.settings import (
+    DEFAULT_REDIS_URL,
+    SCHEDULE_DUE_BATCH,
+    SCHEDULER_WAIT_SLACK,
+    STOP_WAIT,
+    SchedulerSettings,
+)
+
+log = logging.getLogger("obsq")
+
+FireHook = Callable[[str, str, int], None]  # (entry, "fired" or "missed", count)
+EntriesHook = Callable[[list[str]], None]  # the names of the entries known now
+INF = float("inf")
+
+
+class SchedulerLoop(LockedLoop):
+    name = "scheduler"
+
+    def __init__(self, client: Client, app_entries: dict[str, Schedule], owner: str,
+                 settings: SchedulerSettings) -> None:
+        super().__init__(client.broker, owner, settings.lock_ttl / 3, settings.lock_ttl)
+        self.client = client
+        self.app_entries = app_entries
+        self.missed_after = settings.missed_after
+        self.fire_hooks: list[FireHook] = []
+        self.entries_hooks: list[EntriesHook] = []
+        self.entries: dict[str, Schedule] = {}  # the valid entries in Redis
+        self.stored: dict[str, bytes] = {}  # every entry in Redis, as stored
+        self.version = -1  # of the entries last read
+        self.holding = False  # the lock, in the last round
+
+    async def tick(self) -> float | None:
+        self.holding = False
+        return await super().tick()
+
+    async def work(self) -> float:
+        """One round: finish claims left unconfirmed, fire what is due; returns how long
+        to wait for the next fire (or a change of the entries), at most a third of the
+        lock's TTL so that the lock is kept."""
+        self.holding = True
+        started = self.clock.monotonic()
+        state = await self.broker.due_fires(SCHEDULE_DUE_BATCH)
+        if state.version != self.version:
+            await self._load(state.version)
+        for name, claim in state.firing.items():
+            await self._finish(name, claim, state.now_ms)
+        soonest = INF if state.soonest_ms is None else state.soonest_ms
+        for name, next_ms in state.due:
+            soonest = min(soonest, await self._advance(name, next_ms, state.now_ms))
+        if len(state.due) == SCHEDULE_DUE_BATCH:
+            return 0.0  # more are due
+        wait = (soonest - state.now_ms) / 1000 - (self.clock.monotonic() - started)
+        return min(max(wait, 0.0), self.interval)
+
+    async def sleep(self, seconds: float) -> None:
+        """The lock holder waits on Redis, which an entry's change ends at once; a stop
+        ends it through the same list. Redis ends a blocking wait up to SCHEDULER_WAIT_SLACK
+        late, so the last moments before a fire are slept here."""
+        if (not self.holding or seconds < 2 * SCHEDULER_WAIT_SLACK
+                or not self.clock.read_by_scripts):
+            return await super().sleep(seconds)
+        waiter = asyncio.ensure_future(self.broker.wait_schedule_change(
+            seconds - SCHEDULER_WAIT_SLACK))
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait([waiter, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not waiter.done():
+            with contextlib.suppress(BrokerError):
+                await self.broker.interrupt_schedule_wait()
+            await asyncio.wait([waiter], timeout=STOP_WAIT)
+        if not waiter.done():
+            waiter.cancel()
+        # a failed wait needs no report: the next round's calls fail and are retried
+        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    # -- the entries ------------------------------------------------------------------------
+
+    async def _load(self, version: int) -> None:
+        """Read every entry again (the version changed), keep the valid ones, log each
+        stored form that is not valid once, and write the App's entries where they differ."""
+        stored = await self.broker.schedule_entries()
+        entries = {}
+        for name, raw in stored.items():
+            if self.stored.get(name) == raw and name in self.entries:
+                entries[name] = self.entries[name]
+                continue
+            try:
+                entries[name] = Schedule.decode(name, raw)
+            except ValueError as exc:
+                if self.stored.get(name) != raw:
+                    log.error("%s; it is skipped until it is written again", exc)
+        self.stored, self.entries, self.version = stored, entries, version
+        await self._write_app_entries()
+        self.report_entries()
+
+    async def _write_app_entries(self) -> None:
+        """The App's code is the source of its entries: write those Redis lacks or holds
+        otherwise, remove those the code no longer has."""
+        for name, entry in self.app_entries.items():
+            encoded = entry.encoded()
+            if self.stored.get(name) == encoded:
+                continue
+            replaced = self.entries.get(name)
+            await self.broker.put_schedule(name, encoded, from_app=True)
+            if replaced is not None and replaced.source != "app":
+                log.warning("schedule %s of the App's code replaces the entry a client added "
+                            "under that name", name)
+            log.info("schedule %s (%s, %s) written from the App's code", name, entry.spec,
+                     entry.task_type)
+        for name, entry in self.entries.items():
+            if entry.source == "app" and name not in self.app_entries:
+                await self.broker.remove_schedule(name, from_app=True)
+                log.info("schedule %s removed: the App's code no longer has it", name)
+
+    def report_entries(self) -> None:
+        names = sorted({*self.app_entries, *self.entries})
+        for hook in self.entries_hooks:
+            hook(names)
+
+    def _report(self, name: str, outcome: str, count: int) -> None:
+        for hook in self.fire_hooks:
+            hook(name, outcome, count)
+
+    # -- fires ------------------------------------------------------------------------------
+
+    async def _advance(self, name: str, next_ms: float, now_ms: int) -> float:
+        """Fire what is due of one entry; returns its next fire (inf: not known here)."""
+        entry = self.entries.get(name)
+        if entry is None:
+            raw = self.stored.get(name)
+            if raw is not None:  # not valid: parked until it is written again
+                await self.broker.claim_fire(name, hashlib.sha1(raw).hexdigest(), next_ms, INF)
+            return INF
+        if next_ms == 0:  # new or changed: its first fire counts from now
+            first = entry.next_after(now_ms)
+            await self.broker.claim_fire(name, entry.digest, 0, first)
+            return first
+        plan = entry.plan(int(next_ms), now_ms, round(self.missed_after * 1000))
+        expected: float = next_ms
+        if plan.missed or plan.catch_up is not None:
+            following = plan.fires[0] if plan.fires else plan.following
+            if not await self._claim(entry, expected, following, plan.catch_up, plan.missed):
+                return INF
+            expected = following
+        for i, fire in enumerate(plan.fires):
+            following = plan.fires[i + 1] if i + 1 < len(plan.fires) else plan.following
+            if not await self._claim(entry, expected, following, fire):
+                return INF  # another scheduler moved it on, or it changed
+            expected = following
+        return plan.following
+
+    async def _claim(self, entry: Schedule, expected: float, following: float,
+                     fire: int | None, missed: int = 0) -> bool:
+        """Claim `fire` (None: only move the next fire on, counting `missed` fires), then
+        enqueue it and confirm the claim."""
+        claim = b"%d %s" % (fire, entry.encoded()) if fire is not None else b""
+        if not await self.broker.claim_fire(entry.name, entry.digest, expected, following,
+                                            fire or 0, claim, missed):
+            self.version = -1  # moved on or changed meanwhile: read the entries again
+            return False
+        if missed:
+            log.warning("schedule %s missed %d fire(s) while no scheduler ran (missed=%s)",
+                        entry.name, missed, entry.missed)
+            self._report(entry.name, "missed", missed)
+        if fire is not None:
+            await self._fire(entry, fire, claim)
+        return True
+
+    async def _fire(self, entry: Schedule, fire: int, claim: bytes) -> None:
+        try:
+            info = await self.client.enqueue(
+                entry.task_type, entry.payload,
+                **entry.enqueue_options(fire, min_retention=self.missed_after))
+            log.info("schedule %s fired (%s) as task %s in queue %s", entry.name,
+                     fire_text(fire), info.id, info.queue)
+        except DuplicateTask:
+            log.info("schedule %s: the fire of %s was enqueued already", entry.name,
+                     fire_text(fire))
+        except ValueError as exc:  # refused by its route (a payload over its limit): each
+            log.error("schedule %s: the fire of %s was not enqueued: %s", entry.name,
+                      fire_text(fire), exc)  # fire says so, and the others go on
+            await self.broker.confirm_fire(entry.name, claim, fire, "dropped")
+            return
+        if await self.broker.confirm_fire(entry.name, claim, fire, "fired"):
+            self._report(entry.name, "fired", 1)
+
+    async def _finish(self, name: str, claim: bytes, now_ms: int) -> None:
+        """A claim left unconfirmed: its scheduler died (or lost the lock) between the
+        claim and the confirmation. Enqueued again under its id while that is safe."""
+        try:
+            fire, definition = parse_claim(claim)
+            entry = Schedule.decode(name, definition)
+        except ValueError as exc:
+            log.error("schedule %s: a claimed fire in Redis is not readable (%s); dropped",
+                      name, exc)
+            await self.broker.confirm_fire(name, claim, 0, "dropped")
+            return
+        if now_ms - fire > self.missed_after * 1000:
+            log.warning("schedule %s: the fire of %s was claimed by a scheduler that did not "
+                        "confirm it, more than %g s ago; counted missed, not enqueued again "
+                        "(its task may have run)", name, fire_text(fire), self.missed_after)
+            if await self.broker.confirm_fire(name, claim, fire, "missed"):
+                self._report(name, "missed", 1)
+            return
+        log.info("schedule %s: finishing the fire of %s, which a scheduler claimed and did "
+                 "not confirm", name, fire_text(fire))
+        await self._fire(entry, fire, claim)
+
+
+class Scheduler:
+    def __init__(self, app: App, redis_url: str = DEFAULT_REDIS_URL,
+                 namespace: str | None = None, *, settings: SchedulerSettings | None = None,
+                 handle_signals: bool = True, clock: Clock | None = None) -> None:
+        """`clock`: the time its fires count by (None: Redis's)."""
+        self.app = app
+        self.handle_signals = handle_signals
+        self.settings = settings or SchedulerSettings()
+        self.client = Client(redis_url, namespace or app.namespace, app=app,
+                             allow_eviction=self.settings.allow_eviction, clock=clock)
+        self.loop = SchedulerLoop(self.client, app.schedules,
+                                  f"scheduler-{id(self):x}-{time.time_ns()}", self.settings)
+        self.started_at = 0.0
+        self._stopped = asyncio.Event()
+
+    def on_fire(self, hook: FireHook) -> FireHook:
+        """Call `hook(entry, outcome, count)` when fires are enqueued ("fired") or skipped
+        by their entry's missed policy ("missed"). Hooks must be quick and must not raise."""
+        self.loop.fire_hooks.append(hook)
+        return hook
+
+    def on_entries(self, hook: EntriesHook) -> EntriesHook:
+        """Call `hook(names)` with the names of the entries known: at once (the App's) and
+        whenever they change."""
+        self.loop.entries_hooks.append(hook)
+        hook(sorted({*self.app.schedules, *self.loop.entries}))
+        return hook
+
+    async def run(self) -> None:
+        """Fire due entries until stop() or SIGTERM/SIGINT."""
+        remove_signals = on_stop_signals(lambda sig: self.stop()) if self.handle_signals \
+            else None  # first: none is missed
+        try:
+            await self.client.broker.check()
+            await self.client.broker.check_memory_policy(
+                refuse=not self.settings.allow_eviction)
+            log.info("scheduler started with %d schedule(s) of the App in namespace %s; entries "
+                     "added at run time are read from Redis", len(self.app.schedules),
+                     self.client.namespace)
+            warn_if_not_the_apps("scheduler", self.client.namespace, self.app.namespace)
+            self.started_at = time.time()
+            self.loop.start()
+            await self._stopped.wait()
+        finally:
+            if remove_signals is not None:
+                remove_signals()
+            await self.loop.stop()
+            await self.client.close()
+            if self.started_at:  # a failed start is its one error line
+                log.info("scheduler stopped")
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def ready(self) -> str | None:
+        """None when it serves (started, and its last look at Redis succeeded), else why
+        not: what readiness reports."""
+        if not self.started_at:
+            return "the scheduler is starting"
+        return None if self.loop.failures == 0 else "Redis is unreachable"
+
+    def describe(self) -> dict[str, Any]:
+        return {"scheduler": self.loop.owner, "version": __version__,
+                "namespace": self.client.namespace, "app_schedules": len(self.app.schedules),
+                "schedules": len({*self.app.schedules, *self.loop.entries}),
+                "holds_lock": self.loop.holding, "redis_ok": self.loop.failures == 0,
+                "uptime": round(time.time() - self.started_at, 3) if self.started_at else 0.0}

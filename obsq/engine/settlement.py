@@ -1,0 +1,242 @@
+"""Recording how each attempt ended, then telling the outcome hooks.
+
+Completions are batched without a timer: they gather here until the worker next talks to
+Redis, and `riding(call)` sends them in that same round trip (a busy worker thus pays one
+round trip for many tasks, an idle one no delay). A Redis that is away is retried with
+backoff. The outcome hooks then hear what happened: the verdict when Redis recorded it,
+`lease_lost` when the attempt's fencing token had gone stale (its lease was taken over),
+`unrecorded` when the worker stopped before Redis could be reached (the task runs again
+once its worker is known lost). A task of a type the worker has no handler for is handed
+on (`handed_on`, said once per type), or ends `dead` once it has been handed on for
+longer than `unknown_type_max_age`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from obsq.app import OutcomeHook
+from obsq.broker import Attempt, Broker, Completion, Completions
+from obsq.engine.execution import Verdict
+from obsq.engine.heartbeat import Claims
+from obsq.errors import BrokerError, Retry
+from obsq.loop import RedisRetry
+from obsq.task import Task
+
+log = logging.getLogger("obsq")
+T = TypeVar("T")
+# What a call carrying completions returns: the accepted flags per queue, and its own value.
+CarryingCall = Callable[[Completions, bool], Awaitable[tuple[dict[str, list[bool]], T]]]
+
+
+def attempt_of(task: Task) -> Attempt:
+    """The attempt as the scripts that end it name it."""
+    return Attempt(task.id, task.fence, task.type, task.slot, task.ordering_key)
+
+
+class _Ack:
+    __slots__ = ("completion", "future", "resent")
+
+    def __init__(self, completion: Completion, future: asyncio.Future[bool | None]) -> None:
+        self.completion = completion
+        self.future = future
+        self.resent = False  # an earlier send may have reached Redis before it failed
+
+
+class Settler:
+    def __init__(self, broker: Broker, worker_id: str, hooks: list[OutcomeHook], *,
+                 unknown_type_max_age: float, claims: Claims | None = None) -> None:
+        """`claims`: the worker's, told when an attempt's end is sent and recorded (its
+        lease is extended until then, and not reported lost meanwhile)."""
+        self.broker = broker
+        self.worker_id = worker_id
+        self.hooks = hooks
+        self.unknown_type_max_age = unknown_type_max_age
+        self._handed_on_types: set[str] = set()  # said once each
+        self.claims = claims or Claims()
+        self._acks: dict[str, list[_Ack]] = {}
+        self.acks_waiting = asyncio.Event()
+        self._gave_up = False
+        self.direct = False  # draining: send each completion at once, no fetch carries it
+
+    async def settle(self, task: Task, verdict: Verdict) -> str:
+        """Record the verdict in Redis; returns the final outcome."""
+        self.claims.ending(task.kept_in, task.id)
+        try:
+            return await self._settle(task, verdict)
+        finally:
+            self.claims.released(task.kept_in, task.id, task.fence)
+
+    async def _settle(self, task: Task, verdict: Verdict) -> str:
+        attempt = attempt_of(task)
+        if verdict.outcome == "success":
+            future: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
+            self._acks.setdefault(task.kept_in, []).append(_Ack(Completion(
+                attempt, task.retention, verdict.result, task.id_chosen), future))
+            self.acks_waiting.set()
+            if self.direct:
+                await self._persist(self.flush)
+            recorded = await future
+            if recorded is True:  # the common end: nothing to log
+                self.report(task, "success", None)
+                return "success"
+        elif verdict.outcome == "cancelled":
+            recorded = await self._persist(lambda: self.broker.cancel_attempt(
+                task.kept_in, attempt, self.worker_id))
+        elif verdict.outcome == "handed_on":
+            recorded, verdict = await self._hand_on(task, verdict)
+        elif verdict.outcome == "retry":
+            recorded = await self._persist(lambda: self.broker.retry(
+                task.kept_in, attempt, self.worker_id, verdict.delay, verdict.error_text,
+                verdict.traceback_text))
+        else:
+            recorded = await self._persist(lambda: self.broker.fail(
+                task.kept_in, attempt, self.worker_id, verdict.error_text,
+                verdict.traceback_text))
+        outcome = {True: verdict.outcome, False: "lease_lost", None: "unrecorded"}[recorded]
+        if recorded is False:
+            log.warning("task %s (%s) finished after its lease was taken over; its %s was "
+                        "refused", task.id, task.type, verdict.outcome)
+        elif recorded and verdict.outcome == "cancelled":
+            log.info("task %s (%s) cancelled while it ran", task.id, task.type)
+        elif recorded and verdict.outcome == "retry" and type(verdict.error) is Retry:
+            log.info("task %s (%s) asked to run again in %.1f s", task.id, task.type,
+                     verdict.delay)  # task.retry_in(): the handler's choice, no failure
+        elif recorded and verdict.outcome == "handed_on":
+            if task.type not in self._handed_on_types:
+                self._handed_on_types.add(task.type)
+                log.warning("no handler for task type %r in this worker: its tasks are "
+                            "handed on to workers that have one, no retry spent, and end "
+                            "dead if none takes them within %g s", task.type,
+                            self.unknown_type_max_age)
+        elif recorded and verdict.outcome != "success":
+            then = (f"will retry in {verdict.delay:.1f} s" if verdict.outcome == "retry"
+                    else "moved to dead")
+            log.warning("task %s (%s) failed, %s: %s", task.id, task.type, then,
+                        verdict.error_text)
+        self.report(task, outcome, verdict.error)
+        return outcome
+
+    async def _hand_on(self, task: Task, verdict: Verdict) -> tuple[bool | None, Verdict]:
+        """Hand a task of an unknown type on -> (recorded, the verdict Redis applied: still
+        handed_on, or dead past the age, or cancelled)."""
+        state = await self._persist(lambda: self.broker.hand_on(
+            task.kept_in, attempt_of(task), self.worker_id, verdict.error_text,
+            self.unknown_type_max_age))
+        if state is None:
+            return None, verdict
+        if state in ("dead", "cancelled"):
+            verdict = Verdict(state, error=verdict.error)
+        return bool(state), verdict
+
+    async def hand_back(self, tasks: list[Task]) -> int:
+        """Return unfinished attempts to pending at once (graceful shutdown); how many
+        went back (one that ended meanwhile, cancelled or its lease lost, does not)."""
+        handed = 0
+        by_queue: dict[str, list[Task]] = {}
+        for task in tasks:
+            by_queue.setdefault(task.kept_in, []).append(task)
+        for queue, group in by_queue.items():
+            for task in group:
+                self.claims.ending(queue, task.id)
+            accepted = await self._persist(lambda q=queue, g=group: self.broker.hand_back(
+                q, [attempt_of(t) for t in g], self.worker_id), attempts=5)
+            for task in group:
+                self.claims.released(queue, task.id, task.fence)
+            for task, ok in zip(group, accepted or [None] * len(group)):
+                self.report(task, {True: "requeued", False: "lease_lost",
+                                   None: "unrecorded"}[ok], None)
+                handed += bool(ok)
+        return handed
+
+    def report(self, task: Task, outcome: str, error: BaseException | None) -> None:
+        for hook in self.hooks:
+            try:
+                hook(task, outcome, error)
+            except Exception:
+                log.exception("outcome hook %r failed", hook)
+
+    async def riding(self, call: CarryingCall[T]) -> T:
+        """Run the worker's next Redis call with the completions gathered so far riding
+        along: `call(completions, resent)` returns (accepted flags per queue, its value)."""
+        taken, self._acks = self._acks, {}
+        self.acks_waiting.clear()
+        completions = {q: [a.completion for a in acks] for q, acks in taken.items()}
+        resent = any(a.resent for acks in taken.values() for a in acks)
+        try:
+            accepted, value = await call(completions, resent)
+        except BaseException:
+            for queue, acks in taken.items():  # sent again with the next call
+                for ack in acks:
+                    ack.resent = True
+                self._acks[queue] = acks + self._acks.get(queue, [])
+            if self._acks:
+                self.acks_waiting.set()
+            raise
+        for queue, acks in taken.items():
+            for ack, ok in zip(acks, accepted[queue]):
+                if not ack.future.done():
+                    ack.future.set_result(ok)
+        return value
+
+    async def flush(self) -> None:
+        """Send the gathered completions on their own (when no fetch is due)."""
+        if self._acks:
+            await self.riding(self._ack_only)
+
+    async def _ack_only(self, completions: Completions, resent: bool
+                        ) -> tuple[dict[str, list[bool]], None]:
+        return await self.broker.ack(completions, self.worker_id, resent), None
+
+    async def wait_carrying(self, event: asyncio.Event, linger: float) -> None:
+        """Wait for `event` (room for the worker's next fetch). Completions gathered before
+        it wait at most `linger` for that fetch, then go on their own."""
+        if not self.acks_waiting.is_set():
+            await event.wait()
+            return
+        try:
+            await asyncio.wait_for(event.wait(), linger)
+        except asyncio.TimeoutError:
+            await self.flush()
+
+    async def close(self, timeout: float) -> None:
+        """Flush what is left, retrying while Redis is away for up to `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        retry = RedisRetry("recording completions")
+        while self._acks:
+            try:
+                await self.flush()
+            except BrokerError as exc:
+                pause = retry.failed(exc)
+                if loop.time() >= deadline:
+                    log.error("gave up recording %d completion(s): %s; they will run again "
+                              "once this worker is known lost",
+                              sum(map(len, self._acks.values())), exc)
+                    break
+                await asyncio.sleep(pause)
+        self._gave_up = True
+        for acks in self._acks.values():
+            for ack in acks:
+                if not ack.future.done():
+                    ack.future.set_result(None)
+        self._acks = {}
+
+    async def _persist(self, call: Callable[[], Awaitable[Any]],
+                       attempts: int | None = None) -> Any:
+        """Retry a settling call while Redis is away; None once the worker gives up (a
+        re-sent call whose first send was applied is recognised by its fencing token)."""
+        retry = RedisRetry("recording an outcome")
+        while True:
+            try:
+                return await call()
+            except BrokerError as exc:
+                pause = retry.failed(exc)
+                if self._gave_up or (attempts is not None and retry.failures >= attempts):
+                    log.error("gave up recording an outcome: %s; the task will run again "
+                              "once this worker is known lost", exc)
+                    return None
+                await asyncio.sleep(pause)

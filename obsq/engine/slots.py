@@ -1,0 +1,121 @@
+"""A worker's concurrency slots and the buffer of fetched tasks waiting for one: what its
+fetch loop (obsq/engine/fetching.py) asks and hands over, and what starts next when a slot frees.
+
+The fetcher asks `room()` how many tasks to fetch, `limits()` the route limits its fetch
+applies, and hands what it took to `take()`; it waits on `freed` and stops on `stopped`.
+Each task taken goes to a free slot, the buffer, or the suspects (obsq/engine/isolation.py: run
+alone). A started task runs as `run(task)`, the worker's; it calls `ended()` when its
+handler is done, which starts the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any
+
+from obsq.broker import Broker, Fetched
+from obsq.engine.isolation import Suspects
+from obsq.settings import PREFETCH_BELOW_SECONDS
+from obsq.task import Task
+
+
+class Slots:
+    def __init__(self, concurrency: int, broker: Broker, worker_id: str, *,
+                 run: Callable[[Task], Coroutine[Any, Any, None]],
+                 admit: Callable[[str, Fetched], Iterable[Task]],
+                 limits: Callable[[int], bytes]) -> None:
+        """`admit(queue, fetched)`: the tasks of a fetch, built and counted as the worker's;
+        `run(task)`: the coroutine that runs and settles one; `limits(partitions)`: limits.py's,
+        for a queue of that many partitions."""
+        self.concurrency = concurrency
+        self.limits = limits
+        self.busy = 0  # slots whose handler runs
+        self.buffer: collections.deque[Task] = collections.deque()  # fetched, awaiting a slot
+        self.suspects = Suspects(broker, worker_id, self.start_next)  # to run alone
+        self.running: dict[asyncio.Task[None], Task] = {}  # started, until settled
+        self.handling: set[asyncio.Task[None]] = set()  # started, until the handler ended
+        self.freed = asyncio.Event()  # a slot freed: the fetcher may look again
+        self.stopped = asyncio.Event()  # the worker stops: fetch no more
+        self.draining = False  # start nothing more from the buffer
+        # the loop its tasks run on, known from the first fetch taken (the slots may be
+        # made before it runs); asyncio.create_task would look it up again for each task
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._run = run
+        self._admit = admit
+        self._recent_duration = PREFETCH_BELOW_SECONDS  # moving average of handler run time
+
+    def room(self) -> tuple[int, int]:
+        """(tasks to fetch now, tasks an idle wait may take). While tasks are short the
+        worker holds up to twice its slots and fetches only once a whole batch fits, so
+        each round trip carries many tasks; the buffer keeps the slots fed meanwhile."""
+        if self.suspects.blocking:
+            return 0, 0
+        held = self.busy + len(self.buffer)
+        prefetching = self._recent_duration < PREFETCH_BELOW_SECONDS
+        wanted = self.concurrency * (2 if prefetching else 1) - held
+        if prefetching and held > self.concurrency:
+            wanted = 0
+        return wanted, self.concurrency - self.busy
+
+    def take(self, queue: str, fetched: Fetched) -> None:
+        """Start fetched tasks in free slots; the rest wait in the buffer (all of them once
+        the worker is stopping: the drain hands the buffer back)."""
+        fetched_at = time.monotonic()
+        self.loop = asyncio.get_running_loop()
+        for task in self._admit(queue, fetched):
+            if task.suspect:
+                self.suspects.hold(task)
+            elif (self.busy < self.concurrency and not self.stopped.is_set()
+                    and not self.suspects.blocking):
+                self.start(task)
+            else:
+                task.context["fetched_at"] = fetched_at
+                self.buffer.append(task)
+        self.start_next()
+
+    def start_next(self) -> None:
+        """Fill free slots from the buffer, a suspect first (alone once no other task runs),
+        and let the fetcher look again."""
+        self.freed.set()
+        if self.draining:
+            return
+        suspect = self.suspects.next_to_start(self.busy)
+        if suspect is not None:
+            self.start(suspect)
+        while self.buffer and self.busy < self.concurrency and not self.suspects.blocking:
+            self.start(self.buffer.popleft())
+
+    def start(self, task: Task) -> None:
+        fetched_at = task.context.pop("fetched_at", None)
+        if fetched_at is not None:  # waited in the buffer too
+            task.wait_seconds += time.monotonic() - fetched_at
+        self.busy += 1
+        runner = self.loop.create_task(self._run(task))  # type: ignore[union-attr]
+        self.running[runner] = task
+        self.handling.add(runner)
+
+    def ended(self, runner: asyncio.Task[None], task: Task, seconds: float) -> None:
+        """The handler of `task` is done after `seconds` (its outcome not yet settled)."""
+        self.busy -= 1
+        self.handling.discard(runner)
+        self.suspects.ended(task)
+        self._recent_duration += (seconds - self._recent_duration) * 0.1
+        self.start_next()
+
+    def waiting(self, queue: str, task_id: str) -> Task | None:
+        """The task, taken out of the buffer (or the suspects) if it waits there."""
+        for waiting in (self.buffer, self.suspects.waiting):
+            for task in waiting:
+                if (task.id, task.kept_in) == (task_id, queue):
+                    waiting.remove(task)
+                    return task
+        return None
+
+    def unstarted(self) -> list[Task]:
+        """Everything fetched and not started, taken out (for a drain to hand back)."""
+        tasks = [*self.buffer, *self.suspects.take_all()]
+        self.buffer.clear()
+        return tasks
