@@ -66,10 +66,9 @@ async def run_worker(worker: Worker, *, http_port: int | None = None,
                      http_host: str = "0.0.0.0", metrics: bool = True, tracing: bool = True,
                      queue_metrics: bool = True, serving: Serving | None = None) -> None:
     """Run `worker` with obsq's metrics and tracing on its App and, given a port (0: any
-    free one; None or negative: none), its HTTP endpoint, started as soon as the worker's
-    stop-signal handlers are in place (a taken port stops the worker before it serves);
-    `queue_metrics`: see serve_worker. `serving(server)` is told the endpoint once it
-    listens."""
+    free one; None or negative: none), its HTTP endpoint, started before the worker so that
+    a taken port stops the start; `queue_metrics`: see serve_worker. `serving(server)` is
+    told the endpoint once it listens."""
     instrument_app(worker.app, metrics=metrics, tracing=tracing,
                    concurrency=worker.concurrency, queues=worker.queues,
                    worker_id=worker.id, redis_url=worker.broker.url)
@@ -79,26 +78,32 @@ async def run_worker(worker: Worker, *, http_port: int | None = None,
         from obsq.observability.metrics import watch_worker
 
         watch_worker(worker)
-    running = asyncio.ensure_future(worker.run())
+    # a SIGTERM right after the endpoint's first answer, before worker.run put its own
+    # handlers in place, is a drain too, not Python's default death
+    remove_signals = on_stop_signals(lambda sig: worker.stop()) if worker.handle_signals \
+        else None
     server = None
     try:
-        # worker.run's first step puts its stop-signal handlers in place: a SIGTERM right
-        # after the endpoint's first answer is then a drain, not Python's default death
-        await asyncio.sleep(0)
         if http_port is not None and http_port >= 0:
             server = serve_worker(worker, http_host, http_port, queue_metrics=queue_metrics)
             if serving is not None:
                 serving(server)
-            started = asyncio.ensure_future(worker.started.wait())
-            await asyncio.wait([running, started], return_when=asyncio.FIRST_COMPLETED)
-            started.cancel()
-            if worker.started.is_set():
-                log.info("worker %s: metrics and probes on :%d", worker.id, server.port)
-        await running
+        running = asyncio.ensure_future(worker.run())
+        try:
+            if server is not None:
+                started = asyncio.ensure_future(worker.started.wait())
+                await asyncio.wait([running, started], return_when=asyncio.FIRST_COMPLETED)
+                started.cancel()
+                if worker.started.is_set():
+                    log.info("worker %s: metrics and probes on :%d", worker.id, server.port)
+            await running
+        finally:
+            if not running.done():  # cancelled from outside: the worker drains first
+                worker.stop()
+                await asyncio.shield(running)
     finally:
-        if not running.done():  # cancelled from outside, or its port taken: it drains first
-            worker.stop()
-            await asyncio.shield(running)
+        if remove_signals is not None:
+            remove_signals()
         if server is not None:
             await asyncio.to_thread(server.close)
 
@@ -128,10 +133,10 @@ async def run_scheduler(scheduler: Scheduler, *, http_port: int | None = None,
         counting = SchedulerMetrics()
         scheduler.on_fire(counting.on_fire)
         scheduler.on_entries(counting.on_entries)
-    running = asyncio.ensure_future(scheduler.run())
+    remove_signals = on_stop_signals(lambda sig: scheduler.stop()) \
+        if scheduler.handle_signals else None  # before the endpoint answers, as run_worker
     server = None
     try:
-        await asyncio.sleep(0)  # its stop-signal handlers first, as run_worker's
         if http_port is not None and http_port >= 0:
             server = HealthServer(
                 http_host, http_port, endpoint_registry(),
@@ -141,11 +146,10 @@ async def run_scheduler(scheduler: Scheduler, *, http_port: int | None = None,
             log.info("scheduler: metrics and probes on :%d", server.port)
             if serving is not None:
                 serving(server)
-        await running
+        await scheduler.run()
     finally:
-        if not running.done():
-            scheduler.stop()
-            await asyncio.shield(running)
+        if remove_signals is not None:
+            remove_signals()
         if server is not None:
             await asyncio.to_thread(server.close)
 
