@@ -217,6 +217,7 @@ class Task:
         "ordering_key",
         "partition",
         "previous",
+        "priority",
         "queue",
         "retention",
         "retry_count",
@@ -233,13 +234,14 @@ class Task:
                  retention: float, fence: int = 0, wait_seconds: float = 0.0,
                  route: str = "other", id_chosen: bool = False, ordering_key: str = "",
                  slot: str = "", binary: bool = False, suspect: bool = False,
-                 previous: Any = None, partition: str = "",
+                 previous: Any = None, partition: str = "", priority: int = 0,
                  update_state: Callable[[Task, Any], Coroutine[Any, Any, None]] | None = None,
                  ) -> None:
         self.id = id
         self.type = type
         self.queue = queue
         self.partition = partition  # the partition of its queue holding it (app.queue), or ""
+        self.priority = priority  # 0 to 9, higher first within its queue
         self.retry_count = retry_count
         self.max_retry = max_retry
         self.timeout = timeout
@@ -250,8 +252,7 @@ class Task:
         self.id_chosen = id_chosen  # its producer chose the id (remembered after its end)
         self.ordering_key = ordering_key  # it runs alone among the tasks sharing this key
         self.slot = slot  # the route whose concurrency limit this attempt counts under
-        # It was running beside others when a worker was lost: its worker runs it alone.
-        self.suspect = suspect
+        self.suspect = suspect  # running beside others when a worker was lost: runs alone
         self.previous = previous  # a flow's step: the result(s) of the step(s) before it
         # Set when the task was cancelled while this attempt ran: an async handler gets
         # asyncio.CancelledError, a plain function should look here and return early.

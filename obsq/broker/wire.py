@@ -227,7 +227,7 @@ LAYOUTS: dict[str, Layout] = {
 # The replies read by position. dequeue's items are FetchedTask's fields, in its order
 # (records.py).
 DEQUEUE_TASK = ("id", "fence", "type", "payload", "headers", "options", "retried", "due_ms",
-                "id_chosen", "ordering_key", "waited", "slot", "binary", "suspect")
+                "id_chosen", "ordering_key", "waited", "slot", "binary", "suspect", "priority")
 REPLIES: dict[str, Reply] = {
     "claim_batches": Reply(("wait", "batches"), rows={
         "batches": ("id", "type", "group", "fence", "failures", "tasks"),

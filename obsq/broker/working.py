@@ -256,7 +256,8 @@ class Working(RedisCalls):
 _TEXT = "{}.decode(errors='replace')"  # decoding.as_text of bytes, without its call
 _READERS = {"id": _TEXT, "type": _TEXT, "retried": "as_count({})", "due_ms": "as_count({})",
             "id_chosen": "{} == b'1'", "ordering_key": _TEXT, "waited": "{} == b'1'",
-            "slot": _TEXT, "binary": "{} == b'1'", "suspect": "{} == b'1'"}
+            "slot": _TEXT, "binary": "{} == b'1'", "suspect": "{} == b'1'",
+            "priority": "as_count({})"}
 
 
 def _task_reader() -> Callable[[list[Any], int], FetchedTask]:

@@ -91,7 +91,7 @@ class Executor:
             raw_headers=raw.headers, retry_count=raw.retried, fence=raw.fence,
             route=route.pattern if route else "other", id_chosen=raw.id_chosen,
             ordering_key=raw.ordering_key, slot=raw.slot, binary=raw.binary,
-            suspect=raw.suspect,
+            suspect=raw.suspect, priority=raw.priority,
             max_retry=max_retry if isinstance(max_retry, int) else
             (route.max_retry if route and route.max_retry is not None else DEFAULT_MAX_RETRY),
             timeout=timeout if isinstance(timeout, (int, float)) and timeout > 0 else

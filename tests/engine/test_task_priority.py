@@ -56,16 +56,19 @@ async def test_higher_priority_first_and_equal_priorities_in_enqueue_order(stepp
 
 async def test_a_worker_runs_the_higher_priorities_first(app, client, start_worker) -> None:
     ran: list[str] = []
+    told: dict[str, int] = {}
 
     @app.task("t")
     async def record(task: obsq.Task) -> None:
         ran.append(task.payload)
+        told[task.payload] = task.priority  # a handler reads its task's priority
 
     for p, name in MIX:  # one call each: the enqueue order is that of MIX
         await client.enqueue("t", name, priority=p)
     await start_worker(concurrency=1)
     await wait_until(lambda: len(ran) == len(MIX), timeout=20)
     assert ran == BY_PRIORITY
+    assert told == {name: p for p, name in MIX}
 
 
 async def test_route_and_job_priorities(app, client, broker) -> None:

@@ -15,7 +15,7 @@
 -- or ''), route slot ('' for none), '1' when the payload is bytes (kept in field 'bin',
 -- where a worker that predates them finds no payload and fails the task instead of
 -- misreading it), '1' when the task is a suspect (recover.lua: its worker must run it
--- alone); then per task held back: its type and why ('concurrency' or 'rate')}.
+-- alone), its priority ('' for 0); then per task held back: its type and why ('concurrency' or 'rate')}.
 -- The pop comes first, so a Redis at maxmemory lets the script finish.
 if redis.call('EXISTS', KEYS[4]) == 1 then
   return {[@r_now] = 0, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = ''}
@@ -198,6 +198,7 @@ for _, id in ipairs(ids) do
     tasks[t + @r_slot] = slot
     tasks[t + @r_binary] = f[12] and '1' or ''
     tasks[t + @r_suspect] = f[13] and '1' or ''
+    tasks[t + @r_priority] = f[14] or ''
     if f[9] or f[10] or f[11] then
       redis.call('HDEL', task_key(id), 'ow', 'rsv', 'hc')  -- counted and used once
     end
