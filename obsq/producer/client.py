@@ -17,7 +17,7 @@ from typing import Any
 
 from obsq.app import App, ProducerHook, RefusalHook
 from obsq.broker import Broker
-from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry, SharedCalls
+from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
 from obsq.broker.deadline import CallDeadlines, call_timeout_of, deadline
 from obsq.clock import Clock
 from obsq.errors import (
@@ -97,11 +97,10 @@ class Client:
         self.results = ResultWaiter(self.broker, self.deadlines)
         self.hooks: list[ProducerHook] = []
         self.refusal_hooks: list[RefusalHook] = []
-        self.placement = Placement(self.broker, app.partitions if app is not None else {})
+        self.placement = Placement(self.broker, app.partitions if app is not None else {},
+                                   self._read_counts)
         self.step = EnqueueStep(app, self.placement, self.refusal_hooks)
         self._queues = QueueRegistry(self._register_queues)
-        # concurrent enqueues of a new queue share one read of its partition count
-        self._counts = SharedCalls(self._read_counts, lambda _, read: self.placement.learn(read))
         self._coalescer = EnqueueCoalescer(self.broker.enqueue, ENQUEUE_BATCH, lambda write: (
             self.deadlines.run("enqueue", write)))
         self._unheard: set[str] = set()  # events published with no subscriber, warned of
@@ -178,9 +177,7 @@ class Client:
         Redis first), the messages grouped by queue (EnqueueStep.plan). A Redis is asked
         its memory policy before anything else: one that may evict is refused whole, and
         one out of reach is said so by its URL."""
-        unknown = self.step.to_read(messages)
-        if unknown:
-            await self._counts.run(set(unknown))
+        await self.placement.read(self.step.to_read(messages))
         return self.step.plan(messages, {}, group)
 
     @property

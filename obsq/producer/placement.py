@@ -9,9 +9,10 @@ to the previous partitions, which workers go on draining: nothing waits for good
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
+from obsq.broker.coalescing import SharedCalls
 from obsq.partitions import SEPARATOR, choose, partition_names, placement_key, queue_of
 from obsq.task import TaskMessage
 
@@ -23,13 +24,23 @@ LOOKUP_TTL = 10.0  # seconds a partition count read from Redis is used
 
 class Placement:
     def __init__(self, broker: ProducerBroker, declared: dict[str, int],
+                 read_counts: Callable[[set[str]], Awaitable[dict[str, int]]],
                  now: Callable[[], float] = time.monotonic) -> None:
         """`declared`: the App's counts (app.partitions, read at each enqueue, so a queue
-        declared after the Client was made counts too)."""
+        declared after the Client was made counts too); `read_counts`: the Client's read of
+        the counts its workers wrote to Redis."""
         self.broker = broker
         self._declared = declared
         self._learned: dict[str, tuple[int, float]] = {}  # queue -> (count, read at)
+        # concurrent callers needing a new queue's count share one read
+        self._reads = SharedCalls(read_counts, lambda _, counts: self.learn(counts))
         self._now = now
+
+    async def read(self, queues: Iterable[str]) -> None:
+        """Read from Redis the counts of those of `queues` not known (unknown())."""
+        unknown = self.unknown(queues)
+        if unknown:
+            await self._reads.run(set(unknown))
 
     async def locate(self, task_id: str, queue: str | None) -> str | None:
         """The queue or partition holding `task_id` in `queue` (None: in any queue). In a
@@ -42,9 +53,7 @@ class Placement:
             return await self.broker.find_queue(task_id)
         if SEPARATOR in queue:
             return queue
-        unknown = self.unknown([queue])
-        if unknown:
-            self.learn(await self.broker.partition_counts(unknown))
+        await self.read([queue])
         names = partition_names(queue, self.count(queue))
         first = choose(names, task_id)
         found = await self.broker.find_queue(task_id, [first, *(n for n in names
