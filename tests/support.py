@@ -18,6 +18,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
+import obsq
 from obsq.redis_server import redis_servers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,3 +241,15 @@ class ObsqProcess:
             self.process.kill()
             self.process.wait(timeout=10)
         self._log.close()
+
+
+def partitioned_events(app: obsq.App) -> None:
+    """`app` with the queue `events` of 3 partitions and a handler of `ev:` tasks that ends
+    one whose payload is "bad" dead (SkipRetry)."""
+    app.queue("events", partitions=3)
+
+    @app.task("ev:")
+    async def handle(task: obsq.Task) -> str:
+        if task.payload == "bad":
+            raise obsq.SkipRetry("bad event")
+        return "ok"

@@ -11,23 +11,13 @@ import re
 from typing import Any
 
 import pytest
-from support import wait_until
+from support import partitioned_events, wait_until
 
 import obsq
 from obsq.inspection.inspector import Inspector
 from obsq.partitions import partition_index, partition_names
 
 PARTS = partition_names("events", 3)
-
-
-def _partitioned(app: obsq.App) -> None:
-    app.queue("events", partitions=3)
-
-    @app.task("ev:")
-    async def handle(task: obsq.Task) -> str:
-        if task.payload == "bad":
-            raise obsq.SkipRetry("bad event")
-        return "ok"
 
 
 async def _enqueue_mix(client: obsq.Client) -> dict[str, list[str]]:
@@ -55,7 +45,7 @@ async def _pages(inspector: Inspector, queue: str, state: str, limit: int,
 
 async def test_the_inspector_shows_one_queue_with_its_partitions(
         app, client, inspector: Inspector) -> None:
-    _partitioned(app)
+    partitioned_events(app)
     ids = await _enqueue_mix(client)
 
     assert await inspector.queue_names() == ["events"]
@@ -101,7 +91,7 @@ async def test_the_inspector_shows_one_queue_with_its_partitions(
 
 async def test_repairs_of_the_queue_act_on_every_partition(
         app, client, inspector: Inspector) -> None:
-    _partitioned(app)
+    partitioned_events(app)
     ids = await _enqueue_mix(client)
 
     await inspector.pause("events")
@@ -131,7 +121,7 @@ async def test_repairs_of_the_queue_act_on_every_partition(
 
 async def test_groups_of_the_queue_come_from_every_partition(
         app, client, inspector: Inspector) -> None:
-    _partitioned(app)
+    partitioned_events(app)
     for n in range(8):
         for _ in range(n % 3 + 1):
             await client.enqueue("ev:g", n, group=f"g{n}", queue="events")
@@ -154,7 +144,7 @@ async def test_groups_of_the_queue_come_from_every_partition(
 
 async def test_worker_outcomes_count_in_the_queue(app, client, start_worker,
                                                   inspector: Inspector) -> None:
-    _partitioned(app)
+    partitioned_events(app)
     await start_worker(queues="events")
     infos = [await client.enqueue("ev:a", "bad" if i % 4 == 0 else i, queue="events",
                                   retention=600) for i in range(12)]
@@ -178,7 +168,7 @@ async def _processed(inspector: Inspector, n: int) -> Any:
 
 
 async def test_cli_shows_one_row_and_the_breakdown(app, client, obsq_cli) -> None:
-    _partitioned(app)
+    partitioned_events(app)
     await _enqueue_mix(client)
     await client.enqueue("plain", 1, queue="other")
 
@@ -229,7 +219,7 @@ async def test_cli_shows_one_row_and_the_breakdown(app, client, obsq_cli) -> Non
 
 async def test_doctor_names_the_queue_of_each_partition(app, client, obsq_cli, namespace,
                                                        raw_redis) -> None:
-    _partitioned(app)
+    partitioned_events(app)
     await _enqueue_mix(client)
     code, out = await obsq_cli("doctor")
     assert code == 0 and out.splitlines() == [
@@ -250,7 +240,7 @@ async def test_queue_gauges_sum_the_partitions(app, client, broker, namespace,
                                               raw_redis) -> None:
     from obsq.observability.collector import QueueCollector
 
-    _partitioned(app)
+    partitioned_events(app)
     await _enqueue_mix(client)
     await client.enqueue("plain", 1, queue="other")
     raw_redis.hset(f"{namespace}:partitions", "events", 3)  # as its workers write it

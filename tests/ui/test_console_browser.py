@@ -13,11 +13,12 @@ from support import wait_until
 
 import obsq
 
+from .phone import fits_a_phone, phone_context
+
 TOKEN = "console-token"
 XSS = {"html": "<script>alert('xss-script')</script>",
        "attr": "\"><img src=x onerror=\"alert('xss-img')\">"}
 XSS_TYPE = "<img src=x onerror=\"alert('xss-type')\">"
-PHONE = {"width": 375, "height": 812}
 
 
 async def test_an_operator_requeues_a_dead_task_and_watches_it_complete(
@@ -126,15 +127,11 @@ async def test_an_operator_requeues_a_dead_task_and_watches_it_complete(
     await page.screenshot(path=shots / "workers-1280.png")
 
     # Readable on a phone.
-    phone = await browser.new_context(viewport=PHONE, device_scale_factor=2)
+    phone = await phone_context(browser)
     small = await phone.new_page()
     for name, url in [("overview", "/"), ("queue-dead", "/queues/billing?state=dead"),
                       ("task", f"/tasks/{charge_info.id}"), ("workers", "/workers")]:
-        await small.goto(base + url)
-        await small.wait_for_load_state("networkidle")
-        width = await small.evaluate("document.documentElement.scrollWidth")
-        assert width <= PHONE["width"], f"{name} is {width} px wide on a phone"
-        await small.screenshot(path=shots / f"{name}-375.png", full_page=True)
+        await fits_a_phone(small, base + url, name, shots)
     await phone.close()
     await context.close()
     print(f"screenshots in {shots}")
@@ -177,13 +174,8 @@ async def test_the_schedules_page_shows_fires_as_they_happen(
     assert (await nightly.locator("td[data-label='Next fire']").inner_text()).startswith("in ")
     await page.screenshot(path=shots / "schedules-1280.png", full_page=True)
 
-    phone = await browser.new_context(viewport=PHONE, device_scale_factor=2)
-    small = await phone.new_page()
-    await small.goto(base + "/schedules")
-    await small.wait_for_load_state("networkidle")
-    width = await small.evaluate("document.documentElement.scrollWidth")
-    assert width <= PHONE["width"], f"the schedules page is {width} px wide on a phone"
-    await small.screenshot(path=shots / "schedules-375.png", full_page=True)
+    phone = await phone_context(browser)
+    await fits_a_phone(await phone.new_page(), base + "/schedules", "schedules", shots)
     await phone.close()
     await context.close()
     print(f"screenshots in {shots}")

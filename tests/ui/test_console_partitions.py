@@ -7,27 +7,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support import wait_until
+from support import partitioned_events, wait_until
 
-import obsq
 from obsq.inspection.inspector import Inspector
 from obsq.partitions import partition_names
 
+from .phone import fits_a_phone, phone_context
+
 PARTS = partition_names("events", 3)
-PHONE = {"width": 375, "height": 812}
 
 
 async def test_a_partitioned_queue_is_one_row_with_its_partitions_below(
         app, client, start_worker, browser, console_process, redis_url, namespace,
         tmp_path: Path) -> None:
-    app.queue("events", partitions=3)
-
-    @app.task("ev:")
-    async def handle(task: obsq.Task) -> str:
-        if task.payload == "bad":
-            raise obsq.SkipRetry("bad event")
-        return "ok"
-
+    partitioned_events(app)
     await start_worker(queues="events")
     async with Inspector(redis_url, namespace) as inspector:
         for i in range(8):
@@ -79,13 +72,9 @@ async def test_a_partitioned_queue_is_one_row_with_its_partitions_below(
     assert partition in PARTS[1:]
     await page.screenshot(path=shots / "task-1280.png", full_page=True)
 
-    phone = await browser.new_context(viewport=PHONE, device_scale_factor=2)
+    phone = await phone_context(browser)
     small = await phone.new_page()
-    await small.goto(base + "/queues/events")
-    await small.wait_for_load_state("networkidle")
-    width = await small.evaluate("document.documentElement.scrollWidth")
-    assert width <= PHONE["width"], f"the queue's page is {width} px wide on a phone"
-    await small.screenshot(path=shots / "queue-375.png", full_page=True)
+    await fits_a_phone(small, base + "/queues/events", "queue", shots)
     await small.locator("#partitions").screenshot(path=shots / "partitions-375.png")
     await phone.close()
     await context.close()
