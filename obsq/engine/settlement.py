@@ -38,12 +38,19 @@ def attempt_of(task: Task) -> Attempt:
 
 
 class _Ack:
-    __slots__ = ("completion", "future", "resent")
+    __slots__ = ("completion", "pending", "recorded", "resent")
 
-    def __init__(self, completion: Completion, future: asyncio.Future[bool | None]) -> None:
+    def __init__(self, completion: Completion, recorded: Callable[[bool | None], None]
+                 ) -> None:
         self.completion = completion
-        self.future = future
+        self.recorded = recorded  # told once: True, False (lease lost) or None (gave up)
+        self.pending = True
         self.resent = False  # an earlier send may have reached Redis before it failed
+
+    def tell(self, ok: bool | None) -> None:
+        if self.pending:
+            self.pending = False
+            self.recorded(ok)
 
 
 class Settler:
@@ -62,6 +69,32 @@ class Settler:
         self._gave_up = False
         self.direct = False  # draining: send each completion at once, no fetch carries it
 
+    def settle_later(self, task: Task, verdict: Verdict, then: Callable[[], None]) -> bool:
+        """A success, gathered for the next call that carries completions, with no wait of
+        its own (the busy worker's common end: no coroutine nor future per task); `then()`
+        once Redis recorded it, or the worker gave up. False, and nothing done, when it
+        must be settled at once (`settle`): not a success, or draining."""
+        if verdict.outcome != "success" or self.direct:
+            return False
+        self.claims.ending(task.kept_in, task.id)
+
+        def recorded(ok: bool | None) -> None:
+            self.claims.released(task.kept_in, task.id, task.fence)
+            if ok is True:  # the common end: nothing to log
+                self.report(task, "success", None)
+            else:
+                self._told(task, verdict, ok)
+            then()
+
+        self._gather(task, verdict, recorded)
+        return True
+
+    def _gather(self, task: Task, verdict: Verdict,
+                recorded: Callable[[bool | None], None]) -> None:
+        self._acks.setdefault(task.kept_in, []).append(_Ack(Completion(
+            attempt_of(task), task.retention, verdict.result, task.id_chosen), recorded))
+        self.acks_waiting.set()
+
     async def settle(self, task: Task, verdict: Verdict) -> str:
         """Record the verdict in Redis; returns the final outcome."""
         self.claims.ending(task.kept_in, task.id)
@@ -74,15 +107,10 @@ class Settler:
         attempt = attempt_of(task)
         if verdict.outcome == "success":
             future: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
-            self._acks.setdefault(task.kept_in, []).append(_Ack(Completion(
-                attempt, task.retention, verdict.result, task.id_chosen), future))
-            self.acks_waiting.set()
+            self._gather(task, verdict, lambda ok: future.done() or future.set_result(ok))
             if self.direct:
                 await self._persist(self.flush)
             recorded = await future
-            if recorded is True:  # the common end: nothing to log
-                self.report(task, "success", None)
-                return "success"
         elif verdict.outcome == "cancelled":
             recorded = await self._persist(lambda: self.broker.cancel_attempt(
                 task.kept_in, attempt, self.worker_id))
@@ -96,6 +124,11 @@ class Settler:
             recorded = await self._persist(lambda: self.broker.fail(
                 task.kept_in, attempt, self.worker_id, verdict.error_text,
                 verdict.traceback_text))
+        return self._told(task, verdict, recorded)
+
+    def _told(self, task: Task, verdict: Verdict, recorded: bool | None) -> str:
+        """Log what needs saying of how Redis took the verdict, tell the outcome hooks;
+        the final outcome."""
         outcome = {True: verdict.outcome, False: "lease_lost", None: "unrecorded"}[recorded]
         if recorded is False:
             log.warning("task %s (%s) finished after its lease was taken over; its %s was "
@@ -178,8 +211,7 @@ class Settler:
             raise
         for queue, acks in taken.items():
             for ack, ok in zip(acks, accepted[queue]):
-                if not ack.future.done():
-                    ack.future.set_result(ok)
+                ack.tell(ok)
         return value
 
     async def flush(self) -> None:
@@ -219,11 +251,10 @@ class Settler:
                     break
                 await asyncio.sleep(pause)
         self._gave_up = True
-        for acks in self._acks.values():
-            for ack in acks:
-                if not ack.future.done():
-                    ack.future.set_result(None)
-        self._acks = {}
+        acks, self._acks = self._acks, {}
+        for gathered in acks.values():
+            for ack in gathered:
+                ack.tell(None)
 
     async def _persist(self, call: Callable[[], Awaitable[Any]],
                        attempts: int | None = None) -> Any:

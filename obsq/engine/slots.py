@@ -18,7 +18,7 @@ from typing import Any
 
 from obsq.broker import Broker, Fetched
 from obsq.engine.isolation import Suspects
-from obsq.settings import PREFETCH_BELOW_SECONDS
+from obsq.settings import MAX_FETCH, PREFETCH_BELOW_SECONDS, PREFETCH_HORIZON
 from obsq.task import Task
 
 
@@ -49,16 +49,23 @@ class Slots:
 
     def room(self) -> tuple[int, int]:
         """(tasks to fetch now, tasks an idle wait may take). While tasks are short the
-        worker holds up to twice its slots and fetches only once a whole batch fits, so
-        each round trip carries many tasks; the buffer keeps the slots fed meanwhile."""
+        worker holds a buffer beside its slots and fetches only once a whole buffer's worth
+        fits, so each round trip carries many tasks and the buffer keeps the slots fed
+        meanwhile. The buffer holds what the slots run in PREFETCH_HORIZON, at least one
+        task per slot and at most MAX_FETCH: a round trip's cost is spread over up to a
+        hundred no-op tasks, while a task held back from other workers waits at most
+        about that long."""
         if self.suspects.blocking:
             return 0, 0
         held = self.busy + len(self.buffer)
-        prefetching = self._recent_duration < PREFETCH_BELOW_SECONDS
-        wanted = self.concurrency * (2 if prefetching else 1) - held
-        if prefetching and held > self.concurrency:
-            wanted = 0
-        return wanted, self.concurrency - self.busy
+        duration = self._recent_duration
+        if duration >= PREFETCH_BELOW_SECONDS:
+            return self.concurrency - held, self.concurrency - self.busy
+        if held > self.concurrency:
+            return 0, self.concurrency - self.busy
+        depth = self.concurrency * PREFETCH_HORIZON / max(duration, 1e-6)
+        depth = min(max(int(depth), self.concurrency), MAX_FETCH)
+        return self.concurrency + depth - held, self.concurrency - self.busy
 
     def take(self, queue: str, fetched: Fetched) -> None:
         """Start fetched tasks in free slots; the rest wait in the buffer (all of them once

@@ -273,6 +273,9 @@ class Worker:
             self.slots.ended(runner, task, time.monotonic() - started)
         if task.cancelled:  # the one place an attempt is judged cancelled: its result,
             verdict = Verdict("cancelled")  # if any, no longer matters
+        if verdict is not None and self.settler.settle_later(
+                task, verdict, lambda: self._settled(runner, task)):
+            return
         try:
             if verdict is not None:
                 await self.settler.settle(task, verdict)
@@ -281,8 +284,17 @@ class Worker:
             else:
                 self.claims.released(task.kept_in, task.id, task.fence)
         finally:
-            self.limits.released(task)
-            del self.slots.running[runner]
+            self._released(runner, task)
+
+    def _settled(self, runner: asyncio.Task[None], task: Task) -> None:
+        """A success gathered by settle_later is recorded (or given up on)."""
+        self.processed += 1
+        self._flows.ended(task)
+        self._released(runner, task)
+
+    def _released(self, runner: asyncio.Task[None], task: Task) -> None:
+        self.limits.released(task)
+        del self.slots.running[runner]
 
     def _sure_to_run(self, task: Task) -> bool:
         """The common case, known without a wait: no suspect, no doubt about the claims."""
