@@ -89,7 +89,6 @@ INBOX_BATCH = 1000
 # Fetching: batch caps, and when a worker holds a second batch.
 MAX_FETCH = 100
 PREFETCH_BELOW_SECONDS = 0.05  # prefetch a second batch only while tasks take less
-PREFETCH_HORIZON = 0.01  # a prefetch buffer holds what the slots run in this long
 ACK_LINGER = 0.002  # how long completions may wait to ride along with the next fetch
 STOP_WAIT = 2.0  # how long a stopping worker waits for Redis to end its blocking wait
 FETCH_STOP_TIMEOUT = 15.0  # how long a drain waits for the fetch loop to end by itself

@@ -9,7 +9,7 @@ import asyncio
 import logging
 import random
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +60,9 @@ def default_backoff(retry_count: int) -> float:
     return min(BACKOFF_BASE * 2.0 ** retry_count, BACKOFF_CAP) * random.uniform(0.5, 1.0)
 
 
+SUCCEEDED = Verdict("success")  # the common verdict, shared (verdicts are not changed)
+
+
 class Executor:
     def __init__(self, app: App, concurrency: int,
                  update_state: Callable[[Task, Any], Coroutine[Any, Any, None]], *,
@@ -77,6 +80,7 @@ class Executor:
     def build_task(self, queue: str, raw: FetchedTask, redis_now_ms: int) -> Task:
         """`queue`: where it was fetched, a queue or one of its partitions."""
         route = self.app.route(raw.type)
+        kept_in, queue = queue, queue_of(queue)
         try:
             opts = orjson.loads(raw.options) if raw.options else {}
         except orjson.JSONDecodeError:
@@ -86,8 +90,8 @@ class Executor:
         max_retry = opts.get("max_retry")
         timeout = opts.get("timeout")
         return Task(
-            id=raw.id, type=raw.type, queue=queue_of(queue), raw_payload=raw.payload,
-            partition=queue if queue_of(queue) != queue else "",
+            id=raw.id, type=raw.type, queue=queue, raw_payload=raw.payload,
+            partition=kept_in if kept_in != queue else "",
             raw_headers=raw.headers, retry_count=raw.retried, fence=raw.fence,
             route=route.pattern if route else "other", id_chosen=raw.id_chosen,
             ordering_key=raw.ordering_key, slot=raw.slot, binary=raw.binary,
@@ -114,7 +118,7 @@ class Executor:
         except Exception as exc:
             return self.failure(task, exc)
         if result is None:  # most handlers: nothing to encode
-            return Verdict("success")
+            return SUCCEEDED
         if isinstance(result, UnsentResult):
             return self._unencodable_result(task, result.reason)
         try:
@@ -154,15 +158,17 @@ class Executor:
             log.exception("retry_delay of %s failed; using the default backoff", task.type)
             return default_backoff(task.retry_count)
 
-    async def _invoke(self, task: Task) -> Any:
-        """The innermost layer of the middleware chain: the handler itself."""
+    def _invoke(self, task: Task) -> Awaitable[Any]:
+        """The innermost layer of the middleware chain: the handler itself, as an awaitable
+        (no coroutine of its own: a failure before the handler raises from the call, inside
+        the caller's `await`)."""
         route = self.app.route(task.type)
         if route is None:  # a middleware changed task.type
             raise UnknownTaskType(f"no handler is registered for task type {task.type!r}")
         task.payload  # noqa: B018 - decode now: a tampered payload must fail before the handler
         if route.is_async:
-            return await self.deadlines.within(route.handler(task), task.timeout)
-        return await self.pool.run(route, task)  # its timeout counts from the handler's start
+            return self.deadlines.within(route.handler(task), task.timeout)
+        return self.pool.run(route, task)  # its timeout counts from the handler's start
 
     def close(self) -> None:
         self.pool.close()

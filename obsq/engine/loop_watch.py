@@ -52,21 +52,19 @@ class LoopMonitor:
         return max(time.monotonic() - self._due, 0.0)
 
     def blocked(self) -> float:
-        """Seconds the loop has stood blocked since it started (call on the loop)."""
-        self._count(self.loop.time())
-        return self.blocked_total
-
-    def _tick(self) -> None:
+        """Seconds the loop has stood blocked since it started, counted up to now (call on
+        the loop: each attempt of an async handler does)."""
         now = self.loop.time()
-        self._count(now)
-        self._due = now + TICK
-        self._handle = self.loop.call_at(self._due, self._tick)
-
-    def _count(self, now: float) -> None:
         late = now - max(self._due, self._counted_to)
         if late >= BLOCKED_AT_LEAST:
             self.blocked_total += late
             self._counted_to = now
+        return self.blocked_total
+
+    def _tick(self) -> None:
+        self.blocked()
+        self._due = self.loop.time() + TICK
+        self._handle = self.loop.call_at(self._due, self._tick)
 
 
 class LoopWatchdog:

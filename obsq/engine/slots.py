@@ -18,19 +18,24 @@ from typing import Any
 
 from obsq.broker import Broker, Fetched
 from obsq.engine.isolation import Suspects
-from obsq.settings import MAX_FETCH, PREFETCH_BELOW_SECONDS, PREFETCH_HORIZON
+from obsq.settings import MAX_FETCH, PREFETCH_BELOW_SECONDS
 from obsq.task import Task
+
+PREFETCH_HORIZON = 0.01  # a prefetch buffer holds what the slots run in this long
 
 
 class Slots:
     def __init__(self, concurrency: int, broker: Broker, worker_id: str, *,
                  run: Callable[[Task], Coroutine[Any, Any, None]],
                  admit: Callable[[str, Fetched], Iterable[Task]],
-                 limits: Callable[[int], bytes]) -> None:
+                 limits: Callable[[int], bytes], deep: bool = True) -> None:
         """`admit(queue, fetched)`: the tasks of a fetch, built and counted as the worker's;
         `run(task)`: the coroutine that runs and settles one; `limits(partitions)`: limits.py's,
-        for a queue of that many partitions."""
+        for a queue of that many partitions. `deep`: the prefetch buffer may grow past one
+        task a slot (not while weighted queues share the worker: a fetch takes from one
+        queue, and a deep one would hold up the weights' turns)."""
         self.concurrency = concurrency
+        self.deep = deep
         self.limits = limits
         self.busy = 0  # slots whose handler runs
         self.buffer: collections.deque[Task] = collections.deque()  # fetched, awaiting a slot
@@ -63,8 +68,10 @@ class Slots:
             return self.concurrency - held, self.concurrency - self.busy
         if held > self.concurrency:
             return 0, self.concurrency - self.busy
-        depth = self.concurrency * PREFETCH_HORIZON / max(duration, 1e-6)
-        depth = min(max(int(depth), self.concurrency), MAX_FETCH)
+        depth = self.concurrency  # one task a slot
+        if self.deep:
+            by_time = int(depth * PREFETCH_HORIZON / max(duration, 1e-6))
+            depth = max(depth, min(by_time, MAX_FETCH))
         return self.concurrency + depth - held, self.concurrency - self.busy
 
     def take(self, queue: str, fetched: Fetched) -> None:
@@ -72,11 +79,11 @@ class Slots:
         the worker is stopping: the drain hands the buffer back)."""
         fetched_at = time.monotonic()
         self.loop = asyncio.get_running_loop()
+        may_start = not self.stopped.is_set()  # the same for each task of the fetch
         for task in self._admit(queue, fetched):
             if task.suspect:
                 self.suspects.hold(task)
-            elif (self.busy < self.concurrency and not self.stopped.is_set()
-                    and not self.suspects.blocking):
+            elif may_start and self.busy < self.concurrency and not self.suspects.blocking:
                 self.start(task)
             else:
                 task.context["fetched_at"] = fetched_at

@@ -95,7 +95,8 @@ class Worker:
         self.served = ServedQueues(self.broker, self.queues, app.partitions)
         self.limits = RouteLimits(app, settings.route_concurrency)
         self.slots = Slots(self.concurrency, self.broker, self.id, run=self._process,
-                           admit=self._admit, limits=self.limits.encoded)
+                           admit=self._admit, limits=self.limits.encoded,
+                           deep=settings.strict_priority or len(self.queues) == 1)
         self._hurry = asyncio.Event()
         self._loops: list[BackgroundLoop] = []
         self._aggregation: AggregationLoop | None = None  # stopped first when draining
