@@ -18,18 +18,20 @@ import logging
 import math
 import random
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from obsq.broker import Broker, Fetched
 from obsq.engine.serving import REFRESH, ServedQueues
 from obsq.engine.settlement import Settler
+from obsq.engine.slots import BUFFER_HOLD, Slots
 from obsq.errors import BrokerError
 from obsq.loop import RedisRetry
 from obsq.partitions import SEPARATOR, count_in_name
 from obsq.settings import ACK_LINGER, MAX_FETCH, REDIS_RETRY_MAX, STOP_WAIT
 
 if TYPE_CHECKING:
-    from obsq.engine.slots import Slots
+    from obsq.task import Task
 
 log = logging.getLogger("obsq")
 AHEAD_FOR = 1.0  # seconds a partition's best rank is trusted before it is fetched first again
@@ -38,11 +40,14 @@ AHEAD_FOR = 1.0  # seconds a partition's best rank is trusted before it is fetch
 class Fetcher:
     def __init__(self, broker: Broker, settler: Settler, worker_id: str, slots: Slots, *,
                  served: ServedQueues, strict_priority: bool, lease_seconds: float,
-                 wait_timeout: float) -> None:
+                 wait_timeout: float,
+                 give_back: Callable[[list[Task]], Awaitable[None]]) -> None:
         """`slots` is what the fetcher asks (obsq/engine/slots.py): how many tasks to fetch now
         (0: wait for `slots.freed`) and how many an idle wait may take, the route limits
-        each fetch applies; it takes what came, and `slots.stopped` ends the loop. `served`:
-        the queues, their weights and their partitions (obsq/engine/serving.py)."""
+        each fetch applies, the tasks stuck in its buffer (handed to `give_back`); it takes
+        what came, and `slots.stopped` ends the loop. `served`: the queues, their weights
+        and their partitions (obsq/engine/serving.py)."""
+        self.give_back = give_back
         self.broker = broker
         self.settler = settler
         self.worker_id = worker_id
@@ -107,14 +112,17 @@ class Fetcher:
         retry = RedisRetry("fetching tasks")
         slots = self.slots
         while not slots.stopped.is_set():
-            wanted, _ = slots.room()
             try:
+                stuck = slots.stuck()
+                if stuck:
+                    await self.give_back(stuck)
+                wanted, _ = slots.room()
                 if time.monotonic() >= self._refresh_at:  # partitions of another count
                     await self.served.refresh()
                     self._refresh_at = time.monotonic() + REFRESH
                 if wanted <= 0:
                     slots.freed.clear()
-                    await self.settler.wait_carrying(slots.freed, ACK_LINGER)
+                    await self.settler.wait_carrying(slots.freed, ACK_LINGER, BUFFER_HOLD)
                     continue
                 got = 0
                 for queue in self.queue_order():

@@ -14,6 +14,7 @@ longer than `unknown_type_max_age`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -223,11 +224,14 @@ class Settler:
                         ) -> tuple[dict[str, list[bool]], None]:
         return await self.broker.ack(completions, self.worker_id, resent), None
 
-    async def wait_carrying(self, event: asyncio.Event, linger: float) -> None:
-        """Wait for `event` (room for the worker's next fetch). Completions gathered before
-        it wait at most `linger` for that fetch, then go on their own."""
+    async def wait_carrying(self, event: asyncio.Event, linger: float,
+                            timeout: float | None = None) -> None:
+        """Wait for `event` (room for the worker's next fetch), `timeout` at most.
+        Completions gathered before it wait at most `linger` for that fetch, then go on
+        their own."""
         if not self.acks_waiting.is_set():
-            await event.wait()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
             return
         try:
             await asyncio.wait_for(event.wait(), linger)

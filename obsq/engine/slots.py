@@ -22,6 +22,7 @@ from obsq.settings import MAX_FETCH, PREFETCH_BELOW_SECONDS
 from obsq.task import Task
 
 PREFETCH_HORIZON = 0.01  # a prefetch buffer holds what the slots run in this long
+BUFFER_HOLD = 1.0  # a buffered task waits this long at most while no slot frees
 
 
 class Slots:
@@ -51,6 +52,8 @@ class Slots:
         self._run = run
         self._admit = admit
         self._recent_duration = PREFETCH_BELOW_SECONDS  # moving average of handler run time
+        self._freed_at = time.monotonic()  # when a handler last ended
+        self._held_back = False  # the buffer went back: fetch no more ahead until one ends
 
     def room(self) -> tuple[int, int]:
         """(tasks to fetch now, tasks an idle wait may take). While tasks are short the
@@ -64,7 +67,7 @@ class Slots:
             return 0, 0
         held = self.busy + len(self.buffer)
         duration = self._recent_duration
-        if duration >= PREFETCH_BELOW_SECONDS:
+        if duration >= PREFETCH_BELOW_SECONDS or self._held_back:
             return self.concurrency - held, self.concurrency - self.busy
         if held > self.concurrency:
             return 0, self.concurrency - self.busy
@@ -90,6 +93,23 @@ class Slots:
                 self.buffer.append(task)
         self.start_next()
 
+    def stuck(self) -> list[Task]:
+        """The buffer's tasks, taken out, once no handler has ended for BUFFER_HOLD since
+        the first of them was fetched: the handlers running now take far longer than those
+        the buffer was sized by, and another worker may run these meanwhile. The worker
+        then fetches nothing ahead until a handler ends."""
+        if not self.buffer:
+            return []
+        since = max(self._freed_at, self.buffer[0].context.get("fetched_at", 0.0))
+        if time.monotonic() - since < BUFFER_HOLD:
+            return []
+        tasks = list(self.buffer)
+        self.buffer.clear()
+        self._held_back = True
+        for task in tasks:
+            task.context.pop("fetched_at", None)
+        return tasks
+
     def start_next(self) -> None:
         """Fill free slots from the buffer, a suspect first (alone once no other task runs),
         and let the fetcher look again."""
@@ -114,6 +134,8 @@ class Slots:
     def ended(self, runner: asyncio.Task[None], task: Task, seconds: float) -> None:
         """The handler of `task` is done after `seconds` (its outcome not yet settled)."""
         self.busy -= 1
+        self._freed_at = time.monotonic()
+        self._held_back = False
         self.handling.discard(runner)
         self.suspects.ended(task)
         self._recent_duration += (seconds - self._recent_duration) * 0.1

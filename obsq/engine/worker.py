@@ -40,7 +40,7 @@ from obsq.engine.liveness import Vigil
 from obsq.engine.maintenance import Forwarder, Janitor, Recoverer
 from obsq.engine.serving import ServedQueues
 from obsq.engine.settlement import Settler
-from obsq.engine.slots import Slots
+from obsq.engine.slots import BUFFER_HOLD, Slots
 from obsq.engine.throughput import ThroughputCounter
 from obsq.errors import BrokerError
 from obsq.loop import BackgroundLoop, on_stop_signals
@@ -173,7 +173,7 @@ class Worker:
         warn_if_not_the_apps("worker", self.namespace, self.app.namespace)
         fetcher = Fetcher(self.broker, self.settler, self.id, self.slots, served=self.served,
                           strict_priority=s.strict_priority, lease_seconds=s.lease_seconds,
-                          wait_timeout=s.wait_timeout)
+                          wait_timeout=s.wait_timeout, give_back=self._give_back)
         return asyncio.create_task(fetcher.run(), name="obsq-fetch")
 
     def stop(self, now: bool = False) -> None:
@@ -238,6 +238,16 @@ class Worker:
                 self._throttled(queue_of(queue), raw.type, "ordering")
             tasks.append(task)
         return tasks
+
+    async def _give_back(self, tasks: list[Task]) -> None:
+        """Tasks fetched ahead that waited behind handlers that did not end: back to the
+        head of their queue, for any worker (one Redis does not reach now lets their leases
+        run out, and the recoverer requeues them)."""
+        handed = await self.settler.hand_back(tasks)
+        for task in tasks:
+            self.limits.released(task)
+        log.info("handed %d task(s) fetched ahead back to their queue: no handler ended "
+                 "for %g s", handed, BUFFER_HOLD)
 
     def _cancel(self, queue: str, task_id: str) -> None:
         """The task was cancelled: an async handler is cancelled (a plain one's process

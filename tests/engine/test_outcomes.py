@@ -9,6 +9,7 @@ from support import wait_until
 
 import obsq
 from obsq.broker import Broker
+from obsq.engine.slots import BUFFER_HOLD
 
 
 async def test_outcome_hooks_see_every_settled_attempt(app, client, redis_url,
@@ -124,3 +125,44 @@ async def test_prefetched_tasks_keep_their_leases_too(app, client, start_worker)
                                timeout=30) is None
     assert runs == [*range(40), "slow 1", "slow 2", "last"]
     assert recoveries == []
+
+
+async def test_tasks_fetched_ahead_of_hung_handlers_go_to_another_worker(
+        app, client, start_worker) -> None:
+    """After short tasks a worker fetches far ahead of its slots; when its handlers then
+    hang, what it fetched ahead goes back to the head of the queue once no handler has
+    ended for BUFFER_HOLD, another worker runs it, and the first fetches no more ahead."""
+    release = asyncio.Event()
+    ran_by: dict[object, str] = {}
+    other = obsq.App(namespace=app.namespace)
+
+    @app.task("t")
+    async def first(task: obsq.Task):
+        if task.payload == "hold":
+            await release.wait()
+        ran_by[task.payload] = "first"
+
+    @other.task("t")
+    async def second(task: obsq.Task):
+        ran_by[task.payload] = "second"
+
+    worker = await start_worker(concurrency=2)
+    try:
+        await client.enqueue_many([obsq.Job("t", i) for i in range(40)])
+        await wait_until(lambda: worker.processed >= 40, what="the short tasks")
+        later = [f"later {i}" for i in range(20)]
+        await client.enqueue_many([obsq.Job("t", "hold", task_id=f"hold-{i}")
+                                   for i in range(2)] + [obsq.Job("t", p) for p in later])
+        # the scenario really happens: the later tasks wait in the first worker's buffer
+        await wait_until(lambda: len(worker.slots.buffer) == len(later), timeout=5,
+                         what="the buffer fetched ahead")
+        given_back = asyncio.get_running_loop().time()
+        await start_worker(other, concurrency=2)
+        await wait_until(lambda: all(ran_by.get(p) == "second" for p in later), timeout=10,
+                         what="the later tasks on the other worker")
+        assert asyncio.get_running_loop().time() - given_back >= BUFFER_HOLD * 0.9
+        assert worker.busy == 2 and not worker.slots.buffer  # it took nothing back
+        assert worker.slots.room()[0] == 0  # nothing more ahead while no handler ended
+    finally:
+        release.set()
+    await wait_until(lambda: ran_by.get("hold") == "first", what="the held tasks")
