@@ -108,7 +108,8 @@ class WorkerBroker(FlowStepBroker, ConnectedBroker, Protocol):
 
     async def dequeue(self, queue: str, count: int, worker_id: str, lease_seconds: float,
                       completions: Completions | None = None, resent: bool = False,
-                      limits: bytes = b"") -> tuple[dict[str, list[bool]], Fetched]: ...
+                      limits: bytes = b"", floor: int | None = None
+                      ) -> tuple[dict[str, list[bool]], Fetched]: ...
     async def wait_and_dequeue(self, queues: Sequence[str], timeout: float, queue: str,
                                count: int, worker_id: str, lease_seconds: float,
                                limits: bytes = b"") -> tuple[str | None, Fetched]: ...

@@ -174,7 +174,7 @@ LAYOUTS: dict[str, Layout] = {
     "cleanup": Layout("dead_age dead_count batch window max_ids"),
     "confirm_fire": Layout("name claim fire outcome"),
     "delete": modes("mode", id="id", other="batch"),
-    "dequeue": Layout("lease count worker limits aging ahead"),
+    "dequeue": Layout("lease count worker limits aging ahead floor"),
     "doctor": modes("step", list="offset count state field value",
                     zset="offset count state field value", lease="offset count grace",
                     owners="cursor count", ord="keys...", counters="",

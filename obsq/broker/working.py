@@ -30,11 +30,14 @@ HAND_ON_DELAY, HAND_ON_MAX_DELAY = 1.0, 60.0
 class Working(RedisCalls):
     async def dequeue(self, queue: str, count: int, worker_id: str, lease_seconds: float,
                       completions: Completions | None = None, resent: bool = False,
-                      limits: bytes = b"") -> tuple[dict[str, list[bool]], Fetched]:
+                      limits: bytes = b"", floor: int | None = None
+                      ) -> tuple[dict[str, list[bool]], Fetched]:
         """Up to `count` tasks under lease, in the same round trip as the ack of
-        `completions` (see ack). `limits`: the route limits to apply (dequeue.lua)."""
+        `completions` (see ack). `limits`: the route limits to apply; `floor`: a partition's
+        fetch takes no task ranked after it (dequeue.lua)."""
         calls = self._ack_calls(completions or {}, worker_id, resent)
-        calls.append(self._dequeue_call(queue, count, worker_id, lease_seconds, limits))
+        calls.append(self._dequeue_call(queue, count, worker_id, lease_seconds, limits,
+                                        floor))
         asked_at = time.monotonic()
         *acked, fetched = await self._scripts(calls)
         return (self._ack_results(completions or {}, acked),
@@ -70,12 +73,13 @@ class Working(RedisCalls):
         return {queue: [next(flags) for _ in items] for queue, items in completions.items()}
 
     def _dequeue_call(self, queue: str, count: int, worker_id: str, lease_seconds: float,
-                      limits: bytes) -> ScriptCall:
+                      limits: bytes, floor: int | None = None) -> ScriptCall:
         k = self.keys(queue)
         return ("dequeue", (k.pending, k.lease, k.wake, k.paused, k.active, k.fence),
                 argv("dequeue", lease=int(lease_seconds * 1000), count=count, worker=worker_id,
                      limits=limits, aging=int(self.priority_aging * 1000),
-                     ahead="1" if SEPARATOR in queue else ""))  # a partition's: see Fetched
+                     ahead="1" if SEPARATOR in queue else "",  # a partition's: see Fetched
+                     floor="" if floor is None else floor))
 
     def _parse_dequeue(self, queue: str, reply: list[Any], asked_at: float) -> Fetched:
         if reply[1]:

@@ -27,7 +27,7 @@ from obsq.engine.settlement import Settler
 from obsq.engine.slots import BUFFER_HOLD, Slots
 from obsq.errors import BrokerError
 from obsq.loop import RedisRetry
-from obsq.partitions import SEPARATOR, count_in_name
+from obsq.partitions import SEPARATOR, count_in_name, queue_of
 from obsq.settings import ACK_LINGER, MAX_FETCH, REDIS_RETRY_MAX, STOP_WAIT
 
 if TYPE_CHECKING:
@@ -100,6 +100,18 @@ class Fetcher:
                 known.append((seen[0], turn, name))
         return unknown + [name for _, _, name in sorted(known)]
 
+    def _floor(self, partition: str) -> int | None:
+        """The best rank the other partitions of its queue were told to hold (within
+        AHEAD_FOR): a fetch of `partition` stops before a task ranked after it, so a batch
+        does not take this partition's lower priorities ahead of another's higher."""
+        if SEPARATOR not in partition:
+            return None
+        now, queue = time.monotonic(), queue_of(partition)
+        ranks = [rank for name, (rank, told) in self._ahead.items()
+                 if name != partition and queue_of(name) == queue
+                 and now - told < AHEAD_FOR and rank != math.inf]
+        return int(min(ranks)) if ranks else None
+
     def _told(self, queue: str, fetched: Fetched) -> None:
         """Keep what a partition's fetch said of its best task left (not a plain wait's, nor
         a paused partition's: it says nothing of the tasks it holds)."""
@@ -142,7 +154,7 @@ class Fetcher:
         """Take up to `count` tasks of `queue`; the completions gathered so far ride along."""
         fetched = await self.settler.riding(lambda completions, resent: self.broker.dequeue(
             queue, count, self.worker_id, self.lease_seconds, completions, resent,
-            self.slots.limits(count_in_name(queue))))
+            self.slots.limits(count_in_name(queue)), self._floor(queue)))
         self.slots.take(queue, fetched)
         self._told(queue, fetched)
         return len(fetched.tasks)

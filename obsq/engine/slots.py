@@ -34,7 +34,8 @@ class Slots:
         `run(task)`: the coroutine that runs and settles one; `limits(partitions)`: limits.py's,
         for a queue of that many partitions. `deep`: the prefetch buffer may grow past one
         task a slot (not while weighted queues share the worker: a fetch takes from one
-        queue, and a deep one would hold up the weights' turns)."""
+        queue, and a deep one would hold up the weights' turns; the partitions of one
+        queue keep its priorities through dequeue.lua's rank floor)."""
         self.concurrency = concurrency
         self.deep = deep
         self.limits = limits

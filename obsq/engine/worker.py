@@ -247,7 +247,8 @@ class Worker:
         for task in tasks:
             self.limits.released(task)
         log.info("handed %d task(s) fetched ahead back to their queue: no handler ended "
-                 "for %g s", handed, BUFFER_HOLD)
+                 "for %g s%s", handed, BUFFER_HOLD, f"; {len(tasks) - handed} not started, "
+                 "taken over meanwhile" if handed < len(tasks) else "")
 
     def _cancel(self, queue: str, task_id: str) -> None:
         """The task was cancelled: an async handler is cancelled (a plain one's process

@@ -14,7 +14,7 @@ from support import wait_until
 
 import obsq
 import obsq.task
-from obsq.broker import coalescing
+from obsq.broker import QueueKeys, coalescing
 from obsq.engine import fetching
 from obsq.partitions import partition_names, queue_of
 
@@ -258,6 +258,30 @@ async def test_priorities_hold_across_the_partitions(app, client, inspector, sta
     await inspector.unpause("hot")
     await wait_until(lambda: len(ran) == 60)
     assert ran == [9] * 30 + [0] * 30, ran
+
+
+async def test_a_partition_s_fetch_stops_at_the_rank_floor(client, broker, raw_redis,
+                                                          namespace) -> None:
+    """dequeue.lua takes no task ranked after the floor (the best task another partition
+    holds): it tells the rank of the best left instead, and an idle worker's wake tokens
+    stay, as tasks do."""
+    await client.enqueue_many([obsq.Job("p", i, queue=HOT[0], priority=9) for i in range(3)]
+                              + [obsq.Job("p", 10 + i, queue=HOT[0]) for i in range(3)])
+    seconds, micros = raw_redis.time()
+    now_ms = seconds * 1000 + micros // 1000
+    aging_ms = int(broker.priority_aging * 1000)
+    wake = QueueKeys(namespace, HOT[0]).wake
+    tokens = raw_redis.llen(wake)
+    assert tokens
+
+    _, none = await broker.dequeue(HOT[0], 10, "w", 30, floor=now_ms - 100 * aging_ms)
+    assert none.tasks == [] and none.ahead_ms is not None  # all of them rank after it
+    assert raw_redis.llen(wake) == tokens
+    _, high = await broker.dequeue(HOT[0], 10, "w", 30, floor=now_ms - aging_ms)
+    assert [t.priority for t in high.tasks] == [9, 9, 9]
+    assert now_ms - 5_000 <= high.ahead_ms <= now_ms  # the 0s' rank: when they were due
+    _, low = await broker.dequeue(HOT[0], 10, "w", 30)
+    assert [t.priority for t in low.tasks] == [0, 0, 0]
 
 
 async def test_partitions_lost_with_redis_are_registered_again_by_their_producer(

@@ -8,7 +8,10 @@
 --       with a limit across workers (0: none) and this worker's own route limits with the
 --       room left under each; aging_ms (priority: a task pending this long ranks one level
 --       higher); ahead: '1' to be told the rank of the best task left (a partition's fetch:
---       the worker takes the partitions of a queue in the order of their best tasks)
+--       the worker takes the partitions of a queue in the order of their best tasks);
+--       floor: '' or a rank (ms) no task taken may rank after (the best task another
+--       partition of the queue holds: a fetch ends there, so the queue's priorities hold
+--       across its partitions)
 -- Returns {now, dropped, tasks, the best task left's rank (ms: due - priority * aging; '' when
 -- none is left or not asked), then per task: id, fence, type, payload, headers, options,
 -- retried, due, '1' when the producer chose its id, ordering key, waited for its key ('1'
@@ -30,7 +33,7 @@ local now = now_ms()
 -- in its own order down to the second best's head: its tasks pending since later rank
 -- lower, so a run ends at the first whose rank passes that head's (found by halving the
 -- run, from the most still wanted).
-local function by_rank(levels, count)
+local function by_rank(levels, count, floor)
   local aging = tonumber(ARGV[@aging])
   local function rank(id, p)
     return (tonumber(redis.call('HGET', task_key(id), 'due')) or now) - p * aging
@@ -53,9 +56,12 @@ local function by_rank(levels, count)
       redis.call('SREM', prefix .. 'levels', level)
     end
   end
+  if floor then  -- a list of no tasks, ranked at the floor: the run ends on reaching it
+    entries[#entries + 1] = {false, -1, floor}
+  end
   table.sort(entries, before)
   local ids = {}
-  while #ids < count and #entries > 0 do
+  while #ids < count and entries[1] and entries[1][1] do
     local e, take = entries[1], count - #ids
     local second = entries[2]
     while second and take > 1 do
@@ -80,15 +86,24 @@ local function by_rank(levels, count)
       redis.call('SREM', prefix .. 'levels', int_text(e[2]))
     end
   end
-  return #ids > 0 and ids, entries[1] and entries[1][3]
+  for _, e in ipairs(entries) do
+    if e[1] then
+      return #ids > 0 and ids, e[3]
+    end
+  end
+  return #ids > 0 and ids, nil
 end
 
 local levels = redis.call('SMEMBERS', prefix .. 'levels')
+local floor = tonumber(ARGV[@floor])
 local ids, left
-if #levels == 0 then
+if #levels == 0 and not floor then
   ids = redis.call('RPOP', KEYS[1], ARGV[@count])
 else
-  ids, left = by_rank(levels, tonumber(ARGV[@count]))
+  ids, left = by_rank(levels, tonumber(ARGV[@count]), floor)
+end
+if not ids and left then  -- none ranks before the floor: the tasks wait for their turn
+  return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = int_text(left)}
 end
 if not ids then
   redis.call('DEL', KEYS[3])
