@@ -177,7 +177,9 @@ class Client:
         Redis first), the messages grouped by queue (EnqueueStep.plan). A Redis is asked
         its memory policy before anything else: one that may evict is refused whole, and
         one out of reach is said so by its URL."""
-        await self.placement.read(self.step.to_read(messages))
+        unknown = self.step.to_read(messages)
+        if unknown:  # not awaited in the common case: an enqueue's await costs its CPU
+            await self.placement.read(unknown)
         return self.step.plan(messages, {}, group)
 
     @property
