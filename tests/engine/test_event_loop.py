@@ -1,10 +1,12 @@
 """The worker's event loop (obsq/engine/eventloop.py): uvloop where installed, asyncio's own when
 OBSQ_LOOP says so or uvloop is missing, and a worker asked for uvloop without it does not
-start. `obsq worker` runs its tasks on either and says which at start."""
+start. `obsq worker` runs its tasks on either and says which at start, in a process whose
+garbage collector is paced for a worker unless the process paced it itself."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 
 import pytest
@@ -14,6 +16,25 @@ import obsq
 from obsq.engine import eventloop
 from obsq.errors import ConfigurationError
 from obsq.settings import WorkerSettings
+
+
+@pytest.fixture(autouse=True)
+def collector_restored():
+    """eventloop.run paces this test process's collector: put it back for the next tests."""
+    before = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*before)
+
+
+def test_the_worker_process_collector_is_paced_unless_already_set() -> None:
+    gc.set_threshold(*eventloop.PYTHON_THRESHOLDS)
+    eventloop.run(_loop_name(), "asyncio")
+    assert gc.get_threshold() == (eventloop.YOUNG_THRESHOLD, 10, 10)
+    assert gc.get_freeze_count() > 0  # start-up's objects out of the collector's sight
+    gc.set_threshold(500, 5, 5)  # the process's own choice stays
+    eventloop.run(_loop_name(), "asyncio")
+    assert gc.get_threshold() == (500, 5, 5)
 
 
 def test_the_loop_setting_comes_from_obsq_loop_and_is_checked() -> None:
