@@ -49,9 +49,14 @@ class _Ack:
         self.resent = False  # an earlier send may have reached Redis before it failed
 
     def tell(self, ok: bool | None) -> None:
+        """Told inside the call that carried it, beside the other completions of that
+        call: a failure here is logged, never raised into that call."""
         if self.pending:
             self.pending = False
-            self.recorded(ok)
+            try:
+                self.recorded(ok)
+            except Exception:
+                log.exception("settling task %s failed", self.completion.attempt.task_id)
 
 
 class Settler:

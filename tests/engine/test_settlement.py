@@ -191,3 +191,36 @@ async def test_direct_mode_sends_each_completion_at_once(broker) -> None:
     assert await settler.settle(task, success(0)) == "success"
     assert (await depth(broker))["completed"] == 1
 
+
+
+async def test_successes_settled_later_are_told_each_even_when_one_fails(broker, inspector
+                                                                        ) -> None:
+    """settle_later: no coroutine per task; each success is told when the call carrying it
+    returns. One whose follow-up raises is logged, and the others of that call, and the
+    call's own value, are not lost."""
+    tasks = await taken(broker, 3)
+    outcomes: list[tuple[str, str]] = []
+    settler = Settler(broker, WORKER, [outcome_hook(outcomes)], unknown_type_max_age=60)
+    settled: list[str] = []
+
+    def then(task: Task):
+        def follow_up() -> None:
+            if task is tasks[0]:
+                raise RuntimeError("a follow-up that fails")
+            settled.append(task.id)
+        return follow_up
+
+    assert all(settler.settle_later(t, success(i), then(t)) for i, t in enumerate(tasks))
+    assert not settler.settle_later(tasks[0], Verdict("retry"), then(tasks[0]))  # settle()'s
+    assert settler.acks_waiting.is_set() and outcomes == []
+
+    async def fetch(completions: Completions, resent: bool):
+        return await broker.dequeue("default", 1, WORKER, 60, completions, resent)
+
+    fetched = await settler.riding(fetch)
+    assert fetched.tasks == []  # the call's own value
+    assert settled == [tasks[1].id, tasks[2].id]
+    assert sorted(outcomes) == sorted((t.id, "success") for t in tasks)
+    assert (await depth(broker))["completed"] == 3
+    settler.direct = True  # draining: each goes at once, through settle()
+    assert not settler.settle_later(tasks[1], success(1), then(tasks[1]))
