@@ -216,15 +216,17 @@ class Working(RedisCalls):
 
     async def hand_back(self, queue: str, attempts: Sequence[Attempt], worker_id: str
                         ) -> list[bool]:
-        """Return unfinished attempts to the head of pending (a worker's graceful drain)."""
+        """Return unfinished attempts to the head of pending, in their order (a worker's
+        graceful drain, or its prefetch buffer given back)."""
         k = self.keys(queue)
         calls = []
-        for start in range(0, len(attempts), ATTEMPTS_PER_CALL):
+        back_to_front = attempts[::-1]  # hand_back.lua: the last given is taken first
+        for start in range(0, len(back_to_front), ATTEMPTS_PER_CALL):
             args = argv("hand_back", [(a.task_id, a.fence, a.type, a.slot)
-                                      for a in attempts[start:start + ATTEMPTS_PER_CALL]],
+                                      for a in back_to_front[start:start + ATTEMPTS_PER_CALL]],
                         worker=worker_id)
             calls.append(("hand_back", (k.lease, k.pending, k.wake, k.active), args))
-        return [bool(x) for reply in await self._scripts(calls) for x in reply]
+        return [bool(x) for reply in await self._scripts(calls) for x in reply][::-1]
 
     def extend_calls(self, attempts: dict[str, list[Attempt]], lease_seconds: float,
                       worker_id: str) -> tuple[list[ScriptCall], list[str]]:

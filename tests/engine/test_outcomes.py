@@ -130,10 +130,12 @@ async def test_prefetched_tasks_keep_their_leases_too(app, client, start_worker)
 async def test_tasks_fetched_ahead_of_hung_handlers_go_to_another_worker(
         app, client, start_worker) -> None:
     """After short tasks a worker fetches far ahead of its slots; when its handlers then
-    hang, what it fetched ahead goes back to the head of the queue once no handler has
-    ended for BUFFER_HOLD, another worker runs it, and the first fetches no more ahead."""
+    hang, what it fetched ahead goes back to the head of the queue, in its order, once no
+    handler has ended for BUFFER_HOLD, another worker runs it, and the first fetches no
+    more ahead."""
     release = asyncio.Event()
     ran_by: dict[object, str] = {}
+    second_ran: list[object] = []
     other = obsq.App(namespace=app.namespace)
 
     @app.task("t")
@@ -145,6 +147,7 @@ async def test_tasks_fetched_ahead_of_hung_handlers_go_to_another_worker(
     @other.task("t")
     async def second(task: obsq.Task):
         ran_by[task.payload] = "second"
+        second_ran.append(task.payload)
 
     worker = await start_worker(concurrency=2)
     try:
@@ -161,6 +164,7 @@ async def test_tasks_fetched_ahead_of_hung_handlers_go_to_another_worker(
         await wait_until(lambda: all(ran_by.get(p) == "second" for p in later), timeout=10,
                          what="the later tasks on the other worker")
         assert asyncio.get_running_loop().time() - given_back >= BUFFER_HOLD * 0.9
+        assert second_ran == later  # given back in their order, at the head of the queue
         assert worker.busy == 2 and not worker.slots.buffer  # it took nothing back
         assert worker.slots.room()[0] == 0  # nothing more ahead while no handler ended
     finally:

@@ -1,7 +1,9 @@
--- prelude: now_ms, release_attempt, make_pending, wake, release_limits, cancel_requested,
---   end_cancelled
--- Hand a worker's unfinished attempts back to the head of pending (graceful shutdown); one
--- cancelled meanwhile ends cancelled.
+-- prelude: now_ms, task_key, release_attempt, make_pending, wake, release_limits,
+--   cancel_requested, end_cancelled
+-- Hand a worker's unfinished attempts back to the head of pending (graceful shutdown, or a
+-- prefetch buffer given back); one cancelled meanwhile ends cancelled. Each keeps its due
+-- time (its age, its rank among priorities), and the last given is pushed last: it is
+-- taken first, so ids given in their order back to front keep their order.
 -- KEYS: lease, pending, wake, active
 -- ARGV: now, worker_id, then per task: id, fence, type, route slot or ''
 -- Returns per task 1, or 0 when the fencing token is stale.
@@ -15,7 +17,7 @@ for i = @items, #ARGV, @stride do
     if cancel_requested(id) then
       end_cancelled(id, now)
     else
-      make_pending(KEYS[2], id, now, true)
+      make_pending(KEYS[2], id, redis.call('HGET', task_key(id), 'due') or now, true)
       pushed = pushed + 1
     end
     out[#out + 1] = 1
