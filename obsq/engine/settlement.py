@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -78,8 +79,10 @@ class Settler:
     def settle_later(self, task: Task, verdict: Verdict, then: Callable[[], None]) -> bool:
         """A success, gathered for the next call that carries completions, with no wait of
         its own (the busy worker's common end: no coroutine nor future per task); `then()`
-        once Redis recorded it, or the worker gave up. False, and nothing done, when it
-        must be settled at once (`settle`): not a success, or draining."""
+        once Redis recorded it, or the worker gave up; it and the outcome hooks run in the
+        task's context (contextvars), as they would after an awaited settle. False, and
+        nothing done, when it must be settled at once (`settle`): not a success, or
+        draining."""
         if verdict.outcome != "success" or self.direct:
             return False
         self.claims.ending(task.kept_in, task.id)
@@ -92,7 +95,8 @@ class Settler:
                 self._told(task, verdict, ok)
             then()
 
-        self._gather(task, verdict, recorded)
+        context = contextvars.copy_context()  # the hooks run as they would in the task
+        self._gather(task, verdict, lambda ok: context.run(recorded, ok))
         return True
 
     def _gather(self, task: Task, verdict: Verdict,

@@ -6,6 +6,7 @@ token is refused; and close records what is left, or gives up when Redis stays a
 from __future__ import annotations
 
 import asyncio
+import contextvars
 
 import pytest
 from support import depth
@@ -224,3 +225,25 @@ async def test_successes_settled_later_are_told_each_even_when_one_fails(broker,
     assert (await depth(broker))["completed"] == 3
     settler.direct = True  # draining: each goes at once, through settle()
     assert not settler.settle_later(tasks[1], success(1), then(tasks[1]))
+
+
+async def test_a_success_settled_later_tells_its_hooks_in_the_task_s_context(broker) -> None:
+    """The outcome hooks of a success run when the fetch carrying it returns, in another
+    task: they still see the contextvars of the task that ran (a middleware's)."""
+    request = contextvars.ContextVar("request", default="none")
+    seen: list[str] = []
+    [task] = await taken(broker, 1)
+    settler = Settler(broker, WORKER, [lambda t, outcome, error: seen.append(request.get())],
+                      unknown_type_max_age=60)
+
+    async def attempt() -> None:  # the task's own asyncio task, as the worker runs it
+        request.set("the task's")
+        assert settler.settle_later(task, success(0), lambda: None)
+
+    await asyncio.ensure_future(attempt())
+
+    async def fetch(completions: Completions, resent: bool):
+        return await broker.dequeue("default", 1, WORKER, 60, completions, resent)
+
+    await settler.riding(fetch)
+    assert seen == ["the task's"]
