@@ -89,10 +89,7 @@ class Settler:
 
         def recorded(ok: bool | None) -> None:
             self.claims.released(task.kept_in, task.id, task.fence)
-            if ok is True:  # the common end: nothing to log
-                self.report(task, "success", None)
-            else:
-                self._told(task, verdict, ok)
+            self._told(task, verdict, ok)
             then()
 
         context = contextvars.copy_context()  # the hooks run as they would in the task
@@ -176,8 +173,9 @@ class Settler:
         return bool(state), verdict
 
     async def hand_back(self, tasks: list[Task]) -> int:
-        """Return unfinished attempts to pending at once (graceful shutdown); how many
-        went back (one that ended meanwhile, cancelled or its lease lost, does not)."""
+        """Return unfinished attempts to pending at once, in their order (graceful
+        shutdown, or a prefetch buffer given back); how many went back (one that ended
+        meanwhile, cancelled or its lease lost, does not)."""
         handed = 0
         by_queue: dict[str, list[Task]] = {}
         for task in tasks:
