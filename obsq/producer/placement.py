@@ -36,9 +36,8 @@ class Placement:
         self._reads = SharedCalls(read_counts, lambda _, counts: self.learn(counts))
         self._now = now
 
-    async def read(self, queues: Iterable[str]) -> None:
-        """Read from Redis the counts of those of `queues` not known (unknown())."""
-        unknown = self.unknown(queues)
+    async def read(self, unknown: list[str]) -> None:
+        """Read from Redis the counts of `unknown` (as unknown() named them)."""
         if unknown:
             await self._reads.run(set(unknown))
 
@@ -53,7 +52,7 @@ class Placement:
             return await self.broker.find_queue(task_id)
         if SEPARATOR in queue:
             return queue
-        await self.read([queue])
+        await self.read(self.unknown([queue]))
         names = partition_names(queue, self.count(queue))
         first = choose(names, task_id)
         found = await self.broker.find_queue(task_id, [first, *(n for n in names
