@@ -87,6 +87,14 @@ async def test_every_call_a_worker_needs_passes_on_a_full_redis(full_redis, name
         acked = await broker.ack({"default": [Completion(a, 0, b"null") for a in attempts]},
                                  "w1")
         assert acked == {"default": [True, True]}
+        top_up(raw)  # a prefetch buffer given back (or a drain's), in its order
+        _, ahead = await broker.dequeue("default", 2, "w1", 30)
+        top_up(raw)
+        given = [Attempt(t.id, t.fence, t.type) for t in ahead.tasks]
+        assert await broker.hand_back("default", given, "w1") == [True, True]
+        top_up(raw)
+        _, again = await broker.dequeue("default", 2, "w1", 30)
+        assert [t.id for t in again.tasks] == [a.task_id for a in given]
         top_up(raw)
         with pytest.raises(obsq.BrokerError, match="Redis is full"):
             await client.enqueue("t", {"refused": True})
