@@ -6,7 +6,7 @@ import asyncio
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from support import redis_now_ms, wait_until
+from support import ended, redis_now_ms, wait_until
 
 import obsq
 from obsq.broker import GlobalKeys, QueueKeys
@@ -241,7 +241,8 @@ async def test_route_defaults_apply_when_the_client_has_the_app(app, client, sta
     await start_worker(queues="reports,default")
     await wait_until(lambda: len(seen) == 3)
     assert sorted(seen) == [("default", 0, 7), ("reports", 1, 5), ("reports", 1, 5)]
-    assert (await client.info(info.id)).state == "dead"
+    # the handler ran its last attempt: its failure is recorded a round trip later
+    assert (await wait_until(lambda: ended(client, info.id))).state == "dead"
     assert (await client.info(explicit.id)).retry_count == 0
 
     # a client without the app knows no routes: the default queue

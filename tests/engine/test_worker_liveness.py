@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 
 import redis
-from support import wait_until
+from support import ended, wait_until
 
 import obsq
 from obsq.broker import Attempt, Broker, Completion
@@ -47,8 +47,8 @@ async def test_a_handler_blocking_the_loop_makes_no_task_run_twice(
     await wait_until(lambda: sorted(records(raw_redis, namespace, "finished")) == sorted(ids),
                      timeout=BLOCK + 20, what="every task finished")
     for info in [blocker, *waiting]:  # no false TaskTimeout, no retry
-        await wait_until(lambda i=info: client.info(i.id), what="settled")
-        final = await client.info(info.id)
+        # "finished" is recorded as the handler returns; its ack follows with the next fetch
+        final = await wait_until(lambda i=info: ended(client, i.id), what="settled")
         assert (final.state, final.retry_count, final.error) == ("completed", 0, None), final
     # a task taken back before it completed would be pending ahead of this one
     marker = await client.enqueue("sleep", {"first": 0}, retention=60)
@@ -73,9 +73,11 @@ async def test_a_frozen_worker_does_not_start_the_tasks_it_lost(
     # quick tasks first: a worker holds a second batch in its buffer while tasks are short
     quick = [await client.enqueue("sleep", {"first": 0}) for _ in range(12)]
     await wait_until(lambda: len(records(raw_redis, namespace, "finished")) == 12)
+    active = f"{namespace}:{{default}}:active"
+    # their acks too, so that the count below is of the new tasks alone
+    await wait_until(lambda: raw_redis.hlen(active) == 0, what="the quick ones settled")
     long = await client.enqueue_many([obsq.Job("sleep", {"first": 4}) for _ in range(2)])
     buffered = await client.enqueue_many([obsq.Job("sleep", {"first": 0}) for _ in range(2)])
-    active = f"{namespace}:{{default}}:active"
     await wait_until(lambda: raw_redis.hlen(active) == 4, what="2 running, 2 buffered")
     await wait_until(lambda: set(records(raw_redis, namespace, "started")) ==
                      {t.id for t in [*quick, *long]}, what="the long ones started")
