@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from obsq.broker import Broker, Fetched
 from obsq.engine.serving import REFRESH, ServedQueues
 from obsq.engine.settlement import Settler
-from obsq.engine.slots import BUFFER_HOLD, Slots
+from obsq.engine.slots import Slots
 from obsq.errors import BrokerError
 from obsq.loop import RedisRetry
 from obsq.partitions import SEPARATOR, count_in_name, queue_of
@@ -134,7 +134,7 @@ class Fetcher:
                     self._refresh_at = time.monotonic() + REFRESH
                 if wanted <= 0:
                     slots.freed.clear()
-                    await self.settler.wait_carrying(slots.freed, ACK_LINGER, BUFFER_HOLD)
+                    await self.settler.wait_carrying(slots.freed, ACK_LINGER, slots.hold_left())
                     continue
                 got = 0
                 for queue in self.queue_order():

@@ -23,6 +23,9 @@ from obsq.task import Task
 
 PREFETCH_HORIZON = 0.01  # a prefetch buffer holds what the slots run in this long
 BUFFER_HOLD = 1.0  # a buffered task waits this long at most while no slot frees
+# uvloop's timers count whole milliseconds and may end a wait up to one early: a wait for
+# the buffer's hold to end lasts this much longer, so that it ends after it, not a hold later
+TIMER_SLACK = 0.005
 
 
 class Slots:
@@ -99,10 +102,7 @@ class Slots:
         the first of them was fetched: the handlers running now take far longer than those
         the buffer was sized by, and another worker may run these meanwhile. The worker
         then fetches nothing ahead until a handler ends."""
-        if not self.buffer:
-            return []
-        since = max(self._freed_at, self.buffer[0].context.get("fetched_at", 0.0))
-        if time.monotonic() - since < BUFFER_HOLD:
+        if not self.buffer or self.hold_left() > TIMER_SLACK:
             return []
         tasks = list(self.buffer)
         self.buffer.clear()
@@ -110,6 +110,14 @@ class Slots:
         for task in tasks:
             task.context.pop("fetched_at", None)
         return tasks
+
+    def hold_left(self) -> float:
+        """How long the fetcher may wait for a slot to free before `stuck()` gives the
+        buffer back (BUFFER_HOLD while nothing is buffered), TIMER_SLACK included."""
+        if not self.buffer:
+            return BUFFER_HOLD
+        since = max(self._freed_at, self.buffer[0].context.get("fetched_at", 0.0))
+        return max(BUFFER_HOLD - (time.monotonic() - since), 0.0) + TIMER_SLACK
 
     def start_next(self) -> None:
         """Fill free slots from the buffer, a suspect first (alone once no other task runs),

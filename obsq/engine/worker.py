@@ -246,9 +246,11 @@ class Worker:
         handed = await self.settler.hand_back(tasks)
         for task in tasks:
             self.limits.released(task)
-        log.info("handed %d task(s) fetched ahead back to their queue: no handler ended "
-                 "for %g s%s", handed, BUFFER_HOLD, f"; {len(tasks) - handed} not started, "
-                 "taken over meanwhile" if handed < len(tasks) else "")
+        queues = ", ".join(sorted({queue_of(task.kept_in) for task in tasks}))
+        log.info("worker %s handed %d task(s) fetched ahead back to queue %s for other "
+                 "workers: no handler of its own ended for %g s%s", self.id, handed, queues,
+                 BUFFER_HOLD, f"; {len(tasks) - handed} not started, taken over meanwhile"
+                 if handed < len(tasks) else "")
 
     def _cancel(self, queue: str, task_id: str) -> None:
         """The task was cancelled: an async handler is cancelled (a plain one's process

@@ -4,12 +4,15 @@ leases held for as long as a handler runs."""
 from __future__ import annotations
 
 import asyncio
+import types
 
+import pytest
 from support import wait_until
 
 import obsq
 from obsq.broker import Broker
-from obsq.engine.slots import BUFFER_HOLD
+from obsq.engine import slots
+from obsq.engine.slots import BUFFER_HOLD, Slots
 
 
 async def test_outcome_hooks_see_every_settled_attempt(app, client, redis_url,
@@ -170,3 +173,22 @@ async def test_tasks_fetched_ahead_of_hung_handlers_go_to_another_worker(
     finally:
         release.set()
     await wait_until(lambda: ran_by.get("hold") == "first", what="the held tasks")
+
+
+def test_the_buffer_goes_back_when_its_hold_ends_though_the_wait_ends_a_millisecond_early(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fetcher waits `hold_left()` for a slot to free. uvloop's timers may end that
+    wait up to a millisecond early; the buffer must then go back, not a whole hold later."""
+    now = [100.0]
+    monkeypatch.setattr(slots.time, "monotonic", lambda: now[0])
+    buffered = Slots(1, None, "w", run=None, admit=None, limits=None)  # type: ignore[arg-type]
+    now[0] = 100.3
+    task = types.SimpleNamespace(context={"fetched_at": now[0]})
+    buffered.buffer.append(task)  # type: ignore[arg-type]
+    now[0] = 100.8
+    wait = buffered.hold_left()
+    assert wait == pytest.approx(BUFFER_HOLD - 0.5 + slots.TIMER_SLACK)
+    assert buffered.stuck() == []
+    now[0] += wait - 0.001
+    assert buffered.stuck() == [task]
+    assert not buffered.buffer and buffered.hold_left() == BUFFER_HOLD
