@@ -73,6 +73,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         loop=args.loop,
         metrics=False if args.no_metrics else None, tracing=False if args.no_tracing else None,
         queue_metrics=False if args.no_queue_metrics else None)
+    eventloop.uses_uvloop(settings.loop)  # refused now, not after the app is loaded
     if settings.http_port is None:
         settings.http_port = WORKER_HTTP_PORT
     elif settings.http_port < 0:
@@ -150,9 +151,13 @@ def cmd_exporter(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from obsq.ops.demo import run_demo
 
-    return asyncio.run(run_demo(args.redis_url or os.environ.get("OBSQ_REDIS_URL"),
-                                args.duration, args.http_port,
-                                args.namespace))  # not OBSQ_NAMESPACE: its keys go
+    # the demo's worker reads the OBSQ_* settings as any worker does: a wrong one is said
+    # before the demo starts, and it runs on the loop they choose
+    settings = WorkerSettings.from_env()
+    return eventloop.run(run_demo(args.redis_url or os.environ.get("OBSQ_REDIS_URL"),
+                                  args.duration, args.http_port,
+                                  args.namespace),  # not OBSQ_NAMESPACE: its keys go
+                         settings.loop)
 
 
 def cmd_acl(args: argparse.Namespace) -> int:

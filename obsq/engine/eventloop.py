@@ -30,8 +30,9 @@ def uses_uvloop(choice: str) -> bool:
         import uvloop  # noqa: F401
     except ImportError:
         if choice == "uvloop":
-            raise ConfigurationError("OBSQ_LOOP=uvloop, but uvloop is not installed "
-                                     "(pip install 'obsq[uvloop]')") from None
+            raise ConfigurationError("the uvloop loop was asked for (--loop or OBSQ_LOOP), "
+                                     "but uvloop is not installed: pip install "
+                                     "'obsq[uvloop]', or choose auto or asyncio") from None
         return False
     return True
 
@@ -39,8 +40,13 @@ def uses_uvloop(choice: str) -> bool:
 def run(main: Coroutine[Any, Any, T], choice: str = "auto") -> T:
     """asyncio.run(main) on the loop `choice` names, in a process whose collector is paced
     for a worker (pace_collector)."""
+    try:
+        uvloop_chosen = uses_uvloop(choice)
+    except ConfigurationError:
+        main.close()  # never to run: no "never awaited" warning beside the error
+        raise
     pace_collector()
-    if uses_uvloop(choice):
+    if uvloop_chosen:
         import uvloop
 
         return uvloop.run(main)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import sys
+from pathlib import Path
 
 import pytest
-from support import wait_until
+from support import ROOT, obsq_env, one_clear_line, run_obsq, wait_until
 
 import obsq
 from obsq.engine import eventloop
@@ -56,6 +58,28 @@ def test_uvloop_is_the_default_where_installed() -> None:
     uvloop = pytest.importorskip("uvloop")
     assert eventloop.run(_loop_name(), "auto") == f"uvloop {uvloop.__version__}"
     assert eventloop.run(_loop_name(), "uvloop") == f"uvloop {uvloop.__version__}"
+
+
+@pytest.mark.parametrize("command", [
+    ["worker", "tests.engine.apps:app", "--loop", "uvloop"],
+    ["worker", "tests.engine.apps:app", "--loop", "uvloop", "--processes", "2"],
+    ["demo"]])
+def test_a_command_asked_for_uvloop_without_it_says_so_in_one_line(
+        command: list[str], tmp_path: Path) -> None:
+    """Said before the app is loaded, a supervisor's children started or the demo begins,
+    and nothing else is printed (no coroutine left never awaited)."""
+    (tmp_path / "uvloop").mkdir()  # an uvloop that does not import: as if not installed
+    (tmp_path / "uvloop" / "__init__.py").write_text("raise ImportError('no uvloop here')\n")
+    env = obsq_env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]), OBSQ_LOOP="uvloop")
+    result = run_obsq(*command, env=env)
+    one_clear_line(result, f"obsq {command[0]}:", "uvloop is not installed", "--loop or OBSQ_LOOP")
+    assert result.returncode == 2
+
+
+def test_the_demo_says_a_wrong_worker_setting_before_it_begins() -> None:
+    result = run_obsq("demo", env=obsq_env(OBSQ_LOOP="trio"))
+    one_clear_line(result, "obsq demo: loop must be auto or uvloop or asyncio, got 'trio'")
+    assert result.returncode == 2
 
 
 async def _loop_name() -> str:
