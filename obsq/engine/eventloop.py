@@ -65,6 +65,15 @@ def pace_collector() -> None:
         gc.set_threshold(YOUNG_THRESHOLD, *PYTHON_THRESHOLDS[1:])
 
 
+def described(choice: str) -> str:
+    """The running loop as a worker's start-up log names it, saying why it is not uvloop's
+    when `choice` was auto and uvloop is not installed."""
+    name = loop_name()
+    if name == "asyncio" and choice == "auto" and not uses_uvloop(choice):
+        return "asyncio (uvloop is not installed: pip install 'obsq[uvloop]' for a faster one)"
+    return name
+
+
 def loop_name(loop: asyncio.AbstractEventLoop | None = None) -> str:
     """`uvloop 0.21.0` or `asyncio`: the running loop (or `loop`), as a start-up log says."""
     loop = loop or asyncio.get_running_loop()

@@ -29,7 +29,7 @@ from obsq.broker import Broker, Fetched
 from obsq.clock import Clock
 from obsq.engine.aggregation import AggregationLoop
 from obsq.engine.cancelling import CancelWatcher
-from obsq.engine.eventloop import loop_name
+from obsq.engine.eventloop import described
 from obsq.engine.execution import Executor, Verdict
 from obsq.engine.fetching import Fetcher
 from obsq.engine.flow_loop import FlowLoop
@@ -169,7 +169,7 @@ class Worker:
                      f"{q}={w}" + (f" ({len(self.served.partitions[q])} partitions)"
                                    if len(self.served.partitions[q]) > 1 else "")
                      for q, w in self.queues.items()),
-                 self.concurrency, loop_name(), self.namespace, self.broker.safe_url)
+                 self.concurrency, described(s.loop), self.namespace, self.broker.safe_url)
         warn_if_not_the_apps("worker", self.namespace, self.app.namespace)
         fetcher = Fetcher(self.broker, self.settler, self.id, self.slots, served=self.served,
                           strict_priority=s.strict_priority, lease_seconds=s.lease_seconds,

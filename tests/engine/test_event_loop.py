@@ -52,6 +52,10 @@ def test_asyncio_is_the_loop_asked_for_or_the_one_left_without_uvloop(monkeypatc
     assert eventloop.run(_loop_name(), "auto") == "asyncio"
     with pytest.raises(ConfigurationError, match=r"pip install 'obsq\[uvloop\]'"):
         eventloop.uses_uvloop("uvloop")
+    # a worker's start-up log says why it is not on uvloop: auto found none
+    assert eventloop.run(_described("auto"), "auto").startswith(
+        "asyncio (uvloop is not installed: pip install 'obsq[uvloop]'")
+    assert eventloop.run(_described("asyncio"), "asyncio") == "asyncio"  # as asked
 
 
 def test_uvloop_is_the_default_where_installed() -> None:
@@ -84,6 +88,10 @@ def test_the_demo_says_a_wrong_worker_setting_before_it_begins() -> None:
 
 async def _loop_name() -> str:
     return eventloop.loop_name()
+
+
+async def _described(choice: str) -> str:
+    return eventloop.described(choice)
 
 
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
