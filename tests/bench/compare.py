@@ -1,15 +1,17 @@
-"""Comparing runs: another git ref of obsq installed in a scratch venv (the baseline) to run
-beside the checkout's code, the median of each figure over interleaved rounds, and the
-table of the checkout's figures against the baseline's. Standard library only."""
+"""Comparing runs: another git ref of obsq installed into a scratch directory (the baseline)
+to run beside the checkout's code on the same interpreter and packages, the median of each
+figure over interleaved rounds, and the table of the checkout's figures against the
+baseline's. Standard library only."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import venv
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +26,9 @@ class Contender:
     system: str  # the system child.py runs: obsq, dramatiq or taskiq
     python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
-    pythonpath: str | None = None  # None: the checkout first; "": the venv's own obsq
+    # the children's PYTHONPATH: None, the checkout first; else exactly this (the baseline's
+    # directory first, then the PYTHONPATH the bench was started with)
+    pythonpath: str | None = None
 
 
 def _git(*args: str) -> str:
@@ -40,38 +44,95 @@ def default_ref() -> str:
         return "HEAD~1"
 
 
+MARKER = "installed"  # written last, once the directory is known to import its own obsq
+
+
+def _interpreter() -> str:
+    """What a baseline directory is built for: this Python (its path and version)."""
+    tag = hashlib.sha256(f"{sys.executable}\0{sys.version}".encode()).hexdigest()[:8]
+    return f"py{sys.version_info[0]}{sys.version_info[1]}-{tag}"
+
+
+def _pythonpath(site: Path) -> str:
+    """The baseline's directory, then the PYTHONPATH the bench runs with (its packages
+    too, as the checkout's children see them)."""
+    return os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+
+
+def _imports_from(site: Path) -> str | None:
+    """None if this Python, with `site` first on PYTHONPATH as the baseline's children run,
+    imports obsq from `site`; else what went wrong."""
+    # `-c` puts the working directory first on sys.path, a child script its own folder:
+    # dropped, so that only PYTHONPATH can lead to `site`, as in the children
+    where = subprocess.run(
+        [sys.executable, "-c", "import sys; del sys.path[0]; import obsq; print(obsq.__file__)"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _pythonpath(site)},
+        cwd=str(site.parent))
+    found = where.stdout.strip()
+    if where.returncode or not found:
+        return (f"{sys.executable} with {site} first on PYTHONPATH could not import "
+                f"obsq:\n{where.stderr.strip()}")
+    if not Path(found).resolve().is_relative_to(site.resolve()):
+        return (f"{sys.executable} with {site} first on PYTHONPATH imports obsq from "
+                f"{found}, not from {site}")
+    return None
+
+
+def _install(sha: str, ref: str, root: Path) -> None:
+    """obsq at `sha`, without dependencies, into a new directory renamed to `root` once it
+    imports its own obsq; a failed install leaves nothing behind."""
+    build = Path(tempfile.mkdtemp(prefix=f"{root.name}.", dir=root.parent))
+    try:
+        src, site = build / "src", build / "site"
+        src.mkdir()
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", sha],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+        # this Python's pip: --target installs obsq alone into `site` (it neither sees nor
+        # touches the obsq installed in this Python); the dependencies are this Python's own
+        pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                              "--disable-pip-version-check", "--target", str(site), str(src)],
+                             capture_output=True, text=True)
+        if pip.returncode:
+            raise SystemExit(f"--baseline-ref {ref}: pip could not install obsq {sha[:12]} "
+                             f"(nothing kept):\n{(pip.stdout + pip.stderr).strip()}")
+        problem = _imports_from(site)
+        if problem:
+            raise SystemExit(f"--baseline-ref {ref}: obsq {sha[:12]}, installed for the "
+                             f"baseline, is not usable (nothing kept): {problem}")
+        shutil.rmtree(src)
+        (build / MARKER).write_text(f"{sha}\n{sys.executable}\n{sys.version}\n")
+        try:
+            build.rename(root)
+        except OSError:  # another run got there first: keep its directory
+            if not (root / MARKER).exists():
+                raise
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+
+
 def baseline(ref: str) -> Contender:
-    """obsq at `ref`, installed (without dependencies: the running Python's serve) into a
-    venv of its own under the temp directory, kept for the next run of the same commit."""
+    """obsq at `ref`, installed without its dependencies into a directory of its own under
+    the temp directory (kept for the next run of the same commit on the same Python), run by
+    this Python with that directory first on PYTHONPATH: the same redis-py, orjson and peers
+    as the checkout's obsq, whatever environment runs the bench."""
     try:
         sha = _git("rev-parse", "--verify", f"{ref}^{{commit}}")
     except subprocess.CalledProcessError:
         raise SystemExit(f"--baseline-ref {ref}: no such commit") from None
-    root = Path(tempfile.gettempdir()) / f"obsq-bench-{sha[:12]}"
-    python = root / "venv" / "bin" / "python"
-    if not (root / "installed").exists():
-        print(f"installing obsq {ref} ({sha[:12]}) into {root / 'venv'} ...", file=sys.stderr)
-        venv.create(root / "venv", system_site_packages=True, with_pip=False)
-        src = root / "src"
-        src.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", sha],
-                                 capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-        # the running Python's pip, pointed at the venv: it installs there and nowhere else
-        # (--ignore-installed: without it pip first uninstalls the obsq it sees installed in
-        # the running Python, the user's own)
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                        "--ignore-installed", "--disable-pip-version-check",
-                        "--prefix", str(root / "venv"), str(src)], check=True,
-                       stdout=subprocess.DEVNULL)
-        (root / "installed").write_text(sha)
-    where = subprocess.run([str(python), "-c", "import obsq; print(obsq.__file__)"],
-                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""},
-                           cwd=tempfile.gettempdir())
-    if not where.stdout.startswith(str(root / "venv")):
-        raise SystemExit(f"the baseline venv imports obsq from {where.stdout.strip() or '?'}"
-                         f"{where.stderr.strip()}, not from {root / 'venv'}")
-    return Contender(f"obsq@{ref}", "obsq", str(python), pythonpath="")
+    root = Path(tempfile.gettempdir()) / f"obsq-bench-{sha[:12]}-{_interpreter()}"
+    site = root / "site"
+    problem = _imports_from(site) if (root / MARKER).exists() else None
+    if (root / MARKER).exists() and problem is None:
+        print(f"baseline: obsq {ref} ({sha[:12]}) from {site}", file=sys.stderr)
+    else:
+        if problem:
+            print(f"the baseline kept in {root} is not usable, installed again: {problem}",
+                  file=sys.stderr)
+        shutil.rmtree(root, ignore_errors=True)  # unfinished, or no longer importable
+        print(f"installing obsq {ref} ({sha[:12]}) into {site} ...", file=sys.stderr)
+        _install(sha, ref, root)
+    return Contender(f"obsq@{ref}", "obsq", pythonpath=_pythonpath(site))
 
 
 def median_of(rounds: list[dict]) -> dict:

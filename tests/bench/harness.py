@@ -123,8 +123,8 @@ class Child:
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, label: str = "",
                  python: str = sys.executable, pythonpath: str | None = None):
-        """`python` and `pythonpath` ("": none, for a venv's own obsq; None: the checkout
-        first) run another obsq (compare.py's baseline)."""
+        """`pythonpath`: the child's PYTHONPATH, None for the checkout first (then the
+        PYTHONPATH the bench runs with); compare.py's baseline gives its own directory."""
         self.label = label or " ".join(args[:2])
         self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in close())
         full_env = dict(os.environ)

@@ -613,8 +613,9 @@ def main() -> None:
                         "gives each figure's median")
     p.add_argument("--baseline-ref", metavar="REF",
                    help="git ref of obsq to run beside the checkout in the same run, "
-                        "installed in a scratch venv (default: the newest tag before HEAD, "
-                        "else HEAD~1)")
+                        "installed without its dependencies into a scratch directory and "
+                        "run by this Python (default: the newest tag before HEAD, else "
+                        "HEAD~1)")
     p.add_argument("--no-baseline", action="store_true", help="run no baseline")
     p.add_argument("--asyncio", action="store_true",
                    help="also run the checkout's obsq on asyncio's loop (OBSQ_LOOP=asyncio)")
