@@ -38,6 +38,7 @@ from harness import (
 from systems import NAMESPACE
 
 ALL_SYSTEMS = ("obsq", "dramatiq", "taskiq")
+DEFAULT_TASKS = 20000  # the size the targets are set for
 CURRENT = Contender("obsq", "obsq")  # the checkout's obsq
 PEERS = ("dramatiq", "taskiq")
 POLL = 0.005  # seconds between drain checks
@@ -315,10 +316,18 @@ def get(res: dict, system: str, section: str, key: str):
     return res.get(system, {}).get(section, {}).get(key)
 
 
+def layout(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[str]:
+    """Rows of cells (a header first, if any) as lines, each column as wide as its widest
+    cell; the columns numbered in `right` are aligned right."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.rjust(w) if i in right else cell.ljust(w)
+                      for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+            for row in rows]
+
+
 def table(title: str, rows: list[tuple[str, str, str]], res: dict, systems) -> list[str]:
     """rows: (label, section, key); ratio = system / obsq."""
-    lines = [f"== {title} ==",
-             f"{'figure':<30} {'system':<10} {'value':>14}   {'ratio vs obsq':>13}"]
+    cells = [("figure", "system", "value", "ratio vs obsq")]
     for label, section, key in rows:
         ref = get(res, "obsq", section, key)
         for i, system in enumerate(systems):
@@ -328,8 +337,8 @@ def table(title: str, rows: list[tuple[str, str, str]], res: dict, systems) -> l
             ratio = "-"
             if isinstance(v, (int, float)) and isinstance(ref, (int, float)) and ref:
                 ratio = f"{v / ref:.2f}x"
-            lines.append(f"{label if i == 0 else '':<30} {system:<10} {fmt(v):>14}   {ratio:>13}")
-    return lines
+            cells.append((label if i == 0 else "", system, fmt(v), ratio))
+    return [f"== {title} ==", *layout(cells, right=(2, 3))]
 
 
 def targets(res: dict) -> list[tuple[str, str, str, bool | None]]:
@@ -341,7 +350,7 @@ def targets(res: dict) -> list[tuple[str, str, str, bool | None]]:
     out = []
 
     def add(name, want, value, ok, unit=""):
-        out.append((name, want, "not measured" if value is None else fmt(value, unit),
+        out.append((name, want, NOT_MEASURED if value is None else fmt(value, unit),
                     None if value is None else ok))
 
     rate = d.get("rate")
@@ -390,78 +399,90 @@ def _added_cpu(measured: dict, plain: dict) -> float | None:
     return None
 
 
+NOT_MEASURED = "not measured"
+REPORT = "(report)"  # a figure shown beside its limit, with no target to meet
+
+
 def producer_rows(res: dict) -> list[tuple[str, str, str, str, str, bool | None]]:
     """Issue rows: (path, value, the limit beside it, ratio, target, met), all measured in
-    this run on the same server."""
+    this run on the same server; met is None where there is no verdict: a (report) row, or
+    a figure or its limit not measured in this run (said in its value or limit)."""
     o = res.get("obsq", {})
     rows = []
 
     def add(path, value, limit, ratio, target, ok):
-        rows.append((path, value, limit, "-" if ratio is None else f"{ratio:.2f}x", target,
-                     None if ratio is None else ok))
+        rows.append((path, value, limit, "" if ratio is None else f"{ratio:.2f}x", target,
+                     None if ratio is None or target == REPORT else ok))
 
     sync, single = get(res, "obsq", "enqueue_sync", "rate"), get(res, "obsq",
                                                                  "enqueue_single", "rate")
     ping_s, ping_a = get(res, "obsq", "ping_sync", "rate"), get(res, "obsq", "ping_async",
                                                                  "rate")
     x = _ratio(sync, ping_s)
-    add("SyncClient.enqueue, one at a time", fmt(sync, "/s"), f"sync PING {fmt(ping_s, '/s')}",
+    add("SyncClient.enqueue, one at a time", _rate(sync), f"sync PING {_rate(ping_s)}",
         x, ">= 0.8x", x is not None and x >= 0.8)
     send = get(res, "dramatiq", "enqueue_single", "rate")
     x = _ratio(sync, send)
-    add("  beside dramatiq's send", fmt(sync, "/s"), f"dramatiq send {fmt(send, '/s')}", x,
+    add("  beside dramatiq's send", _rate(sync), f"dramatiq send {_rate(send)}", x,
         "> 1x", x is not None and x > 1)
     x = _ratio(single, ping_a)
-    add("Client.enqueue, one await at a time", fmt(single, "/s"),
-        f"async PING {fmt(ping_a, '/s')}", x, ">= 0.7x", x is not None and x >= 0.7)
+    add("Client.enqueue, one await at a time", _rate(single),
+        f"async PING {_rate(ping_a)}", x, ">= 0.7x", x is not None and x >= 0.7)
     kiq = get(res, "taskiq", "enqueue_single", "rate")
     x = _ratio(single, kiq)
-    add("  beside taskiq's kiq", fmt(single, "/s"), f"taskiq kiq {fmt(kiq, '/s')}", x, "> 1x",
+    add("  beside taskiq's kiq", _rate(single), f"taskiq kiq {_rate(kiq)}", x, "> 1x",
         x is not None and x > 1)
     conc = get(res, "obsq", "enqueue_concurrent", "rate")
     x = _ratio(conc, 30000)
-    add("1,000 concurrent Client.enqueue", fmt(conc, "/s"), "30,000/s", x, ">= 1x",
+    add("1,000 concurrent Client.enqueue", _rate(conc), "30,000 /s", x, ">= 1x",
         x is not None and x >= 1)
     bulk = get(res, "obsq", "enqueue_bulk", "rate")
     x = _ratio(conc, bulk)
-    add("  beside enqueue_many", fmt(conc, "/s"), f"enqueue_many {fmt(bulk, '/s')}", x,
-        "(report)", None if x is None else True)
+    add("  beside enqueue_many", _rate(conc), f"enqueue_many {_rate(bulk)}", x, REPORT, None)
     cpu, ping_cpu = (get(res, "obsq", "enqueue_single", "redis_cpu_us"),
                      get(res, "obsq", "ping_async", "redis_cpu_us"))
     x = _ratio(cpu, ping_cpu)
-    add("Redis CPU per single enqueue", fmt(cpu, "us"), f"a PING's {fmt(ping_cpu, 'us')}", x,
-        "<= 1.6x", x is not None and x <= 1.6)
+    add("Redis CPU per single enqueue", _measured(cpu, "us"),
+        f"a PING's {_measured(ping_cpu, 'us')}", x, "<= 1.6x", x is not None and x <= 1.6)
     plain, traced = o.get("drain", {}), o.get("drain_traced", {})
+    untraced = f"untraced {_rate(plain.get('rate'))}"
     x = _ratio(traced.get("rate"), plain.get("rate"))
-    add("drain traced at 100%, exported", fmt(traced.get("rate"), "/s"),
-        f"untraced {fmt(plain.get('rate'), '/s')}", x, ">= 0.5x", x is not None and x >= 0.5)
+    add("drain traced at 100%, exported", _rate(traced.get("rate")), untraced, x, ">= 0.5x",
+        x is not None and x >= 0.5)
     extra = _added_cpu(traced, plain)
-    rows.append(("  worker CPU per traced task", f"+{fmt(extra, 'us')}",
-                 f"untraced {fmt(plain.get('worker_cpu_us'), 'us')}", "-", "<= +60 us",
+    rows.append(("  worker CPU per traced task",
+                 NOT_MEASURED if extra is None else f"+{fmt(extra, 'us')}",
+                 f"untraced {_measured(plain.get('worker_cpu_us'), 'us')}", "", "<= +60 us",
                  None if extra is None else extra <= 60))
     sdk = o.get("drain_traced_sdk", {})
     x = _ratio(sdk.get("rate"), plain.get("rate"))
-    add("  the same through the SDK's exporter", fmt(sdk.get("rate"), "/s"),
-        f"untraced {fmt(plain.get('rate'), '/s')}", x, "(report)", None if x is None else True)
+    add("  the same through the SDK's exporter", _rate(sdk.get("rate")), untraced, x, REPORT,
+        None)
     sdk_extra = _added_cpu(sdk, plain)
     if sdk_extra is not None:
         rows.append(("  its worker CPU per traced task", f"+{fmt(sdk_extra, 'us')}",
-                     "OBSQ_FASTOTEL unset", "-", "(report)", True))
+                     "OBSQ_FASTOTEL unset", "", REPORT, None))
     sampled = o.get("drain_sampled", {})
     x = _ratio(sampled.get("rate"), plain.get("rate"))
-    add("drain traced at 10% (sampled), exported", fmt(sampled.get("rate"), "/s"),
-        f"untraced {fmt(plain.get('rate'), '/s')}", x, "(report)",
-        None if x is None else True)
-    for key, label, target in (("drain_io", "drain, one awaited Redis call/task", "(report)"),
+    add("drain traced at 10% (sampled), exported", _rate(sampled.get("rate")), untraced, x,
+        REPORT, None)
+    for key, label, target in (("drain_io", "drain, one awaited Redis call/task", REPORT),
                                ("drain", "drain, no-op handler", ">= 7x")):
         mine = get(res, "obsq", key, "rate")
         peers = [(get(res, s, key, "rate"), s) for s in res if s in PEERS]
         peers = [(r, s) for r, s in peers if r]
-        best, who = max(peers) if peers else (None, "peers")
+        best, who = max(peers) if peers else (None, "best peer")
         x = _ratio(mine, best)
-        add(label, fmt(mine, "/s"), f"{who} {fmt(best, '/s')}", x, target,
-            (x is not None and x >= 7) if target == ">= 7x" else (None if x is None else True))
+        add(label, _rate(mine), f"{who} {_rate(best)}", x, target, x is not None and x >= 7)
     return rows
+
+
+def _measured(v, unit: str = "") -> str:
+    return NOT_MEASURED if v is None else fmt(v, unit)
+
+
+def _rate(v) -> str:
+    return _measured(v, "/s")
 
 
 def report(res: dict, systems, args) -> None:
@@ -523,12 +544,14 @@ def report(res: dict, systems, args) -> None:
             f"{fmt(o['spans'])} spans (drain + pickup: {args.tasks + args.pickup:,} tasks)"
         )
     if "obsq" in systems:
+        judged = args.tasks >= DEFAULT_TASKS
+        if not judged:
+            print(f"\nthe targets below are set for the default --tasks {DEFAULT_TASKS:,}: "
+                  f"in this scaled-down run ({args.tasks:,}) they are shown for reference, "
+                  "not judged")
         print("\n== obsq's producer and tracing vs their limits, measured in this run ==")
-        print(f"{'path':<38} {'value':>12}   {'limit beside it':<26} {'ratio':>7}   "
-              f"{'target':<10} verdict")
-        for path, value, limit, ratio, want, ok in producer_rows(res):
-            verdict = "-" if ok is None else ("PASS" if ok else "MISS")
-            print(f"{path:<38} {value:>12}   {limit:<26} {ratio:>7}   {want:<10} {verdict}")
+        print("\n".join(judge(("path", "value", "limit beside it", "ratio", "target"),
+                               producer_rows(res), judged, right=(1, 3))))
         print("one at a time: sync = SyncClient / dramatiq send; async = Client / taskiq kiq; "
               "the PINGs are redis-py's, one at a time, on obsq's server")
         traced = res.get("obsq", {}).get("drain_traced")
@@ -540,9 +563,19 @@ def report(res: dict, systems, args) -> None:
             print(f"sampled drain: {fmt(sampled.get('spans'))} spans for {sampled['n']:,} "
                   f"tasks ({' '.join(f'{k}={v}' for k, v in SAMPLED_ENV.items())})")
         print("\n== obsq vs targets ==")
-        for name, want, value, ok in targets(res):
-            verdict = "-" if ok is None else ("PASS" if ok else "MISS")
-            print(f"{name:<34} {want:<20} {value:>18}   {verdict}")
+        print("\n".join(judge(("figure", "target", "value"), targets(res), judged,
+                               right=(2,))))
+
+
+def judge(head: tuple[str, ...], rows: list[tuple], judged: bool,
+          right: tuple[int, ...] = ()) -> list[str]:
+    """A table of rows whose last item is met (True, False, or None: no verdict); with
+    `judged` a verdict column gives PASS or MISS, else there is none."""
+    if not judged:
+        return layout([head, *(row[:-1] for row in rows)], right)
+    return layout([(*head, "verdict"),
+                   *((*row[:-1], "" if row[-1] is None else "PASS" if row[-1] else "MISS")
+                     for row in rows)], right)
 
 
 def report_overhead(ov: dict) -> None:
@@ -566,19 +599,22 @@ def report_overhead(ov: dict) -> None:
 def report_rounds(rounds: list[dict], labels: list[str]) -> None:
     """The drains of each round, so the spread behind each median shows."""
     print("\n== drains per round, tasks/s (no-op / one awaited Redis call) ==")
+    rows = []
     for label in labels:
         cells = [f"{fmt(get(r, label, 'drain', 'rate'))} / {fmt(get(r, label, 'drain_io', 'rate'))}"
                  for r in rounds]
         loop = get(rounds[0], label, "drain", "loop")
-        print(f"{label:<22} {'   '.join(cells)}{f'   (loop: {loop})' if loop else ''}")
+        rows.append((label, *cells, f"(loop: {loop})" if loop else ""))
+    print("\n".join(layout(rows, right=tuple(range(1, len(rounds) + 1)))))
 
 
 def report_baseline(current: dict, base: dict, label: str) -> None:
     print(f"\n== obsq (this checkout) vs {label}, same run: ratio = obsq / {label} ==")
-    print(f"{'figure':<36} {'obsq':>12} {label:>14} {'ratio':>7}   verdict")
-    for figure, now, then, ratio, worse in against(current, base):
-        print(f"{figure:<36} {fmt(now):>12} {fmt(then):>14} {ratio:>6.2f}x   "
-              f"{'WORSE by more than 5 %' if worse else ''}")
+    rows = [(figure, fmt(now), fmt(then), f"{ratio:.2f}x",
+             "WORSE by more than 5 %" if worse else "")
+            for figure, now, then, ratio, worse in against(current, base)]
+    print("\n".join(layout([("figure", "obsq", label, "ratio", "verdict"), *rows],
+                           right=(1, 2, 3))))
 
 
 def _terminate(signum, frame) -> None:
@@ -592,8 +628,9 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=ALL_SYSTEMS, action="append",
                    help="run only this system (repeatable); default: all three")
-    p.add_argument("--tasks", type=int, default=20000,
-                   help="tasks in the drain and the bulk enqueue (default 20000); "
+    p.add_argument("--tasks", type=int, default=DEFAULT_TASKS,
+                   help=f"tasks in the drain and the bulk enqueue (default {DEFAULT_TASKS}; "
+                        "the targets are judged only at this size or above); "
                         "one-at-a-time enqueue uses a quarter, pickup a twentieth")
     p.add_argument("--json", nargs="?", const="/tmp/obsq-bench.json", metavar="PATH",
                    help="also write all figures as JSON (default path /tmp/obsq-bench.json)")
