@@ -1,7 +1,8 @@
 """obsq benchmark: obsq against dramatiq and taskiq, each on its own private redis-server.
 
-    python tests/bench/run.py                 # everything, ~2-4 minutes
-    python tests/bench/run.py --only obsq     # obsq alone
+    python tests/bench/run.py                 # obsq, its baseline, dramatiq, taskiq: ~2-4 min
+    python tests/bench/run.py --only obsq     # obsq and its baseline (no peers)
+    python tests/bench/run.py --only obsq --no-baseline   # obsq alone
     python tests/bench/run.py --overhead      # obsq drain: off / metrics / tracing / both
     python tests/bench/run.py --only obsq --profile   # + a drain under py-spy
 
@@ -627,7 +628,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=ALL_SYSTEMS, action="append",
-                   help="run only this system (repeatable); default: all three")
+                   help="run only this system (repeatable); default: all three; obsq "
+                        "comes with its baseline unless --no-baseline")
     p.add_argument("--tasks", type=int, default=DEFAULT_TASKS,
                    help=f"tasks in the drain and the bulk enqueue (default {DEFAULT_TASKS}; "
                         "the targets are judged only at this size or above); "
