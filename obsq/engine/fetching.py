@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("obsq")
 AHEAD_FOR = 1.0  # seconds a partition's best rank is trusted before it is fetched first again
+# uvloop's timers count whole milliseconds and may end a wait up to one early: a wait for a
+# buffer's hold to end lasts this much longer, so that it ends after the hold, not a hold later
+TIMER_SLACK = 0.005
 
 
 class Fetcher:
@@ -134,7 +137,8 @@ class Fetcher:
                     self._refresh_at = time.monotonic() + REFRESH
                 if wanted <= 0:
                     slots.freed.clear()
-                    await self.settler.wait_carrying(slots.freed, ACK_LINGER, slots.hold_left())
+                    await self.settler.wait_carrying(slots.freed, ACK_LINGER,
+                                                     slots.hold_left() + TIMER_SLACK)
                     continue
                 got = 0
                 for queue in self.queue_order():

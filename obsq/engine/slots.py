@@ -23,9 +23,6 @@ from obsq.task import Task
 
 PREFETCH_HORIZON = 0.01  # a prefetch buffer holds what the slots run in this long
 BUFFER_HOLD = 1.0  # a buffered task waits this long at most while no slot frees
-# uvloop's timers count whole milliseconds and may end a wait up to one early: a wait for
-# the buffer's hold to end lasts this much longer, so that it ends after it, not a hold later
-TIMER_SLACK = 0.005
 
 
 class Slots:
@@ -102,7 +99,7 @@ class Slots:
         the first of them was fetched: the handlers running now take far longer than those
         the buffer was sized by, and another worker may run these meanwhile. The worker
         then fetches nothing ahead until a handler ends."""
-        if not self.buffer or self.hold_left() > TIMER_SLACK:
+        if not self.buffer or self.hold_left() > 0:
             return []
         tasks = list(self.buffer)
         self.buffer.clear()
@@ -112,12 +109,12 @@ class Slots:
         return tasks
 
     def hold_left(self) -> float:
-        """How long the fetcher may wait for a slot to free before `stuck()` gives the
-        buffer back (BUFFER_HOLD while nothing is buffered), TIMER_SLACK included."""
+        """How long until `stuck()` gives the buffer back (0: now; BUFFER_HOLD while
+        nothing is buffered): how long the fetcher may wait for a slot to free."""
         if not self.buffer:
             return BUFFER_HOLD
         since = max(self._freed_at, self.buffer[0].context.get("fetched_at", 0.0))
-        return max(BUFFER_HOLD - (time.monotonic() - since), 0.0) + TIMER_SLACK
+        return max(BUFFER_HOLD - (time.monotonic() - since), 0.0)
 
     def start_next(self) -> None:
         """Fill free slots from the buffer, a suspect first (alone once no other task runs),
