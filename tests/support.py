@@ -117,12 +117,15 @@ async def equal(value: Awaitable[Any], expected: Any) -> bool:
     return True
 
 
+ENDED = ("completed", "dead", "cancelled")  # a task in one of these is settled for good
+
+
 async def ended(client: obsq.Client, task_id: str) -> obsq.TaskInfo | None:
     """For wait_until: the task's info once its outcome is settled (completed, dead or
     cancelled), else None. What a handler records itself comes before its worker settles
     it: a success rides the worker's next fetch, a failure takes a round trip."""
     info = await client.info(task_id)
-    return info if info.state in ("completed", "dead", "cancelled") else None
+    return info if info.state in ENDED else None
 
 
 async def wait_until(condition: Callable[[], Any], timeout: float = 15.0,

@@ -10,12 +10,11 @@ import os
 import signal
 
 import pytest
-from support import wait_until
+from support import ENDED, wait_until
 
 from obsq.task import TaskInfo
 
 APP = "tests.engine.pool_apps:app"
-FINAL = ("completed", "dead", "cancelled")
 
 
 def record(namespace: str, name: str) -> str:
@@ -38,7 +37,7 @@ def alive(pid: int) -> bool:
 
 async def settled(client, ids: list[str]) -> list[TaskInfo] | None:
     infos = [await client.info(i) for i in ids]
-    return infos if all(i.state in FINAL for i in infos) else None
+    return infos if all(i.state in ENDED for i in infos) else None
 
 
 @pytest.fixture
