@@ -15,20 +15,18 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import REPO
+from harness import REPO, first_on_path
 
 
 @dataclass
 class Contender:
-    """One column of the run: a system's code run by `python` with `env` added."""
+    """One column of the run: a system's code with `env` added, and obsq imported from
+    `obsq_from` (the checkout, or a baseline's directory), on the bench's own Python."""
 
     label: str  # obsq, obsq@<ref>, obsq/asyncio, dramatiq, taskiq
     system: str  # the system child.py runs: obsq, dramatiq or taskiq
-    python: str = sys.executable
     env: dict[str, str] = field(default_factory=dict)
-    # the children's PYTHONPATH: None, the checkout first; else exactly this (the baseline's
-    # directory first, then the PYTHONPATH the bench was started with)
-    pythonpath: str | None = None
+    obsq_from: Path = REPO
 
 
 def _git(*args: str) -> str:
@@ -53,12 +51,6 @@ def _interpreter() -> str:
     return f"py{sys.version_info[0]}{sys.version_info[1]}-{tag}"
 
 
-def _pythonpath(site: Path) -> str:
-    """The baseline's directory, then the PYTHONPATH the bench runs with (its packages
-    too, as the checkout's children see them)."""
-    return os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-
-
 def _imports_from(site: Path) -> str | None:
     """None if this Python, with `site` first on PYTHONPATH as the baseline's children run,
     imports obsq from `site`; else what went wrong."""
@@ -66,7 +58,7 @@ def _imports_from(site: Path) -> str | None:
     # dropped, so that only PYTHONPATH can lead to `site`, as in the children
     where = subprocess.run(
         [sys.executable, "-c", "import sys; del sys.path[0]; import obsq; print(obsq.__file__)"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _pythonpath(site)},
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": first_on_path(site)},
         cwd=str(site.parent))
     found = where.stdout.strip()
     if where.returncode or not found:
@@ -122,17 +114,18 @@ def baseline(ref: str) -> Contender:
         raise SystemExit(f"--baseline-ref {ref}: no such commit") from None
     root = Path(tempfile.gettempdir()) / f"obsq-bench-{sha[:12]}-{_interpreter()}"
     site = root / "site"
-    problem = _imports_from(site) if (root / MARKER).exists() else None
-    if (root / MARKER).exists() and problem is None:
+    kept = (root / MARKER).exists()
+    problem = _imports_from(site) if kept else None
+    if kept and problem is None:
         print(f"baseline: obsq {ref} ({sha[:12]}) from {site}", file=sys.stderr)
-    else:
-        if problem:
-            print(f"the baseline kept in {root} is not usable, installed again: {problem}",
-                  file=sys.stderr)
-        shutil.rmtree(root, ignore_errors=True)  # unfinished, or no longer importable
-        print(f"installing obsq {ref} ({sha[:12]}) into {site} ...", file=sys.stderr)
-        _install(sha, ref, root)
-    return Contender(f"obsq@{ref}", "obsq", pythonpath=_pythonpath(site))
+        return Contender(f"obsq@{ref}", "obsq", obsq_from=site)
+    if problem:
+        print(f"the baseline kept in {root} is not usable, installed again: {problem}",
+              file=sys.stderr)
+    shutil.rmtree(root, ignore_errors=True)  # unfinished, or no longer importable
+    print(f"installing obsq {ref} ({sha[:12]}) into {site} ...", file=sys.stderr)
+    _install(sha, ref, root)
+    return Contender(f"obsq@{ref}", "obsq", obsq_from=site)
 
 
 def median_of(rounds: list[dict]) -> dict:

@@ -117,25 +117,28 @@ class ChildError(RuntimeError):
     pass
 
 
+def first_on_path(directory: Path) -> str:
+    """A child's PYTHONPATH: `directory` first (the obsq it runs), then the bench's own."""
+    return os.pathsep.join(p for p in (str(directory), os.environ.get("PYTHONPATH", "")) if p)
+
+
 class Child:
     """A `child.py` subprocess speaking the line protocol: it writes `BENCH {json}` lines to
     stdout and takes GO / MARK / STOP commands on stdin."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, label: str = "",
-                 python: str = sys.executable, pythonpath: str | None = None):
-        """`pythonpath`: the child's PYTHONPATH, None for the checkout first (then the
-        PYTHONPATH the bench runs with); compare.py's baseline gives its own directory."""
+                 obsq_from: Path = REPO):
+        """`obsq_from`: the directory first on the child's path, the checkout's or the one
+        compare.py installed a baseline into."""
         self.label = label or " ".join(args[:2])
         self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in close())
         full_env = dict(os.environ)
-        full_env["PYTHONPATH"] = pythonpath if pythonpath is not None else os.pathsep.join(
-            p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p
-        )
+        full_env["PYTHONPATH"] = first_on_path(obsq_from)
         full_env["PYTHONUNBUFFERED"] = "1"
         if env:
             full_env.update(env)
         self.proc = subprocess.Popen(
-            [python, str(CHILD), *args],
+            [sys.executable, str(CHILD), *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
             text=True, env=full_env, cwd=str(REPO),
         )
@@ -226,7 +229,7 @@ class Child:
 
 def run_child(args: list[str], timeout: float = 300, label: str = "", **how) -> dict:
     """Run a one-shot child (a producer) and return its `result` record; `how`: Child's
-    `env`, `python` and `pythonpath`."""
+    `env` and `obsq_from`."""
     c = Child(args, label=label, **how)
     try:
         return c.expect("result", timeout)

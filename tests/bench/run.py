@@ -88,7 +88,7 @@ def backlog(system: str, r) -> int:
 
 def _how(c: Contender) -> dict:
     """How to start a child of contender `c` (run_child's and Child's keywords)."""
-    return {"env": c.env, "python": c.python, "pythonpath": c.pythonpath}
+    return {"env": c.env, "obsq_from": c.obsq_from}
 
 
 def enqueue(c: Contender, rs: RedisServer, n: int, mode: str, task: str = "noop") -> dict:
@@ -136,7 +136,7 @@ def drain(c: Contender, rs: RedisServer, n: int, *, opts: dict | None = None,
         raise ChildError(f"{system}: {have} tasks queued after enqueuing {n}")
 
     w = Child(worker_args(system, rs, opts), env={**c.env, **(env or {})},
-              label=f"{c.label} worker", python=c.python, pythonpath=c.pythonpath)
+              label=f"{c.label} worker", obsq_from=c.obsq_from)
     spy = None
     try:
         w.expect("ready", 60)
@@ -351,7 +351,7 @@ def targets(res: dict) -> list[tuple[str, str, str, bool | None]]:
     out = []
 
     def add(name, want, value, ok, unit=""):
-        out.append((name, want, NOT_MEASURED if value is None else fmt(value, unit),
+        out.append((name, want, _measured(value, unit),
                     None if value is None else ok))
 
     rate = d.get("rate")
