@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from obsq.errors import ConfigurationError, StartupError
+from obsq.hooks import Hooks
 from obsq.names import subscriber_task_type, validate_name, validate_namespace
 from obsq.partitions import check_partitions
 from obsq.patterns import PatternTable
@@ -106,19 +107,20 @@ class App:
         self.max_payload = _byte_limit(max_payload)
         self._routes: PatternTable[Route] = PatternTable()
         self.middleware: list[Middleware] = []
-        self.outcome_hooks: list[OutcomeHook] = []
-        self.recovery_hooks: list[RecoveryHook] = []
-        self.redis_error_hooks: list[RedisErrorHook] = []
-        self.throttle_hooks: list[ThrottleHook] = []
+        # hooks, each kind called through obsq/hooks.py (a hook that raises changes nothing)
+        self.outcome_hooks: Hooks[[Task, str, BaseException | None]] = Hooks("outcome hook")
+        self.recovery_hooks: Hooks[[str, str, int]] = Hooks("recovery hook")
+        self.redis_error_hooks: Hooks[[str, BaseException]] = Hooks("Redis-error hook")
+        self.throttle_hooks: Hooks[[str, str, str]] = Hooks("throttle hook")
         self.producer_hooks: list[ProducerHook] = []  # around every Client built with it
-        self.refusal_hooks: list[RefusalHook] = []  # of every Client built with it
+        self.refusal_hooks: Hooks[[Job, Exception]] = Hooks("refusal hook")  # its Clients'
         self.schedules: dict[str, Schedule] = {}  # the entries of app.periodic, by name
         self._aggregations: PatternTable[Aggregation] = PatternTable()
-        self.aggregation_hooks: list[AggregationHook] = []
+        self.aggregation_hooks: Hooks[[str, str, str]] = Hooks("aggregation hook")
         self.subscriptions: dict[str, Subscription] = {}  # by the copies' task type
         self.import_path: str | None = None  # "module:attribute", when load_app loaded it
-        self.stuck_hooks: list[StuckHook] = []
-        self.flow_hooks: list[FlowHook] = []
+        self.stuck_hooks: Hooks[[int]] = Hooks("stuck-slots hook")
+        self.flow_hooks: Hooks[[str]] = Hooks("flow hook")
         self.partitions: dict[str, int] = {}  # queue -> partitions, of app.queue
 
     def queue(self, name: str, *, partitions: int = 1) -> None:
@@ -275,7 +277,7 @@ class App:
 
         `outcome` is one of OUTCOMES, or `handed_on` for a task of a type this worker has
         no handler for (with an UnknownTaskType error; `dead` with one when it was handed
-        on too long). Hooks must be quick and must not raise."""
+        on too long). Hooks must be quick; one that raises is logged and changes nothing."""
         self.outcome_hooks.append(hook)
         return hook
 

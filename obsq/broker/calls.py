@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,6 +29,7 @@ from obsq.broker.scripts import load_scripts
 from obsq.broker.wire import argv
 from obsq.clock import REDIS_CLOCK, Clock
 from obsq.errors import BrokerError, BrokerTimeout, ConfigurationError, denied_by_acl
+from obsq.hooks import Hooks
 from obsq.settings import (
     DEDUP_MAX_IDS,
     DEDUP_WINDOW,
@@ -39,7 +40,6 @@ from obsq.settings import (
 
 log = logging.getLogger("obsq")
 
-ErrorHook = Callable[[str, BaseException], None]
 ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # script name, keys, arguments
 SCRIPTS = load_scripts()
 # Every `operation` a failed call is reported under (the label of obsq_redis_errors_total):
@@ -59,7 +59,8 @@ UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)  # said as "can
 
 class RedisCalls:
     def __init__(self, url: str, namespace: str, *, client: Any = None,
-                 clock: Clock | None = None, on_error: list[ErrorHook] | None = None,
+                 clock: Clock | None = None,
+                 on_error: Hooks[[str, BaseException]] | None = None,
                  memory_share: float = ENQUEUE_MEMORY_SHARE, durable_replicas: int = 0,
                  priority_aging: float = 60.0, dedup_window: float = DEDUP_WINDOW,
                  dedup_max_ids: int = DEDUP_MAX_IDS) -> None:
@@ -94,7 +95,8 @@ class RedisCalls:
         self.schedule_keys = ScheduleKeys(namespace)
         self.event_keys = EventKeys(namespace)
         self._queue_keys: dict[str, QueueKeys] = {}
-        self.on_error: list[ErrorHook] = on_error if on_error is not None else []
+        self.on_error: Hooks[[str, BaseException]] = (
+            on_error if on_error is not None else Hooks("Redis-error hook"))
 
     def keys(self, queue: str) -> QueueKeys:
         keys = self._queue_keys.get(queue)
@@ -121,8 +123,7 @@ class RedisCalls:
 
     def failed(self, operation: str, exc: BaseException, message: str | None = None
                 ) -> BrokerError:
-        for hook in self.on_error:
-            hook(operation, exc)
+        self.on_error(operation, exc)
         if message is None and denied_by_acl(exc):
             message = (f"Redis call {operation!r} refused to the Redis user: {exc}; "
                        f"{acl_advice(self.namespace)}")
@@ -134,8 +135,7 @@ class RedisCalls:
         """A call that got no answer within its deadline (deadline.py), reported like any
         failure."""
         error = BrokerTimeout(operation, timeout, self.safe_url)
-        for hook in self.on_error:
-            hook(operation, error)
+        self.on_error(operation, error)
         return error
 
     async def _guard(self, operation: str, call: Awaitable[Any]) -> Any:

@@ -143,11 +143,7 @@ class AggregationLoop(BackgroundLoop):
             self._report(batch.queue, entry.pattern, "success")
 
     def _report(self, queue: str, pattern: str, outcome: str) -> None:
-        for hook in self.app.aggregation_hooks:
-            try:
-                hook(queue, pattern, outcome)
-            except Exception:
-                log.exception("aggregation hook %r failed", hook)
+        self.app.aggregation_hooks(queue, pattern, outcome)
 
 
 def _aggregated_job(made: Any, batch: Batch) -> Job:

@@ -14,11 +14,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from obsq.app import FlowHook
 from obsq.broker.roles import WorkerBroker
 from obsq.engine.execution import Verdict
 from obsq.errors import BrokerError
 from obsq.flow import FLOW_BATCH, FLOW_SWEEP_INTERVAL, previous_value, step_of
+from obsq.hooks import Hooks
 from obsq.loop import BackgroundLoop
 from obsq.producer.flow_steps import record_ends, relaunch
 from obsq.task import Task
@@ -31,7 +31,7 @@ ENDED_LOOK = 600.0  # ... at an ended one (its keys expire with its retention)
 class FlowLoop(BackgroundLoop):
     name = "flows"
 
-    def __init__(self, broker: WorkerBroker, queues: list[str], hooks: list[FlowHook], owner: str,
+    def __init__(self, broker: WorkerBroker, queues: list[str], hooks: Hooks[[str]], owner: str,
                  lock_ttl: float, interval: float = FLOW_SWEEP_INTERVAL) -> None:
         """`hooks`: the App's flow hooks, told of each flow this loop ends. The sweep of
         every queue and of the index runs in one process at a time, under the lock `flows`
@@ -92,11 +92,7 @@ class FlowLoop(BackgroundLoop):
         while True:
             entries = await self.broker.flow_ends(queue, FLOW_BATCH)
             for ended in await record_ends(self.broker, entries):
-                for hook in self.hooks:
-                    try:
-                        hook(ended)
-                    except Exception:
-                        log.exception("flow hook %r failed", hook)
+                self.hooks(ended)
             if entries:
                 await self.broker.drop_flow_ends(queue, entries)
             if len(entries) < FLOW_BATCH:

@@ -27,6 +27,7 @@ from obsq.broker import Attempt
 from obsq.broker.keeping import BlockingKeeping
 from obsq.broker.startup import eviction_problem
 from obsq.errors import BrokerError
+from obsq.hooks import Hooks
 from obsq.loop import RedisRetry
 from obsq.settings import SAFE_MEMORY_POLICY
 
@@ -87,7 +88,7 @@ class Keeper:
                  memory_policy: str | None = None,
                  subscriptions: Sequence[tuple[str, str, str]] = (),
                  subscription_ttl: float = 0.0,
-                 data_lost_hooks: Sequence[Callable[[], None]] = ()) -> None:
+                 data_lost_hooks: Hooks[[]] | None = None) -> None:
         """`memory_policy`: the one read at start (None: unknown)."""
         self.calls = calls
         self.worker_id = worker_id
@@ -100,7 +101,8 @@ class Keeper:
         self.memory_policy = memory_policy
         self.subscriptions = list(subscriptions)
         self.subscription_ttl = subscription_ttl
-        self.data_lost_hooks = data_lost_hooks
+        self.data_lost_hooks = (Hooks("data-lost hook") if data_lost_hooks is None
+                                else data_lost_hooks)
         self.retry = RedisRetry("heartbeat")
         # claims are in doubt after a silence this long: the worker's key may have expired
         # (ttl after the last beat) or a lease run out
@@ -213,11 +215,7 @@ class Keeper:
                   "the tasks, schedules and results it held are gone; this worker registers "
                   "its queues and subscriptions again and carries on",
                   self.calls.broker.safe_url)
-        for hook in self.data_lost_hooks:
-            try:
-                hook()
-            except Exception:
-                log.exception("data-lost hook %r failed", hook)
+        self.data_lost_hooks()
 
     def _read_policy(self) -> None:
         if time.monotonic() - self._policy_read_at < self.policy_interval:

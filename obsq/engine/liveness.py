@@ -16,6 +16,7 @@ from obsq.broker.keeping import BlockingKeeping
 from obsq.engine.health import WorkerHealth
 from obsq.engine.heartbeat import Claims, Keeper
 from obsq.engine.loop_watch import LoopMonitor, LoopWatchdog
+from obsq.hooks import Hooks
 from obsq.settings import WorkerSettings
 from obsq.task import Task
 
@@ -29,8 +30,7 @@ class Vigil:
                  claims: Claims, *, describe: Callable[[], dict[str, Any]],
                  running: Callable[[asyncio.Task[Any]], Task | None],
                  memory_policy: str | None, subscriptions: Sequence[tuple[str, str, str]],
-                 lag_hooks: Sequence[Callable[[float], None]],
-                 data_lost_hooks: Sequence[Callable[[], None]]) -> None:
+                 lag_hooks: Hooks[[float]], data_lost_hooks: Hooks[[]]) -> None:
         """`running(asyncio task)`: the obsq Task it runs, if any."""
         s = self.settings = settings
         self.broker = broker

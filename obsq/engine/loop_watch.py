@@ -16,7 +16,9 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+
+from obsq.hooks import Hooks
 
 log = logging.getLogger("obsq")
 TICK = 0.1  # the monitor's period on the loop
@@ -74,11 +76,11 @@ class LoopWatchdog:
 
     def __init__(self, monitor: LoopMonitor, warn_after: float,
                  running: Callable[[], str | None],
-                 lag_hooks: Sequence[Callable[[float], None]] = ()) -> None:
+                 lag_hooks: Hooks[[float]] | None = None) -> None:
         self.monitor = monitor
         self.warn_after = warn_after
         self.running = running
-        self.lag_hooks = lag_hooks
+        self.lag_hooks = Hooks("loop-lag hook") if lag_hooks is None else lag_hooks
         self.period = min(0.5, warn_after / 2)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -97,11 +99,7 @@ class LoopWatchdog:
         longest = 0.0  # of the blocking warned about; 0: none
         while not self._stop.wait(self.period):
             lag = self.monitor.lag()
-            for hook in self.lag_hooks:
-                try:
-                    hook(lag)
-                except Exception:
-                    log.exception("loop-lag hook %r failed", hook)
+            self.lag_hooks(lag)
             if lag >= self.warn_after and not longest:
                 self._warn(lag)
             if longest and lag < BLOCKED_AT_LEAST:

@@ -31,6 +31,7 @@ from obsq._version import __version__
 from obsq.app import App
 from obsq.clock import Clock
 from obsq.errors import BrokerError, DuplicateTask
+from obsq.hooks import Hooks
 from obsq.loop import LockedLoop, on_stop_signals
 from obsq.names import warn_if_not_the_apps
 from obsq.producer.client import Client
@@ -59,8 +60,8 @@ class SchedulerLoop(LockedLoop):
         self.client = client
         self.app_entries = app_entries
         self.missed_after = settings.missed_after
-        self.fire_hooks: list[FireHook] = []
-        self.entries_hooks: list[EntriesHook] = []
+        self.fire_hooks: Hooks[[str, str, int]] = Hooks("schedule-fire hook")
+        self.entries_hooks: Hooks[[list[str]]] = Hooks("schedule-entries hook")
         self.entries: dict[str, Schedule] = {}  # the valid entries in Redis
         self.stored: dict[str, bytes] = {}  # every entry in Redis, as stored
         self.version = -1  # of the entries last read
@@ -153,12 +154,10 @@ class SchedulerLoop(LockedLoop):
 
     def report_entries(self) -> None:
         names = sorted({*self.app_entries, *self.entries})
-        for hook in self.entries_hooks:
-            hook(names)
+        self.entries_hooks(names)
 
     def _report(self, name: str, outcome: str, count: int) -> None:
-        for hook in self.fire_hooks:
-            hook(name, outcome, count)
+        self.fire_hooks(name, outcome, count)
 
     # -- fires ------------------------------------------------------------------------------
 

@@ -20,11 +20,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from obsq.app import OutcomeHook
 from obsq.broker import Attempt, Broker, Completion, Completions
 from obsq.engine.execution import Verdict
 from obsq.engine.heartbeat import Claims
 from obsq.errors import BrokerError, Retry
+from obsq.hooks import Hooks
 from obsq.loop import RedisRetry
 from obsq.task import Task
 
@@ -61,7 +61,8 @@ class _Ack:
 
 
 class Settler:
-    def __init__(self, broker: Broker, worker_id: str, hooks: list[OutcomeHook], *,
+    def __init__(self, broker: Broker, worker_id: str,
+                 hooks: Hooks[[Task, str, BaseException | None]], *,
                  unknown_type_max_age: float, claims: Claims | None = None) -> None:
         """`claims`: the worker's, told when an attempt's end is sent and recorded (its
         lease is extended until then, and not reported lost meanwhile)."""
@@ -194,11 +195,7 @@ class Settler:
         return handed
 
     def report(self, task: Task, outcome: str, error: BaseException | None) -> None:
-        for hook in self.hooks:
-            try:
-                hook(task, outcome, error)
-            except Exception:
-                log.exception("outcome hook %r failed", hook)
+        self.hooks(task, outcome, error)
 
     async def riding(self, call: CarryingCall[T]) -> T:
         """Run the worker's next Redis call with the completions gathered so far riding

@@ -20,7 +20,6 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from obsq._version import __version__
@@ -43,6 +42,7 @@ from obsq.engine.settlement import Settler
 from obsq.engine.slots import BUFFER_HOLD, Slots
 from obsq.engine.throughput import ThroughputCounter
 from obsq.errors import BrokerError
+from obsq.hooks import Hooks
 from obsq.loop import BackgroundLoop, on_stop_signals
 from obsq.names import warn_if_not_the_apps
 from obsq.partitions import queue_of
@@ -103,8 +103,8 @@ class Worker:
         self.claims = Claims()  # the attempts it holds, which its heartbeat thread extends
         self._vigil: Vigil | None = None
         # told the event loop's lag twice a second, and of each loss of Redis's data (metrics)
-        self.loop_lag_hooks: list[Callable[[float], None]] = []
-        self.data_lost_hooks: list[Callable[[], None]] = []
+        self.loop_lag_hooks: Hooks[[float]] = Hooks("loop-lag hook")
+        self.data_lost_hooks: Hooks[[]] = Hooks("data-lost hook")
 
     # -- public ---------------------------------------------------------------------------
 
@@ -323,18 +323,10 @@ class Worker:
 
     def _throttled(self, queue: str, task_type: str, reason: str) -> None:
         route = self.app.route(task_type)
-        for hook in self.app.throttle_hooks:
-            try:
-                hook(queue, route.pattern if route else "other", reason)
-            except Exception:
-                log.exception("throttle hook %r failed", hook)
+        self.app.throttle_hooks(queue, route.pattern if route else "other", reason)
 
     def _stuck_changed(self) -> None:
-        for hook in self.app.stuck_hooks:
-            try:
-                hook(self.executor.pool.stuck().slots)
-            except Exception:
-                log.exception("stuck-slots hook %r failed", hook)
+        self.app.stuck_hooks(self.executor.pool.stuck().slots)
 
     async def _update_state(self, task: Task, state: Any) -> None:
         await self.broker.set_progress(task.kept_in, task.id, state,

@@ -29,6 +29,7 @@ from obsq.errors import (
     TaskRunning,
 )
 from obsq.flow import Chain, Chord, FlowInfo
+from obsq.hooks import Hooks
 from obsq.names import validate_namespace
 from obsq.partitions import queue_of
 from obsq.producer.enqueue_step import (
@@ -96,7 +97,7 @@ class Client:
             else allow_eviction
         self.results = ResultWaiter(self.broker, self.deadlines)
         self.hooks: list[ProducerHook] = []
-        self.refusal_hooks: list[RefusalHook] = []
+        self.refusal_hooks: Hooks[[Job, Exception]] = Hooks("refusal hook")
         self.placement = Placement(self.broker, app.partitions if app is not None else {},
                                    self._read_counts)
         self.step = EnqueueStep(app, self.placement, self.refusal_hooks)

@@ -14,9 +14,10 @@ import logging
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 
-from obsq.app import App, RefusalHook
+from obsq.app import App
 from obsq.broker import Enqueued
 from obsq.errors import DuplicateTask
+from obsq.hooks import Hooks
 from obsq.producer.placement import Placement
 from obsq.task import Job, TaskInfo, TaskMessage, build_message
 
@@ -28,7 +29,7 @@ class EnqueueStep:
     `refusal_hooks` (the producer's, after the App's) hear of each job refused."""
 
     def __init__(self, app: App | None, placement: Placement,
-                 refusal_hooks: list[RefusalHook]) -> None:
+                 refusal_hooks: Hooks[[Job, Exception]]) -> None:
         self.app = app
         self.placement = placement
         self.refusal_hooks = refusal_hooks
@@ -62,8 +63,9 @@ class EnqueueStep:
         try:
             return self._checked_message(job, now)
         except (ValueError, TypeError) as exc:
-            for hook in (*(self.app.refusal_hooks if self.app else ()), *self.refusal_hooks):
-                hook(job, exc)
+            if self.app is not None:
+                self.app.refusal_hooks(job, exc)
+            self.refusal_hooks(job, exc)
             raise
 
     def _checked_message(self, job: Job, now: float) -> TaskMessage:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 
-from obsq.app import RecoveryHook
 from obsq.broker.roles import UpkeepBroker
+from obsq.hooks import Hooks
 from obsq.loop import LockedLoop
 from obsq.settings import SWEEP_BATCH
 
@@ -18,7 +18,7 @@ class Recoverer(LockedLoop):
     name = "recoverer"
 
     def __init__(self, broker: UpkeepBroker, owner: str, interval: float, lock_ttl: float, *,
-                 max_recoveries: int, hooks: list[RecoveryHook]) -> None:
+                 max_recoveries: int, hooks: Hooks[[str, str, int]]) -> None:
         super().__init__(broker, owner, interval, lock_ttl)
         self.max_recoveries = max_recoveries
         self.hooks = hooks
@@ -52,5 +52,4 @@ class Recoverer(LockedLoop):
         if requeued or killed:
             log.warning("recovered %d task(s) of queue %s (%s); %d exceeded max_recoveries "
                         "and went to dead", requeued + killed, queue, reason, killed)
-            for hook in self.hooks:
-                hook(queue, reason, requeued + killed)
+            self.hooks(queue, reason, requeued + killed)
