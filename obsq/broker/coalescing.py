@@ -172,9 +172,12 @@ class QueueRegistry:
         self._calls: SharedCalls[Any] = SharedCalls(
             register, lambda queues, _: self.known.update(dict.fromkeys(queues, now())))
 
-    async def ensure(self, queues: Iterable[str]) -> set[str]:
-        """Register the queues not known yet, or not lately; returns those this call
-        registered itself."""
+    def due(self, queues: Iterable[str]) -> set[str]:
+        """The queues not registered yet, or not lately."""
         stale = self._now() - REGISTER_AGAIN
-        new = {q for q in queues if self.known.get(q, stale) <= stale}
+        return {q for q in queues if self.known.get(q, stale) <= stale}
+
+    async def ensure(self, queues: Iterable[str]) -> set[str]:
+        """Register the queues `due`; returns those this call registered itself."""
+        new = self.due(queues)
         return await self._calls.run(new) if new else new

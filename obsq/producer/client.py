@@ -200,6 +200,11 @@ class Client:
         return plan.answer(await asyncio.gather(*(self._coalescer.enqueue(queue, group)
                                                   for queue, group in plan.groups.items())))
 
+    def queues_due(self, queues: Iterable[str]) -> bool:
+        """Whether any of `queues` is to be registered (new to this Client, or registered
+        long enough ago that a Redis restarted empty may have forgotten it)."""
+        return bool(self._queues.due(queues))
+
     async def ensure_queues(self, queues: Iterable[str]) -> None:
         """Register the queues this Client has not (Redis's memory policy checked first;
         concurrent callers share the call), and look, in the background, whether a live

@@ -2,17 +2,15 @@
 through the EnqueueCoalescer) or the SyncClient's caller thread (through the
 BlockingProducer). Both ask this step the same things in the same order: the jobs checked
 and encoded (`prepare`), the partition counts to read (`to_read`), each message placed and
-the messages grouped by queue (`plan`: one script call writes one queue's), the queues
-not registered yet (`EnqueuePlan.new_queues`) and the TaskInfos in the caller's order from
-the statuses Redis replied (`EnqueuePlan.answer`). Only the Redis calls between are the
-transport's, so the two cannot drift apart. Flows and grouped enqueues use the same
-preparation and placement."""
+the messages grouped by queue (`plan`: one script call writes one queue's) and the
+TaskInfos in the caller's order from the statuses Redis replied (`EnqueuePlan.answer`).
+Only the Redis calls between are the transport's, so the two cannot drift apart. Flows
+and grouped enqueues use the same preparation and placement."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from collections.abc import Set as AbstractSet
 
 from obsq.app import App
 from obsq.broker import Enqueued
@@ -107,10 +105,6 @@ class EnqueuePlan:
                  groups: dict[str, list[TaskMessage]]) -> None:
         self.messages = messages
         self.groups = groups
-
-    def new_queues(self, known: AbstractSet[str]) -> set[str]:
-        """The queues of this enqueue not among `known` (registered already)."""
-        return {queue for queue in self.groups if queue not in known}
 
     def answer(self, replies: Sequence[list[Enqueued]]) -> list[TaskInfo]:
         """The TaskInfos in the order of the messages, from each group's statuses (in the

@@ -43,7 +43,6 @@ class SyncClient:
         self._thread.start()
         self._client: Client = self._run(_make_client(redis_url, namespace, options))
         self._producer = BlockingProducer(self._client.broker, self._client.call_timeout)
-        self._known_queues: set[str] = set()
         self._chain = ProducerChain(self._store)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -71,15 +70,14 @@ class SyncClient:
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
         """The innermost layer of the enqueues made in the caller's thread, the Client's
         enqueue step on a blocking transport: it blocks, and awaits nothing, so the hooks
-        around it run to their end at once. A queue new to it is registered by the Client
-        (once for both, on its event-loop thread)."""
+        around it run to their end at once. A queue new to it, or not registered lately
+        (a Redis restarted empty forgot it), is registered by the Client (once for both, on
+        its event-loop thread)."""
         step = self._client.step
         unknown = step.to_read(messages)
         plan = step.plan(messages, self._producer.partition_counts(unknown) if unknown else {})
-        new_queues = plan.new_queues(self._known_queues)
-        if new_queues:
-            self._run(self._client.ensure_queues(new_queues))
-            self._known_queues |= new_queues
+        if self._client.queues_due(plan.groups):
+            self._run(self._client.ensure_queues(plan.groups))
         return plan.answer([self._producer.enqueue(queue, group)
                             for queue, group in plan.groups.items()])
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from support import depth
 
-from obsq.broker import Broker
+import obsq
+from obsq.broker import Broker, coalescing
 from obsq.broker.coalescing import REGISTER_AGAIN, EnqueueCoalescer, QueueRegistry
 from obsq.broker.records import Enqueued
 from obsq.errors import BrokerError
@@ -281,3 +282,21 @@ async def test_a_queue_is_registered_again_a_while_after(broker, monkeypatch) ->
     clock[0] += 1
     assert await registry.ensure(["mail", "sms"]) == {"mail", "sms"}
     assert register.calls == [{"mail"}, {"mail", "sms"}]
+
+
+async def test_a_sync_client_registers_its_queues_again_after_redis_lost_them(
+        redis_url, namespace, raw_redis, monkeypatch) -> None:
+    """The SyncClient's enqueues in its caller's thread register through its Client's
+    registry: once REGISTER_AGAIN has passed, a queue Redis forgot is put back."""
+    monkeypatch.setattr(coalescing, "REGISTER_AGAIN", 0.2)
+    client = obsq.SyncClient(redis_url, namespace)
+    try:
+        client.enqueue("t", 1)
+        assert raw_redis.sismember(f"{namespace}:queues", "default")
+        for key in raw_redis.scan_iter(match=f"{namespace}:*"):  # what a restart loses
+            raw_redis.delete(key)
+        await asyncio.sleep(0.3)
+        client.enqueue("t", 2)
+        assert raw_redis.sismember(f"{namespace}:queues", "default")
+    finally:
+        client.close()
