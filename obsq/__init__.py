@@ -3,7 +3,22 @@ watched. The package is in layers, each importing only those below it (DESIGN.md
 draws them): cli, ops/, observability/, inspection/, engine/, producer/, app, broker/, task."""
 
 from obsq._version import __version__
-from obsq.app import App, Route
+from obsq.app import (
+    AggregationHook,
+    App,
+    CallNext,
+    FlowHook,
+    Middleware,
+    OutcomeHook,
+    ProducerHook,
+    RecoveryHook,
+    RedisErrorHook,
+    RefusalHook,
+    Route,
+    StuckHook,
+    ThrottleHook,
+)
+from obsq.engine.pools.child import on_child_start
 from obsq.engine.worker import Worker
 from obsq.errors import (
     BrokerError,
@@ -18,6 +33,7 @@ from obsq.errors import (
     ResultTimeout,
     Retry,
     SkipRetry,
+    StartupError,
     TaskCancelled,
     TaskFailed,
     TaskNotFound,
@@ -29,14 +45,20 @@ from obsq.errors import (
 from obsq.flow import FlowInfo, StepFailure, chain, chord
 from obsq.inspection.inspector import Inspector
 from obsq.producer.client import Client
+from obsq.producer.flow_client import ClientFlows
+from obsq.producer.producer_chain import sync_safe
 from obsq.producer.sync_client import SyncClient
+from obsq.schedule import Schedule, ScheduleInfo
+from obsq.settings import WorkerSettings
 from obsq.task import Job, Task, TaskInfo, TaskMessage
 
 __all__ = [
-    "App", "BrokerError", "BrokerTimeout", "Client", "ConfigurationError", "DuplicateTask",
-    "FlowFailed", "FlowInfo", "HandlerCrashed", "Inspector", "Job", "ObsqError", "PayloadError",
-    "QueueNotFound", "ResultTimeout", "Retry", "Route", "SkipRetry", "StepFailure",
-    "SyncClient", "Task", "TaskCancelled", "TaskFailed", "TaskInfo", "TaskMessage",
-    "TaskNotFound", "TaskRunning", "TaskTimeout", "TaskTooLarge", "UnknownTaskType", "Worker",
-    "__version__", "chain", "chord",
+    "AggregationHook", "App", "BrokerError", "BrokerTimeout", "CallNext", "Client", "ClientFlows",
+    "ConfigurationError", "DuplicateTask", "FlowFailed", "FlowHook", "FlowInfo", "HandlerCrashed",
+    "Inspector", "Job", "Middleware", "ObsqError", "OutcomeHook", "PayloadError", "ProducerHook",
+    "QueueNotFound", "RecoveryHook", "RedisErrorHook", "RefusalHook", "ResultTimeout", "Retry",
+    "Route", "Schedule", "ScheduleInfo", "SkipRetry", "StartupError", "StepFailure", "StuckHook",
+    "SyncClient", "Task", "TaskCancelled", "TaskFailed", "TaskInfo", "TaskMessage", "TaskNotFound",
+    "TaskRunning", "TaskTimeout", "TaskTooLarge", "ThrottleHook", "UnknownTaskType", "Worker",
+    "WorkerSettings", "__version__", "chain", "chord", "on_child_start", "sync_safe",
 ]

@@ -15,16 +15,19 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from obsq.errors import ConfigurationError, StartupError
 from obsq.hooks import Hooks
-from obsq.names import subscriber_task_type, validate_name, validate_namespace
+from obsq.names import (
+    check_seconds,
+    parse_rate,
+    subscriber_task_type,
+    validate_name,
+    validate_namespace,
+)
 from obsq.partitions import check_partitions
-from obsq.patterns import PatternTable
-from obsq.priority import check_priority
 from obsq.schedule import Schedule
-from obsq.seconds import check_seconds, parse_rate
 from obsq.settings import (
     AGGREGATE_GRACE_PERIOD,
     AGGREGATE_MAX_DELAY,
@@ -32,7 +35,7 @@ from obsq.settings import (
     DEFAULT_QUEUE,
     MAX_PAYLOAD_BYTES,
 )
-from obsq.task import Job, Task, TaskInfo, TaskMessage
+from obsq.task import Job, Task, TaskInfo, TaskMessage, check_priority
 
 Handler = Callable[[Task], Any]
 CallNext = Callable[[Task], Awaitable[Any]]
@@ -361,3 +364,48 @@ def load_app(spec: str) -> App:
         raise StartupError(f"{spec!r} is not an obsq.App (found {type(app).__name__})")
     app.import_path = spec
     return app
+
+
+CATCH_ALL = "*"
+PREFIX_ENDINGS = (":", ".")
+T = TypeVar("T")
+_MISSING: Any = object()
+
+
+def is_prefix(pattern: str) -> bool:
+    return pattern == CATCH_ALL or pattern.endswith(PREFIX_ENDINGS)
+
+
+class PatternTable(Generic[T]):
+    """Values by route pattern, found for a task type as routes are: the exact type, else
+    the longest prefix (ending in ':' or '.') it starts with, else '*'."""
+
+    def __init__(self) -> None:
+        self._exact: dict[str, T] = {}
+        self._prefixes: list[tuple[str, T]] = []  # longest first, '*' last
+        self._cache: dict[str, T | None] = {}
+
+    def __contains__(self, pattern: str) -> bool:
+        return pattern in self._exact or any(p == pattern for p, _ in self._prefixes)
+
+    def add(self, pattern: str, value: T) -> None:
+        if is_prefix(pattern):
+            self._prefixes.append((pattern, value))
+            self._prefixes.sort(key=lambda item: (item[0] == CATCH_ALL, -len(item[0])))
+        else:
+            self._exact[pattern] = value
+        self._cache.clear()
+
+    def match(self, task_type: str) -> T | None:
+        found = self._cache.get(task_type, _MISSING)
+        if found is _MISSING:
+            found = self._exact.get(task_type)
+            if found is None:
+                found = next((v for p, v in self._prefixes
+                              if p == CATCH_ALL or task_type.startswith(p)), None)
+            if len(self._cache) < 10_000:  # types behind "*" are unbounded
+                self._cache[task_type] = found
+        return found
+
+    def values(self) -> list[T]:
+        return [*self._exact.values(), *(v for _, v in self._prefixes)]

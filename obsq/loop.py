@@ -11,7 +11,7 @@ import logging
 import signal
 from collections.abc import Callable
 
-from obsq.broker.roles import UpkeepBroker
+from obsq.broker import Broker
 from obsq.clock import REDIS_CLOCK, Clock
 from obsq.errors import BrokerError
 from obsq.settings import REDIS_RETRY_MAX, redis_retry_delay
@@ -105,7 +105,7 @@ class LockedLoop(BackgroundLoop):
     """A loop that any number of processes run, and one at a time does the work: each
     tick takes (or keeps) a short lock named after the loop, then calls `work()`."""
 
-    def __init__(self, broker: UpkeepBroker, owner: str, interval: float, lock_ttl: float) -> None:
+    def __init__(self, broker: Broker, owner: str, interval: float, lock_ttl: float) -> None:
         super().__init__(interval, broker.clock)
         self.broker = broker
         self.owner = owner

@@ -11,8 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from obsq.errors import ConfigurationError
-from obsq.names import validate_name, validate_namespace
-from obsq.seconds import is_seconds, seconds_rule
+from obsq.names import is_seconds, seconds_rule, validate_name, validate_namespace
 
 # What a task gets when neither the producer nor its route says otherwise.
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"

@@ -9,12 +9,14 @@ field of its own, and reaches the handler as the same bytes.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import inspect
 import math
 import os
 import time
+from collections.abc import Awaitable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -22,11 +24,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import orjson
 
 from obsq.errors import PayloadError, Retry, TaskTooLarge
-from obsq.names import validate_name
+from obsq.names import check_seconds, duration, validate_name
 from obsq.partitions import queue_of
-from obsq.priority import check_priority
-from obsq.progress_call import running_loop, written_from_here
-from obsq.seconds import check_seconds, duration
 from obsq.settings import BYTES_SHOWN, DEFAULT_QUEUE, MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
@@ -398,3 +397,47 @@ def _number(raw: bytes | None) -> int:
         return int(raw or 0)
     except ValueError:
         return 0
+
+
+# A task's priority within its queue: 0 to 9, higher first, 0 by default. A task of priority
+# p waits in its queue's list for p (`pending` for 0, `pending:<p>` else); a fetch serves
+# the best ranked head first, a task pending for w seconds ranking as p + w / aging
+# (WorkerSettings.priority_aging), so a low priority ages into the higher ones.
+PRIORITIES = range(10)
+
+
+def check_priority(value: Any) -> int:
+    """`value` as a priority, or ValueError/TypeError saying what one is (a bool is not)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"priority must be an integer from 0 to 9 (higher runs first), got "
+                        f"{value!r}")
+    if value not in PRIORITIES:
+        raise ValueError(f"priority must be from 0 to 9 (higher runs first), got {value!r}")
+    return value
+
+
+# How `task.update_state` reaches the worker's event loop from wherever a handler runs: an
+# async handler awaits the write on the loop itself; a plain one, in a thread of the worker,
+# cannot await, so its call hands the write to the loop and waits for it there.
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def written_from_here(write: Coroutine[Any, Any, None],
+                      loop: asyncio.AbstractEventLoop | None) -> Awaitable[None]:
+    """`write` for the caller to await when it runs on `loop` (or there is none to reach),
+    else run on `loop` and waited for now, its result an awaitable already done."""
+    if loop is None or running_loop() is loop:
+        return write
+    asyncio.run_coroutine_threadsafe(write, loop).result()
+    return _Done()
+
+
+class _Done:
+    """The write is done: nothing warns when this is dropped, and awaiting it is harmless."""
+
+    def __await__(self) -> Iterator[None]:
+        return iter(())

@@ -11,11 +11,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import obsq
+from obsq.app import PatternTable
 from obsq.broker import Broker
 from obsq.errors import ConfigurationError
 from obsq.inspection.partition_view import across, partitions_of, readable
 from obsq.names import validate_name
-from obsq.patterns import PatternTable
 from obsq.settings import DEFAULT_QUEUE, WorkerSettings, parse_queues
 from obsq.task import build_message
 

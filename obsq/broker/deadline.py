@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from obsq.errors import ConfigurationError
-from obsq.seconds import is_seconds, seconds_rule
+from obsq.names import is_seconds, seconds_rule
 from obsq.settings import CALL_TIMEOUT
 
 T = TypeVar("T")

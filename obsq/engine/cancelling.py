@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from obsq.broker.roles import WorkerBroker
+from obsq.broker import Broker
 from obsq.loop import BackgroundLoop
 
 
 class CancelWatcher(BackgroundLoop):
     name = "cancel-watcher"
 
-    def __init__(self, broker: WorkerBroker, worker_id: str, queues: list[str],
+    def __init__(self, broker: Broker, worker_id: str, queues: list[str],
                  wait: float, cancel: Callable[[str, str], None]) -> None:
         """`cancel(queue, task id)` stops the attempt running it, if any."""
         super().__init__(wait)

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from obsq.broker.roles import WorkerBroker
+from obsq.broker import Broker
 from obsq.engine.execution import Verdict
 from obsq.errors import BrokerError
 from obsq.flow import FLOW_BATCH, FLOW_SWEEP_INTERVAL, previous_value, step_of
@@ -31,7 +31,7 @@ ENDED_LOOK = 600.0  # ... at an ended one (its keys expire with its retention)
 class FlowLoop(BackgroundLoop):
     name = "flows"
 
-    def __init__(self, broker: WorkerBroker, queues: list[str], hooks: Hooks[[str]], owner: str,
+    def __init__(self, broker: Broker, queues: list[str], hooks: Hooks[[str]], owner: str,
                  lock_ttl: float, interval: float = FLOW_SWEEP_INTERVAL) -> None:
         """`hooks`: the App's flow hooks, told of each flow this loop ends. The sweep of
         every queue and of the index runs in one process at a time, under the lock `flows`

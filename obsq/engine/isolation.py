@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from obsq.broker.roles import WorkerBroker
+from obsq.broker import Broker
 from obsq.engine.settlement import attempt_of
 from obsq.errors import BrokerError
 from obsq.loop import RedisRetry
@@ -26,7 +26,7 @@ SUSPECT_WAIT = 5.0  # seconds a suspect waits for the other tasks of its worker 
 
 
 class Suspects:
-    def __init__(self, broker: WorkerBroker, worker_id: str, recheck: Callable[[], None],
+    def __init__(self, broker: Broker, worker_id: str, recheck: Callable[[], None],
                  wait: float = SUSPECT_WAIT) -> None:
         """`recheck()` is called when the first waiting suspect has waited `wait`."""
         self.broker = broker

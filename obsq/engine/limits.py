@@ -11,9 +11,8 @@ from typing import Any
 
 import orjson
 
-from obsq.app import App
+from obsq.app import App, PatternTable
 from obsq.partitions import share
-from obsq.patterns import PatternTable
 from obsq.task import Task
 
 # A cell-rate limit lets a start come early by this many intervals: a burst of two, so

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 from obsq.partitions import partition_names, queue_of
 
 if TYPE_CHECKING:
-    from obsq.broker.roles import WorkerBroker
+    from obsq.broker import Broker
 
 REFRESH = 10.0  # seconds between two looks at the partitions in Redis
 LIVE_STATES = ("pending", "active", "scheduled", "retry", "aggregating")
 
 
 class ServedQueues:
-    def __init__(self, broker: WorkerBroker, weights: dict[str, int],
+    def __init__(self, broker: Broker, weights: dict[str, int],
                  declared: dict[str, int]) -> None:
         """`weights`: the queues served and their weights; `declared`: the App's partition
         counts (app.partitions)."""

@@ -12,7 +12,7 @@ import logging
 from collections import Counter
 
 from obsq.app import App
-from obsq.broker.roles import WorkerBroker
+from obsq.broker import Broker
 from obsq.loop import BackgroundLoop
 from obsq.settings import THROUGHPUT_BUCKET_TTL, THROUGHPUT_FLUSH_INTERVAL
 from obsq.task import Task
@@ -28,7 +28,7 @@ class ThroughputCounter(BackgroundLoop):
 
     name = "throughput"
 
-    def __init__(self, app: App, broker: WorkerBroker,
+    def __init__(self, app: App, broker: Broker,
                  interval: float = THROUGHPUT_FLUSH_INTERVAL) -> None:
         super().__init__(interval)
         self.app = app

@@ -25,8 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from prometheus_client.core import GaugeMetricFamily
 
-from obsq.broker import DEPTH_STATES, QueueStats
-from obsq.broker.roles import InspectionBroker
+from obsq.broker import DEPTH_STATES, Broker, QueueStats
 from obsq.engine.loop_watch import BLOCKED_AT_LEAST
 from obsq.errors import BrokerError
 from obsq.inspection.partition_view import partitions_of, summed
@@ -45,7 +44,7 @@ QueueSource = Sequence[str] | Callable[[], Awaitable[Sequence[str]]]
 
 
 class QueueCollector:
-    def __init__(self, broker: InspectionBroker, loop: asyncio.AbstractEventLoop,
+    def __init__(self, broker: Broker, loop: asyncio.AbstractEventLoop,
                  queues: QueueSource, *, cache_seconds: float = COLLECTOR_CACHE,
                  timeout: float = COLLECTOR_TIMEOUT,
                  loop_lag: Callable[[], float] | None = None) -> None:

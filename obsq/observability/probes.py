@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from obsq.broker.roles import InspectionBroker
+from obsq.broker import Broker
 from obsq.errors import BrokerError
 from obsq.settings import LOOP_TIMEOUT, PING_INTERVAL
 
@@ -44,7 +44,7 @@ class RedisWatch:
     """Pings Redis every PING_INTERVAL, for processes with no loop of their own talking to
     Redis (the exporter, a supervisor); `problem()` is what /readyz reports."""
 
-    def __init__(self, broker: InspectionBroker, interval: float = PING_INTERVAL) -> None:
+    def __init__(self, broker: Broker, interval: float = PING_INTERVAL) -> None:
         self.broker = broker
         self.interval = interval
         self.ok = True

@@ -21,16 +21,16 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from obsq.broker import Broker
 from obsq.broker.checking import ID_KEYS, Finding
-from obsq.broker.roles import InspectionBroker
 from obsq.broker.wire import EndEntry
 from obsq.errors import UnknownTaskType
 from obsq.flow import FlowInfo
 from obsq.inspection.inspector import Inspector
 from obsq.inspection.partition_view import readable
-from obsq.priority import PRIORITIES
 from obsq.producer.flow_steps import record_ends
 from obsq.settings import WorkerSettings
+from obsq.task import PRIORITIES
 
 STEP = 1000  # ids per script call: bounds how long one step holds Redis
 EXAMPLES = 5  # ids named per problem
@@ -93,7 +93,7 @@ async def stalls(inspector: Inspector) -> list[str]:
 
 
 class Doctor:
-    def __init__(self, broker: InspectionBroker, grace: float = ORPHAN_GRACE) -> None:
+    def __init__(self, broker: Broker, grace: float = ORPHAN_GRACE) -> None:
         self.broker = broker
         self.grace = grace
 

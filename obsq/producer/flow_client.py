@@ -43,7 +43,7 @@ from obsq.task import (
 )
 
 if TYPE_CHECKING:
-    from obsq.broker.roles import ProducerBroker
+    from obsq.broker import Broker
     from obsq.producer.client import Client
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])  # the decorated method, its types kept
@@ -74,7 +74,7 @@ class ClientFlows:
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self.broker: ProducerBroker = client.broker
+        self.broker: Broker = client.broker
 
     async def enqueue(self, flow: Flow) -> FlowInfo:
         """Check every step, pass them through the producer hooks, write the flow and

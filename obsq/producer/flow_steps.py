@@ -22,10 +22,10 @@ from obsq.producer.enqueue_step import group_by_queue
 from obsq.settings import ENQUEUE_BATCH
 
 if TYPE_CHECKING:
-    from obsq.broker.roles import FlowStepBroker
+    from obsq.broker import Broker
 
 
-async def launch(broker: FlowStepBroker, flow_id: str, steps: Sequence[tuple[int, bytes]]) -> None:
+async def launch(broker: Broker, flow_id: str, steps: Sequence[tuple[int, bytes]]) -> None:
     """Enqueue the steps' tasks (their queues registered first), then mark them launched."""
     if not steps:
         return
@@ -38,7 +38,7 @@ async def launch(broker: FlowStepBroker, flow_id: str, steps: Sequence[tuple[int
     await broker.flow_launched(flow_id, [n for n, _ in steps])
 
 
-async def record_ends(broker: FlowStepBroker, entries: Sequence[bytes]) -> list[str]:
+async def record_ends(broker: Broker, entries: Sequence[bytes]) -> list[str]:
     """Record flow inbox entries (`<task id>\\n<state>\\n<value>`) in their flows, one call
     per flow, and launch what they complete: the states of the flows they ended. An entry of
     no flow is passed over."""
@@ -57,7 +57,7 @@ async def record_ends(broker: FlowStepBroker, entries: Sequence[bytes]) -> list[
     return ended
 
 
-async def relaunch(broker: FlowStepBroker, flow_id: str) -> str:
+async def relaunch(broker: Broker, flow_id: str) -> str:
     """Launch the steps a flow left launching (its producer or a worker died before it
     enqueued them); the flow's state ('' when it is gone)."""
     state, launches = await broker.flow_launching(flow_id)

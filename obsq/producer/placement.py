@@ -17,13 +17,13 @@ from obsq.partitions import SEPARATOR, choose, partition_names, placement_key, q
 from obsq.task import TaskMessage
 
 if TYPE_CHECKING:
-    from obsq.broker.roles import ProducerBroker
+    from obsq.broker import Broker
 
 LOOKUP_TTL = 10.0  # seconds a partition count read from Redis is used
 
 
 class Placement:
-    def __init__(self, broker: ProducerBroker, declared: dict[str, int],
+    def __init__(self, broker: Broker, declared: dict[str, int],
                  read_counts: Callable[[set[str]], Awaitable[dict[str, int]]],
                  now: Callable[[], float] = time.monotonic) -> None:
         """`declared`: the App's counts (app.partitions, read at each enqueue, so a queue

@@ -22,9 +22,8 @@ import os
 import time
 from typing import Any
 
-from obsq.broker import Ended
+from obsq.broker import Broker, Ended
 from obsq.broker.deadline import CallDeadlines
-from obsq.broker.roles import ProducerBroker
 from obsq.errors import BrokerError, ResultTimeout, TaskCancelled, TaskFailed, TaskNotFound
 from obsq.loop import RedisRetry
 from obsq.settings import RESULT_READ_TIMEOUT, RESULT_RECHECK
@@ -32,7 +31,7 @@ from obsq.task import decode_stored_json
 
 
 class ResultWaiter:
-    def __init__(self, broker: ProducerBroker, deadlines: CallDeadlines) -> None:
+    def __init__(self, broker: Broker, deadlines: CallDeadlines) -> None:
         self.broker = broker
         self.deadlines = deadlines  # the Client's
         self.read_deadlines = CallDeadlines(RESULT_READ_TIMEOUT + deadlines.seconds,

@@ -3,7 +3,7 @@ count limit, so Redis memory stays bounded."""
 
 from __future__ import annotations
 
-from obsq.broker.roles import UpkeepBroker
+from obsq.broker import Broker
 from obsq.loop import LockedLoop
 from obsq.settings import SWEEP_BATCH
 
@@ -11,7 +11,7 @@ from obsq.settings import SWEEP_BATCH
 class Janitor(LockedLoop):
     name = "janitor"
 
-    def __init__(self, broker: UpkeepBroker, owner: str, interval: float, lock_ttl: float, *,
+    def __init__(self, broker: Broker, owner: str, interval: float, lock_ttl: float, *,
                  dead_max_age: float, dead_max_count: int) -> None:
         super().__init__(broker, owner, interval, lock_ttl)
         self.dead_max_age = dead_max_age

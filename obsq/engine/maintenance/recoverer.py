@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from obsq.broker.roles import UpkeepBroker
+from obsq.broker import Broker
 from obsq.hooks import Hooks
 from obsq.loop import LockedLoop
 from obsq.settings import SWEEP_BATCH
@@ -17,7 +17,7 @@ log = logging.getLogger("obsq")
 class Recoverer(LockedLoop):
     name = "recoverer"
 
-    def __init__(self, broker: UpkeepBroker, owner: str, interval: float, lock_ttl: float, *,
+    def __init__(self, broker: Broker, owner: str, interval: float, lock_ttl: float, *,
                  max_recoveries: int, hooks: Hooks[[str, str, int]]) -> None:
         super().__init__(broker, owner, interval, lock_ttl)
         self.max_recoveries = max_recoveries
