@@ -2,7 +2,7 @@
 of priority p waits in its queue's list for p (`pending` for 0, `pending:<p>` else), and a
 worker's fetch serves the best ranked head first, a task pending for w seconds ranking as
 p + w / aging (WorkerSettings.priority_aging, 60 s): a low priority ages into the higher
-ones instead of waiting for good (DESIGN.md, "Priority within a queue")."""
+ones instead of waiting for good (docs/internals/fetching.md)."""
 
 from __future__ import annotations
 
