@@ -76,7 +76,7 @@ class Producing(RedisCalls):
         runs (its id in the queue's active hash, which dequeue.lua writes and every end or
         return of an attempt removes), whatever state its hash keeps from before (where it
         came from). Its hash is not written on each fetch: that cost a drain 4 % more of
-        Redis's time (DESIGN.md)."""
+        Redis's time (docs/internals/states.md)."""
         k = self.keys(queue)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(k.task(task_id))
