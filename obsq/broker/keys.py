@@ -81,7 +81,8 @@ TASK_FIELDS = {
     "binary_payload": "bin",  # the payload, when the producer's own bytes
     "headers": "headers", "options": "opts", "enqueued": "enq", "due": "due", "done": "done",
     "retried": "retried", "error": "error", "traceback": "tb", "result": "result",
-    "priority": "pri", "unique_key": "uniq", "own_id": "own", "ordering_key": "ordk", "group": "grp",
+    "priority": "pri", "unique_key": "uniq", "own_id": "own", "ordering_key": "ordk",
+    "group": "grp",
     "batch": "batch", "slot": "slot", "held_by": "held", "held_counted": "hc",
     "cancel": "cancel", "settled_by": "fin", "isolated": "iso", "suspect": "sus",
     "recoveries": "recov", "first_unknown": "unk0", "unknown_count": "unkn",
@@ -208,12 +209,17 @@ class ScheduleKeys:
     def __init__(self, namespace: str) -> None:
         self.prefix = f"{namespace}:{{schedules}}:"
         self.entries = self.prefix + KEY_NAMES["entries"]  # hash name -> definition (JSON)
-        self.next = self.prefix + KEY_NAMES["next"]  # zset name -> next fire (ms); 0: not picked up yet
+        # zset name -> next fire (ms); 0: not picked up yet
+        self.next = self.prefix + KEY_NAMES["next"]
         self.last = self.prefix + KEY_NAMES["last"]  # hash name -> last fire enqueued (ms)
-        self.firing = self.prefix + KEY_NAMES["firing"]  # hash name -> "<fire ms> <definition>" claimed
-        self.counts = self.prefix + KEY_NAMES["counts"]  # hash "fires:<name>" / "missed:<name>" -> count
-        self.version = self.prefix + KEY_NAMES["version"]  # counter: bumped by every change of an entry
-        self.changes = self.prefix + KEY_NAMES["changes"]  # list (one token) the scheduler blocks on
+        # hash name -> "<fire ms> <definition>" claimed
+        self.firing = self.prefix + KEY_NAMES["firing"]
+        # hash "fires:<name>" / "missed:<name>" -> count
+        self.counts = self.prefix + KEY_NAMES["counts"]
+        # counter: bumped by every change of an entry
+        self.version = self.prefix + KEY_NAMES["version"]
+        # list (one token) the scheduler blocks on
+        self.changes = self.prefix + KEY_NAMES["changes"]
 
 
 class FlowKeys:
@@ -225,9 +231,12 @@ class FlowKeys:
 
     def __init__(self, namespace: str, flow_id: str) -> None:
         prefix = f"{namespace}:{{flow:{flow_id}}}:"
-        self.flow = prefix + KEY_NAMES["flow"]  # hash: state, steps (s:, k:, d:, q:, m: <step>), error
-        self.results = prefix + KEY_NAMES["results"]  # hash step -> its result (JSON), or '!' and its error
-        self.launching = prefix + KEY_NAMES["launching"]  # set of steps decided and not yet enqueued
+        # hash: state, steps (s:, k:, d:, q:, m: <step>), error
+        self.flow = prefix + KEY_NAMES["flow"]
+        # hash step -> its result (JSON), or '!' and its error
+        self.results = prefix + KEY_NAMES["results"]
+        # set of steps decided and not yet enqueued
+        self.launching = prefix + KEY_NAMES["launching"]
 
 
 class EventKeys:
@@ -238,7 +247,9 @@ class EventKeys:
 
     def __init__(self, namespace: str) -> None:
         self.prefix = f"{namespace}:{{events}}:"
-        self.subscribed = self.prefix + KEY_NAMES["subscribed"]  # set of the events with subscribers
+        # set of the events with subscribers
+        self.subscribed = self.prefix + KEY_NAMES["subscribed"]
 
     def subscribers(self, event: str) -> str:
-        return self.prefix + KEY_NAMES["subscribers"] + event  # zset "<subscriber> <queue>" -> lapse time (ms)
+        # zset "<subscriber> <queue>" -> lapse time (ms)
+        return self.prefix + KEY_NAMES["subscribers"] + event
