@@ -87,15 +87,18 @@ def test_ack_reads_its_completions_by_the_declared_stride(raw_redis, namespace,
         "ordering)"))
     ack = script_loading.load_scripts()["ack"]
     k = QueueKeys(namespace, "q")
-    raw_redis.hset(k.task("t1"), mapping={"state": "pending", "type": "x"})
-    raw_redis.hset(k.active, "t1", "7:w1")
-    raw_redis.zadd(k.lease, {"t1": 1})
-    args = wire.argv("ack", [("t1", "7", "junk", 60000, '"done"', "", "x", "", "")],
+    for task_id in ("t1", "t2"):
+        raw_redis.hset(k.task(task_id), mapping={"state": "pending", "type": "x"})
+        raw_redis.hset(k.active, task_id, "7:w1")
+        raw_redis.zadd(k.lease, {task_id: 1})
+    args = wire.argv("ack", [(task_id, "7", "junk", 60000, f'"{task_id} done"', "", "x", "", "")
+                             for task_id in ("t1", "t2")],
                      worker="w1", resent="0", window=0, share=1)
     runner = BlockingRunner(lambda: raw_redis, now=lambda: 1_000_000)
-    assert runner.call(ack, [k.lease, k.completed, k.active, k.watched], args) == [1]
-    assert raw_redis.hget(k.task("t1"), "result") == b'"done"'
-    assert raw_redis.zscore(k.completed, "t1") == 1_060_000
+    assert runner.call(ack, [k.lease, k.completed, k.active, k.watched], args) == [1, 1]
+    for task_id in ("t1", "t2"):
+        assert raw_redis.hget(k.task(task_id), "result") == f'"{task_id} done"'.encode()
+        assert raw_redis.zscore(k.completed, task_id) == 1_060_000
 
 
 # --- KEYS ------------------------------------------------------------------------------
