@@ -53,7 +53,7 @@ class Checking(RedisCalls):
 
     async def ordering_keys(self, queue: str, count: int) -> list[str]:
         """The ordering keys with a list in the queue (SCAN in steps of `count`)."""
-        start = self.keys(queue).prefix + "ord:"
+        start = self.keys(queue).ordering("")
         found = []
         async for key in self.redis.scan_iter(match=_glob(start) + "*", count=count):
             found.append(as_text(key)[len(start):])

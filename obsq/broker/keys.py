@@ -1,5 +1,11 @@
 """The key layout, defined once. Every key of a queue carries the queue name as a Redis
-Cluster hash tag, so each Lua script touches a single slot."""
+Cluster hash tag, so each Lua script touches a single slot.
+
+`KEY_NAMES` is every key name built from a tag's prefix ("<ns>:{<tag>}:"): the classes
+below build theirs from it, and a script builds the same key as `prefix .. @key_<name>`
+(`prefix` is its first key's, _prelude.lua; the name's text is put in at load, scripts.py),
+so the two never spell a name apart. `TASK_FIELDS` are the fields of a task's hash, which
+tests/test_wire.py holds the scripts and the Python readers to."""
 
 from __future__ import annotations
 
@@ -8,6 +14,80 @@ TASK_STATES = ("pending", "active", "scheduled", "retry", "dead", "completed", "
 # aggregator (kept in groups, not in a state's list).
 DEPTH_STATES = (*TASK_STATES, "aggregating")
 FLOW_WATCHER = "~flows"  # the pseudo-client watching every flow step (_prelude.lua)
+
+KEY_NAMES = {
+    # a queue's ("<ns>:{<queue>}:"); a name ending in ':' is followed by what it is of
+    "pending": "pending",  # list of ids: pushed left, popped right
+    # set of the priorities above 0 whose lists (pending:<p>, kept like pending) may hold
+    # tasks; a task of priority 0 is in pending itself (obsq/priority.py)
+    "levels": "levels",
+    "lease": "lease",  # zset id -> lease expiry (ms): the active tasks
+    "active": "active",  # hash id -> "<fence>:<worker id>" of each attempt
+    "fence": "fence",  # counter the fencing tokens are drawn from
+    "scheduled": "scheduled",  # zset id -> due time (ms)
+    "retry": "retry",  # zset id -> due time (ms)
+    "dead": "dead",  # zset id -> time of death (ms)
+    "completed": "completed",  # zset id -> end of retention (ms)
+    "cancelled": "cancelled",  # zset id -> time of cancellation (ms)
+    # zset id -> the time until which a deleted task's producer-chosen id is refused (ms)
+    "ended": "ended",
+    "wake": "wake",  # list of tokens idle workers block on
+    "paused": "paused",  # exists while the queue is paused
+    "watched": "watched",  # hash id -> ids of clients waiting in result()
+    "stats": "stats",  # ":<minute>": hash outcome -> count, for an hour
+    "task": "t:",  # hash of a task: TASK_FIELDS
+    "progress": "progress:",  # a task's last update_state
+    "cancels": "cancel:",  # list of a worker's tasks to cancel
+    "inbox": "inbox:",  # list of watched tasks' ends for a client
+    "unique": "unique:",  # a unique task's digest -> its id, for its unique_for
+    "memory_budget": "memok",  # enqueue's budget below the producers' share (above_share)
+    # route limits and ordering keys (_prelude_limits.lua)
+    "running": "running:",  # set of a route slot's running ids
+    "rate": "rate:",  # a route slot's rate window
+    "held": "held:",  # list of the ids a route pattern's limit holds back
+    "holding": "holding",  # set of the patterns with held ids
+    "waiting": "waiting",  # counter: tasks held back or waiting behind an ordering key
+    "ordering": "ord:",  # list of an ordering key's ids, the running one first
+    "ordering_waiting": "ordwait",  # zset id -> when it began waiting behind its key (ms)
+    # task groups (group.lua, claim_batches.lua, end_batch.lua describe the rest)
+    "group_types": "gtypes",  # set of the task types with groups
+    "grouped": "grouped",  # counter: grouped tasks not yet aggregated
+    "batches": "batches",  # zset batch id -> end of its claim (ms)
+    "batch": "batch:",  # hash of a claimed batch
+    "group": "grp:",  # "<type> <group>": list of a group's ids
+    "group_sizes": "gsize:",  # "<type>": zset group -> its size
+    "group_firsts": "gfirst:",  # "<type>": zset group -> when its first task came (ms)
+    "group_lasts": "glast:",  # "<type>": zset group -> when its last task came (ms)
+    # the schedules' ("<ns>:{schedules}:"); ScheduleKeys says what each holds
+    "entries": "entries",
+    "next": "next",
+    "last": "last",
+    "firing": "firing",
+    "counts": "counts",
+    "version": "version",
+    "changes": "changes",
+    # a flow's ("<ns>:{flow:<id>}:"); FlowKeys says what each holds
+    "flow": "flow",
+    "results": "res",
+    "launching": "launching",
+    # the events' ("<ns>:{events}:"); EventKeys says what each holds
+    "subscribed": "subscribed",
+    "subscribers": "sub:",
+}
+
+# The fields of a task's hash (`KEY_NAMES["task"]`): name -> the field as stored.
+TASK_FIELDS = {
+    "type": "type", "state": "state", "payload": "payload",
+    "binary_payload": "bin",  # the payload, when the producer's own bytes
+    "headers": "headers", "options": "opts", "enqueued": "enq", "due": "due", "done": "done",
+    "retried": "retried", "error": "error", "traceback": "tb", "result": "result",
+    "priority": "pri", "unique_key": "uniq", "own_id": "own", "ordering_key": "ordk",
+    "group": "grp",
+    "batch": "batch", "slot": "slot", "held_by": "held", "held_counted": "hc",
+    "cancel": "cancel", "settled_by": "fin", "isolated": "iso", "suspect": "sus",
+    "recoveries": "recov", "first_unknown": "unk0", "unknown_count": "unkn",
+    "reserved": "rsv", "waited": "ow",
+}
 
 
 class QueueKeys:
@@ -30,58 +110,62 @@ class QueueKeys:
         "retry",
         "scheduled",
         "stats",
+        "waiting",
         "wake",
         "watched",
     )
 
     def __init__(self, namespace: str, queue: str) -> None:
         self.queue = queue
-        self.prefix = f"{namespace}:{{{queue}}}:"
-        self.pending = self.prefix + "pending"  # list of ids: pushed left, popped right
-        # set of the priorities above 0 whose lists (pending:<p>, kept like pending) may hold
-        # tasks; a task of priority 0 is in pending itself (obsq/priority.py)
-        self.levels = self.prefix + "levels"
-        self.lease = self.prefix + "lease"  # zset id -> lease expiry (ms): the active tasks
-        self.active = self.prefix + "active"  # hash id -> "<fence>:<worker id>" of each attempt
-        self.fence = self.prefix + "fence"  # counter the fencing tokens are drawn from
-        self.scheduled = self.prefix + "scheduled"  # zset id -> due time (ms)
-        self.retry = self.prefix + "retry"  # zset id -> due time (ms)
-        self.dead = self.prefix + "dead"  # zset id -> time of death (ms)
-        self.completed = self.prefix + "completed"  # zset id -> end of retention (ms)
-        self.cancelled = self.prefix + "cancelled"  # zset id -> time of cancellation (ms)
-        # zset id -> the time until which a deleted task's producer-chosen id is refused (ms)
-        self.ended = self.prefix + "ended"
-        self.wake = self.prefix + "wake"  # list of tokens idle workers block on
-        self.paused = self.prefix + "paused"  # exists while the queue is paused
-        self.watched = self.prefix + "watched"  # hash id -> ids of clients waiting in result()
-        self.stats = self.prefix + "stats"  # ":<minute>": hash outcome -> count, for an hour
-        # Task groups (group.lua, claim_batches.lua, end_batch.lua describe the rest)
-        self.group_types = self.prefix + "gtypes"  # set of the task types with groups
-        self.grouped = self.prefix + "grouped"  # counter: grouped tasks not yet aggregated
-        self.batches = self.prefix + "batches"  # zset batch id -> end of its claim (ms)
+        self.prefix = prefix = f"{namespace}:{{{queue}}}:"
+        self.pending = prefix + KEY_NAMES["pending"]
+        self.levels = prefix + KEY_NAMES["levels"]
+        self.lease = prefix + KEY_NAMES["lease"]
+        self.active = prefix + KEY_NAMES["active"]
+        self.fence = prefix + KEY_NAMES["fence"]
+        self.scheduled = prefix + KEY_NAMES["scheduled"]
+        self.retry = prefix + KEY_NAMES["retry"]
+        self.dead = prefix + KEY_NAMES["dead"]
+        self.completed = prefix + KEY_NAMES["completed"]
+        self.cancelled = prefix + KEY_NAMES["cancelled"]
+        self.ended = prefix + KEY_NAMES["ended"]
+        self.wake = prefix + KEY_NAMES["wake"]
+        self.paused = prefix + KEY_NAMES["paused"]
+        self.watched = prefix + KEY_NAMES["watched"]
+        self.stats = prefix + KEY_NAMES["stats"]
+        self.group_types = prefix + KEY_NAMES["group_types"]
+        self.grouped = prefix + KEY_NAMES["grouped"]
+        self.batches = prefix + KEY_NAMES["batches"]
+        self.waiting = prefix + KEY_NAMES["waiting"]
 
     def pending_of(self, priority: int) -> str:
         """The list of the pending tasks of a priority."""
         return self.pending + (f":{priority}" if priority else "")
 
     def task(self, task_id: str) -> str:
-        return self.prefix + "t:" + task_id
+        return self.prefix + KEY_NAMES["task"] + task_id
 
     def progress(self, task_id: str) -> str:
-        return self.prefix + "progress:" + task_id
+        return self.prefix + KEY_NAMES["progress"] + task_id
 
     def cancels(self, worker_id: str) -> str:
-        return self.prefix + "cancel:" + worker_id  # list of a worker's tasks to cancel
+        return self.prefix + KEY_NAMES["cancels"] + worker_id
 
     def inbox(self, client_id: str) -> str:
-        return self.prefix + "inbox:" + client_id  # list of watched tasks' ends for a client
+        return self.prefix + KEY_NAMES["inbox"] + client_id
 
     @property
     def flow_inbox(self) -> str:
         return self.inbox(FLOW_WATCHER)  # list of flow steps' ends, until recorded
 
     def group(self, task_type: str, group: str) -> str:
-        return self.prefix + "grp:" + task_type + " " + group  # list of a group's ids
+        return self.prefix + KEY_NAMES["group"] + task_type + " " + group
+
+    def held(self, pattern: str) -> str:
+        return self.prefix + KEY_NAMES["held"] + pattern
+
+    def ordering(self, ordering_key: str) -> str:
+        return self.prefix + KEY_NAMES["ordering"] + ordering_key
 
     def by_state(self, state: str) -> str:
         return self.lease if state == "active" else getattr(self, state)
@@ -124,13 +208,18 @@ class ScheduleKeys:
 
     def __init__(self, namespace: str) -> None:
         self.prefix = f"{namespace}:{{schedules}}:"
-        self.entries = self.prefix + "entries"  # hash name -> definition (JSON)
-        self.next = self.prefix + "next"  # zset name -> next fire (ms); 0: not picked up yet
-        self.last = self.prefix + "last"  # hash name -> last fire enqueued (ms)
-        self.firing = self.prefix + "firing"  # hash name -> "<fire ms> <definition>" claimed
-        self.counts = self.prefix + "counts"  # hash "fires:<name>" / "missed:<name>" -> count
-        self.version = self.prefix + "version"  # counter: bumped by every change of an entry
-        self.changes = self.prefix + "changes"  # list (one token) the scheduler blocks on
+        self.entries = self.prefix + KEY_NAMES["entries"]  # hash name -> definition (JSON)
+        # zset name -> next fire (ms); 0: not picked up yet
+        self.next = self.prefix + KEY_NAMES["next"]
+        self.last = self.prefix + KEY_NAMES["last"]  # hash name -> last fire enqueued (ms)
+        # hash name -> "<fire ms> <definition>" claimed
+        self.firing = self.prefix + KEY_NAMES["firing"]
+        # hash "fires:<name>" / "missed:<name>" -> count
+        self.counts = self.prefix + KEY_NAMES["counts"]
+        # counter: bumped by every change of an entry
+        self.version = self.prefix + KEY_NAMES["version"]
+        # list (one token) the scheduler blocks on
+        self.changes = self.prefix + KEY_NAMES["changes"]
 
 
 class FlowKeys:
@@ -142,9 +231,12 @@ class FlowKeys:
 
     def __init__(self, namespace: str, flow_id: str) -> None:
         prefix = f"{namespace}:{{flow:{flow_id}}}:"
-        self.flow = prefix + "flow"  # hash: state, steps (s:, k:, d:, q:, m: <step>), error
-        self.results = prefix + "res"  # hash step -> its result (JSON), or '!' and its error
-        self.launching = prefix + "launching"  # set of steps decided and not yet enqueued
+        # hash: state, steps (s:, k:, d:, q:, m: <step>), error
+        self.flow = prefix + KEY_NAMES["flow"]
+        # hash step -> its result (JSON), or '!' and its error
+        self.results = prefix + KEY_NAMES["results"]
+        # set of steps decided and not yet enqueued
+        self.launching = prefix + KEY_NAMES["launching"]
 
 
 class EventKeys:
@@ -155,7 +247,9 @@ class EventKeys:
 
     def __init__(self, namespace: str) -> None:
         self.prefix = f"{namespace}:{{events}}:"
-        self.subscribed = self.prefix + "subscribed"  # set of the events with subscribers
+        # set of the events with subscribers
+        self.subscribed = self.prefix + KEY_NAMES["subscribed"]
 
     def subscribers(self, event: str) -> str:
-        return self.prefix + "sub:" + event  # zset "<subscriber> <queue>" -> lapse time (ms)
+        # zset "<subscriber> <queue>" -> lapse time (ms)
+        return self.prefix + KEY_NAMES["subscribers"] + event

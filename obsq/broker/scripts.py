@@ -8,6 +8,7 @@ import re
 from importlib import resources
 from string import Template
 
+from obsq.broker.keys import KEY_NAMES
 from obsq.broker.wire import constants
 from obsq.settings import INBOX_TTL, LUA_SLICE, MEMORY_LOOK_MS, WAKE_CAP
 
@@ -36,6 +37,10 @@ class Script:
 
 class _Constants(Template):
     delimiter = "@"  # Lua uses $ in patterns, never @
+
+
+# The key names a script builds from a prefix (`prefix .. @key_task .. id`), as Lua strings.
+KEY_CONSTANTS = {f"key_{name}": f"'{text}'" for name, text in KEY_NAMES.items()}
 
 
 _DEFINITION = re.compile(r"^local (?:function )?(\w+)", re.M)
@@ -78,12 +83,12 @@ def load_scripts() -> dict[str, Script]:
     preludes = sorted((p for p in SCRIPT_DIR.iterdir() if p.name.startswith("_")),
                       key=lambda p: p.name)  # _prelude.lua, then the ones built on it
     blocks = _prelude_blocks(_Constants("\n".join(p.read_text() for p in preludes)).substitute(
-        LUA_SLICE=LUA_SLICE, WAKE_CAP=WAKE_CAP, INBOX_TTL=INBOX_TTL,
+        KEY_CONSTANTS, LUA_SLICE=LUA_SLICE, WAKE_CAP=WAKE_CAP, INBOX_TTL=INBOX_TTL,
         MEMORY_LOOK_MS=MEMORY_LOOK_MS, FULL_NOTE=FULL_NOTE, FULL_ERROR_BYTES=FULL_ERROR_BYTES))
     scripts = {}
     for path in SCRIPT_DIR.iterdir():
         if path.name.endswith(".lua") and not path.name.startswith("_"):
             name, body = path.name[:-4], path.read_text()
-            body = _Constants(body).substitute(constants(name))  # wire.py
+            body = _Constants(body).substitute(KEY_CONSTANTS, **constants(name))  # wire.py
             scripts[name] = Script(name, _prelude_for(body, blocks) + "\n" + body)
     return scripts

@@ -224,6 +224,71 @@ LAYOUTS: dict[str, Layout] = {
     "watch": Layout("id client watching"),
 }
 
+# Each script's KEYS, one string per shape a call may take: the names of the keys.py
+# attributes (or methods) that build them, in order, a position's alternatives joined by
+# "|"; "key" is a key the caller names. A key the script builds itself is a KEY_NAMES one,
+# from its first key's prefix. tests/test_wire.py holds every call in the broker to these.
+KEYS: dict[str, tuple[str, ...]] = {
+    "ack": ("lease completed active watched",),
+    "cancel": ("pending scheduled retry active lease",),
+    "claim_batches": ("batches grouped group_types",),
+    "claim_fire": ("entries next firing counts",),
+    "cleanup": ("completed dead cancelled ended",),
+    "confirm_fire": ("firing entries last counts",),
+    "delete": ("pending scheduled retry dead completed cancelled active",),
+    "dequeue": ("pending lease wake paused active fence",),
+    # a key of the queue, then what the step reads: the list or zset ("list", "zset",
+    # "drop"), the active hash ("lease"), the batches ("counters"); "settle": the counter
+    "doctor": ("pending key", "lease active", "active", "pending", "group_types batches",
+               "key"),
+    "due_fires": ("next version firing",),
+    "end_batch": ("batches",),
+    "enqueue": ("pending scheduled wake",),
+    "extend": ("lease active",),
+    "fail": ("lease dead active",),
+    "flow_cancel": ("flow results launching",),
+    "flow_create": ("flow launching",),
+    "flow_ends": ("flow_inbox",),
+    "flow_index": ("flows flow_look",),
+    "flow_launched": ("flow launching",),
+    "flow_previous": ("flow results",),
+    "flow_state": ("flow results",),
+    "flow_step": ("flow results launching",),
+    "forward": ("by_state pending wake",),  # by_state: scheduled or retry
+    "group": ("group_types grouped",),
+    "groups": ("group_types batches",),
+    "hand_back": ("lease pending wake active",),
+    "hand_on": ("lease scheduled dead active",),
+    "heartbeat": ("worker",),
+    "interrupt": ("wake",),
+    "isolate": ("active",),
+    "lock": ("lock",),
+    "page": ("by_state", "group_types group"),  # a state's tasks, or a group's
+    "pause": ("paused pending wake",),
+    "recover": ("lease pending dead wake active",),
+    "register": ("queues|partitions|workers",),
+    "release_batches": ("batches",),
+    "retry": ("lease retry pending wake active",),
+    "revive": ("by_state pending wake",),
+    "schedule": ("entries next version changes",),
+    "schedules": ("next entries last firing counts",),
+    "stats": ("pending lease scheduled retry dead completed cancelled paused",),
+    "subscribe": ("subscribed",),
+    "subscribers": ("subscribers subscribed",),
+    "tally": ("stats",),
+    "throughput": ("stats",),
+    "unfinished": ("pending paused active",),
+    "unschedule": ("entries next last counts version changes",),
+    "watch": ("watched task",),
+}
+
+
+def key_shapes(script: str) -> list[list[set[str]]]:
+    """`script`'s KEYS shapes, each a list of the names a position may take."""
+    return [[set(position.split("|")) for position in shape.split()]
+            for shape in KEYS[script]]
+
+
 # The replies read by position. dequeue's items are FetchedTask's fields, in its order
 # (records.py).
 DEQUEUE_TASK = ("id", "fence", "type", "payload", "headers", "options", "retried", "due_ms",

@@ -254,12 +254,14 @@ class Doctor:
         k = self.broker.keys(queue)
         _, _, _, _, _, patterns = await self.broker.counters(queue)
         for pattern in patterns:
-            await self._ids(queue, f"{k.prefix}held:{pattern}", "list", f"held:{pattern}",
-                            "", found, "held", pattern)
+            held = k.held(pattern)
+            await self._ids(queue, held, "list", held[len(k.prefix):], "", found, "held",
+                            pattern)
         ordering = await self.broker.ordering_keys(queue, STEP)
         for key in ordering:
-            await self._ids(queue, f"{k.prefix}ord:{key}", "list", f"ord:{key}", "", found,
-                            "ordk", key)
+            listed = k.ordering(key)
+            await self._ids(queue, listed, "list", listed[len(k.prefix):], "", found, "ordk",
+                            key)
         first = await self._count(queue, ordering)
         if first != await self._count(queue, ordering):  # moving: not a drift
             return
@@ -284,7 +286,7 @@ class Doctor:
         ordering = await self.broker.ordering_keys(queue, STEP)
         waiting, should_wait, grouped, should_group = await self._count(queue, ordering)
         done = []
-        for key, now, should in ((k.prefix + "waiting", waiting, should_wait),
+        for key, now, should in ((k.waiting, waiting, should_wait),
                                  (k.grouped, grouped, should_group)):
             if now != should and await self.broker.settle_counter(key, now, should):
                 done.append(f"{readable(queue)}: set {key.rsplit(':', 1)[-1]} from {now} to "

@@ -2,13 +2,14 @@
 -- prepended (Redis runs them on every call); it names on its first line the helpers it calls.
 -- A definition is a `local function` (to the `end` at the start of a line) or a one-line
 -- `local`, and uses only definitions above it.
--- Constants marked with an at sign come from obsq.settings, written in at load time.
+-- Constants marked with an at sign come from obsq.settings, written in at load time, and
+-- the key names (key_<name>) from obsq/broker/keys.py's KEY_NAMES: the one spelling of a key name.
 -- KEYS[1] is always a key of one queue ("<ns>:{<queue>}:<name>") or another single key, so
 -- every key a script builds is derived from it and shares its hash tag (one cluster slot).
 local prefix = string.match(KEYS[1], '^.*:')
 
 local function task_key(id)
-  return prefix .. 't:' .. id
+  return prefix .. @key_task .. id
 end
 
 -- Milliseconds from ARGV[1] when the caller drives the clock ('0': it does not), else the
@@ -81,7 +82,7 @@ local function above_share(share, cost)
   if share >= 1 then
     return nil
   end
-  local memok = prefix .. 'memok'
+  local memok = prefix .. @key_memory_budget
   if redis.call('DECRBY', memok, int_text(cost)) >= 0 then
     return nil
   end
@@ -134,7 +135,7 @@ end
 
 -- The priority lists that may hold tasks, highest first (`pending` not among them).
 local function level_lists(pending_key)
-  local levels = redis.call('SMEMBERS', prefix .. 'levels')
+  local levels = redis.call('SMEMBERS', prefix .. @key_levels)
   table.sort(levels, function(a, b) return a > b end)  -- single digits: as text
   for i, level in ipairs(levels) do
     levels[i] = pending_key .. ':' .. level
@@ -150,7 +151,7 @@ local function push_pending(pending_key, id, first, priority)
   end
   local list = level_list(pending_key, priority)
   if list ~= pending_key then
-    redis.call('SADD', prefix .. 'levels', priority)
+    redis.call('SADD', prefix .. @key_levels, priority)
   end
   if first then
     redis.call('RPUSH', list, id)
@@ -178,19 +179,19 @@ local FLOW_WATCHER = '~flows'
 -- reader blocks on. `watchers` is that hash's value when the caller read it already.
 local function notify_done(id, state, value, watchers)
   if watchers == nil then
-    watchers = redis.call('HGET', prefix .. 'watched', id)
+    watchers = redis.call('HGET', prefix .. @key_watched, id)
   end
   if not watchers then
     return
   end
   for client in string.gmatch(watchers, '%S+') do
-    local inbox = prefix .. 'inbox:' .. client
+    local inbox = prefix .. @key_inbox .. client
     redis.call('LPUSH', inbox, id .. '\n' .. state .. '\n' .. value)
     if client ~= FLOW_WATCHER then
       redis.call('EXPIRE', inbox, @INBOX_TTL)
     end
   end
-  redis.call('HDEL', prefix .. 'watched', id)
+  redis.call('HDEL', prefix .. @key_watched, id)
 end
 
 -- Each running attempt is recorded in the queue's "active" hash as id -> "<fence>:<worker>".
@@ -233,7 +234,7 @@ local function remember_ids(ids, until_text)
     members[#members + 1] = until_text
     members[#members + 1] = id
   end
-  call_sliced('ZADD', prefix .. 'ended', members)
+  call_sliced('ZADD', prefix .. @key_ended, members)
 end
 
 -- While Redis is above the producers' share of maxmemory (`share`, see above_share), what a

@@ -1,6 +1,6 @@
 -- Workflows (chains and chords): a flow's keys share the hash tag `{flow:<id>}`, so one
 -- script records a step's end and decides the next steps. KEYS[1] is the flow's hash, and
--- `prefix` its tag: `prefix .. 'res'` holds the steps' results, `prefix .. 'launching'` the
+-- `prefix` its tag: `prefix .. @key_results` holds the steps' results, `prefix .. @key_launching` the
 -- steps whose enqueue is decided and not yet confirmed (flow_launched.lua).
 
 -- The flow ends in `state` ('completed', 'failed' or 'cancelled'; `failed`: the step, with
@@ -11,8 +11,8 @@ local function end_flow(state, now, failed, error)
   if failed then
     redis.call('HSET', flow, 'failed', failed, 'error', error)
   end
-  redis.call('DEL', prefix .. 'launching')
+  redis.call('DEL', prefix .. @key_launching)
   local keep = redis.call('HGET', flow, 'ret') or '3600000'
   redis.call('PEXPIRE', flow, keep)
-  redis.call('PEXPIRE', prefix .. 'res', keep)
+  redis.call('PEXPIRE', prefix .. @key_results, keep)
 end

@@ -10,12 +10,12 @@ local function leave_group(id)
     return
   end
   local task_type, group = f[2], f[3]
-  if redis.call('LREM', prefix .. 'grp:' .. task_type .. ' ' .. group, 1, id) > 0 then
-    redis.call('DECR', prefix .. 'grouped')
-    if redis.call('ZINCRBY', prefix .. 'gsize:' .. task_type, -1, group) + 0 <= 0 then
-      redis.call('ZREM', prefix .. 'gsize:' .. task_type, group)
-      redis.call('ZREM', prefix .. 'gfirst:' .. task_type, group)
-      redis.call('ZREM', prefix .. 'glast:' .. task_type, group)
+  if redis.call('LREM', prefix .. @key_group .. task_type .. ' ' .. group, 1, id) > 0 then
+    redis.call('DECR', prefix .. @key_grouped)
+    if redis.call('ZINCRBY', prefix .. @key_group_sizes .. task_type, -1, group) + 0 <= 0 then
+      redis.call('ZREM', prefix .. @key_group_sizes .. task_type, group)
+      redis.call('ZREM', prefix .. @key_group_firsts .. task_type, group)
+      redis.call('ZREM', prefix .. @key_group_lasts .. task_type, group)
     end
   end
 end

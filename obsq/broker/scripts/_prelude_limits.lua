@@ -25,37 +25,37 @@ end
 
 -- Park task `id` until a task of `pattern` stops running (or the forwarder lets one out).
 local function hold(id, pattern)
-  redis.call('LPUSH', prefix .. 'held:' .. pattern, id)
-  redis.call('SADD', prefix .. 'holding', pattern)
+  redis.call('LPUSH', prefix .. @key_held .. pattern, id)
+  redis.call('SADD', prefix .. @key_holding, pattern)
   redis.call('HSET', task_key(id), 'held', pattern, 'hc', '1')
-  redis.call('INCR', prefix .. 'waiting')
+  redis.call('INCR', prefix .. @key_waiting)
 end
 
 -- The task held longest for `pattern` goes back to the head of pending.
 local function unhold(pattern)
-  local held = prefix .. 'held:' .. pattern
+  local held = prefix .. @key_held .. pattern
   local id = redis.call('RPOP', held)
   if not id then
-    redis.call('SREM', prefix .. 'holding', pattern)
+    redis.call('SREM', prefix .. @key_holding, pattern)
     return
   end
   if redis.call('LLEN', held) == 0 then
-    redis.call('SREM', prefix .. 'holding', pattern)
+    redis.call('SREM', prefix .. @key_holding, pattern)
   end
-  redis.call('DECR', prefix .. 'waiting')
+  redis.call('DECR', prefix .. @key_waiting)
   redis.call('HDEL', task_key(id), 'held')
-  push_pending(prefix .. 'pending', id, true)
-  wake(prefix .. 'wake', 1)
+  push_pending(prefix .. @key_pending, id, true)
+  wake(prefix .. @key_wake, 1)
 end
 
 -- The lists of the tasks held back, one per route pattern, in the order of the patterns
 -- (the same on every call, so that pages of them hold still): they count as pending.
 local function held_lists()
-  local patterns = redis.call('SMEMBERS', prefix .. 'holding')
+  local patterns = redis.call('SMEMBERS', prefix .. @key_holding)
   table.sort(patterns)
   local lists = {}
   for i, pattern in ipairs(patterns) do
-    lists[i] = prefix .. 'held:' .. pattern
+    lists[i] = prefix .. @key_held .. pattern
   end
   return lists
 end
@@ -66,11 +66,11 @@ end
 local holding_patterns = nil
 local function release_limits(id, task_type, slot)
   if slot ~= '' then
-    redis.call('SREM', prefix .. 'running:' .. slot, id)
+    redis.call('SREM', prefix .. @key_running .. slot, id)
     redis.call('HDEL', task_key(id), 'slot')
   end
   if holding_patterns == nil then
-    holding_patterns = redis.call('SMEMBERS', prefix .. 'holding')
+    holding_patterns = redis.call('SMEMBERS', prefix .. @key_holding)
   end
   for _, pattern in ipairs(holding_patterns) do
     if covers(pattern, task_type) then
@@ -83,7 +83,7 @@ end
 -- is `now`, or one more than the last one's when that is later (tasks enqueued in the same
 -- millisecond, or by one call), so the set keeps the order they were enqueued in.
 local function queue_behind(id, now)
-  local waiting = prefix .. 'ordwait'
+  local waiting = prefix .. @key_ordering_waiting
   local last = redis.call('ZRANGE', waiting, -1, -1, 'WITHSCORES')[2]
   redis.call('ZADD', waiting, math.max(tonumber(now), (tonumber(last) or 0) + 1), id)
 end
@@ -94,7 +94,7 @@ local function release_successor(id, key, now)
   if key == '' or not key then
     return
   end
-  local list = prefix .. 'ord:' .. key
+  local list = prefix .. @key_ordering .. key
   local was_first = redis.call('LINDEX', list, 0) == id
   if redis.call('LREM', list, 1, id) == 0 then
     return  -- it left its key's list when it ended before (a purge of finished tasks)
@@ -102,21 +102,21 @@ local function release_successor(id, key, now)
   local next_id = redis.call('LINDEX', list, 0)
   if not (was_first and next_id) then
     if not was_first then
-      redis.call('DECR', prefix .. 'waiting')  -- it waited; it does not any more
-      redis.call('ZREM', prefix .. 'ordwait', id)
+      redis.call('DECR', prefix .. @key_waiting)  -- it waited; it does not any more
+      redis.call('ZREM', prefix .. @key_ordering_waiting, id)
     end
     return
   end
-  redis.call('DECR', prefix .. 'waiting')
-  redis.call('ZREM', prefix .. 'ordwait', next_id)
+  redis.call('DECR', prefix .. @key_waiting)
+  redis.call('ZREM', prefix .. @key_ordering_waiting, next_id)
   local next_key = task_key(next_id)
   local due = tonumber(redis.call('HGET', next_key, 'due')) or now
   if due > now then
     redis.call('HSET', next_key, 'state', 'scheduled')
-    redis.call('ZADD', prefix .. 'scheduled', due, next_id)
+    redis.call('ZADD', prefix .. @key_scheduled, due, next_id)
   else
-    push_pending(prefix .. 'pending', next_id, true)
-    wake(prefix .. 'wake', 1)
+    push_pending(prefix .. @key_pending, next_id, true)
+    wake(prefix .. @key_wake, 1)
   end
 end
 
@@ -134,7 +134,7 @@ local function end_cancelled(id, now)
   local key = task_key(id)
   redis.call('HSET', key, 'state', 'cancelled', 'done', now)
   redis.call('HDEL', key, 'cancel')
-  redis.call('ZADD', prefix .. 'cancelled', now, id)
+  redis.call('ZADD', prefix .. @key_cancelled, now, id)
   release_successor(id, redis.call('HGET', key, 'ordk') or '', now)
   notify_done(id, 'cancelled', 'cancelled')
 end

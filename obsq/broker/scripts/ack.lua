@@ -1,7 +1,7 @@
 -- prelude: now_text, int_text, task_key, call_sliced, hmget_sliced, notify_done, named_attempts,
 --   remember_ids, settled_by, release_limits, release_successor, above_share
 -- Mark a batch of one worker's attempts of one queue completed.
--- KEYS: lease, completed, active, watched
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, worker_id, resent (1 when an earlier send may have been applied already),
 --       dedup window (ms), the producers' share of maxmemory (above it a result longer
 --       than FULL_ERROR_BYTES (64) is not kept: its task reads null, with an error saying so), then
@@ -39,7 +39,7 @@ call_sliced('ZREM', KEYS[1], finished)
 local watchers = hmget_sliced(KEYS[4], finished)
 local gone, forgotten = {}, {}
 for j, n in ipairs(done) do
-  local i = 6 + (n - 1) * 8
+  local i = @items + (n - 1) * @stride
   local id, key = ids[n], task_key(ids[n])
   release_limits(id, ARGV[i + @type], ARGV[i + @slot])
   release_successor(id, ARGV[i + @ordering], now)

@@ -3,7 +3,7 @@
 -- Cancel a task (ARGV[2] = 'task'): one waiting in any state ends cancelled at once; one
 -- running is marked, and its worker told. Or end a running attempt its worker stopped
 -- because it was cancelled (ARGV[2] = 'attempt', with its fence, worker, type and slot).
--- KEYS: pending, scheduled, retry, active, lease
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, 'task', id  |  now, 'attempt', id, fence, worker_id, type, route slot or ''
 -- Returns for a task: the state it ended in or stays in ('cancelled', 'completed', 'dead',
 -- or 'aggregating' for a grouped task whose batch is being aggregated), 'running' (the
@@ -36,7 +36,7 @@ local owner = redis.call('HGET', KEYS[4], id)
 if owner then
   redis.call('HSET', key, 'cancel', '1')
   local worker = string.match(owner, '^[^:]*:(.*)$')
-  local inbox = prefix .. 'cancel:' .. worker
+  local inbox = prefix .. @key_cancels .. worker
   redis.call('RPUSH', inbox, id)
   redis.call('EXPIRE', inbox, 60)
   return 'running'
@@ -44,9 +44,9 @@ end
 if state == 'aggregating' then
   leave_group(id)
 elseif f[2] then  -- held back by a route limit
-  redis.call('LREM', prefix .. 'held:' .. f[2], 1, id)
-  redis.call('DECR', prefix .. 'waiting')
-elseif f[3] and redis.call('LINDEX', prefix .. 'ord:' .. f[3], 0) ~= id then
+  redis.call('LREM', prefix .. @key_held .. f[2], 1, id)
+  redis.call('DECR', prefix .. @key_waiting)
+elseif f[3] and redis.call('LINDEX', prefix .. @key_ordering .. f[3], 0) ~= id then
   -- waiting behind its ordering key: end_cancelled takes it out of the key's list
 else
   redis.call('LREM', level_list(KEYS[1], f[6]), 1, id)

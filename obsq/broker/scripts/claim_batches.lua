@@ -8,7 +8,7 @@
 -- waited are left out; each task taken keeps its batch's id in its 'batch' field.
 -- A batch is the hash 'batch:<id>' (type, group, ids space-separated, fence, owner,
 -- failures, error) and its claim's end in the zset `batches`.
--- KEYS: batches, grouped, gtypes
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, owner, lease_ms, then a JSON object {ids = [fresh batch ids], patterns =
 --       [[pattern, max_size, max_delay_ms, grace_ms], ...]}: the caller's aggregators, the
 --       most specific pattern first (as routes match: exact, longest prefix, '*')
@@ -64,12 +64,12 @@ local function uncount(n)
 end
 
 local function record(batch, task_type, group, tasks, failures)
-  local fence = redis.call('INCR', prefix .. 'fence')
+  local fence = redis.call('INCR', prefix .. @key_fence)
   local ids = {}
   for i, t in ipairs(tasks) do
     ids[i] = t[@r_tasks_id]
   end
-  redis.call('HSET', prefix .. 'batch:' .. batch, 'type', task_type, 'group', group,
+  redis.call('HSET', prefix .. @key_batch .. batch, 'type', task_type, 'group', group,
              'ids', table.concat(ids, ' '), 'fence', fence, 'owner', owner)
   redis.call('ZADD', KEYS[1], now + lease, batch)
   batches[#batches + 1] = {[@r_batches_id] = batch, [@r_batches_type] = task_type,
@@ -80,7 +80,7 @@ end
 -- 1. Batches whose claim ran out, of the types the caller aggregates.
 local limit = #fresh
 for _, batch in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)) do
-  local key = prefix .. 'batch:' .. batch
+  local key = prefix .. @key_batch .. batch
   local f = redis.pcall('HMGET', key, 'type', 'group', 'ids', 'failures')
   if f.err then
     -- not a hash (a hand edit): left for an operator to see (obsq groups), looked at again
@@ -113,9 +113,9 @@ end
 -- Claims the due groups of one type, its aggregator's limits in `t`.
 local function claim_groups(task_type, t)
   local max_size, max_delay, grace = t[2], t[3], t[4]
-  local first_key = prefix .. 'gfirst:' .. task_type
-  local last_key = prefix .. 'glast:' .. task_type
-  local size_key = prefix .. 'gsize:' .. task_type
+  local first_key = prefix .. @key_group_firsts .. task_type
+  local last_key = prefix .. @key_group_lasts .. task_type
+  local size_key = prefix .. @key_group_sizes .. task_type
   local due = {}
   local function add(groups)
     for _, g in ipairs(groups) do
@@ -129,7 +129,7 @@ local function claim_groups(task_type, t)
     add(redis.call('ZRANGEBYSCORE', last_key, '-inf', now - grace, 'LIMIT', 0, room))
   end
   for group in pairs(due) do
-    local list = prefix .. 'grp:' .. task_type .. ' ' .. group
+    local list = prefix .. @key_group .. task_type .. ' ' .. group
     while used < #fresh do
       local size = tonumber(redis.call('ZSCORE', size_key, group)) or 0
       local first = tonumber(redis.call('ZSCORE', first_key, group)) or now

@@ -4,7 +4,7 @@
 -- with the definition it runs, until confirm_fire. Refused when another scheduler moved the
 -- entry on, its definition changed or went, or a fire of it is still claimed: so each fire
 -- is claimed once, whatever the lock did. `missed` fires are counted.
--- KEYS: entries, next, firing, counts
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, name, SHA-1 of the definition, expected (ms), following (ms, or '+inf' to park
 --       an entry that is not valid), fire (ms, 0: none), claim ("<fire> <definition>"),
 --       missed

@@ -2,7 +2,7 @@
 -- Delete completed tasks past their retention, and dead and cancelled tasks past their age
 -- or count limit; the ids their producers chose are remembered for the dedup window from
 -- then on. Forget the remembered ids past the window, and the oldest beyond the count cap.
--- KEYS: completed, dead, cancelled, ended
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, dead_max_age_ms, dead_max_count, batch, dedup window (ms), dedup max ids
 -- Returns the number of tasks deleted plus the ids forgotten over the cap (at most a batch
 -- of each per call: the caller calls again while a batch was full).

@@ -3,7 +3,7 @@
 -- on), it came too late to be enqueued again ('missed'), or the claim was not readable
 -- ('dropped'). Only the claim as it was made ends it, so of two schedulers finishing the
 -- same fire one counts it.
--- KEYS: firing, entries, last, counts
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, name, claim, fire (ms), outcome
 -- Returns 1 when this call ended the claim, else 0.
 if redis.call('HGET', KEYS[1], ARGV[@name]) ~= ARGV[@claim] then

@@ -7,7 +7,7 @@
 -- tasks too: they count as pending), and one with an ordering key lets the next of its key
 -- run (a purge takes that one in a later step). A unique lock stays until its unique_for
 -- ends, and a deleted task's id is not remembered: an operator's delete frees it.
--- KEYS: pending, scheduled, retry, dead, completed, cancelled, active
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, 'id' or the state to purge, the id or the batch size
 -- Returns for an id: the state it was in, 'running' (refused) or '' (no such task);
 -- for a state: {deleted, left}.
@@ -19,13 +19,13 @@ local function forget(id)
   local key = task_key(id)
   local f = redis.call('HMGET', key, 'held', 'ordk')
   if f[1] then
-    if redis.call('LREM', prefix .. 'held:' .. f[1], 1, id) > 0 then
-      redis.call('DECR', prefix .. 'waiting')
+    if redis.call('LREM', prefix .. @key_held .. f[1], 1, id) > 0 then
+      redis.call('DECR', prefix .. @key_waiting)
     end
   end
   release_successor(id, f[2] or '', now)
   notify_done(id, 'dead', 'deleted by an operator')  -- clients waiting in result()
-  redis.call('DEL', key, prefix .. 'progress:' .. id)
+  redis.call('DEL', key, prefix .. @key_progress .. id)
 end
 
 if ARGV[@mode] == 'id' then

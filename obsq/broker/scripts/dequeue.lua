@@ -2,7 +2,7 @@
 -- Take up to ARGV[3] pending tasks of one queue under a lease, each with a new fencing token;
 -- a task a route limit holds back is set aside (held, or scheduled for its rate) instead,
 -- and a suspect after the first goes back to the head of the queue.
--- KEYS: pending, lease, wake, paused, active, fence counter
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, lease_ms, count, worker_id, limits: '' or JSON {"g": [[route, concurrency,
 --       interval_ms, tolerance_ms], ...], "l": [[pattern, room], ...]}, the App's routes
 --       with a limit across workers (0: none) and this worker's own route limits with the
@@ -53,7 +53,7 @@ local function by_rank(levels, count, floor)
     if entry then
       entries[#entries + 1] = entry
     else
-      redis.call('SREM', prefix .. 'levels', level)
+      redis.call('SREM', prefix .. @key_levels, level)
     end
   end
   if floor then  -- a list of no tasks, ranked at the floor: the run ends on reaching it
@@ -83,7 +83,7 @@ local function by_rank(levels, count, floor)
       end
       table.insert(entries, at, after)
     elseif e[2] > 0 then
-      redis.call('SREM', prefix .. 'levels', int_text(e[2]))
+      redis.call('SREM', prefix .. @key_levels, int_text(e[2]))
     end
   end
   for _, e in ipairs(entries) do
@@ -94,7 +94,7 @@ local function by_rank(levels, count, floor)
   return #ids > 0 and ids, nil
 end
 
-local levels = redis.call('SMEMBERS', prefix .. 'levels')
+local levels = redis.call('SMEMBERS', prefix .. @key_levels)
 local floor = tonumber(ARGV[@floor])
 local ids, left
 if #levels == 0 and not floor then
@@ -135,20 +135,20 @@ local function limited(id, task_type, reserved)
     return 'concurrency'
   end
   if route and route[2] > 0 and
-      redis.call('SCARD', prefix .. 'running:' .. route[1]) >= route[2] then
+      redis.call('SCARD', prefix .. @key_running .. route[1]) >= route[2] then
     hold(id, route[1])
     return 'concurrency'
   end
   if route and route[3] > 0 and not (reserved and reserved <= now) then
     -- the route's rate as a cell rate: each start takes `interval` from a clock that may
     -- run ahead of now by `tolerance`; a start beyond that is reserved for later
-    local rate_key = prefix .. 'rate:' .. route[1]
+    local rate_key = prefix .. @key_rate .. route[1]
     local free = math.max(tonumber(redis.call('GET', rate_key)) or now, now)
     redis.call('SET', rate_key, free + route[3], 'PX',
                math.ceil(free + route[3] - now) + 60000)
     if free - now > route[4] then
       redis.call('HSET', task_key(id), 'state', 'scheduled', 'rsv', free)
-      redis.call('ZADD', prefix .. 'scheduled', free, id)
+      redis.call('ZADD', prefix .. @key_scheduled, free, id)
       return 'rate'
     end
   end
@@ -156,7 +156,7 @@ local function limited(id, task_type, reserved)
     mine[2] = mine[2] - 1
   end
   if route and route[2] > 0 then
-    redis.call('SADD', prefix .. 'running:' .. route[1], id)
+    redis.call('SADD', prefix .. @key_running .. route[1], id)
     redis.call('HSET', task_key(id), 'slot', route[1])
     return nil, route[1]
   end

@@ -1,23 +1,21 @@
 -- prelude: now_ms, int_text, task_key, release_successor
 -- `obsq doctor`: one bounded step of checking a queue's invariants, or one safe repair.
 -- Reads only, but for the repairs ('drop', 'settle'), which re-check what they mend.
--- KEYS[1] is a key of the queue whose name has no colon (pending, lease, active, gtypes, a
--- counter), so that the queue's prefix is found in it; KEYS[2] the list or zset a step
--- reads ('list', 'zset', 'drop': a held list's or ordering key's name may hold colons), the
--- active hash ('lease') or the batches zset ('counters').
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py (KEYS[1] a key of the queue
+-- whose name has no colon, so that the queue's prefix is found in it: a held list's or
+-- ordering key's name may hold colons).
 -- ARGV: now, step, then by step:
 --   'list' offset count state field value: ids of a list (from its head) whose task hash is
 --       gone ('missing'), whose state is not `state`, or whose `field` is not `value` (''
 --       skips either check); returns {length, {id, problem, what was found}, ...}
 --   'zset' offset count state field value: the same for a zset, by rank (a `completed` id
 --       past its retention may have lost its hash: not reported)
---   'lease' offset count grace_ms: attempts (KEYS[1] lease, KEYS[2] active) whose lease
+--   'lease' offset count grace_ms: attempts whose lease
 --       ended over grace_ms ago ('expired', owner), with no owner ('unowned') or no task
 --       hash ('missing'); returns {length, {id, problem, owner}, ...}
 --   'owners' cursor count: attempts of the active hash without a lease; {cursor, {id, ...}}
 --   'ord' key...: the tasks waiting for their ordering keys (all but the first of each)
 --   'counters': {waiting, held, grouped, in groups, in batches, {held pattern, ...}}
---       (KEYS[1] gtypes, KEYS[2] batches)
 --   'drop' kind id...: remove the ids without a task hash from the list or zset (kind
 --       'list'; 'held', which counts them out of `waiting`; 'ord', an ordering key's list,
 --       whose next task is let out as when a task of the key ends; 'zset'; or 'lease',
@@ -82,7 +80,7 @@ elseif step == 'owners' then
   local scan = redis.call('HSCAN', KEYS[1], ARGV[@cursor], 'COUNT', ARGV[@count])
   local out = {scan[1]}
   for i = 1, #scan[2], 2 do
-    if not redis.call('ZSCORE', prefix .. 'lease', scan[2][i]) then
+    if not redis.call('ZSCORE', prefix .. @key_lease, scan[2][i]) then
       out[#out + 1] = scan[2][i]
     end
   end
@@ -90,33 +88,33 @@ elseif step == 'owners' then
 elseif step == 'ord' then
   local waiting = 0
   for i = @keys, #ARGV do
-    waiting = waiting + math.max(redis.call('LLEN', prefix .. 'ord:' .. ARGV[i]) - 1, 0)
+    waiting = waiting + math.max(redis.call('LLEN', prefix .. @key_ordering .. ARGV[i]) - 1, 0)
   end
   return waiting
 elseif step == 'counters' then
-  local patterns = redis.call('SMEMBERS', prefix .. 'holding')
+  local patterns = redis.call('SMEMBERS', prefix .. @key_holding)
   table.sort(patterns)
   local held = 0
   for _, pattern in ipairs(patterns) do
-    held = held + redis.call('LLEN', prefix .. 'held:' .. pattern)
+    held = held + redis.call('LLEN', prefix .. @key_held .. pattern)
   end
   local in_groups = 0
   for _, task_type in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-    for _, group in ipairs(redis.call('ZRANGE', prefix .. 'gsize:' .. task_type, 0, -1)) do
-      in_groups = in_groups + redis.call('LLEN', prefix .. 'grp:' .. task_type .. ' ' .. group)
+    for _, group in ipairs(redis.call('ZRANGE', prefix .. @key_group_sizes .. task_type, 0, -1)) do
+      in_groups = in_groups + redis.call('LLEN', prefix .. @key_group .. task_type .. ' ' .. group)
     end
   end
   local in_batches = 0
   for _, batch in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-    local ids = redis.pcall('HGET', prefix .. 'batch:' .. batch, 'ids')
+    local ids = redis.pcall('HGET', prefix .. @key_batch .. batch, 'ids')
     if type(ids) == 'string' then
       for _ in string.gmatch(ids, '%S+') do
         in_batches = in_batches + 1
       end
     end
   end
-  return {tonumber(redis.call('GET', prefix .. 'waiting')) or 0, held,
-          tonumber(redis.call('GET', prefix .. 'grouped')) or 0, in_groups, in_batches,
+  return {tonumber(redis.call('GET', prefix .. @key_waiting)) or 0, held,
+          tonumber(redis.call('GET', prefix .. @key_grouped)) or 0, in_groups, in_batches,
           patterns}
 elseif step == 'drop' then
   local now, kind, dropped = now_ms(), ARGV[@kind], 0
@@ -125,18 +123,18 @@ elseif step == 'drop' then
     if redis.call('EXISTS', task_key(id)) == 0 then
       if kind == 'ord' then
         local before = redis.call('LLEN', KEYS[2])
-        release_successor(id, string.sub(KEYS[2], #prefix + 5), now)
+        release_successor(id, string.sub(KEYS[2], #prefix + #@key_ordering + 1), now)
         dropped = dropped + before - redis.call('LLEN', KEYS[2])
       elseif kind == 'list' or kind == 'held' then
         local n = redis.call('LREM', KEYS[2], 0, id)
         if kind == 'held' and n > 0 then
-          redis.call('DECRBY', prefix .. 'waiting', n)
+          redis.call('DECRBY', prefix .. @key_waiting, n)
         end
         dropped = dropped + n
       else
         dropped = dropped + redis.call('ZREM', KEYS[2], id)
         if kind == 'lease' then
-          redis.call('HDEL', prefix .. 'active', id)
+          redis.call('HDEL', prefix .. @key_active, id)
         end
       end
     end
@@ -146,11 +144,11 @@ elseif step == 'levels' then
   local unmarked = {}
   for p = 1, 9 do
     local level = int_text(p)
-    if redis.call('LLEN', prefix .. 'pending:' .. level) > 0 and
-        redis.call('SISMEMBER', prefix .. 'levels', level) == 0 then
+    if redis.call('LLEN', prefix .. @key_pending .. ':' .. level) > 0 and
+        redis.call('SISMEMBER', prefix .. @key_levels, level) == 0 then
       unmarked[#unmarked + 1] = level
       if ARGV[@mark] == '1' then
-        redis.call('SADD', prefix .. 'levels', level)
+        redis.call('SADD', prefix .. @key_levels, level)
       end
     end
   end

@@ -3,7 +3,7 @@
 -- fire is due (0: not picked up yet), when the next one after them is due, the version of
 -- the entries, and the fires claimed but not confirmed (their scheduler stopped, or is
 -- still at it).
--- KEYS: next, version, firing
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, limit
 -- Returns {now, version, soonest next fire after now ('' when none), {name, next, ...},
 --          {name, claim, ...}}

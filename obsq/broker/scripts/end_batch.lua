@@ -7,13 +7,13 @@
 -- batch from ending. 'failed' (the aggregator raised or returned junk), only from the
 -- claim holding the current fence, keeps every task in the batch, records the error and
 -- lets the batch be claimed again after `delay_ms`.
--- KEYS: batches
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, batch id, fence, 'done' or 'failed', error text, delay_ms, dedup window (ms):
 --       the grouped tasks whose producer chose their ids are remembered that long
 -- Returns 1 (applied) or 0 (the batch is gone, or a failure from a claim taken over).
 local now = now_ms()
 local batch = ARGV[@batch]
-local key = prefix .. 'batch:' .. batch
+local key = prefix .. @key_batch .. batch
 local f = redis.call('HMGET', key, 'fence', 'ids')
 if not f[1] or (ARGV[@outcome] == 'failed' and f[1] ~= ARGV[@fence]) then
   return 0
@@ -42,5 +42,5 @@ if #forgotten > 0 then
   remember_ids(forgotten, int_text(now + tonumber(ARGV[@window])))
 end
 -- its tasks were counted as aggregating until now (obsq doctor checks the count)
-redis.call('DECRBY', prefix .. 'grouped', ended)
+redis.call('DECRBY', prefix .. @key_grouped, ended)
 return 1

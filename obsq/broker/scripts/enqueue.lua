@@ -1,7 +1,7 @@
 -- prelude: now_text, int_text, task_key, call_sliced, wake, above_share, push_pending,
 --   queue_behind
 -- Enqueue a batch of tasks into one queue.
--- KEYS: pending, scheduled, wake
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, the share of maxmemory producers may fill (1: no limit), then 12 plain values
 --       per task (wire.py's layout; no document to decode, no escaping):
 --       id, '1' when the producer chose the id (else '': a generated id is 128 random bits,
@@ -32,7 +32,7 @@ if share < 1 then
   end
 end
 local now = now_text()
-local ended = prefix .. 'ended'
+local ended = prefix .. @key_ended
 local out = {}
 local pending = {}  -- of priority 0: pushed at once
 local woken = 0
@@ -48,7 +48,7 @@ for i = @items, #ARGV, @stride do
               (tonumber(redis.call('ZSCORE', ended, id)) or 0) > tonumber(now)) then
     refused = 'id'
   elseif digest ~= '' then
-    local lock = prefix .. 'unique:' .. digest
+    local lock = prefix .. @key_unique .. digest
     local hold = math.max(tonumber(ARGV[i + @unique_for]), 1)
     if not redis.call('SET', lock, id, 'NX', 'PX', hold) then
       refused = 'unique:' .. (redis.call('GET', lock) or '')
@@ -96,17 +96,17 @@ for i = @items, #ARGV, @stride do
     if ordering_key ~= '' then
       fields[#fields + 1] = 'ordk'
       fields[#fields + 1] = ordering_key
-      behind = redis.call('RPUSH', prefix .. 'ord:' .. ordering_key, id) > 1
+      behind = redis.call('RPUSH', prefix .. @key_ordering .. ordering_key, id) > 1
       if behind then
         fields[#fields + 1] = 'ow'
         fields[#fields + 1] = '1'
-        redis.call('INCR', prefix .. 'waiting')
+        redis.call('INCR', prefix .. @key_waiting)
         queue_behind(id, now)
       end
     end
     redis.call('HSET', key, unpack(fields))
     if ARGV[i + @headers] ~= '' and string.find(ARGV[i + @headers], '"obsq-flow"', 1, true) then
-      redis.call('HSET', prefix .. 'watched', id, FLOW_WATCHER)  -- a flow's step (notify_done)
+      redis.call('HSET', prefix .. @key_watched, id, FLOW_WATCHER)  -- a flow's step (notify_done)
     end
     if behind then
       -- it waits for the tasks ahead of it on its key (release_successor)

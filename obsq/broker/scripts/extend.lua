@@ -1,6 +1,6 @@
 -- prelude: now_ms, call_sliced, named_attempts
 -- Extend the leases of a worker's running attempts.
--- KEYS: lease, active
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, lease_ms, worker_id, then per task: id, fence
 -- Returns the ids whose lease is no longer this attempt's.
 local expires = now_ms() + tonumber(ARGV[@lease])

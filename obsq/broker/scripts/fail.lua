@@ -1,7 +1,7 @@
 -- prelude: now_ms, task_key, failed_attempt, notify_done, release_limits,
 --   release_successor
 -- A failed attempt that may not be retried goes to the dead set, kept for inspection.
--- KEYS: lease, dead, active
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, worker_id, id, fence, error, traceback, type, route slot or '', ordering key or '',
 --       the producers' share of maxmemory (above it the error is cut short: kept_failure)
 -- Returns 1 (also when this attempt's earlier, re-sent call was applied; 2 when Redis was

@@ -2,7 +2,7 @@
 -- A new flow (Client.enqueue of a chain or chord): its steps, what each waits for, and its
 -- first steps marked as launching, so that a producer that dies before enqueueing them
 -- leaves them to the flow sweep (FlowLoop). A flow that exists already is left as it is.
--- KEYS: flow hash, launching set
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, n (the first steps' count), the n first steps, then field, value pairs
 -- Returns 1 when written, 0 when the flow existed.
 if redis.call('EXISTS', KEYS[1]) == 1 then

@@ -2,7 +2,7 @@
 -- A queue's flow inbox (`inbox:~flows`: the ends of flow steps, `<id>\n<state>\n<value>`,
 -- newest first): read the oldest, or drop those recorded in their flows. Entries leave only
 -- once recorded, so a worker killed in between leaves them to the next.
--- KEYS: the inbox
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, 'read' and a count, or 'drop' and the entries
 -- Returns the entries read, oldest first; or the number dropped.
 if ARGV[@mode] == 'read' then

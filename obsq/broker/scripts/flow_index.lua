@@ -4,7 +4,7 @@
 -- ms). A flow is added before it is written; the sweep launches the steps it left
 -- launching, then sets its next look (a running flow's a minute on, an ended one's ten);
 -- a flow found gone is removed.
--- KEYS: index, look
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, 'add' id written look | 'due' until count | 'page' offset count
 --       | 'set' look id ... | 'remove' id ...
 -- Returns 'due': the ids due (at most count); 'page': {total, then ids, latest first}.

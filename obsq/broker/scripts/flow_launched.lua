@@ -2,7 +2,7 @@
 -- Steps of a flow whose tasks are enqueued (or were already): no longer launching, and the
 -- task each was enqueued from is dropped (the task holds it now); the last becomes `cur`, the
 -- step Client.result waits on.
--- KEYS: flow hash, launching set
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, the steps
 -- Returns the number of steps marked.
 if redis.call('EXISTS', KEYS[1]) == 0 then

@@ -1,6 +1,6 @@
 -- prelude: hmget_sliced
 -- What a step's handler reads as task.previous: the results of the steps it waited for.
--- KEYS: flow hash, results hash
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, step
 -- Returns {'1' when it is a chord's callback (a list of results) else '', the steps it
 -- waited for (space-separated), then their results in order (nil for one not kept)}.

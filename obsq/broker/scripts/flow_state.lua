@@ -1,7 +1,7 @@
 -- prelude: (none)
 -- Where a flow stands, for Client.result and the listings (what a flow's steps are is read
 -- only for one flow: a chord of 10,000 has as many): its state and, once it ended, how.
--- KEYS: flow hash, results hash
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now
 -- Returns {state ('' when the flow is gone), failed step, error, steps, steps completed,
 -- written (ms), ended (ms), the step launched last ('' for none) and its queue, the last

@@ -5,7 +5,7 @@
 -- that died before it removed the inbox entries does no harm when they are read again.
 -- A dead step fails its flow, unless every step waiting for it is the callback of a chord
 -- that takes failures (`tol`): it then gets the error ('!' and the error) as that result.
--- KEYS: flow hash, results hash, launching set
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, then per end: step, its end ('completed', 'dead' or 'cancelled'), its result
 --       or error (none: only read the steps launching)
 -- Returns {the flow's state ('' when it is gone), '1' when this call ended it or is the first

@@ -2,7 +2,7 @@
 -- Move due tasks from the scheduled or retry set to pending; with ARGV[3] = 1, also let the
 -- longest-held task of each route out (its limit is checked again when it is taken), so
 -- that no held task waits for good on a completion that never comes (its worker died).
--- KEYS: source set (scheduled or retry), pending, wake
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, batch, 1 or 0
 -- Returns {moved, milliseconds until the next task of the set is due, or -1 when it is empty}.
 local now = now_ms()
@@ -21,7 +21,7 @@ for i = 1, #due, 2 do
 end
 wake(KEYS[3], moved)
 if ARGV[@scheduled] == '1' then
-  for _, pattern in ipairs(redis.call('SMEMBERS', prefix .. 'holding')) do
+  for _, pattern in ipairs(redis.call('SMEMBERS', prefix .. @key_holding)) do
     unhold(pattern)
   end
 end

@@ -5,7 +5,7 @@
 -- first; a group name has no spaces) and, per type, the zsets 'gfirst:<type>',
 -- 'glast:<type>' and 'gsize:<type>' (group -> its oldest task's time, its newest task's
 -- time, its size), so that the due groups of a type are found with a range read each.
--- KEYS: gtypes, grouped
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, type, group, then per task: id, payload, the payload's field ('payload' for
 --       JSON, 'bin' for the producer's own bytes), headers or '', '1' when the producer
 --       chose the id (it is then also refused while remembered in `ended`, and marked
@@ -14,9 +14,9 @@
 -- Returns per task: '' (added) or 'id' (the id exists, or is remembered).
 local now = now_ms()
 local task_type, group = ARGV[@type], ARGV[@group]
-local list = prefix .. 'grp:' .. task_type .. ' ' .. group
+local list = prefix .. @key_group .. task_type .. ' ' .. group
 local out, added = {}, 0
-local ended = prefix .. 'ended'
+local ended = prefix .. @key_ended
 for i = @items, #ARGV, @stride do
   local id = ARGV[i + @id]
   local key = task_key(id)
@@ -42,9 +42,9 @@ for i = @items, #ARGV, @stride do
   end
 end
 if added > 0 then
-  redis.call('ZADD', prefix .. 'gfirst:' .. task_type, 'NX', now, group)
-  redis.call('ZADD', prefix .. 'glast:' .. task_type, now, group)
-  redis.call('ZINCRBY', prefix .. 'gsize:' .. task_type, added, group)
+  redis.call('ZADD', prefix .. @key_group_firsts .. task_type, 'NX', now, group)
+  redis.call('ZADD', prefix .. @key_group_lasts .. task_type, now, group)
+  redis.call('ZINCRBY', prefix .. @key_group_sizes .. task_type, added, group)
   redis.call('SADD', KEYS[1], task_type)
   redis.call('INCRBY', KEYS[2], added)
 end

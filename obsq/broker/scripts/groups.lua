@@ -3,7 +3,7 @@
 -- whatever their number: it counts each type's groups (ZCARD) and reads a window by rank
 -- of at most `limit` groups and `batch_limit` batches. Groups come by type (sorted), each
 -- type's oldest first; batches by the end of their claim, soonest first.
--- KEYS: gtypes, batches
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, offset, limit, batch offset, batch limit
 -- Returns {now, groups in all, next group offset or -1, batches in all, next batch offset
 -- or -1, {{type, group, size, oldest task (ms), newest task (ms)}, ...}, {{id, claim end
@@ -25,7 +25,7 @@ local types = redis.call('SMEMBERS', KEYS[1])
 table.sort(types)
 local groups, total = {}, 0
 for _, task_type in ipairs(types) do
-  local first_key = prefix .. 'gfirst:' .. task_type
+  local first_key = prefix .. @key_group_firsts .. task_type
   local n = redis.call('ZCARD', first_key)
   if #groups < limit and total + n > offset then
     local start = math.max(offset - total, 0)
@@ -35,9 +35,9 @@ for _, task_type in ipairs(types) do
       local row = {}
       row[@r_groups_type] = task_type
       row[@r_groups_group] = group
-      row[@r_groups_size] = redis.call('ZSCORE', prefix .. 'gsize:' .. task_type, group) or ''
+      row[@r_groups_size] = redis.call('ZSCORE', prefix .. @key_group_sizes .. task_type, group) or ''
       row[@r_groups_first] = raw[i + 1]
-      row[@r_groups_last] = redis.call('ZSCORE', prefix .. 'glast:' .. task_type, group) or ''
+      row[@r_groups_last] = redis.call('ZSCORE', prefix .. @key_group_lasts .. task_type, group) or ''
       groups[#groups + 1] = row
     end
   end
@@ -49,7 +49,7 @@ local batch_total = redis.call('ZCARD', KEYS[2])
 local raw = redis.call('ZRANGE', KEYS[2], batch_offset, batch_offset + batch_limit - 1,
                        'WITHSCORES')
 for i = 1, #raw, 2 do
-  local f = redis.pcall('HMGET', prefix .. 'batch:' .. raw[i], 'type', 'group', 'ids', 'owner',
+  local f = redis.pcall('HMGET', prefix .. @key_batch .. raw[i], 'type', 'group', 'ids', 'owner',
                         'failures', 'error')
   local row = {}
   row[@r_batches_id] = raw[i]

@@ -4,7 +4,7 @@
 -- prefetch buffer given back); one cancelled meanwhile ends cancelled. Each keeps its due
 -- time (its age, its rank among priorities), and the last given is pushed last: it is
 -- taken first, so ids given in their order back to front keep their order.
--- KEYS: lease, pending, wake, active
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, worker_id, then per task: id, fence, type, route slot or ''
 -- Returns per task 1, or 0 when the fencing token is stale.
 local now = now_ms()

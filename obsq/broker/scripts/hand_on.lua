@@ -5,7 +5,7 @@
 -- its retry count stays as it is. Once it has been
 -- handed on for longer than `max_age` since its first hand-on ('unk0'), it ends dead. Like a
 -- retry, it stays first of its ordering key; one cancelled meanwhile ends cancelled.
--- KEYS: lease, scheduled, dead, active
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, worker_id, id, fence, shortest delay ms, longest delay ms, max_age ms, error,
 --   type, route slot or '', ordering key or ''
 -- Returns 'scheduled' or 'dead' (also when this attempt's earlier, re-sent call was

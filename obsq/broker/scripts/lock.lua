@@ -1,7 +1,7 @@
 -- prelude: (none)
 -- Take, keep or release a short lock so that one process at a time runs a sweep; only the
 -- owner can extend or release it.
--- KEYS: the lock
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, owner, ttl_ms (0: release)
 -- Returns 1 when `owner` holds the lock after the call (0 after a release).
 local holder = redis.call('GET', KEYS[1])

@@ -2,8 +2,7 @@
 -- One page of the tasks of a queue in one state, for the Inspector. Bounded whatever the
 -- size of the state: it reads a window by rank (LRANGE/ZRANGE) and looks at no more than
 -- ARGV[6] ids, so a page of a queue of millions costs what a page of ten does.
--- KEYS: the state's list (pending) or sorted set; or any key of the queue, then a group's
---       list (grp:<type> <group>) to read instead
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, order ('list': oldest first from the right end of each list of pending
 --       tasks, the highest priority first, then of each list of held tasks, then the
 --       tasks waiting behind their ordering key by when they were enqueued; 'head':
@@ -20,7 +19,7 @@ local source = KEYS[2] or KEYS[1]
 -- pending list, the lists of the tasks held back by a route limit, each oldest first, and
 -- last the sorted set of those waiting behind their ordering key (they count as pending)
 local segments, lengths = {source}, {}
-local waiting = prefix .. 'ordwait'
+local waiting = prefix .. @key_ordering_waiting
 if order == 'list' then
   segments = level_lists(source)
   segments[#segments + 1] = source
@@ -92,7 +91,7 @@ local function window(start, n)
 end
 
 local out = {[@r_total] = total, [@r_next_offset] = -1}
-local active = prefix .. 'active'
+local active = prefix .. @key_active
 local pos, found, scanned = offset, 0, 0
 local chunk = want == '' and limit or 200
 while found < limit and pos < total and scanned < cap do

@@ -1,6 +1,6 @@
 -- prelude: wake, level_lists
 -- Pause or unpause a queue; unpausing wakes idle workers for the tasks that waited.
--- KEYS: paused, pending, wake
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, 1 (pause) or 0 (unpause)
 if ARGV[@paused] == '1' then
   redis.call('SET', KEYS[1], 1)

@@ -8,7 +8,7 @@
 -- its next worker runs alone (isolate.lua marks that attempt in 'iso'). Only the loss of
 -- an attempt that ran alone counts against max_recoveries, so only a task that kills its
 -- worker by itself ends in dead.
--- KEYS: lease, pending, dead, wake, active
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, max_recoveries, batch, cursor, then the ids of lost workers (none: expired
 --       leases only). With lost workers, one call scans `batch` entries of the active hash
 --       from `cursor`; the caller calls again with the returned cursor until it is '0'.

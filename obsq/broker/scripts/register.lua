@@ -3,7 +3,7 @@
 -- scored) or its queues' partition counts (a hash). They are removed first, a write that cannot grow memory, so a Redis at
 -- maxmemory runs the whole script: a worker starts and heartbeats on a full Redis, and
 -- drains it.
--- KEYS: the registry
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, 'set', 'zset' or 'hash', then the members (for a zset: score, member pairs;
 -- for a hash: field, value pairs)
 local members, pairs_ = {}, {}

@@ -4,7 +4,7 @@
 -- names this very claim (its fence and its owner): a batch whose claim was taken over
 -- meanwhile, that was ended, or that was postponed after a failure is left as it is.
 -- The first write removes (a full Redis refuses a script whose first write may grow it).
--- KEYS: batches
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, owner, then per batch: id, fence
 -- Returns the number of batches released.
 local now = now_ms()
@@ -12,7 +12,7 @@ local owner = ARGV[@owner]
 local released = 0
 for i = @items, #ARGV, @stride do
   local batch = ARGV[i + @id]
-  local key = prefix .. 'batch:' .. batch
+  local key = prefix .. @key_batch .. batch
   local f = redis.call('HMGET', key, 'fence', 'owner')
   if f[1] == ARGV[i + @fence] and f[2] == owner and redis.call('ZREM', KEYS[1], batch) == 1 then
     redis.call('ZADD', KEYS[1], now, batch)

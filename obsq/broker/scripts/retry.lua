@@ -3,7 +3,7 @@
 -- A failed attempt goes back: to pending at once, or to the retry set until it is due (it
 -- stays first of its ordering key, so the next of that key waits for it); one cancelled
 -- meanwhile ends cancelled.
--- KEYS: lease, retry, pending, wake, active
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, worker_id, id, fence, delay_ms, error, traceback, type, route slot or '', the
 --       producers' share of maxmemory (above it the error is cut short: kept_failure)
 -- Returns 1 (also when this attempt's earlier, re-sent call was applied; 2 when Redis was

@@ -3,7 +3,7 @@
 -- bounded steps: the caller repeats the call until nothing is left.
 -- A revived dead task starts with a fresh retry count; any revived task counts its losses
 -- of a worker and its hand-ons (a type no worker had) afresh.
--- KEYS: source set, pending, wake
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, reset_retries (1/0), batch, then ids (none: the first `batch` tasks of the set)
 -- Returns {moved, tasks left in the set, then the given ids that were not in the set}.
 local now = now_ms()

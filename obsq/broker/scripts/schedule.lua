@@ -4,7 +4,7 @@
 -- version and leaves one token on the list the lock-holding scheduler blocks on, so it
 -- reads the entries again at once. An entry of the App's code is replaced only by a
 -- scheduler (`from_app`).
--- KEYS: entries, next, version, changes
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, name, definition (JSON), from_app (1/0)
 -- Returns 'same', 'new', 'replaced' or 'app' (refused).
 local old = redis.call('HGET', KEYS[1], ARGV[@name])

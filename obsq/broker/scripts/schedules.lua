@@ -1,6 +1,6 @@
 -- prelude: now_ms
 -- A listing of the schedule entries, soonest next fire first, at most `limit` of them.
--- KEYS: next, entries, last, firing, counts
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, limit
 -- Returns {now, then per entry: name, next (ms), definition, last fire,
 --          claim, fires, missed}

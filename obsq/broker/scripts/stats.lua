@@ -2,7 +2,7 @@
 -- Depth of every state, age of the oldest pending task and the pause flag of one queue.
 -- Pending counts the tasks a route limit holds back or that wait for their ordering key;
 -- aggregating, the grouped tasks no batch has taken yet (group.lua).
--- KEYS: pending, lease, scheduled, retry, dead, completed, cancelled, paused
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now
 -- Returns {pending, active, scheduled, retry, dead, completed, cancelled, oldest_due_ms or
 -- -1, paused, now, aggregating}.
@@ -18,10 +18,10 @@ for _, list in ipairs(lists) do  -- pending, and the lists of its other prioriti
   end
   pending = pending + redis.call('LLEN', list)
 end
-local waiting = tonumber(redis.call('GET', prefix .. 'waiting')) or 0
+local waiting = tonumber(redis.call('GET', prefix .. @key_waiting)) or 0
 return {[@r_pending] = pending + waiting, [@r_active] = redis.call('ZCARD', KEYS[2]),
         [@r_scheduled] = redis.call('ZCARD', KEYS[3]), [@r_retry] = redis.call('ZCARD', KEYS[4]),
         [@r_dead] = redis.call('ZCARD', KEYS[5]), [@r_completed] = redis.call('ZCARD', KEYS[6]),
         [@r_cancelled] = redis.call('ZCARD', KEYS[7]), [@r_oldest_due] = oldest,
         [@r_paused] = redis.call('EXISTS', KEYS[8]), [@r_now] = now,
-        [@r_aggregating] = tonumber(redis.call('GET', prefix .. 'grouped')) or 0}
+        [@r_aggregating] = tonumber(redis.call('GET', prefix .. @key_grouped)) or 0}

@@ -4,11 +4,11 @@
 -- subscriber no live worker serves stops getting copies.
 -- Keys after the events' prefix: 'sub:<event>' (zset "<subscriber> <queue>" -> lapse time)
 -- and `subscribed` (set of the events with subscribers).
--- KEYS: subscribed
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, ttl_ms, then per subscription its event and "<subscriber> <queue>"
 local lapse = now_ms() + tonumber(ARGV[@ttl])
 for i = @items, #ARGV, @stride do
-  redis.call('ZADD', prefix .. 'sub:' .. ARGV[i + @event], 'GT', lapse, ARGV[i + @entry])
+  redis.call('ZADD', prefix .. @key_subscribers .. ARGV[i + @event], 'GT', lapse, ARGV[i + @entry])
   redis.call('SADD', KEYS[1], ARGV[i + @event])
 end
 return 1

@@ -1,6 +1,6 @@
 -- prelude: now_ms
 -- The live subscribers of an event (subscribe.lua), those that lapsed removed.
--- KEYS: sub:<event>, subscribed
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, event
 -- Returns the "<subscriber> <queue>" entries.
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms())

@@ -2,7 +2,7 @@
 -- Count attempt outcomes of one queue in per-minute buckets (a hash per minute, kept a
 -- little over an hour), on the server's clock so every worker fills the same bucket. The
 -- Inspector sums them into throughput and failure counts (see throughput.lua).
--- KEYS: the queue's stats key; the buckets are "<stats key>:<minute number>"
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, ttl_ms, then per outcome: name, count
 local key = KEYS[1] .. ':' .. math.floor(now_ms() / 60000)
 for i = @items, #ARGV, @stride do

@@ -1,6 +1,6 @@
 -- prelude: now_ms
 -- Read the outcome counts of one queue's last minutes (written by tally.lua).
--- KEYS: the queue's stats key
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, minutes, then the outcome names
 -- Returns {now, then per minute, the current one first: the count of each outcome}.
 local now = now_ms()

@@ -2,7 +2,7 @@
 -- What is left for a worker in one queue (obsq.testing waits for none): the tasks it could
 -- take now (none while the queue is paused; held and ordering-key tasks are not in pending)
 -- and the attempts it holds.
--- KEYS: pending, paused, active
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, worker_id
 -- Returns their count.
 local left = 0

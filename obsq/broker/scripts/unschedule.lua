@@ -2,7 +2,7 @@
 -- Remove a schedule entry with its state, bump the version and wake the scheduler. A fire
 -- it had claimed stays in `firing` until a scheduler finishes it. An entry of the App's
 -- code is removed only by a scheduler (`from_app`).
--- KEYS: entries, next, last, counts, version, changes
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, name, from_app (1/0)
 -- Returns 'removed', 'none' or 'app' (refused).
 local old = redis.call('HGET', KEYS[1], ARGV[@name])

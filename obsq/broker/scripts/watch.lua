@@ -1,7 +1,7 @@
 -- prelude: (none)
 -- Client.result(): ask to be told when the task ends, and read its state in the same step
 -- so no ending can slip between the two; or, with ARGV[4] = 0, stop asking.
--- KEYS: watched, the task hash
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- ARGV: now, id, client id, 1 (watch) or 0 (unwatch)
 -- Returns {state, result, error}, or nil when the task does not exist; the state as the hash
 -- keeps it (only an ended one counts here: whether the task is active is not read).
