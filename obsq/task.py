@@ -402,7 +402,8 @@ def _number(raw: bytes | None) -> int:
 # A task's priority within its queue: 0 to 9, higher first, 0 by default. A task of priority
 # p waits in its queue's list for p (`pending` for 0, `pending:<p>` else); a fetch serves
 # the best ranked head first, a task pending for w seconds ranking as p + w / aging
-# (WorkerSettings.priority_aging), so a low priority ages into the higher ones.
+# (WorkerSettings.priority_aging), so a low priority ages into the higher ones
+# (docs/internals/fetching.md).
 PRIORITIES = range(10)
 
 
