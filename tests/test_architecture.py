@@ -123,13 +123,14 @@ def test_every_script_names_the_prelude_helpers_it_uses() -> None:
         assert named == used, f"{path.name}: names {sorted(named)}, uses {sorted(used)}"
 
 
-# redis-py below its public API, and scripts called by SHA or loaded: the runner's alone.
+# redis-py below its public API, and scripts called by SHA or loaded: the runner's alone
+# (obsq/broker/calls.py).
 RUNNER_ONLY = re.compile(r"\b(send_packed_command|read_response|can_read\w*|pack_command|"
                          r"evalsha|script_load|is_noscript|NoScriptError)\b")
 
 
 def test_only_the_runner_calls_scripts_and_drives_connections() -> None:
-    runner = PACKAGE / "broker" / "runner.py"
+    runner = PACKAGE / "broker" / "calls.py"
     offenders = {
         path.name: sorted(set(RUNNER_ONLY.findall(_code(path))))
         for path in PACKAGE.rglob("*.py") if path != runner}

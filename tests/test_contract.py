@@ -13,8 +13,8 @@ from support import ROOT
 from obsq.broker import keys as key_layout
 from obsq.broker import scripts as script_loading
 from obsq.broker import wire
+from obsq.broker.calls import BlockingRunner
 from obsq.broker.keys import KEY_NAMES, TASK_FIELDS, QueueKeys
-from obsq.broker.runner import BlockingRunner
 from obsq.broker.wire import KEYS, LAYOUTS, Layout, key_shapes
 
 SCRIPT_DIR = ROOT / "obsq" / "broker" / "scripts"

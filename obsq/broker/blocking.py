@@ -25,11 +25,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
+from obsq.broker.calls import SCRIPTS, BlockingRunner, RedisCalls, ScriptCall
 from obsq.broker.connection import create_client
 from obsq.broker.producing import Producing, enqueue_statuses
 from obsq.broker.records import Enqueued
-from obsq.broker.runner import BlockingRunner
 from obsq.errors import BrokerError
 from obsq.partitions import stored_count
 from obsq.settings import ENQUEUE_BATCH

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from obsq.broker.calls import RedisCalls
-from obsq.broker.decoding import as_text
-from obsq.broker.wire import argv
+from obsq.broker.wire import argv, as_text
 
 # A queue's lists and zsets of task ids, by the state their tasks' hashes must name ('':
 # any; running tasks keep the state they were fetched in).

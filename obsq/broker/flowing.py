@@ -10,9 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from obsq.broker.calls import RedisCalls
-from obsq.broker.decoding import as_text
 from obsq.broker.keys import FlowKeys, QueueKeys
-from obsq.broker.wire import REPLIES, argv, in_order
+from obsq.broker.wire import REPLIES, argv, as_text, in_order
 
 
 class FlowState(NamedTuple):

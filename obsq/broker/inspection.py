@@ -15,9 +15,8 @@ from typing import Any
 import orjson
 
 from obsq.broker.calls import RedisCalls, ScriptCall
-from obsq.broker.decoding import as_number, as_text
 from obsq.broker.records import BatchRecord, GroupListing, GroupRecord
-from obsq.broker.wire import REPLIES, argv
+from obsq.broker.wire import REPLIES, argv, as_number, as_text
 
 # How each state's page is ordered: what runs next first (pending: oldest first, from the
 # right end of the list; scheduled/retry: soonest due; active: soonest lease expiry), what

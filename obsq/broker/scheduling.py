@@ -10,9 +10,8 @@ killed between the claim and the enqueue leaves the fire for the next one."""
 from __future__ import annotations
 
 from obsq.broker.calls import RedisCalls
-from obsq.broker.decoding import as_count
 from obsq.broker.records import DueFires, ScheduleRecord
-from obsq.broker.wire import REPLIES, argv
+from obsq.broker.wire import REPLIES, argv, as_count
 
 
 class Scheduling(RedisCalls):

@@ -14,7 +14,11 @@ A spec lists ARGV after "now" (the runner's, always first): plain names in order
 `*(a b c)` for items repeated to the end (Lua: `for i = @items, #ARGV, @stride`, fields
 `ARGV[i + @a]`), or `name...` for plain values to the end (`for i = @name, #ARGV`). A
 script whose first field picks a mode (`modes`) declares each mode's fields after it; a
-name means the same position in every mode; mode "*" is any other value."""
+name means the same position in every mode; mode "*" is any other value.
+
+What Redis replies is read alike in every broker module (`as_text`, `as_count`,
+`as_number`): bytes that are not UTF-8 kept readable, and a field written by hand that is
+not a number read as nothing (0, or None), never as a crash."""
 
 from __future__ import annotations
 
@@ -365,3 +369,26 @@ class EndEntry(NamedTuple):
     def written(self) -> bytes:
         """The entry as notify_done writes it."""
         return b"\n".join((self.id.encode(), self.state.encode(), self.value))
+
+
+def as_text(raw: bytes | str) -> str:
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
+def as_count(raw: bytes | None) -> int:
+    """A stored count or time; 0 when absent or not a number."""
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return 0
+
+
+def as_number(raw: bytes | str | int | None) -> int | None:
+    """A stored number, None when absent or not a number; a score comes back as
+    '1.7e12'-style text."""
+    if raw in (None, b"", ""):
+        return None
+    try:
+        return int(float(raw))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None

@@ -17,8 +17,8 @@ from typing import Any
 
 from obsq.app import App, ProducerHook, RefusalHook
 from obsq.broker import Broker
+from obsq.broker.calls import CallDeadlines, call_timeout_of, deadline
 from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
-from obsq.broker.deadline import CallDeadlines, call_timeout_of, deadline
 from obsq.clock import Clock
 from obsq.errors import (
     BrokerError,

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from obsq.broker import Broker, Ended
-from obsq.broker.deadline import CallDeadlines
+from obsq.broker.calls import CallDeadlines
 from obsq.errors import BrokerError, ResultTimeout, TaskCancelled, TaskFailed, TaskNotFound
 from obsq.loop import RedisRetry
 from obsq.settings import RESULT_READ_TIMEOUT, RESULT_RECHECK
