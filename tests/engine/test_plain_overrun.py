@@ -8,10 +8,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
+import time
 
 import pytest
-from support import ENDED, wait_until
+from support import ENDED, ended, wait_until
 
+from obsq.engine.health import LIVENESS, READINESS, first_problem
 from obsq.task import TaskInfo
 
 APP = "tests.engine.pool_apps:app"
@@ -200,3 +203,86 @@ async def test_a_drain_counts_only_the_tasks_it_really_handed_back(
     assert (await client.info(info.id)).state == "cancelled"
     assert "handed 1 unfinished task(s) back" not in worker.log()
     assert "handed 0 unfinished task(s) back to pending" in worker.log(), worker.log()
+
+
+# -- a timed-out plain handler in the thread pool keeps its slot until it returns ----------
+
+
+def handler_threads() -> int:
+    return sum(t.name.startswith("obsq-handler") for t in threading.enumerate())
+
+
+async def test_hung_plain_handlers_never_hold_more_threads_than_slots(app, client,
+                                                                      start_worker):
+    gate = threading.Event()
+
+    @app.task("never", timeout=0.2, max_retry=1000, retry_delay=0)
+    def never(task):
+        gate.wait(60)  # never returns while the test looks
+
+    worker = await start_worker(concurrency=2)
+    try:
+        for _ in range(2):
+            await client.enqueue("never")
+        await wait_until(lambda: worker.health().stuck_slots == 2, what="both slots stuck")
+        most = 0
+        for _ in range(150):  # three seconds: fifteen timeouts' worth of retries
+            most = max(most, handler_threads())
+            await asyncio.sleep(0.02)
+        assert most == 2
+    finally:
+        gate.set()
+
+
+async def test_a_timed_out_plain_attempt_ends_before_its_retry_starts(app, client,
+                                                                      start_worker):
+    attempts: list[tuple[int, float, float, bool]] = []  # retry count, start, end, cancelled
+
+    @app.task("charge", timeout=0.3, max_retry=1, retry_delay=0)
+    def charge(task):
+        started = time.monotonic()
+        time.sleep(1.0)  # a call that cannot be interrupted, past the timeout
+        attempts.append((task.retry_count, started, time.monotonic(), task.cancelled))
+
+    await start_worker(concurrency=2)
+    info = await client.enqueue("charge", retention=60)
+    final = await wait_until(lambda: ended(client, info.id), timeout=30, what="both attempts")
+    assert final.state == "dead" and "ran longer than its timeout of 0.3 s" in final.error
+    await wait_until(lambda: len(attempts) == 2, what="both handlers returned")
+    assert [a[0] for a in attempts] == [0, 1]
+    (_, _, first_end, first_cancelled), (_, second_start, _, _) = attempts
+    assert first_end <= second_start  # the retry waited for the first attempt's thread
+    assert first_cancelled  # the first attempt was told to stop
+
+
+async def test_every_slot_stuck_stops_fetching_and_fails_liveness(app, client, start_worker):
+    gate = threading.Event()
+    quick_ran: list[str] = []
+
+    @app.task("hung", timeout=0.2, max_retry=0)
+    def hung(task):
+        gate.wait(60)
+
+    @app.task("quick")
+    def quick(task):
+        quick_ran.append(task.id)
+
+    worker = await start_worker(concurrency=2, stuck_limit=1.0)
+    try:
+        hung_ids = [(await client.enqueue("hung")).id for _ in range(2)]
+        await wait_until(lambda: worker.health().stuck_slots == 2, what="both slots stuck")
+        waiting = await client.enqueue("quick", retention=60)
+        problem = await wait_until(lambda: first_problem(worker.health(), LIVENESS),
+                                   timeout=20, what="liveness fails past the stuck limit")
+        assert problem.startswith("2 slot(s) stuck in plain handlers that overran")
+        assert first_problem(worker.health(), READINESS).startswith("every slot is stuck")
+        assert (await client.info(waiting.id)).state == "pending" and not quick_ran
+        assert {(await client.info(i)).state for i in hung_ids} == {"active"}
+    finally:
+        gate.set()
+    assert (await client.result(waiting.id, timeout=30)) is None and quick_ran
+    for task_id in hung_ids:  # their verdicts, recorded once their threads returned
+        final = await wait_until(lambda i=task_id: ended(client, i), timeout=30)
+        assert final.state == "dead" and "ran longer than its timeout" in final.error
+    assert worker.health().stuck_slots == 0
+    assert first_problem(worker.health(), LIVENESS) is None
