@@ -1,7 +1,9 @@
 """Plain handlers that overrun their timeout, in real worker processes (tests/engine/
-pool_apps.py): in thread mode their threads are replaced, so later tasks never starve, and
-SIGTERM still ends the process; in process mode their process is killed and replaced, and a
-process that dies fails only its own attempt."""
+pool_apps.py) and in the test's own: in thread mode each keeps its thread and its slot until
+it returns (its attempt then ends with TaskTimeout, and its retry never runs beside it), the
+other slots serve the tasks after it, a worker whose every slot is stuck takes nothing more
+and fails liveness, and SIGTERM still ends the process; in process mode their process is
+killed and replaced, and a process that dies fails only its own attempt."""
 
 from __future__ import annotations
 
@@ -53,37 +55,44 @@ def release(raw_redis, namespace):
     release_all()
 
 
-async def test_hung_plain_handlers_never_starve_the_quick_ones(spawn_worker, client, raw_redis,
-                                                             namespace, release):
-    spawn_worker(concurrency=3, app=APP)
+async def test_hung_plain_handlers_hold_only_their_own_slots(spawn_worker, client, raw_redis,
+                                                           namespace, release):
+    worker = spawn_worker(concurrency=3, app=APP)
     hung = [(await client.enqueue("hang", {"seconds": 40}, timeout=1, max_retry=0)).id
-            for _ in range(6)]
-    await wait_until(lambda: raw_redis.llen(record(namespace, "started")) >= 3, timeout=30,
-                     what="three hung handlers holding the three slots")
+            for _ in range(2)]
+    await wait_until(lambda: raw_redis.llen(record(namespace, "started")) == 2, timeout=30,
+                     what="two hung handlers holding two of the three slots")
+    await wait_until(lambda: worker.log().count("overran its timeout of 1 s") == 2,
+                     timeout=30)
     quick = [(await client.enqueue("quick", i, timeout=2, max_retry=0, retention=60)).id
              for i in range(10)]
 
     infos = await wait_until(lambda: settled(client, quick), timeout=60, what="quick tasks end")
     assert [i.state for i in infos] == ["completed"] * 10, [i.error for i in infos]
+    assert {(await client.info(i)).state for i in hung} == {"active"}  # until they return
+    release()
     hung_infos = await wait_until(lambda: settled(client, hung), timeout=60)
     assert {i.state for i in hung_infos} == {"dead"}
     assert all("ran longer than its timeout of 1 s" in i.error for i in hung_infos)
-    assert raw_redis.llen(record(namespace, "finished")) == 0  # all still hung meanwhile
+    assert raw_redis.llen(record(namespace, "finished")) == 2  # both returned first
 
 
 @pytest.mark.parametrize("pool", ["thread", "process"])
 async def test_sigterm_ends_a_worker_whose_handlers_hang(spawn_worker, client, raw_redis,
                                                          namespace, pool):
     worker = spawn_worker("--shutdown-timeout", "1", "--pool", pool, concurrency=2, app=APP)
-    stuck = await client.enqueue("sleep", 1000, timeout=1, max_retry=0)  # abandoned at 1 s
+    stuck = await client.enqueue("sleep", 1000, timeout=1, max_retry=0)  # past it at 1 s
     running = await client.enqueue("sleep", 1000, timeout=1000)  # hung while it drains
     await wait_until(lambda: raw_redis.llen(record(namespace, "started")) == 2, timeout=30)
-    await wait_until(lambda: _state_is(client, stuck.id, "dead"), timeout=30)
+    await wait_until(lambda: "overran its timeout of 1 s" in worker.log(), timeout=30)
 
     worker.signal(signal.SIGTERM)
     assert await asyncio.to_thread(worker.wait, 30) == 0  # 1 s of drain, then gone
     assert "handed 1 unfinished task(s) back to pending" in worker.log()
     assert (await client.info(running.id)).state == "pending"
+    # the one past its timeout ends as its timeout decides (in threads, the worker's exit
+    # ends the handler that kept its slot), not handed back to run again
+    assert (await client.info(stuck.id)).state == "dead"
 
 
 async def _state_is(client, task_id: str, state: str) -> bool:
