@@ -494,7 +494,8 @@ def overview() -> dash.Dashboard:
         graph(
             "In progress vs concurrency",
             "Tasks running now against the task slots of all scraped worker processes, "
-            "and the stuck slots: plain handlers past their timeout in abandoned threads.",
+            "and the stuck slots: plain handlers past their timeout, still holding their "
+            "slots.",
             "short",
             queries(
                 (f"sum(obsq_tasks_in_progress{{{sel}}})", "in progress"),

@@ -311,7 +311,7 @@ class App:
 
     def on_stuck_slots(self, hook: StuckHook) -> StuckHook:
         """Call `hook(count)` when the number of a worker's stuck slots changes (plain
-        handlers past their timeout, still running in an abandoned thread)."""
+        handlers past their timeout, still running and holding their slot)."""
         self.stuck_hooks.append(hook)
         return hook
 

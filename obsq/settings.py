@@ -314,8 +314,8 @@ class WorkerSettings(EnvSettings):
     allow_eviction: bool = False
     policy_check_interval: float = POLICY_CHECK_INTERVAL
     # Plain handlers run in threads, or in child processes that can be killed ("process").
-    # A thread whose handler overran its timeout is replaced and counts as stuck; liveness
-    # fails once one has been stuck this long (Kubernetes then restarts the pod).
+    # A handler thread past its timeout holds its slot, stuck, until it returns (a thread
+    # cannot be stopped); liveness fails once one is stuck this long (the pod restarts).
     pool: str = "thread"
     stuck_limit: float = 300.0
     blocked_loop_warning: float = 2.0  # a handler blocking the event loop is logged past it

@@ -253,8 +253,8 @@ class Task:
         self.slot = slot  # the route whose concurrency limit this attempt counts under
         self.suspect = suspect  # running beside others when a worker was lost: runs alone
         self.previous = previous  # a flow's step: the result(s) of the step(s) before it
-        # Set when the task was cancelled while this attempt ran: an async handler gets
-        # asyncio.CancelledError, a plain function should look here and return early.
+        # Set when the task was cancelled while this attempt ran, or it overran its timeout in
+        # a thread: an async handler gets CancelledError, a plain one should look and return.
         self.cancelled = False
         self.context: dict[str, Any] = {}  # per-attempt scratch space for middleware and hooks
         self._raw_payload = raw_payload

@@ -1,9 +1,9 @@
 """The pools of plain handlers on their own (no Redis; the worker's use of both pools is
 tests/engine/test_plain_overrun.py): a thread pool's timeout counts from the handler's
-start, an overrunning handler's thread is replaced and counted as stuck until it returns;
-a process pool keeps its children, replaces one that overran or died, and never holds more
-than its size; the settings that choose a pool and its stuck limit; and the timeouts of
-awaited attempts (Deadlines: one timer per timeout length)."""
+start, an overrunning handler keeps its thread (and its attempt the slot) and counts as
+stuck until it returns; a process pool keeps its children, replaces one that overran or
+died, and never holds more than its size; the settings that choose a pool and its stuck
+limit; and the timeouts of awaited attempts (Deadlines: one timer per timeout length)."""
 
 from __future__ import annotations
 
@@ -47,20 +47,28 @@ async def test_a_timeout_counts_from_the_handlers_start_not_its_wait_for_a_threa
     pool.close()
 
 
-async def test_an_overrunning_handler_is_replaced_and_counted_until_it_returns():
+async def test_an_overrunning_handler_keeps_its_thread_and_is_counted_until_it_returns():
     changes: list[int] = []
     pool = ThreadSlots(1, on_stuck=lambda: changes.append(pool.stuck().slots))
     gate = threading.Event()
-    with pytest.raises(TaskTimeout, match=r"ran longer than its timeout of 0\.1 s"):
-        await pool.run(plain(lambda t: gate.wait(30)), task(0.1))
-    assert pool.stuck().slots == 1 and changes == [1]
-    # the one slot has a fresh thread: the next handler runs at once
-    assert await pool.run(plain(lambda t: threading.current_thread().name), task(5))
-    gate.set()
-    deadline = time.monotonic() + 10
-    while pool.stuck().slots and time.monotonic() < deadline:
+    told: list[bool] = []
+    overrunning = task(0.1)
+    attempt = asyncio.ensure_future(pool.run(
+        plain(lambda t: told.append(gate.wait(30) and t.cancelled)), overrunning))
+    while not changes:
         await asyncio.sleep(0.01)
+    assert pool.stuck().slots == 1 and changes == [1] and overrunning.cancelled
+    # the one slot's thread is still the overrunning handler's: the next handler waits
+    after = asyncio.ensure_future(pool.run(plain(lambda t: "ran"), task(5)))
+    await asyncio.sleep(0.2)
+    assert not attempt.done() and not after.done()
+    gate.set()
+    with pytest.raises(TaskTimeout, match=r"ran longer than its timeout of 0\.1 s"):
+        await attempt  # only once its handler returned
+    assert told == [True] and not overrunning.cancelled  # judged by its timeout, not cancelled
+    assert await after == "ran"
     assert pool.stuck().slots == 0 and changes == [1, 0]
+    assert sum(t.name.startswith("obsq-handler") for t in threading.enumerate()) == 1
     pool.close()
 
 

@@ -26,7 +26,7 @@ class WorkerHealth:
     loop_limit: float = 60.0  # liveness fails once loop_lag passes this
     heartbeat_stalled: float = 0.0  # seconds the heartbeat thread has not come round
     #                                 (inf: it died); a Redis call under way is not counted
-    # Plain handlers that overran their timeout and still run in abandoned threads, how
+    # Plain handlers that overran their timeout and still hold their slots, how
     # long the longest-stuck of them has been stuck (obsq/engine/pools), and the limits
     stuck_slots: int = 0
     stuck_seconds: float = 0.0

@@ -111,7 +111,7 @@ class Metrics:
                                  multiprocess_mode="livesum")
         self.stuck_slots = Gauge(
             "obsq_worker_stuck_slots", "Plain handlers of this process that overran their "
-            "timeout and still run in an abandoned thread (each slot got a fresh one)",
+            "timeout and still run in their thread, holding their slot until they return",
             multiprocess_mode="livesum")
         self.recoveries = Counter(
             "obsq_lease_recoveries", "Tasks taken back from a worker: expired (lease ran "

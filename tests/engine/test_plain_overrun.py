@@ -1,17 +1,22 @@
 """Plain handlers that overrun their timeout, in real worker processes (tests/engine/
-pool_apps.py): in thread mode their threads are replaced, so later tasks never starve, and
-SIGTERM still ends the process; in process mode their process is killed and replaced, and a
-process that dies fails only its own attempt."""
+pool_apps.py) and in the test's own: in thread mode each keeps its thread and its slot until
+it returns (its attempt then ends with TaskTimeout, and its retry never runs beside it), the
+other slots serve the tasks after it, a worker whose every slot is stuck takes nothing more
+and fails liveness, and SIGTERM still ends the process; in process mode their process is
+killed and replaced, and a process that dies fails only its own attempt."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import threading
+import time
 
 import pytest
-from support import ENDED, wait_until
+from support import ENDED, ended, wait_until
 
+from obsq.engine.health import LIVENESS, READINESS, first_problem
 from obsq.task import TaskInfo
 
 APP = "tests.engine.pool_apps:app"
@@ -50,37 +55,44 @@ def release(raw_redis, namespace):
     release_all()
 
 
-async def test_hung_plain_handlers_never_starve_the_quick_ones(spawn_worker, client, raw_redis,
-                                                             namespace, release):
-    spawn_worker(concurrency=3, app=APP)
+async def test_hung_plain_handlers_hold_only_their_own_slots(spawn_worker, client, raw_redis,
+                                                           namespace, release):
+    worker = spawn_worker(concurrency=3, app=APP)
     hung = [(await client.enqueue("hang", {"seconds": 40}, timeout=1, max_retry=0)).id
-            for _ in range(6)]
-    await wait_until(lambda: raw_redis.llen(record(namespace, "started")) >= 3, timeout=30,
-                     what="three hung handlers holding the three slots")
+            for _ in range(2)]
+    await wait_until(lambda: raw_redis.llen(record(namespace, "started")) == 2, timeout=30,
+                     what="two hung handlers holding two of the three slots")
+    await wait_until(lambda: worker.log().count("overran its timeout of 1 s") == 2,
+                     timeout=30)
     quick = [(await client.enqueue("quick", i, timeout=2, max_retry=0, retention=60)).id
              for i in range(10)]
 
     infos = await wait_until(lambda: settled(client, quick), timeout=60, what="quick tasks end")
     assert [i.state for i in infos] == ["completed"] * 10, [i.error for i in infos]
+    assert {(await client.info(i)).state for i in hung} == {"active"}  # until they return
+    release()
     hung_infos = await wait_until(lambda: settled(client, hung), timeout=60)
     assert {i.state for i in hung_infos} == {"dead"}
     assert all("ran longer than its timeout of 1 s" in i.error for i in hung_infos)
-    assert raw_redis.llen(record(namespace, "finished")) == 0  # all still hung meanwhile
+    assert raw_redis.llen(record(namespace, "finished")) == 2  # both returned first
 
 
 @pytest.mark.parametrize("pool", ["thread", "process"])
 async def test_sigterm_ends_a_worker_whose_handlers_hang(spawn_worker, client, raw_redis,
                                                          namespace, pool):
     worker = spawn_worker("--shutdown-timeout", "1", "--pool", pool, concurrency=2, app=APP)
-    stuck = await client.enqueue("sleep", 1000, timeout=1, max_retry=0)  # abandoned at 1 s
+    stuck = await client.enqueue("sleep", 1000, timeout=1, max_retry=0)  # past it at 1 s
     running = await client.enqueue("sleep", 1000, timeout=1000)  # hung while it drains
     await wait_until(lambda: raw_redis.llen(record(namespace, "started")) == 2, timeout=30)
-    await wait_until(lambda: _state_is(client, stuck.id, "dead"), timeout=30)
+    await wait_until(lambda: "overran its timeout of 1 s" in worker.log(), timeout=30)
 
     worker.signal(signal.SIGTERM)
     assert await asyncio.to_thread(worker.wait, 30) == 0  # 1 s of drain, then gone
     assert "handed 1 unfinished task(s) back to pending" in worker.log()
     assert (await client.info(running.id)).state == "pending"
+    # the one past its timeout ends as its timeout decides (in threads, the worker's exit
+    # ends the handler that kept its slot), not handed back to run again
+    assert (await client.info(stuck.id)).state == "dead"
 
 
 async def _state_is(client, task_id: str, state: str) -> bool:
@@ -200,3 +212,86 @@ async def test_a_drain_counts_only_the_tasks_it_really_handed_back(
     assert (await client.info(info.id)).state == "cancelled"
     assert "handed 1 unfinished task(s) back" not in worker.log()
     assert "handed 0 unfinished task(s) back to pending" in worker.log(), worker.log()
+
+
+# -- a timed-out plain handler in the thread pool keeps its slot until it returns ----------
+
+
+def handler_threads() -> int:
+    return sum(t.name.startswith("obsq-handler") for t in threading.enumerate())
+
+
+async def test_hung_plain_handlers_never_hold_more_threads_than_slots(app, client,
+                                                                      start_worker):
+    gate = threading.Event()
+
+    @app.task("never", timeout=0.2, max_retry=1000, retry_delay=0)
+    def never(task):
+        gate.wait(60)  # never returns while the test looks
+
+    worker = await start_worker(concurrency=2)
+    try:
+        for _ in range(2):
+            await client.enqueue("never")
+        await wait_until(lambda: worker.health().stuck_slots == 2, what="both slots stuck")
+        most = 0
+        for _ in range(150):  # three seconds: fifteen timeouts' worth of retries
+            most = max(most, handler_threads())
+            await asyncio.sleep(0.02)
+        assert most == 2
+    finally:
+        gate.set()
+
+
+async def test_a_timed_out_plain_attempt_ends_before_its_retry_starts(app, client,
+                                                                      start_worker):
+    attempts: list[tuple[int, float, float, bool]] = []  # retry count, start, end, cancelled
+
+    @app.task("charge", timeout=0.3, max_retry=1, retry_delay=0)
+    def charge(task):
+        started = time.monotonic()
+        time.sleep(1.0)  # a call that cannot be interrupted, past the timeout
+        attempts.append((task.retry_count, started, time.monotonic(), task.cancelled))
+
+    await start_worker(concurrency=2)
+    info = await client.enqueue("charge", retention=60)
+    final = await wait_until(lambda: ended(client, info.id), timeout=30, what="both attempts")
+    assert final.state == "dead" and "ran longer than its timeout of 0.3 s" in final.error
+    await wait_until(lambda: len(attempts) == 2, what="both handlers returned")
+    assert [a[0] for a in attempts] == [0, 1]
+    (_, _, first_end, first_cancelled), (_, second_start, _, _) = attempts
+    assert first_end <= second_start  # the retry waited for the first attempt's thread
+    assert first_cancelled  # the first attempt was told to stop
+
+
+async def test_every_slot_stuck_stops_fetching_and_fails_liveness(app, client, start_worker):
+    gate = threading.Event()
+    quick_ran: list[str] = []
+
+    @app.task("hung", timeout=0.2, max_retry=0)
+    def hung(task):
+        gate.wait(60)
+
+    @app.task("quick")
+    def quick(task):
+        quick_ran.append(task.id)
+
+    worker = await start_worker(concurrency=2, stuck_limit=1.0)
+    try:
+        hung_ids = [(await client.enqueue("hung")).id for _ in range(2)]
+        await wait_until(lambda: worker.health().stuck_slots == 2, what="both slots stuck")
+        waiting = await client.enqueue("quick", retention=60)
+        problem = await wait_until(lambda: first_problem(worker.health(), LIVENESS),
+                                   timeout=20, what="liveness fails past the stuck limit")
+        assert problem.startswith("2 slot(s) stuck in plain handlers that overran")
+        assert first_problem(worker.health(), READINESS).startswith("every slot is stuck")
+        assert (await client.info(waiting.id)).state == "pending" and not quick_ran
+        assert {(await client.info(i)).state for i in hung_ids} == {"active"}
+    finally:
+        gate.set()
+    assert (await client.result(waiting.id, timeout=30)) is None and quick_ran
+    for task_id in hung_ids:  # their verdicts, recorded once their threads returned
+        final = await wait_until(lambda i=task_id: ended(client, i), timeout=30)
+        assert final.state == "dead" and "ran longer than its timeout" in final.error
+    assert worker.health().stuck_slots == 0
+    assert first_problem(worker.health(), LIVENESS) is None

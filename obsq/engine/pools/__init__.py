@@ -1,13 +1,15 @@
 """Where plain (sync) handlers run, so that one that overruns its timeout never starves the
 tasks after it. Two pools, chosen by `WorkerSettings.pool` (`--pool`, OBSQ_POOL):
 
-- `thread` (the default, `threads.py`): one thread per slot. A handler that overruns is
-  abandoned (a thread cannot be stopped): its attempt ends with TaskTimeout, its slot gets
-  a fresh thread, and the old one counts as stuck until its handler returns.
+- `thread` (the default, `threads.py`): one thread per slot. A thread cannot be stopped,
+  so a handler that overruns is told (`task.cancelled`) and keeps its thread and its slot,
+  counted as stuck, until it returns; its attempt then ends with TaskTimeout.
 - `process` (`processes.py`, the child's side in `child.py`): one child process per slot,
-  which is killed and replaced when its handler overruns, is cancelled, or crashes.
+  which is killed and replaced when its handler overruns (a hard time limit), is
+  cancelled, or crashes.
 
-Both count a task's timeout from the moment its handler starts, not from its submission.
+Both count a task's timeout from the moment its handler starts, not from its submission,
+and end an attempt only once its handler has stopped: its retry never runs beside it.
 Async handlers never come here: they run on the worker's event loop.
 """
 

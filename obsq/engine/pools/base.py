@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Stuck:
-    """Slots whose handler overran its timeout and still runs in a thread of its own."""
+    """Slots whose plain handler overran its timeout and still runs in its thread (which
+    cannot be stopped), holding the slot until it returns."""
 
     slots: int = 0
     longest: float = 0.0  # seconds the longest-stuck of them has been stuck
@@ -43,7 +44,7 @@ class HandlerPool(Protocol):
         """Safe to call from any thread (the HTTP endpoint's)."""
 
     def close(self) -> None:
-        """Stop the idle slots; abandoned handlers keep nothing alive at exit."""
+        """Stop the idle slots; a handler still running keeps nothing alive at exit."""
 
 
 def overran(seconds: float) -> TaskTimeout:

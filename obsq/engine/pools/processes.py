@@ -126,7 +126,8 @@ class ProcessSlots:
             log.warning("task %s (%s) overran its timeout of %g s: its process (pid %s) is "
                         "killed and replaced", task.id, task.type, task.timeout,
                         child.process.pid)
-            self._replace(child)
+            # its end waits for the child's: a retry never runs beside the killed handler
+            await asyncio.shield(self._replace(child))
             raise
         except BaseException:  # given up (cancelled, the worker stops), or the child died
             self._replace(child)
@@ -169,17 +170,20 @@ class ProcessSlots:
         lifeline.close()  # is EOF on ours, and the worker's on its lifeline
         return _Child(process, ours, held)
 
-    def _replace(self, child: _Child) -> None:
+    def _replace(self, child: _Child) -> asyncio.Future[None]:
         """Kill `child` and start another in its place, both off the event loop (unless
-        the slots have their children already: an attempt that found none started one)."""
-        self._kill(child)
+        the slots have their children already: an attempt that found none started one);
+        the killed child's reaping."""
+        reaped = self._kill(child)
         if not self._closed and self._live < self.size:
             self._in_background(self._refill())
+        return reaped
 
-    def _kill(self, child: _Child) -> None:
+    def _kill(self, child: _Child) -> asyncio.Future[None]:
+        """Kill `child`; its reaping, in the background."""
         child.kill()
         self._live -= 1
-        self._in_background(asyncio.to_thread(child.process.join, REAP_TIMEOUT))
+        return self._in_background(asyncio.to_thread(child.process.join, REAP_TIMEOUT))
 
     async def _refill(self) -> None:
         self._keep(await self._started())
@@ -193,10 +197,11 @@ class ProcessSlots:
         else:
             self._idle.append(child)
 
-    def _in_background(self, work: Any) -> None:
+    def _in_background(self, work: Any) -> asyncio.Future[Any]:
         future = asyncio.ensure_future(work)
         self._background.add(future)
         future.add_done_callback(self._background.discard)
+        return future
 
     def stuck(self) -> Stuck:
         return Stuck()  # an overrunning handler's process is killed, never left running
