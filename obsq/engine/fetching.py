@@ -1,5 +1,10 @@
-"""A worker's fetch loop: take tasks from Redis as slots free up, in as few round trips as
-possible, and block on Redis when there is nothing to do.
+"""Fetching: how a worker takes tasks from Redis, and which it starts. In the order of this
+file: the fetch loop (`Fetcher`), the slots and prefetch buffer it fills (`Slots`), the
+suspects that run alone (`Suspects`), the route limits each fetch applies (`RouteLimits`)
+and the queues and partitions it serves (`ServedQueues`).
+
+The fetch loop takes tasks as slots free up, in as few round trips as possible, and blocks
+on Redis when there is nothing to do.
 
 Busy: each fetch takes as many tasks as there is room for, in one script call, with the
 completions gathered since the last round trip riding along (Settler.riding). While tasks
@@ -13,22 +18,26 @@ fetch took is stranded.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
+from obsq.app import App, PatternTable
 from obsq.broker import Broker, Fetched
-from obsq.engine.serving import REFRESH, ServedQueues
-from obsq.engine.settlement import Settler
-from obsq.engine.slots import Slots
+from obsq.engine.settlement import Settler, attempt_of
 from obsq.errors import BrokerError
 from obsq.loop import RedisRetry
-from obsq.partitions import SEPARATOR, count_in_name, queue_of
-from obsq.settings import ACK_LINGER, MAX_FETCH, REDIS_RETRY_MAX, STOP_WAIT
+from obsq.partitions import SEPARATOR, count_in_name, partition_names, queue_of, share
+from obsq.settings import ACK_LINGER, MAX_FETCH, PREFETCH_BELOW_SECONDS, REDIS_RETRY_MAX, STOP_WAIT
+from obsq.task import Task
 
 if TYPE_CHECKING:
     from obsq.task import Task
@@ -233,3 +242,344 @@ def _abandon(waiter: asyncio.Future[Any]) -> None:
     (redis-py may finish a cancelled BLPOP only at its timeout)."""
     waiter.cancel()
     waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
+# -- slots and the prefetch buffer ------------------------------------------------------------
+# The fetcher asks `room()` how many tasks to fetch, `limits()` the route limits its fetch
+# applies, and hands what it took to `take()`; it waits on `freed` and stops on `stopped`.
+# Each task taken goes to a free slot, the buffer, or the suspects. A started task runs as
+# `run(task)`, the worker's; it calls `ended()` when its handler is done, which starts the
+# next.
+
+PREFETCH_HORIZON = 0.01  # a prefetch buffer holds what the slots run in this long
+BUFFER_HOLD = 1.0  # a buffered task waits this long at most while no slot frees
+
+
+class Slots:
+    def __init__(self, concurrency: int, broker: Broker, worker_id: str, *,
+                 run: Callable[[Task], Coroutine[Any, Any, None]],
+                 admit: Callable[[str, Fetched], Iterable[Task]],
+                 limits: Callable[[int], bytes], deep: bool = True) -> None:
+        """`admit(queue, fetched)`: the tasks of a fetch, built and counted as the worker's;
+        `run(task)`: the coroutine that runs and settles one; `limits(partitions)`: limits.py's,
+        for a queue of that many partitions. `deep`: the prefetch buffer may grow past one
+        task a slot (not while weighted queues share the worker: a fetch takes from one
+        queue, and a deep one would hold up the weights' turns; the partitions of one
+        queue keep its priorities through dequeue.lua's rank floor)."""
+        self.concurrency = concurrency
+        self.deep = deep
+        self.limits = limits
+        self.busy = 0  # slots whose handler runs
+        self.buffer: collections.deque[Task] = collections.deque()  # fetched, awaiting a slot
+        self.suspects = Suspects(broker, worker_id, self.start_next)  # to run alone
+        self.running: dict[asyncio.Task[None], Task] = {}  # started, until settled
+        self.handling: set[asyncio.Task[None]] = set()  # started, until the handler ended
+        self.freed = asyncio.Event()  # a slot freed: the fetcher may look again
+        self.stopped = asyncio.Event()  # the worker stops: fetch no more
+        self.draining = False  # start nothing more from the buffer
+        # the loop its tasks run on, known from the first fetch taken (the slots may be
+        # made before it runs); asyncio.create_task would look it up again for each task
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._run = run
+        self._admit = admit
+        self._recent_duration = PREFETCH_BELOW_SECONDS  # moving average of handler run time
+        self._freed_at = time.monotonic()  # when a handler last ended
+        self._held_back = False  # the buffer went back: fetch no more ahead until one ends
+
+    def room(self) -> tuple[int, int]:
+        """(tasks to fetch now, tasks an idle wait may take). While tasks are short the
+        worker holds a buffer beside its slots and fetches only once a whole buffer's worth
+        fits, so each round trip carries many tasks and the buffer keeps the slots fed
+        meanwhile. The buffer holds what the slots run in PREFETCH_HORIZON, at least one
+        task per slot and at most MAX_FETCH: a round trip's cost is spread over up to a
+        hundred no-op tasks, while a task held back from other workers waits at most
+        about that long."""
+        if self.suspects.blocking:
+            return 0, 0
+        held = self.busy + len(self.buffer)
+        duration = self._recent_duration
+        if duration >= PREFETCH_BELOW_SECONDS or self._held_back:
+            return self.concurrency - held, self.concurrency - self.busy
+        if held > self.concurrency:
+            return 0, self.concurrency - self.busy
+        depth = self.concurrency  # one task a slot
+        if self.deep:
+            by_time = int(depth * PREFETCH_HORIZON / max(duration, 1e-6))
+            depth = max(depth, min(by_time, MAX_FETCH))
+        return self.concurrency + depth - held, self.concurrency - self.busy
+
+    def take(self, queue: str, fetched: Fetched) -> None:
+        """Start fetched tasks in free slots; the rest wait in the buffer (all of them once
+        the worker is stopping: the drain hands the buffer back)."""
+        fetched_at = time.monotonic()
+        self.loop = asyncio.get_running_loop()
+        may_start = not self.stopped.is_set()  # the same for each task of the fetch
+        for task in self._admit(queue, fetched):
+            if task.suspect:
+                self.suspects.hold(task)
+            elif may_start and self.busy < self.concurrency and not self.suspects.blocking:
+                self.start(task)
+            else:
+                task.context["fetched_at"] = fetched_at
+                self.buffer.append(task)
+        self.start_next()
+
+    def stuck(self) -> list[Task]:
+        """The buffer's tasks, taken out, once no handler has ended for BUFFER_HOLD since
+        the first of them was fetched: the handlers running now take far longer than those
+        the buffer was sized by, and another worker may run these meanwhile. The worker
+        then fetches nothing ahead until a handler ends."""
+        if not self.buffer or self.hold_left() > 0:
+            return []
+        tasks = list(self.buffer)
+        self.buffer.clear()
+        self._held_back = True
+        for task in tasks:
+            task.context.pop("fetched_at", None)
+        return tasks
+
+    def hold_left(self) -> float:
+        """How long until `stuck()` gives the buffer back (0: now; BUFFER_HOLD while
+        nothing is buffered): how long the fetcher may wait for a slot to free."""
+        if not self.buffer:
+            return BUFFER_HOLD
+        since = max(self._freed_at, self.buffer[0].context.get("fetched_at", 0.0))
+        return max(BUFFER_HOLD - (time.monotonic() - since), 0.0)
+
+    def start_next(self) -> None:
+        """Fill free slots from the buffer, a suspect first (alone once no other task runs),
+        and let the fetcher look again."""
+        self.freed.set()
+        if self.draining:
+            return
+        suspect = self.suspects.next_to_start(self.busy)
+        if suspect is not None:
+            self.start(suspect)
+        while self.buffer and self.busy < self.concurrency and not self.suspects.blocking:
+            self.start(self.buffer.popleft())
+
+    def start(self, task: Task) -> None:
+        fetched_at = task.context.pop("fetched_at", None)
+        if fetched_at is not None:  # waited in the buffer too
+            task.wait_seconds += time.monotonic() - fetched_at
+        self.busy += 1
+        runner = self.loop.create_task(self._run(task))  # type: ignore[union-attr]
+        self.running[runner] = task
+        self.handling.add(runner)
+
+    def ended(self, runner: asyncio.Task[None], task: Task, seconds: float) -> None:
+        """The handler of `task` is done after `seconds` (its outcome not yet settled)."""
+        self.busy -= 1
+        self._freed_at = time.monotonic()
+        self._held_back = False
+        self.handling.discard(runner)
+        self.suspects.ended(task)
+        self._recent_duration += (seconds - self._recent_duration) * 0.1
+        self.start_next()
+
+    def waiting(self, queue: str, task_id: str) -> Task | None:
+        """The task, taken out of the buffer (or the suspects) if it waits there."""
+        for waiting in (self.buffer, self.suspects.waiting):
+            for task in waiting:
+                if (task.id, task.kept_in) == (task_id, queue):
+                    waiting.remove(task)
+                    return task
+        return None
+
+    def unstarted(self) -> list[Task]:
+        """Everything fetched and not started, taken out (for a drain to hand back)."""
+        tasks = [*self.buffer, *self.suspects.take_all()]
+        self.buffer.clear()
+        return tasks
+
+
+log = logging.getLogger("obsq")
+# -- suspects run alone -------------------------------------------------------------------
+# A worker killed by one of its handlers (os._exit, a native crash, an OOM kill) takes every
+# task it ran down with it, and Redis cannot tell which one did it: the recoverer makes them
+# all suspects without counting the loss against any of them. The worker that takes a
+# suspect fetches and starts nothing more until its other tasks are done, then records in
+# Redis that this attempt runs alone and runs it with no task beside it; a loss during that
+# run is the suspect's own, and only such losses count against max_recoveries
+# (recover.lua). A suspect whose worker's tasks do not end within SUSPECT_WAIT runs beside
+# them instead, unmarked: its loss then counts against no task.
+
+SUSPECT_WAIT = 5.0  # seconds a suspect waits for the other tasks of its worker to end
+
+
+class Suspects:
+    def __init__(self, broker: Broker, worker_id: str, recheck: Callable[[], None],
+                 wait: float = SUSPECT_WAIT) -> None:
+        """`recheck()` is called when the first waiting suspect has waited `wait`."""
+        self.broker = broker
+        self.worker_id = worker_id
+        self.recheck = recheck
+        self.wait = wait
+        self.waiting: collections.deque[Task] = collections.deque()  # fetched, not started
+        self.alone: Task | None = None  # the suspect running alone now
+        self._since = 0.0  # when the first waiting suspect began to wait
+
+    @property
+    def blocking(self) -> bool:
+        """While a suspect waits or runs alone, the worker starts and fetches no other task."""
+        return bool(self.waiting) or self.alone is not None
+
+    def hold(self, task: Task) -> None:
+        task.context["fetched_at"] = time.monotonic()  # its wait counts from now (Worker)
+        if not self.waiting:
+            self._wait_from_now()
+        self.waiting.append(task)
+
+    def next_to_start(self, busy: int) -> Task | None:
+        """The suspect to start now: alone once no other task runs, else beside the others
+        once it has waited too long."""
+        if self.alone is not None or not self.waiting:
+            return None
+        if busy == 0:
+            task = self.alone = self.waiting.popleft()
+        elif time.monotonic() - self._since >= self.wait:
+            task = self.waiting.popleft()
+            task.suspect = False  # not marked: a loss of this run is not known to be its own
+            log.info("suspect task %s (%s) runs beside %d other task(s): they did not end "
+                     "within %g s", task.id, task.type, busy, self.wait)
+        else:
+            return None
+        if self.waiting:
+            self._wait_from_now()
+        return task
+
+    def _wait_from_now(self) -> None:
+        self._since = time.monotonic()
+        asyncio.get_running_loop().call_later(self.wait, self.recheck)
+
+    def ended(self, task: Task) -> None:
+        if task is self.alone:
+            self.alone = None
+
+    def take_all(self) -> list[Task]:
+        """The waiting suspects, for a draining worker to hand back."""
+        tasks = list(self.waiting)
+        self.waiting.clear()
+        return tasks
+
+    async def start_alone(self, task: Task) -> bool:
+        """Record that `task` runs alone; False when its lease was taken over meanwhile.
+        Retried while Redis is away: an unmarked run could not be told from a shared one.
+        A full Redis refuses the mark: the task then runs unmarked (its loss uncounted),
+        as this worker's runs are what drain Redis."""
+        retry = RedisRetry("marking a suspect that runs alone")
+        while True:
+            try:
+                return await self.broker.isolate(task.kept_in, attempt_of(task), self.worker_id)
+            except BrokerError as exc:
+                if exc.out_of_memory:
+                    return True
+                await asyncio.sleep(retry.failed(exc))
+
+
+# A cell-rate limit lets a start come early by this many intervals: a burst of two, so
+# that the starts of any one-second window stay within the rate plus one.
+# -- route limits -------------------------------------------------------------------------
+# The App's (`@app.task(..., concurrency=3, rate_limit="100/s")`, counted in Redis across
+# every worker) and the worker's own (`route_concurrency={"pdf:": 5}`, counted here).
+# dequeue.lua checks them as it takes each task and sets aside what may not start yet, so
+# a limited route never takes a slot of the worker nor blocks the routes behind it.
+
+RATE_TOLERANCE = 1.0
+
+
+class RouteLimits:
+    def __init__(self, app: App, route_concurrency: dict[str, int] | None) -> None:
+        self._shared = [
+            [r.pattern, r.concurrency or 0, 1000 / r.rate if r.rate else 0,
+             RATE_TOLERANCE * 1000 / r.rate if r.rate else 0]
+            for r in app.routes if r.concurrency or r.rate]
+        self._own: PatternTable[str] = PatternTable()
+        self._own_limits = dict(route_concurrency or {})
+        for pattern in self._own_limits:
+            self._own.add(pattern, pattern)
+        self._taken: Counter[str] = Counter()  # this worker's attempts per own pattern
+        self._by_count: dict[int, list[list[Any]]] = {}  # the shares per partition count
+
+    def encoded(self, partitions: int = 1) -> bytes:
+        """What dequeue.lua takes for a queue of `partitions` partitions: b"" when there is
+        no limit at all (its fast path). Each partition keeps its share of the App's limits
+        (counted in its own keys): a concurrency limit C as ceil(C/N), at least 1, so at most
+        C + N - 1 run at once; a rate as rate/N, the whole rate while the route's tasks
+        spread over the partitions. The worker's own limits are its own, whole."""
+        if not self._shared and not self._own_limits:
+            return b""
+        own = [[p, limit - self._taken[p]] for p, limit in self._own_limits.items()]
+        return orjson.dumps({"g": self._shares(partitions), "l": own})
+
+    def _shares(self, partitions: int) -> list[list[Any]]:
+        if partitions == 1:
+            return self._shared
+        shares = self._by_count.get(partitions)
+        if shares is None:
+            shares = self._by_count[partitions] = [
+                [pattern, share(limit, partitions) if limit else 0, interval * partitions,
+                 tolerance * partitions] for pattern, limit, interval, tolerance in self._shared]
+        return shares
+
+    def took(self, task: Task) -> None:
+        """A task this worker took (running, or waiting in its buffer) counts under its own
+        limit until released."""
+        pattern = self._own.match(task.type)
+        if pattern is not None:
+            self._taken[pattern] += 1
+            task.context[_OWN_KEY] = pattern
+
+    def released(self, task: Task) -> None:
+        pattern = task.context.pop(_OWN_KEY, None)
+        if pattern is not None:
+            self._taken[pattern] -= 1
+
+
+_OWN_KEY = "obsq.own_limit"
+
+
+if TYPE_CHECKING:
+    from obsq.broker import Broker
+
+# -- the queues served ----------------------------------------------------------------------
+# Each queue's partitions (obsq/partitions.py) by its App's count (`app.queue`), else by the
+# count its other workers wrote to Redis; and the partitions of an earlier count while they
+# hold tasks, so a change of the count drains them. Refreshed every REFRESH seconds: a
+# producer that has not heard of a new count (or an old version of the app) may still
+# write to the earlier partitions.
+
+REFRESH = 10.0  # seconds between two looks at the partitions in Redis
+LIVE_STATES = ("pending", "active", "scheduled", "retry", "aggregating")
+
+
+class ServedQueues:
+    def __init__(self, broker: Broker, weights: dict[str, int],
+                 declared: dict[str, int]) -> None:
+        """`weights`: the queues served and their weights; `declared`: the App's partition
+        counts (app.partitions)."""
+        self.broker = broker
+        self.weights = weights
+        self.declared = {q: n for q, n in declared.items() if q in weights}  # the App's
+        # each queue's partitions served now, its current ones first
+        self.partitions: dict[str, list[str]] = {q: [q] for q in weights}
+        # every partition served, one list shared with the loops that read it at each pass
+        self.names: list[str] = list(weights)
+
+    async def refresh(self) -> None:
+        """Look again (at start, then every REFRESH seconds). The App's counts reach Redis
+        with each heartbeat (broker/upkeep.py)."""
+        counts = dict(self.declared)
+        undeclared = [q for q in self.weights if q not in counts]
+        if undeclared:
+            counts.update(await self.broker.partition_counts(undeclared))
+        current = {q: list(partition_names(q, counts[q])) for q in self.weights}
+        earlier = [name for name in await self.broker.queues() if queue_of(name) in current
+                   and name not in current[queue_of(name)]]
+        if earlier:
+            stats = await self.broker.queue_stats(earlier)
+            for name in earlier:
+                if any(stats[name].depth[state] for state in LIVE_STATES):
+                    current[queue_of(name)].append(name)
+        self.partitions = current
+        self.names[:] = [name for names in current.values() for name in names]

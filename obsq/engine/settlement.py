@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from obsq.broker import Attempt, Broker, Completion, Completions
 from obsq.engine.execution import Verdict
-from obsq.engine.heartbeat import Claims
+from obsq.engine.liveness import Claims
 from obsq.errors import BrokerError, Retry
 from obsq.hooks import Hooks
 from obsq.loop import RedisRetry

@@ -30,16 +30,11 @@ from obsq.engine.aggregation import AggregationLoop
 from obsq.engine.cancelling import CancelWatcher
 from obsq.engine.eventloop import described
 from obsq.engine.execution import Executor, Verdict
-from obsq.engine.fetching import Fetcher
+from obsq.engine.fetching import BUFFER_HOLD, Fetcher, RouteLimits, ServedQueues, Slots
 from obsq.engine.flow_loop import FlowLoop
-from obsq.engine.health import WorkerHealth
-from obsq.engine.heartbeat import Claims
-from obsq.engine.limits import RouteLimits
-from obsq.engine.liveness import Vigil
+from obsq.engine.liveness import Claims, Liveness, WorkerHealth
 from obsq.engine.maintenance import Forwarder, Janitor, Recoverer
-from obsq.engine.serving import ServedQueues
 from obsq.engine.settlement import Settler
-from obsq.engine.slots import BUFFER_HOLD, Slots
 from obsq.engine.throughput import ThroughputCounter
 from obsq.errors import BrokerError
 from obsq.hooks import Hooks
@@ -101,7 +96,7 @@ class Worker:
         self._loops: list[BackgroundLoop] = []
         self._aggregation: AggregationLoop | None = None  # stopped first when draining
         self.claims = Claims()  # the attempts it holds, which its heartbeat thread extends
-        self._vigil: Vigil | None = None
+        self._liveness: Liveness | None = None
         # told the event loop's lag twice a second, and of each loss of Redis's data (metrics)
         self.loop_lag_hooks: Hooks[[float]] = Hooks("loop-lag hook")
         self.data_lost_hooks: Hooks[[]] = Hooks("data-lost hook")
@@ -130,19 +125,19 @@ class Worker:
         policy = await self.broker.check_memory_policy(refuse=not s.allow_eviction)
         await self.served.refresh()
         await self.broker.register_queues(self.served.names)
-        vigil = Vigil(
+        liveness = Liveness(
             self.broker, self.id, s, self.claims, describe=self.describe,
             running=self.slots.running.get, memory_policy=policy,
             subscriptions=[(sub.event, sub.name, sub.queue) for sub in self.subscriptions],
             lag_hooks=self.loop_lag_hooks, data_lost_hooks=self.data_lost_hooks)
         self.executor = Executor(self.app, self.concurrency, self._update_state, pool=s.pool,
                                  on_stuck=self._stuck_changed,
-                                 loop_blocked=vigil.monitor.blocked)
+                                 loop_blocked=liveness.monitor.blocked)
         self.settler = Settler(self.broker, self.id, self.app.outcome_hooks,
                                unknown_type_max_age=s.unknown_type_max_age, claims=self.claims)
-        self._vigil = vigil
+        self._liveness = liveness
         self.started_at = time.time()  # in the first heartbeat's description already
-        await vigil.start()  # registers its subscriptions before it serves
+        await liveness.start()  # registers its subscriptions before it serves
         self._flows = FlowLoop(self.broker, self.served.names, self.app.flow_hooks, self.id,
                                s.lock_ttl)
         self._loops = [
@@ -194,14 +189,15 @@ class Worker:
                 "processed": self.processed, "draining": self.draining,
                 "subscriptions": [sub.task_type for sub in self.subscriptions],
                 "pool": self.settings.pool, "stuck": self.health().stuck_slots,
-                "maxmemory_policy": self._vigil.keeper.memory_policy if self._vigil else None}
+                "maxmemory_policy": (self._liveness.heartbeat.memory_policy
+                                     if self._liveness else None)}
 
     def health(self) -> WorkerHealth:
         """How the worker is; safe to call from another thread (the HTTP endpoint's)."""
-        if self._vigil is None:  # still starting
+        if self._liveness is None:  # still starting
             return WorkerHealth(started=False, draining=self.draining, redis_ok=False)
         stuck = self.executor.pool.stuck()
-        return self._vigil.health(started=self.started.is_set(), draining=self.draining,
+        return self._liveness.health(started=self.started.is_set(), draining=self.draining,
                                   stuck_slots=stuck.slots, stuck_seconds=stuck.longest)
 
     @property
@@ -312,14 +308,14 @@ class Worker:
 
     def _sure_to_run(self, task: Task) -> bool:
         """The common case, known without a wait: no suspect, no doubt about the claims."""
-        return not task.suspect and not self._vigil.in_doubt(task)  # type: ignore[union-attr]
+        return not task.suspect and not self._liveness.in_doubt(task)  # type: ignore[union-attr]
 
     async def _still_to_run(self, task: Task) -> bool:
         """Whether a started task still runs here: a suspect first gets to run alone, and a
         task fetched before the worker's claims were in doubt is still its own."""
         if task.suspect and not await self.slots.suspects.start_alone(task):
             return False
-        return await self._vigil.still_ours(task)  # type: ignore[union-attr]
+        return await self._liveness.still_ours(task)  # type: ignore[union-attr]
 
     def _throttled(self, queue: str, task_type: str, reason: str) -> None:
         route = self.app.route(task_type)
@@ -377,7 +373,7 @@ class Worker:
             await asyncio.wait(settling, timeout=self.settings.settle_timeout)
         for loop in reversed(self._loops):
             await loop.stop()
-        await self._vigil.stop()  # type: ignore[union-attr]
+        await self._liveness.stop()  # type: ignore[union-attr]
         self.executor.close()
         await self.broker.close()
         log.info("worker %s stopped: %d task(s) processed", self.id, self.processed)

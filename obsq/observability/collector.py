@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from prometheus_client.core import GaugeMetricFamily
 
 from obsq.broker import DEPTH_STATES, Broker, QueueStats
-from obsq.engine.loop_watch import BLOCKED_AT_LEAST
+from obsq.engine.liveness import BLOCKED_AT_LEAST
 from obsq.errors import BrokerError
 from obsq.inspection.partition_view import partitions_of, summed
 from obsq.partitions import queue_of

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from obsq._version import __version__
 from obsq.broker import Broker
-from obsq.engine.health import LIVENESS, READINESS, first_problem
+from obsq.engine.liveness import LIVENESS, READINESS, first_problem
 from obsq.engine.pools.child import on_child_start
 from obsq.loop import on_stop_signals
 from obsq.observability.collector import QueueCollector

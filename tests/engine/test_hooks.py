@@ -10,7 +10,7 @@ import pytest
 from support import ended, wait_until
 
 import obsq
-from obsq.engine.health import redis_away
+from obsq.engine.liveness import redis_away
 from obsq.hooks import Hooks
 from obsq.redis_server import RedisServer
 

@@ -18,7 +18,7 @@ from support import depth, wait_until
 import obsq
 from obsq.broker import QueueKeys
 from obsq.clock import ManualClock
-from obsq.engine.limits import RouteLimits
+from obsq.engine.fetching import RouteLimits
 from obsq.engine.maintenance import Forwarder
 
 from .helpers import record_key

@@ -11,9 +11,8 @@ from support import wait_until
 
 import obsq
 from obsq.broker import Broker
-from obsq.engine import slots
-from obsq.engine.fetching import TIMER_SLACK
-from obsq.engine.slots import BUFFER_HOLD, Slots
+from obsq.engine import fetching
+from obsq.engine.fetching import BUFFER_HOLD, TIMER_SLACK, Slots
 
 
 async def test_outcome_hooks_see_every_settled_attempt(app, client, redis_url,
@@ -182,7 +181,7 @@ def test_the_buffer_goes_back_when_its_hold_ends_though_the_wait_ends_a_millisec
     may end that wait up to a millisecond early; the buffer must then go back, not a whole
     hold later."""
     now = [100.0]
-    monkeypatch.setattr(slots.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(fetching.time, "monotonic", lambda: now[0])
     buffered = Slots(1, None, "w", run=None, admit=None, limits=None)  # type: ignore[arg-type]
     now[0] = 100.3
     task = types.SimpleNamespace(context={"fetched_at": now[0]})

@@ -16,7 +16,7 @@ import time
 import pytest
 from support import ENDED, ended, wait_until
 
-from obsq.engine.health import LIVENESS, READINESS, first_problem
+from obsq.engine.liveness import LIVENESS, READINESS, first_problem
 from obsq.task import TaskInfo
 
 APP = "tests.engine.pool_apps:app"

@@ -18,7 +18,7 @@ from support import ended, wait_until
 import obsq
 from obsq.broker import Attempt, Broker, Completion
 from obsq.broker.keeping import BlockingKeeping
-from obsq.engine.heartbeat import Claims, Keeper
+from obsq.engine.liveness import Claims, Heartbeat
 from obsq.redis_server import free_port
 
 BLOCK = 8.0  # seconds the handler blocks the loop: past the heartbeat TTL and the lease
@@ -158,21 +158,21 @@ async def test_only_real_lease_losses_are_reported(broker: Broker, client, raw_r
     claims = Claims()
     for task in fetched.tasks:
         claims.took("default", task.id, task.fence)
-    keeper = Keeper(BlockingKeeping(broker), "w1", dict, claims, interval=0.5, ttl=3,
+    heartbeat = Heartbeat(BlockingKeeping(broker), "w1", dict, claims, interval=0.5, ttl=3,
                     lease_seconds=30, policy_interval=30)
     sent = claims.by_queue()  # what the extension read before the settle
     claims.ending("default", ended.id)  # the worker settles it: the ack reaches Redis first
     assert await broker.ack({"default": [Completion(Attempt(ended.id, ended.fence, "t"), 0,
                                                     b"null", "")]}, "w1")
     raw_redis.hset(f"{namespace}:{{default}}:active", taken.id, f"{taken.fence + 1}:w2")
-    lost = await asyncio.to_thread(keeper.calls.extend, sent, 30, "w1")
+    lost = await asyncio.to_thread(heartbeat.calls.extend, sent, 30, "w1")
     assert sorted(lost["default"]) == sorted([ended.id, taken.id])  # Redis sees both gone
     with caplog.at_level(logging.WARNING, "obsq"):
-        await asyncio.to_thread(keeper.extend)
+        await asyncio.to_thread(heartbeat.extend)
     claims.released("default", ended.id, ended.fence)
     with caplog.at_level(logging.WARNING, "obsq"):
-        await asyncio.to_thread(keeper.extend)
-    keeper.calls.close()
+        await asyncio.to_thread(heartbeat.extend)
+    heartbeat.calls.close()
     reported = [r.getMessage() for r in caplog.records if "lease lost" in r.getMessage()]
     assert reported == [f"lease lost for 1 running task(s) of queue default (taken over "
                         f"after the lease expired): {taken.id}"] * 2

@@ -15,7 +15,7 @@ from support import wait_until
 
 import obsq
 from obsq.broker import Broker
-from obsq.engine.loop_watch import LoopMonitor
+from obsq.engine.liveness import LoopMonitor
 from obsq.observability.collector import QueueCollector
 from obsq.observability.http import HealthServer
 

@@ -14,7 +14,7 @@ import pytest
 from support import wait_until
 
 import obsq
-from obsq.engine import slots
+from obsq.engine import fetching
 
 TOKEN = "console-token"
 # ids as producers choose them: a path, a query, a fragment, a percent sign, a space, a plus
@@ -28,7 +28,7 @@ async def test_the_overview_runs_what_the_workers_run(app, client, start_worker,
     wait in the worker (kept there for the test: it would hand them back after a second
     of hung handlers). The overview says 2 running of 2 slots, as the worker row says
     2/2, and names the other 2 as leased."""
-    monkeypatch.setattr(slots, "BUFFER_HOLD", 600.0)
+    monkeypatch.setattr(fetching, "BUFFER_HOLD", 600.0)
     release = asyncio.Event()
 
     @app.task("hold")
