@@ -195,11 +195,29 @@ def _first(*values: Any) -> Any:
     return None
 
 
+@dataclass(slots=True)
+class AttemptState:
+    """What the engine knows of one attempt beside what its handler sees, in one place
+    (`task._attempt`): set by the stage that learns it, read by the ones after. `task.context`
+    is the user's (middleware and hooks) alone."""
+
+    fence: int = 0  # the attempt's fencing token: every script that ends it checks it
+    slot: str = ""  # the route whose concurrency limit (in Redis) it counts under
+    id_chosen: bool = False  # its producer chose the id (remembered after its end)
+    suspect: bool = False  # it ran beside others when a worker was lost: it runs alone
+    flow_step: bool = False  # a step of a flow (its headers name the flow)
+    asked_at: float = 0.0  # when its fetch was asked (monotonic): were the claims in doubt since?
+    fetched_at: float | None = None  # when it entered the buffer (monotonic), while it waits
+    own_limit: str | None = None  # the worker's own route limit it counts under, while it runs
+    counted: bool = False  # the throughput counter counted its outcome
+
+
 class Task:
     """A task as its handler sees it. Decoding the payload is deferred to first use so a
     tampered payload fails inside the handler chain, where it is reported like any error."""
 
     __slots__ = (
+        "_attempt",
         "_binary",
         "_headers",
         "_loop",
@@ -209,9 +227,7 @@ class Task:
         "_update_state",
         "cancelled",
         "context",
-        "fence",
         "id",
-        "id_chosen",
         "max_retry",
         "ordering_key",
         "partition",
@@ -221,8 +237,6 @@ class Task:
         "retention",
         "retry_count",
         "route",
-        "slot",
-        "suspect",
         "timeout",
         "type",
         "wait_seconds",
@@ -230,10 +244,9 @@ class Task:
 
     def __init__(self, *, id: str, type: str, queue: str, raw_payload: bytes,
                  raw_headers: bytes, retry_count: int, max_retry: int, timeout: float,
-                 retention: float, fence: int = 0, wait_seconds: float = 0.0,
-                 route: str = "other", id_chosen: bool = False, ordering_key: str = "",
-                 slot: str = "", binary: bool = False, suspect: bool = False,
-                 previous: Any = None, partition: str = "", priority: int = 0,
+                 retention: float, wait_seconds: float = 0.0, route: str = "other",
+                 ordering_key: str = "", binary: bool = False, previous: Any = None,
+                 partition: str = "", priority: int = 0, attempt: AttemptState | None = None,
                  update_state: Callable[[Task, Any], Coroutine[Any, Any, None]] | None = None,
                  ) -> None:
         self.id = id
@@ -245,18 +258,15 @@ class Task:
         self.max_retry = max_retry
         self.timeout = timeout
         self.retention = retention
-        self.fence = fence
         self.wait_seconds = wait_seconds
         self.route = route  # the matched route pattern: a bounded label for metrics
-        self.id_chosen = id_chosen  # its producer chose the id (remembered after its end)
         self.ordering_key = ordering_key  # it runs alone among the tasks sharing this key
-        self.slot = slot  # the route whose concurrency limit this attempt counts under
-        self.suspect = suspect  # running beside others when a worker was lost: runs alone
         self.previous = previous  # a flow's step: the result(s) of the step(s) before it
         # Set when the task was cancelled while this attempt ran, or it overran its timeout in
         # a thread: an async handler gets CancelledError, a plain one should look and return.
         self.cancelled = False
         self.context: dict[str, Any] = {}  # per-attempt scratch space for middleware and hooks
+        self._attempt = AttemptState() if attempt is None else attempt  # the engine's
         self._raw_payload = raw_payload
         self._binary = binary  # the payload is the producer's bytes: handed over as they are
         self._raw_headers = raw_headers
@@ -302,7 +312,8 @@ class Task:
 
     def portable(self) -> dict[str, Any]:
         """What builds this task again in another process (`Task(**fields)`): every
-        argument of its constructor but update_state, the payload and headers as Redis gave
+        argument of its constructor but update_state and the engine's attempt state, the payload
+        and headers as Redis gave
         them."""
         return {name: getattr(self, _STORED_AS.get(name, name)) for name in _PORTABLE}
 
@@ -320,7 +331,7 @@ _UNSET = object()
 
 _STORED_AS = {"raw_payload": "_raw_payload", "raw_headers": "_raw_headers", "binary": "_binary"}
 _PORTABLE = tuple(name for name in inspect.signature(Task.__init__).parameters
-                  if name not in ("self", "update_state"))
+                  if name not in ("self", "update_state", "attempt"))
 
 
 @dataclass

@@ -20,14 +20,17 @@ from obsq.broker import FetchedTask
 from obsq.engine.pools import make_pool
 from obsq.engine.pools.base import Deadlines, UnsentResult
 from obsq.errors import PayloadError, Retry, SkipRetry, UnknownTaskType
+from obsq.flow import FLOW_HEADER
 from obsq.partitions import queue_of
 from obsq.settings import BACKOFF_BASE, BACKOFF_CAP, DEFAULT_MAX_RETRY, DEFAULT_TIMEOUT
-from obsq.task import Task, encode_json
+from obsq.task import AttemptState, Task, encode_json
 
 log = logging.getLogger("obsq")
 MAX_ERROR_LENGTH = 2000
 MAX_TRACEBACK_LENGTH = 8000
 NO_RESULT = b"null"
+# a flow's step carries this header (JSON): known without decoding the headers of every task
+FLOW_HEADER_KEY = f'"{FLOW_HEADER}"'.encode()
 
 
 @dataclass(slots=True)
@@ -77,8 +80,10 @@ class Executor:
         self.chain = app.wrap(self._invoke)
         self._warned_results: set[str] = set()  # types whose result could not be encoded
 
-    def build_task(self, queue: str, raw: FetchedTask, redis_now_ms: int) -> Task:
-        """`queue`: where it was fetched, a queue or one of its partitions."""
+    def build_task(self, queue: str, raw: FetchedTask, redis_now_ms: int,
+                   asked_at: float) -> Task:
+        """`queue`: where it was fetched, a queue or one of its partitions; `asked_at`: when
+        its fetch was asked (monotonic)."""
         route = self.app.route(raw.type)
         kept_in, queue = queue, queue_of(queue)
         try:
@@ -92,10 +97,12 @@ class Executor:
         return Task(
             id=raw.id, type=raw.type, queue=queue, raw_payload=raw.payload,
             partition=kept_in if kept_in != queue else "",
-            raw_headers=raw.headers, retry_count=raw.retried, fence=raw.fence,
-            route=route.pattern if route else "other", id_chosen=raw.id_chosen,
-            ordering_key=raw.ordering_key, slot=raw.slot, binary=raw.binary,
-            suspect=raw.suspect, priority=raw.priority,
+            raw_headers=raw.headers, retry_count=raw.retried,
+            route=route.pattern if route else "other", ordering_key=raw.ordering_key,
+            binary=raw.binary, priority=raw.priority,
+            attempt=AttemptState(fence=raw.fence, slot=raw.slot, id_chosen=raw.id_chosen,
+                                 suspect=raw.suspect, asked_at=asked_at,
+                                 flow_step=FLOW_HEADER_KEY in raw.headers),
             max_retry=max_retry if isinstance(max_retry, int) else
             (route.max_retry if route and route.max_retry is not None else DEFAULT_MAX_RETRY),
             timeout=timeout if isinstance(timeout, (int, float)) and timeout > 0 else

@@ -315,12 +315,12 @@ class Slots:
         self.loop = asyncio.get_running_loop()
         may_start = not self.stopped.is_set()  # the same for each task of the fetch
         for task in self._admit(queue, fetched):
-            if task.suspect:
+            if task._attempt.suspect:
                 self.suspects.hold(task)
             elif may_start and self.busy < self.concurrency and not self.suspects.blocking:
                 self.start(task)
             else:
-                task.context["fetched_at"] = fetched_at
+                task._attempt.fetched_at = fetched_at
                 self.buffer.append(task)
         self.start_next()
 
@@ -335,7 +335,7 @@ class Slots:
         self.buffer.clear()
         self._held_back = True
         for task in tasks:
-            task.context.pop("fetched_at", None)
+            task._attempt.fetched_at = None
         return tasks
 
     def hold_left(self) -> float:
@@ -343,7 +343,7 @@ class Slots:
         nothing is buffered): how long the fetcher may wait for a slot to free."""
         if not self.buffer:
             return BUFFER_HOLD
-        since = max(self._freed_at, self.buffer[0].context.get("fetched_at", 0.0))
+        since = max(self._freed_at, self.buffer[0]._attempt.fetched_at or 0.0)
         return max(BUFFER_HOLD - (time.monotonic() - since), 0.0)
 
     def start_next(self) -> None:
@@ -359,7 +359,7 @@ class Slots:
             self.start(self.buffer.popleft())
 
     def start(self, task: Task) -> None:
-        fetched_at = task.context.pop("fetched_at", None)
+        fetched_at, task._attempt.fetched_at = task._attempt.fetched_at, None
         if fetched_at is not None:  # waited in the buffer too
             task.wait_seconds += time.monotonic() - fetched_at
         self.busy += 1
@@ -425,7 +425,7 @@ class Suspects:
         return bool(self.waiting) or self.alone is not None
 
     def hold(self, task: Task) -> None:
-        task.context["fetched_at"] = time.monotonic()  # its wait counts from now (Worker)
+        task._attempt.fetched_at = time.monotonic()  # its wait counts from now (Slots.start)
         if not self.waiting:
             self._wait_from_now()
         self.waiting.append(task)
@@ -439,7 +439,7 @@ class Suspects:
             task = self.alone = self.waiting.popleft()
         elif time.monotonic() - self._since >= self.wait:
             task = self.waiting.popleft()
-            task.suspect = False  # not marked: a loss of this run is not known to be its own
+            task._attempt.suspect = False  # unmarked: a loss of this run is not its own
             log.info("suspect task %s (%s) runs beside %d other task(s): they did not end "
                      "within %g s", task.id, task.type, busy, self.wait)
         else:
@@ -528,19 +528,14 @@ class RouteLimits:
         pattern = self._own.match(task.type)
         if pattern is not None:
             self._taken[pattern] += 1
-            task.context[_OWN_KEY] = pattern
+            task._attempt.own_limit = pattern
 
     def released(self, task: Task) -> None:
-        pattern = task.context.pop(_OWN_KEY, None)
+        pattern, task._attempt.own_limit = task._attempt.own_limit, None
         if pattern is not None:
             self._taken[pattern] -= 1
 
 
-_OWN_KEY = "obsq.own_limit"
-
-
-if TYPE_CHECKING:
-    from obsq.broker import Broker
 
 # -- the queues served ----------------------------------------------------------------------
 # Each queue's partitions (obsq/partitions.py) by its App's count (`app.queue`), else by the

@@ -46,15 +46,12 @@ class FlowLoop(BackgroundLoop):
         self._next_sweep = 0.0
         self.recording = False  # a step of this worker ended, and its flow has not heard yet
 
-    def run(self, task: Task, run: Callable[[Task], Awaitable[Verdict]]) -> Awaitable[Verdict]:
-        """Run the attempt, a flow's step with task.previous set (read from its flow; a
-        Redis that fails the read fails the attempt, retried as any). A task outside any
-        flow is run as it is, with no coroutine of its own around it."""
+    async def run_step(self, task: Task, run: Callable[[Task], Awaitable[Verdict]]) -> Verdict:
+        """Run the attempt of a flow's step with task.previous set (read from its flow; a
+        Redis that fails the read fails the attempt, retried as any)."""
         step = step_of(task)
-        return run(task) if step is None else self._run_step(task, step, run)
-
-    async def _run_step(self, task: Task, step: tuple[str, int],
-                        run: Callable[[Task], Awaitable[Verdict]]) -> Verdict:
+        if step is None:  # a header that names no step: the task runs as any other
+            return await run(task)
         try:
             many, waits_for, raw = await self.broker.flow_previous(*step)
         except BrokerError as exc:
@@ -63,7 +60,7 @@ class FlowLoop(BackgroundLoop):
         return await run(task)
 
     def ended(self, task: Task) -> None:
-        """A task of this worker ended: when it is a flow's step, record it now."""
+        """A flow's step of this worker ended: record it now."""
         if step_of(task) is not None:
             self.recording = True
             self._wake.set()

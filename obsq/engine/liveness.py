@@ -106,7 +106,7 @@ class Liveness:
     def in_doubt(self, task: Task) -> bool:
         """Whether the worker's claims were in doubt since the task was fetched (a silence
         long enough for them to be taken over, such as a SIGSTOP): then still_ours asks."""
-        return self.heartbeat.doubts(task.context.get("asked_at", 0.0))
+        return self.heartbeat.doubts(task._attempt.asked_at)
 
     async def still_ours(self, task: Task) -> bool:
         """Whether to run a task: yes, unless its worker's claims were in doubt since it was
@@ -114,7 +114,7 @@ class Liveness:
         twice."""
         if not self.in_doubt(task):
             return True
-        held = await self.broker.still_held(task.kept_in, [Attempt(task.id, task.fence)],
+        held = await self.broker.still_held(task.kept_in, [Attempt(task.id, task._attempt.fence)],
                                             self.worker_id)
         if not held[0]:
             log.warning("task %s (%s) not started: it was taken over while this worker did "

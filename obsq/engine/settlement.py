@@ -36,7 +36,8 @@ CarryingCall = Callable[[Completions, bool], Awaitable[tuple[dict[str, list[bool
 
 def attempt_of(task: Task) -> Attempt:
     """The attempt as the scripts that end it name it."""
-    return Attempt(task.id, task.fence, task.type, task.slot, task.ordering_key)
+    state = task._attempt
+    return Attempt(task.id, state.fence, task.type, state.slot, task.ordering_key)
 
 
 class _Ack:
@@ -89,7 +90,7 @@ class Settler:
         self.claims.ending(task.kept_in, task.id)
 
         def recorded(ok: bool | None) -> None:
-            self.claims.released(task.kept_in, task.id, task.fence)
+            self.claims.released(task.kept_in, task.id, task._attempt.fence)
             self._told(task, verdict, ok)
             then()
 
@@ -100,7 +101,7 @@ class Settler:
     def _gather(self, task: Task, verdict: Verdict,
                 recorded: Callable[[bool | None], None]) -> None:
         self._acks.setdefault(task.kept_in, []).append(_Ack(Completion(
-            attempt_of(task), task.retention, verdict.result, task.id_chosen), recorded))
+            attempt_of(task), task.retention, verdict.result, task._attempt.id_chosen), recorded))
         self.acks_waiting.set()
 
     async def settle(self, task: Task, verdict: Verdict) -> str:
@@ -109,7 +110,7 @@ class Settler:
         try:
             return await self._settle(task, verdict)
         finally:
-            self.claims.released(task.kept_in, task.id, task.fence)
+            self.claims.released(task.kept_in, task.id, task._attempt.fence)
 
     async def _settle(self, task: Task, verdict: Verdict) -> str:
         attempt = attempt_of(task)
@@ -187,7 +188,7 @@ class Settler:
             accepted = await self._persist(lambda q=queue, g=group: self.broker.hand_back(
                 q, [attempt_of(t) for t in g], self.worker_id), attempts=5)
             for task in group:
-                self.claims.released(queue, task.id, task.fence)
+                self.claims.released(queue, task.id, task._attempt.fence)
             for task, ok in zip(group, accepted or [None] * len(group)):
                 self.report(task, {True: "requeued", False: "lease_lost",
                                    None: "unrecorded"}[ok], None)

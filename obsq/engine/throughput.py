@@ -19,7 +19,6 @@ from obsq.task import Task
 
 log = logging.getLogger("obsq")
 
-COUNTED = "obsq.throughput"  # task.context: counted already (two workers may share an App)
 
 
 class ThroughputCounter(BackgroundLoop):
@@ -37,9 +36,9 @@ class ThroughputCounter(BackgroundLoop):
 
     def record(self, task: Task, outcome: str, error: BaseException | None) -> None:
         """The outcome hook: counts in memory only, so it costs nothing on the hot path."""
-        if task.context.get(COUNTED):
+        if task._attempt.counted:
             return
-        task.context[COUNTED] = True
+        task._attempt.counted = True
         counts = self._counts.get(task.kept_in)
         if counts is None:  # not setdefault: a Counter made per task costs it half a µs
             counts = self._counts[task.kept_in] = Counter()

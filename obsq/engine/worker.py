@@ -226,9 +226,8 @@ class Worker:
             self._throttled(queue_of(queue), task_type, reason)
         tasks = []
         for raw in fetched.tasks:
-            task = self.executor.build_task(queue, raw, fetched.now_ms)
-            task.context["asked_at"] = fetched.asked_at
-            self.claims.took(queue, task.id, task.fence)
+            task = self.executor.build_task(queue, raw, fetched.now_ms, fetched.asked_at)
+            self.claims.took(queue, task.id, task._attempt.fence)
             self.limits.took(task)
             if raw.waited:
                 self._throttled(queue_of(queue), raw.type, "ordering")
@@ -273,7 +272,8 @@ class Worker:
         try:
             if not task.cancelled and (self._sure_to_run(task)
                                        or await self._still_to_run(task)):
-                verdict = await self._flows.run(task, self.executor.run)
+                verdict = await (self._flows.run_step(task, self.executor.run)
+                                 if task._attempt.flow_step else self.executor.run(task))
         except asyncio.CancelledError:
             if not task.cancelled:
                 del self.slots.running[runner]
@@ -289,18 +289,22 @@ class Worker:
         try:
             if verdict is not None:
                 await self.settler.settle(task, verdict)
-                self.processed += 1
-                self._flows.ended(task)
+                self._ended(task)
             else:
-                self.claims.released(task.kept_in, task.id, task.fence)
+                self.claims.released(task.kept_in, task.id, task._attempt.fence)
         finally:
             self._released(runner, task)
 
     def _settled(self, runner: asyncio.Task[None], task: Task) -> None:
         """A success gathered by settle_later is recorded (or given up on)."""
-        self.processed += 1
-        self._flows.ended(task)
+        self._ended(task)
         self._released(runner, task)
+
+    def _ended(self, task: Task) -> None:
+        """Its end is recorded: a flow's step is recorded in its flow next."""
+        self.processed += 1
+        if task._attempt.flow_step:
+            self._flows.ended(task)
 
     def _released(self, runner: asyncio.Task[None], task: Task) -> None:
         self.limits.released(task)
@@ -308,12 +312,13 @@ class Worker:
 
     def _sure_to_run(self, task: Task) -> bool:
         """The common case, known without a wait: no suspect, no doubt about the claims."""
-        return not task.suspect and not self._liveness.in_doubt(task)  # type: ignore[union-attr]
+        return (not task._attempt.suspect
+                and not self._liveness.in_doubt(task))  # type: ignore[union-attr]
 
     async def _still_to_run(self, task: Task) -> bool:
         """Whether a started task still runs here: a suspect first gets to run alone, and a
         task fetched before the worker's claims were in doubt is still its own."""
-        if task.suspect and not await self.slots.suspects.start_alone(task):
+        if task._attempt.suspect and not await self.slots.suspects.start_alone(task):
             return False
         return await self._liveness.still_ours(task)  # type: ignore[union-attr]
 

@@ -154,7 +154,7 @@ async def test_an_expired_lease_is_recovered_and_the_stale_attempt_is_fenced(
 
     @app.task("job")
     async def job(task: obsq.Task):
-        return f"run by the worker, attempt fence {task.fence}"
+        return f"run by the worker, attempt fence {task._attempt.fence}"
 
     info = await client.enqueue("job", retention=60)
     # a wedged worker takes the task with a short lease and never extends it

@@ -13,6 +13,7 @@ import obsq
 from obsq.broker import Broker
 from obsq.engine import fetching
 from obsq.engine.fetching import BUFFER_HOLD, TIMER_SLACK, Slots
+from obsq.task import AttemptState
 
 
 async def test_outcome_hooks_see_every_settled_attempt(app, client, redis_url,
@@ -184,7 +185,7 @@ def test_the_buffer_goes_back_when_its_hold_ends_though_the_wait_ends_a_millisec
     monkeypatch.setattr(fetching.time, "monotonic", lambda: now[0])
     buffered = Slots(1, None, "w", run=None, admit=None, limits=None)  # type: ignore[arg-type]
     now[0] = 100.3
-    task = types.SimpleNamespace(context={"fetched_at": now[0]})
+    task = types.SimpleNamespace(_attempt=AttemptState(fetched_at=now[0]))
     buffered.buffer.append(task)  # type: ignore[arg-type]
     now[0] = 100.8
     wait = buffered.hold_left() + TIMER_SLACK

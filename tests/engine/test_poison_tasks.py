@@ -130,7 +130,7 @@ async def test_a_suspect_that_ran_to_its_end_is_no_longer_one(
 
     @app.task("flaky", retry_delay=0)
     async def flaky(task: obsq.Task) -> None:
-        suspected.append(task.suspect)
+        suspected.append(task._attempt.suspect)
         if len(suspected) == 1:
             raise ValueError("not yet")
 

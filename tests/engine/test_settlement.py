@@ -11,12 +11,14 @@ import contextvars
 import pytest
 from support import depth
 
+from obsq.app import OutcomeHook
 from obsq.broker import Broker, Completions
 from obsq.engine.execution import Verdict
 from obsq.engine.settlement import Settler
 from obsq.errors import BrokerError
+from obsq.hooks import Hooks
 from obsq.redis_server import RedisServer
-from obsq.task import Job, Task, build_message
+from obsq.task import AttemptState, Job, Task, build_message
 
 WORKER = "w1"
 
@@ -29,8 +31,16 @@ async def taken(broker: Broker, count: int, fence_offset: int = 0) -> list[Task]
     _, fetched = await broker.dequeue("default", count, WORKER, 60)
     return [Task(id=raw.id, type=raw.type, queue="default", raw_payload=raw.payload,
                  raw_headers=raw.headers, retry_count=raw.retried, max_retry=0, timeout=60,
-                 retention=60, fence=raw.fence + fence_offset, slot=raw.slot)
+                 retention=60,
+                 attempt=AttemptState(fence=raw.fence + fence_offset, slot=raw.slot))
             for raw in fetched.tasks]
+
+
+def hooks(*told: OutcomeHook) -> Hooks[[Task, str, BaseException | None]]:
+    """The outcome hooks of a Settler, as an App holds them."""
+    registry: Hooks[[Task, str, BaseException | None]] = Hooks("outcome hook")
+    registry.extend(told)
+    return registry
 
 
 def success(i: int) -> Verdict:
@@ -53,7 +63,7 @@ async def test_completions_wait_for_the_next_call_and_ride_along_it(broker, insp
                                                                    ) -> None:
     tasks = await taken(broker, 5)
     outcomes: list[tuple[str, str]] = []
-    settler = Settler(broker, WORKER, [outcome_hook(outcomes)], unknown_type_max_age=60)
+    settler = Settler(broker, WORKER, hooks(outcome_hook(outcomes)), unknown_type_max_age=60)
     settling = [asyncio.ensure_future(settler.settle(t, success(i)))
                 for i, t in enumerate(tasks)]
     await until(settler.acks_waiting.is_set)
@@ -79,7 +89,7 @@ async def test_completions_of_a_failed_call_ride_the_next_marked_resent(broker) 
     """The first call reached Redis, then its reply was lost: the second send of the same
     completions is accepted, not refused as a stale attempt."""
     tasks = await taken(broker, 3)
-    settler = Settler(broker, WORKER, [], unknown_type_max_age=60)
+    settler = Settler(broker, WORKER, hooks(), unknown_type_max_age=60)
     settling = [asyncio.ensure_future(settler.settle(t, success(i)))
                 for i, t in enumerate(tasks)]
     await until(settler.acks_waiting.is_set)
@@ -102,7 +112,7 @@ async def test_completions_of_a_failed_call_ride_the_next_marked_resent(broker) 
 
 async def test_completions_settled_during_a_call_wait_for_the_next(broker) -> None:
     first, second = await taken(broker, 2)
-    settler = Settler(broker, WORKER, [], unknown_type_max_age=60)
+    settler = Settler(broker, WORKER, hooks(), unknown_type_max_age=60)
     in_call, release = asyncio.Event(), asyncio.Event()
     carried: list[list[str]] = []
 
@@ -129,7 +139,7 @@ async def test_completions_settled_during_a_call_wait_for_the_next(broker) -> No
 async def test_a_stale_fencing_token_is_refused_as_lease_lost(broker, inspector) -> None:
     (task,) = await taken(broker, 1, fence_offset=1)
     outcomes: list[tuple[str, str]] = []
-    settler = Settler(broker, WORKER, [outcome_hook(outcomes)], unknown_type_max_age=60)
+    settler = Settler(broker, WORKER, hooks(outcome_hook(outcomes)), unknown_type_max_age=60)
     settling = asyncio.ensure_future(settler.settle(task, success(0)))
     await until(settler.acks_waiting.is_set)
     await settler.flush()
@@ -140,7 +150,7 @@ async def test_a_stale_fencing_token_is_refused_as_lease_lost(broker, inspector)
 
 async def test_completions_linger_for_a_fetch_then_go_on_their_own(broker) -> None:
     (task,) = await taken(broker, 1)
-    settler = Settler(broker, WORKER, [], unknown_type_max_age=60)
+    settler = Settler(broker, WORKER, hooks(), unknown_type_max_age=60)
     room = asyncio.Event()
     settling = asyncio.ensure_future(settler.settle(task, success(0)))
     await until(settler.acks_waiting.is_set)
@@ -152,7 +162,7 @@ async def test_completions_linger_for_a_fetch_then_go_on_their_own(broker) -> No
 
 async def test_close_records_what_is_left(broker) -> None:
     tasks = await taken(broker, 2)
-    settler = Settler(broker, WORKER, [], unknown_type_max_age=60)
+    settler = Settler(broker, WORKER, hooks(), unknown_type_max_age=60)
     settling = [asyncio.ensure_future(settler.settle(t, success(i)))
                 for i, t in enumerate(tasks)]
     await until(settler.acks_waiting.is_set)
@@ -167,7 +177,7 @@ async def test_close_gives_up_on_a_redis_that_stays_away(private_redis: RedisSer
     try:
         tasks = await taken(broker, 2)
         outcomes: list[tuple[str, str]] = []
-        settler = Settler(broker, WORKER, [outcome_hook(outcomes)], unknown_type_max_age=60)
+        settler = Settler(broker, WORKER, hooks(outcome_hook(outcomes)), unknown_type_max_age=60)
         settling = [asyncio.ensure_future(settler.settle(t, success(i)))
                     for i, t in enumerate(tasks)]
         await until(settler.acks_waiting.is_set)
@@ -178,7 +188,8 @@ async def test_close_gives_up_on_a_redis_that_stays_away(private_redis: RedisSer
         assert "gave up recording 2 completion(s)" in caplog.text
         # after close nothing waits for Redis: a late failure is given up at once too
         late = Task(id="late", type="t", queue="default", raw_payload=b"0", raw_headers=b"",
-                    retry_count=0, max_retry=0, timeout=60, retention=0, fence=1)
+                    retry_count=0, max_retry=0, timeout=60, retention=0,
+                    attempt=AttemptState(fence=1))
         assert await settler.settle(late, Verdict("dead", error=ValueError("x"))) == \
             "unrecorded"
     finally:
@@ -187,7 +198,7 @@ async def test_close_gives_up_on_a_redis_that_stays_away(private_redis: RedisSer
 
 async def test_direct_mode_sends_each_completion_at_once(broker) -> None:
     (task,) = await taken(broker, 1)
-    settler = Settler(broker, WORKER, [], unknown_type_max_age=60)
+    settler = Settler(broker, WORKER, hooks(), unknown_type_max_age=60)
     settler.direct = True  # draining: no fetch loop carries completions any more
     assert await settler.settle(task, success(0)) == "success"
     assert (await depth(broker))["completed"] == 1
@@ -201,7 +212,7 @@ async def test_successes_settled_later_are_told_each_even_when_one_fails(broker,
     call's own value, are not lost."""
     tasks = await taken(broker, 3)
     outcomes: list[tuple[str, str]] = []
-    settler = Settler(broker, WORKER, [outcome_hook(outcomes)], unknown_type_max_age=60)
+    settler = Settler(broker, WORKER, hooks(outcome_hook(outcomes)), unknown_type_max_age=60)
     settled: list[str] = []
 
     def then(task: Task):
@@ -233,7 +244,7 @@ async def test_a_success_settled_later_tells_its_hooks_in_the_task_s_context(bro
     request = contextvars.ContextVar("request", default="none")
     seen: list[str] = []
     [task] = await taken(broker, 1)
-    settler = Settler(broker, WORKER, [lambda t, outcome, error: seen.append(request.get())],
+    settler = Settler(broker, WORKER, hooks(lambda t, outcome, error: seen.append(request.get())),
                       unknown_type_max_age=60)
 
     async def attempt() -> None:  # the task's own asyncio task, as the worker runs it

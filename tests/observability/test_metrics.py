@@ -43,7 +43,7 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
 
     @app.task("slow:", queue=main)  # a prefix route: its pattern is the label
     async def slow(task):
-        slow_attempts.append(task.fence)
+        slow_attempts.append(task._attempt.fence)
         if len(slow_attempts) == 1:
             await release.wait()  # meanwhile its lease is taken over
         return "done"
