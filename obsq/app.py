@@ -20,13 +20,13 @@ from typing import Any, Generic, TypeVar
 from obsq.errors import ConfigurationError, StartupError
 from obsq.hooks import Hooks
 from obsq.names import (
+    check_partitions,
     check_seconds,
     parse_rate,
     subscriber_task_type,
     validate_name,
     validate_namespace,
 )
-from obsq.partitions import check_partitions
 from obsq.schedule import Schedule
 from obsq.settings import (
     AGGREGATE_GRACE_PERIOD,
@@ -127,7 +127,7 @@ class App:
         self.partitions: dict[str, int] = {}  # queue -> partitions, of app.queue
 
     def queue(self, name: str, *, partitions: int = 1) -> None:
-        """Declare a queue stored as `partitions` partitions (obsq/partitions.py): on a
+        """Declare a queue stored as `partitions` partitions (obsq/names.py): on a
         Redis Cluster they spread over its masters, so one hot queue uses all of them. Its
         workers write the count to Redis, where producers without this App read it."""
         self.partitions[validate_name("queue", name)] = check_partitions(partitions)

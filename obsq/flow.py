@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from obsq.partitions import queue_of
+from obsq.names import queue_of
 from obsq.task import Job, Task, TaskMessage, decode_stored_json, timestamp_to_datetime
 
 FLOW_HEADER = "obsq-flow"  # "<flow id> <step>" on each step's task (enqueue.lua watches it)

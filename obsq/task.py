@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import orjson
 
 from obsq.errors import PayloadError, Retry, TaskTooLarge
-from obsq.names import check_seconds, duration, validate_name
-from obsq.partitions import queue_of
+from obsq.names import check_seconds, duration, queue_of, validate_name
 from obsq.settings import BYTES_SHOWN, DEFAULT_QUEUE, MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from obsq.broker.connection import create_client
 from obsq.broker.producing import Producing, enqueue_statuses
 from obsq.broker.records import Enqueued
 from obsq.errors import BrokerError
-from obsq.partitions import stored_count
+from obsq.names import stored_count
 from obsq.settings import ENQUEUE_BATCH
 from obsq.task import TaskMessage
 

@@ -178,7 +178,7 @@ class GlobalKeys:
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
         self.queues = f"{namespace}:queues"  # set of every queue ever enqueued to
-        # hash queue -> its number of partitions (obsq/partitions.py), as its workers' App
+        # hash queue -> its number of partitions (obsq/names.py), as its workers' App
         # declares it: what producers without that App read
         self.partitions = f"{namespace}:partitions"
         self.workers = f"{namespace}:workers"  # zset worker id -> last heartbeat (ms)

@@ -14,7 +14,7 @@ from typing import Any
 from obsq.broker.calls import RedisCalls, ScriptCall
 from obsq.broker.records import Ended, Enqueued
 from obsq.broker.wire import REPLIES, EndEntry, argv
-from obsq.partitions import stored_count
+from obsq.names import stored_count
 from obsq.settings import INBOX_BATCH, INBOX_TTL
 from obsq.task import TaskMessage
 

@@ -16,7 +16,7 @@ from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
 from obsq.broker.records import Attempt, Completions, Fetched, FetchedTask
 from obsq.broker.scripts import FULL_ERROR_BYTES, FULL_NOTE, FULL_TEXT_HOLD
 from obsq.broker.wire import REPLIES, argv, as_count, as_text
-from obsq.partitions import SEPARATOR
+from obsq.names import SEPARATOR
 from obsq.settings import ATTEMPTS_PER_CALL
 
 log = logging.getLogger("obsq")

@@ -21,7 +21,7 @@ from obsq.engine.pools import make_pool
 from obsq.engine.pools.base import Deadlines, UnsentResult
 from obsq.errors import PayloadError, Retry, SkipRetry, UnknownTaskType
 from obsq.flow import FLOW_HEADER
-from obsq.partitions import queue_of
+from obsq.names import queue_of
 from obsq.settings import BACKOFF_BASE, BACKOFF_CAP, DEFAULT_MAX_RETRY, DEFAULT_TIMEOUT
 from obsq.task import AttemptState, Task, encode_json
 

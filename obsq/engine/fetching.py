@@ -35,7 +35,7 @@ from obsq.broker import Broker, Fetched
 from obsq.engine.settlement import Settler, attempt_of
 from obsq.errors import BrokerError
 from obsq.loop import RedisRetry
-from obsq.partitions import SEPARATOR, count_in_name, partition_names, queue_of, share
+from obsq.names import SEPARATOR, count_in_name, partition_names, queue_of, share
 from obsq.settings import ACK_LINGER, MAX_FETCH, PREFETCH_BELOW_SECONDS, REDIS_RETRY_MAX, STOP_WAIT
 from obsq.task import Task
 
@@ -538,7 +538,7 @@ class RouteLimits:
 
 
 # -- the queues served ----------------------------------------------------------------------
-# Each queue's partitions (obsq/partitions.py) by its App's count (`app.queue`), else by the
+# Each queue's partitions (obsq/names.py) by its App's count (`app.queue`), else by the
 # count its other workers wrote to Redis; and the partitions of an earlier count while they
 # hold tasks, so a change of the count drains them. Refreshed every REFRESH seconds: a
 # producer that has not heard of a new count (or an old version of the app) may still

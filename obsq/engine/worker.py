@@ -39,8 +39,7 @@ from obsq.engine.throughput import ThroughputCounter
 from obsq.errors import BrokerError
 from obsq.hooks import Hooks
 from obsq.loop import BackgroundLoop, on_stop_signals
-from obsq.names import warn_if_not_the_apps
-from obsq.partitions import queue_of
+from obsq.names import queue_of, warn_if_not_the_apps
 from obsq.settings import FETCH_STOP_TIMEOUT, WorkerSettings
 from obsq.task import Task
 

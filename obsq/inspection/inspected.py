@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from obsq.broker.inspection import PageRow
-from obsq.partitions import queue_of
+from obsq.names import queue_of
 from obsq.task import TaskInfo, bytes_preview, decode_stored_json, timestamp_to_datetime
 
 
@@ -25,7 +25,7 @@ class Rate:
 
 @dataclass
 class PartitionInfo:
-    """One partition of a partitioned queue (obsq/partitions.py), as it stands alone."""
+    """One partition of a partitioned queue (obsq/names.py), as it stands alone."""
 
     name: str  # its own name, which addresses it alone (<queue>#<index>/<count>.<salt>)
     index: int

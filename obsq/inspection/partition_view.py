@@ -1,4 +1,4 @@
-"""What an operator sees of a partitioned queue (obsq/partitions.py): one queue, whatever
+"""What an operator sees of a partitioned queue (obsq/names.py): one queue, whatever
 the number of queues Redis stores it as. The namespace's registry lists each partition as a
 queue of its own; here they are put back under their queue's name, with those of an earlier
 count still registered (workers drain them), and their figures summed; its count is the
@@ -18,7 +18,7 @@ from typing import Protocol, TypeVar
 
 from obsq.broker import QueueStats
 from obsq.inspection.inspected import PartitionInfo, QueueInfo, Rate
-from obsq.partitions import SEPARATOR, partition_index, queue_of
+from obsq.names import SEPARATOR, partition_index, queue_of
 
 Row = TypeVar("Row")
 # read(partition's position, offset in it, rows wanted, positions it may look at)

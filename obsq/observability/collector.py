@@ -29,7 +29,7 @@ from obsq.broker import DEPTH_STATES, Broker, QueueStats
 from obsq.engine.liveness import BLOCKED_AT_LEAST
 from obsq.errors import BrokerError
 from obsq.inspection.partition_view import partitions_of, summed
-from obsq.partitions import queue_of
+from obsq.names import queue_of
 from obsq.settings import (
     COLLECTOR_CACHE,
     COLLECTOR_STALE_LIMIT,

@@ -30,8 +30,7 @@ from obsq.errors import (
 )
 from obsq.flow import Chain, Chord, FlowInfo
 from obsq.hooks import Hooks
-from obsq.names import validate_namespace
-from obsq.partitions import queue_of
+from obsq.names import queue_of, validate_namespace
 from obsq.producer.enqueue_step import (
     EnqueuePlan,
     EnqueueStep,

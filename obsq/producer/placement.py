@@ -1,4 +1,4 @@
-"""Where a producer writes each task: the partition of its queue (obsq/partitions.py).
+"""Where a producer writes each task: the partition of its queue (obsq/names.py).
 
 A queue's partition count is the App's (`app.queue`) when the producer has the App, else
 what the queue's workers wrote to Redis; that is read again after LOOKUP_TTL, so a change
@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from obsq.broker.coalescing import SharedCalls
-from obsq.partitions import SEPARATOR, choose, partition_names, placement_key, queue_of
+from obsq.names import SEPARATOR, choose, partition_names, placement_key, queue_of
 from obsq.task import TaskMessage
 
 if TYPE_CHECKING:

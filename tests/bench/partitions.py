@@ -45,7 +45,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 from plain import cpu_seconds  # noqa: E402
 
 import obsq  # noqa: E402
-from obsq.partitions import partition_names  # noqa: E402
+from obsq.names import partition_names  # noqa: E402
 from obsq.redis_server import RedisServer  # noqa: E402
 
 NAMESPACE = "bench-part"

@@ -13,7 +13,7 @@ from redis.cluster import RedisCluster
 from support import ObsqProcess, wait_until
 
 import obsq
-from obsq.partitions import partition_names
+from obsq.names import partition_names
 
 from .helpers import record_key
 

@@ -15,7 +15,7 @@ from support import partitioned_events, wait_until
 
 import obsq
 from obsq.inspection.inspector import Inspector
-from obsq.partitions import partition_index, partition_names
+from obsq.names import partition_index, partition_names
 
 PARTS = partition_names("events", 3)
 

@@ -12,7 +12,7 @@ from redis.cluster import RedisCluster
 
 import obsq
 from obsq.inspection.inspector import Inspector
-from obsq.partitions import partition_names
+from obsq.names import partition_names
 
 PARTS = partition_names("events", 3)
 

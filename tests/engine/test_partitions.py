@@ -16,7 +16,7 @@ import obsq
 import obsq.task
 from obsq.broker import QueueKeys, coalescing
 from obsq.engine import fetching
-from obsq.partitions import partition_names, queue_of
+from obsq.names import partition_names, queue_of
 
 HOT = partition_names("hot", 3)
 

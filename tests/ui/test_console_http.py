@@ -346,7 +346,7 @@ async def test_the_queue_page_lists_what_counts_as_pending_and_the_current_parti
     """Tasks behind an ordering key are in the pending list; a partitioned queue shows the
     count its workers declared, and a partition of an earlier count only while it holds
     tasks, marked."""
-    from obsq.partitions import partition_names
+    from obsq.names import partition_names
 
     keyed = [await client.enqueue("t", i, queue="flat", ordering_key="k1") for i in range(3)]
     earlier, now = partition_names("events", 4), partition_names("events", 2)

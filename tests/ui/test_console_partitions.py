@@ -10,7 +10,7 @@ from pathlib import Path
 from support import partitioned_events, wait_until
 
 from obsq.inspection.inspector import Inspector
-from obsq.partitions import partition_names
+from obsq.names import partition_names
 
 from .phone import fits_a_phone, phone_context
 
