@@ -192,7 +192,8 @@ class Client:
         written with the enqueues other callers make at the same time (EnqueueCoalescer),
         the queues at once."""
         plan = await self.plan(messages)
-        await self.ensure_queues(plan.groups)
+        if self._queues.unregistered(plan.groups):  # the common case awaits nothing here
+            await self.ensure_queues(plan.groups)
         if len(plan.groups) == 1:
             [(queue, group)] = plan.groups.items()
             return plan.answer([await self._coalescer.enqueue(queue, group)])
