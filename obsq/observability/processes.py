@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from obsq._version import __version__
 from obsq.broker import Broker
 from obsq.engine.liveness import LIVENESS, READINESS, first_problem
-from obsq.engine.pools.child import on_child_start
 from obsq.loop import on_stop_signals
 from obsq.observability.collector import QueueCollector
 from obsq.observability.http import HealthServer
@@ -73,6 +72,10 @@ async def run_worker(worker: Worker, *, http_port: int | None = None,
                    concurrency=worker.concurrency, queues=worker.queues,
                    worker_id=worker.id, redis_url=worker.broker.url)
     if tracing and worker.settings.pool == "process":
+        # imported here: multiprocessing and pickle, which it brings, cost every worker
+        # whose pool is not the process pool 2 MB of memory
+        from obsq.engine.pools.child import on_child_start
+
         on_child_start(trace_handler_process)
     if metrics:
         from obsq.observability.metrics import watch_worker

@@ -192,7 +192,8 @@ class Client:
         written with the enqueues other callers make at the same time (EnqueueCoalescer),
         the queues at once."""
         plan = await self.plan(messages)
-        await self.ensure_queues(plan.groups)
+        if self._queues.unregistered(plan.groups):  # the common case awaits nothing here
+            await self.ensure_queues(plan.groups)
         if len(plan.groups) == 1:
             [(queue, group)] = plan.groups.items()
             return plan.answer([await self._coalescer.enqueue(queue, group)])
@@ -202,7 +203,7 @@ class Client:
     def queues_due(self, queues: Iterable[str]) -> bool:
         """Whether any of `queues` is to be registered (new to this Client, or registered
         long enough ago that a Redis restarted empty may have forgotten it)."""
-        return bool(self._queues.due(queues))
+        return bool(self._queues.unregistered(queues))
 
     async def ensure_queues(self, queues: Iterable[str]) -> None:
         """Register the queues this Client has not (Redis's memory policy checked first;

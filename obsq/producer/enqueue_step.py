@@ -45,7 +45,7 @@ class EnqueueStep:
 
     def to_read(self, messages: Iterable[TaskMessage]) -> list[str]:
         """The queues whose partition counts the transport reads from Redis before `plan`."""
-        return self.placement.unknown(m.queue for m in messages if not m.partition)
+        return self.placement.unknown([m.queue for m in messages if not m.partition])
 
     def plan(self, messages: list[TaskMessage], counts: dict[str, int],
              group: str = "") -> EnqueuePlan:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from obsq.broker import Broker
 
 LOOKUP_TTL = 10.0  # seconds a partition count read from Redis is used
+NEVER_READ = (1, float("-inf"))  # a queue's (count, read at) before its count is read
 
 
 class Placement:
@@ -65,9 +66,10 @@ class Placement:
 
     def unknown(self, queues: Iterable[str]) -> list[str]:
         """Those of `queues` whose count must be read from Redis first."""
-        now = self._now()
-        return sorted(q for q in set(queues) if q not in self._declared and SEPARATOR not in q
-                      and now - self._learned.get(q, (1, -LOOKUP_TTL))[1] >= LOOKUP_TTL)
+        stale = self._now() - LOOKUP_TTL
+        declared, learned = self._declared, self._learned
+        return sorted({q for q in queues if q not in declared and SEPARATOR not in q
+                       and learned.get(q, NEVER_READ)[1] <= stale})
 
     def learn(self, counts: dict[str, int]) -> None:
         now = self._now()

@@ -6,6 +6,8 @@ baseline's. Standard library only."""
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 import statistics
@@ -27,6 +29,11 @@ class Contender:
     system: str  # the system child.py runs: obsq, dramatiq or taskiq
     env: dict[str, str] = field(default_factory=dict)
     obsq_from: Path = REPO
+
+    def on(self, loop: str) -> Contender:
+        """This contender's obsq worker on `loop` (OBSQ_LOOP), labelled with it."""
+        return Contender(f"{self.label}/{loop}", self.system, {**self.env, "OBSQ_LOOP": loop},
+                         self.obsq_from)
 
 
 def _git(*args: str) -> str:
@@ -126,6 +133,48 @@ def baseline(ref: str) -> Contender:
     print(f"installing obsq {ref} ({sha[:12]}) into {site} ...", file=sys.stderr)
     _install(sha, ref, root)
     return Contender(f"obsq@{ref}", "obsq", obsq_from=site)
+
+
+def chooses_loop(c: Contender) -> bool:
+    """Whether the obsq `c` runs can put its worker on uvloop: a version from before the
+    choice of loop (no eventloop module) runs on asyncio's, whatever OBSQ_LOOP says."""
+    return any((c.obsq_from / "obsq" / where).exists()
+               for where in ("engine/eventloop.py", "eventloop.py"))
+
+
+def has_uvloop() -> bool:
+    """Whether this Python, which runs every child, can import uvloop."""
+    return importlib.util.find_spec("uvloop") is not None
+
+
+def guard_loops(asked: str | None, base: Contender) -> tuple[list[str], str]:
+    """The loops the previous-version guard compares on (each on both sides), and a line
+    saying why where it is fewer than asked: `asked` is asyncio, uvloop, both, or None
+    (both where uvloop is installed and the baseline can choose its loop, else asyncio)."""
+    if not has_uvloop():
+        why = "uvloop is not installed in this Python"
+    elif not chooses_loop(base):
+        why = f"{base.label} predates the choice of loop (its worker runs on asyncio's only)"
+    else:
+        why = ""
+    if asked == "uvloop" and why:
+        raise SystemExit(f"--loop uvloop: no like-with-like run on uvloop: {why}")
+    if asked in (None, "both"):
+        return (["asyncio"], f"the guard compares on asyncio alone: {why}") if why else (
+            ["asyncio", "uvloop"], "")
+    return [asked], ""
+
+
+def versions_of_extras() -> str:
+    """The installed versions of the packages that change obsq's speed, which both sides
+    of the guard import from this same Python."""
+    found = []
+    for name in ("uvloop", "hiredis", "orjson", "redis"):
+        try:
+            found.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{name} absent")
+    return ", ".join(found)
 
 
 def median_of(rounds: list[dict]) -> dict:

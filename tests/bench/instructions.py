@@ -100,7 +100,10 @@ def count(tree: Path, url: str, n: int, what: str, loop: str) -> int:
         fill(url, n)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
-        env = {**os.environ, "PYTHONPATH": str(tree), "OBSQ_LOOP": loop}
+        # OBSQ_CALL_TIMEOUT: a producer's call under valgrind, fifty times slower on a busy
+        # host, may outlive the default 5 s deadline (BrokerTimeout): an hour here
+        env = {**os.environ, "PYTHONPATH": str(tree), "OBSQ_LOOP": loop,
+               "OBSQ_CALL_TIMEOUT": "3600"}
         code = WORKER if what in ("noop", "io") else PRODUCER
         # run in the scratch directory: `-c` puts the working directory first on the path
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",

@@ -23,7 +23,16 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare import Contender, against, baseline, default_ref, median_of
+from compare import (
+    Contender,
+    against,
+    baseline,
+    default_ref,
+    guard_loops,
+    has_uvloop,
+    median_of,
+    versions_of_extras,
+)
 from harness import (
     REPO,
     Child,
@@ -40,7 +49,9 @@ from systems import NAMESPACE
 
 ALL_SYSTEMS = ("obsq", "dramatiq", "taskiq")
 DEFAULT_TASKS = 20000  # the size the targets are set for
+QUICK_TASKS = 10000  # the guard's size with --quick
 CURRENT = Contender("obsq", "obsq")  # the checkout's obsq
+AUTO_LOOP = "uvloop" if has_uvloop() else "asyncio"  # where CURRENT's worker runs (auto)
 PEERS = ("dramatiq", "taskiq")
 POLL = 0.005  # seconds between drain checks
 STALL = 20.0  # seconds without progress before a drain is reported as stuck
@@ -609,13 +620,64 @@ def report_rounds(rounds: list[dict], labels: list[str]) -> None:
     print("\n".join(layout(rows, right=tuple(range(1, len(rounds) + 1)))))
 
 
-def report_baseline(current: dict, base: dict, label: str) -> None:
-    print(f"\n== obsq (this checkout) vs {label}, same run: ratio = obsq / {label} ==")
-    rows = [(figure, fmt(now), fmt(then), f"{ratio:.2f}x",
-             "WORSE by more than 5 %" if worse else "")
-            for figure, now, then, ratio, worse in against(current, base)]
-    print("\n".join(layout([("figure", "obsq", label, "ratio", "verdict"), *rows],
-                           right=(1, 2, 3))))
+# The guard's figures first, in this order, named; the other figures both sides have follow.
+GUARD_FIGURES = {
+    "drain.rate": "drain, no-op: tasks/s",
+    "drain.worker_cpu_us": "  worker CPU us/task",
+    "drain.redis_cpu_us": "  Redis CPU us/task",
+    "drain.round_trips": "  round trips/task",
+    "drain.peak_rss_mb": "  worker peak RSS MB",
+    "drain_io.rate": "drain, one awaited Redis call: tasks/s",
+    "drain_io.worker_cpu_us": "  worker CPU us/task",
+    "drain_io.redis_cpu_us": "  Redis CPU us/task",
+    "drain_io.round_trips": "  round trips/task",
+    "drain_io.peak_rss_mb": "  worker peak RSS MB",
+    "enqueue_concurrent.rate": "Client.enqueue, 1,000 concurrent: tasks/s",
+    "enqueue_concurrent.redis_cpu_us": "  Redis CPU us/enqueue",
+    "enqueue_bulk.rate": "enqueue_many, chunks of 1,000: tasks/s",
+    "enqueue_bulk.redis_cpu_us": "  Redis CPU us/task",
+    "enqueue_single.rate": "Client.enqueue, one at a time: tasks/s",
+    "enqueue_single.redis_cpu_us": "  Redis CPU us/enqueue",
+    "enqueue_sync.rate": "SyncClient.enqueue, one at a time: tasks/s",
+    "enqueue_sync.redis_cpu_us": "  Redis CPU us/enqueue",
+    "drain_io_fill.rate": "enqueue_many of the io drain: tasks/s",
+    "drain_io_fill.redis_cpu_us": "  Redis CPU us/task",
+}
+# redis-py alone, the same code on both sides: their ratio is the run's noise, not judged
+NOISE = {"ping_sync.rate": "sync PING (redis-py, not obsq): /s",
+         "ping_async.rate": "async PING (redis-py, not obsq): /s"}
+
+
+def guard_rows(current: dict, base: dict) -> list[tuple[str, str, float, float, float, bool]]:
+    """(figure, its name, current, baseline, ratio, worse by more than 5 %): against()'s
+    rows, the guard's figures first, then the others, then the PINGs (never worse)."""
+    rows = {figure: row for figure, *row in against(current, base)}
+    named = [(f, GUARD_FIGURES[f], *rows.pop(f)) for f in GUARD_FIGURES if f in rows]
+    noise = [(f, NOISE[f], *rows.pop(f)[:3], False) for f in NOISE if f in rows]
+    others = [(f, f, *row) for f, row in rows.items() if not f.startswith("ping_")]
+    return named + others + noise
+
+
+def report_baseline(current: dict, base: dict, mine: str, theirs: str, loop: str) -> list[str]:
+    """The guard table on `loop`: every figure of `mine` (the checkout) against `theirs`
+    (the baseline), ratio mine / theirs, each worse by more than 5 % flagged; it says the
+    loop each side's worker ran on, and that they differ if they do. Returns the flagged
+    figures."""
+    ran = current.get("drain", {}).get("loop"), base.get("drain", {}).get("loop")
+    print(f"\n== guard on {loop}: {mine} vs {theirs}, same run, interleaved; "
+          f"ratio = {mine} / {theirs} ==")
+    print(f"worker loop measured: {mine} {ran[0] or '-'}, {theirs} {ran[1] or '-'}; "
+          "producers on asyncio's loop on both sides")
+    if ran[0] != ran[1]:
+        print("!! the workers ran on different loops: not like with like")
+    rows = guard_rows(current, base)
+    print("\n".join(layout([("figure", mine, theirs, "ratio", "verdict"), *(
+        (name, fmt(now), fmt(then), f"{ratio:.2f}x", "WORSE by more than 5 %" if worse
+         else "") for _, name, now, then, ratio, worse in rows)], right=(1, 2, 3))))
+    worse = [f"{figure} {ratio:.2f}x" for figure, _, _, _, ratio, worse in rows if worse]
+    print(f"{len(worse)} of {len(rows)} figures worse by more than 5 %"
+          + (f": {'; '.join(worse)}" if worse else ""))
+    return worse
 
 
 def _terminate(signum, frame) -> None:
@@ -630,10 +692,11 @@ def main() -> None:
     p.add_argument("--only", choices=ALL_SYSTEMS, action="append",
                    help="run only this system (repeatable); default: all three; obsq "
                         "comes with its baseline unless --no-baseline")
-    p.add_argument("--tasks", type=int, default=DEFAULT_TASKS,
+    p.add_argument("--tasks", type=int,
                    help=f"tasks in the drain and the bulk enqueue (default {DEFAULT_TASKS}; "
                         "the targets are judged only at this size or above); "
-                        "one-at-a-time enqueue uses a quarter, pickup a twentieth")
+                        "one-at-a-time enqueue uses a quarter, pickup a twentieth; "
+                        f"{QUICK_TASKS} with --quick")
     p.add_argument("--json", nargs="?", const="/tmp/obsq-bench.json", metavar="PATH",
                    help="also write all figures as JSON (default path /tmp/obsq-bench.json)")
     p.add_argument("--metrics", action="store_true", help="obsq worker with metrics=True")
@@ -647,9 +710,9 @@ def main() -> None:
     p.add_argument("--profile-task", choices=("noop", "io"), default="noop",
                    help="the handler of the profiled drain (default noop)")
     p.add_argument("--redis-server", help="redis-server binary (default: newest on PATH)")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=int,
                    help="interleaved rounds (each system in turn per round); the report "
-                        "gives each figure's median")
+                        "gives each figure's median (default 1, 3 with --quick)")
     p.add_argument("--baseline-ref", metavar="REF",
                    help="git ref of obsq to run beside the checkout in the same run, "
                         "installed without its dependencies into a scratch directory and "
@@ -658,11 +721,26 @@ def main() -> None:
     p.add_argument("--no-baseline", action="store_true", help="run no baseline")
     p.add_argument("--asyncio", action="store_true",
                    help="also run the checkout's obsq on asyncio's loop (OBSQ_LOOP=asyncio)")
+    p.add_argument("--loop", choices=("asyncio", "uvloop", "both"),
+                   help="the worker loop(s) the baseline guard compares on, the checkout and "
+                        "the baseline on the same one (default: both where uvloop is "
+                        "installed and the baseline can choose its loop, else asyncio)")
+    p.add_argument("--quick", action="store_true",
+                   help="the baseline guard alone: the checkout and the baseline on each "
+                        "guard loop, no peers, no traced drains, no pickup; --tasks 10000 "
+                        "and --rounds 3 unless given")
     p.add_argument("--no-traced", action="store_true",
                    help="skip obsq's three traced drains (quicker rounds)")
     args = p.parse_args()
+    if args.quick and (args.no_baseline or args.overhead
+                       or (args.only and args.only != ["obsq"])):
+        p.error("--quick is the baseline guard: not with --no-baseline, --overhead or peers")
+    if args.quick:
+        args.only, args.no_traced = ["obsq"], True
+    args.tasks = args.tasks or (QUICK_TASKS if args.quick else DEFAULT_TASKS)
+    args.rounds = args.rounds or (3 if args.quick else 1)
     args.single = max(1, args.tasks // 4)
-    args.pickup = max(50, args.tasks // 20)
+    args.pickup = 0 if args.quick else max(50, args.tasks // 20)
     systems = tuple(s for s in ALL_SYSTEMS if not args.only or s in args.only)
 
     binary, version = find_redis_server(args.redis_server)
@@ -679,17 +757,31 @@ def main() -> None:
         figures["overhead"] = ov
     else:
         contenders = [Contender(s, s) for s in systems]
-        base = None
+        if "obsq" in systems and args.asyncio:
+            contenders.insert(1, CURRENT.on("asyncio"))
+        pairs = []  # (loop, the checkout's contender, the baseline's), the guard's
         if "obsq" in systems and not args.no_baseline:
             base = baseline(args.baseline_ref or default_ref())
-            contenders.insert(1, base)
-        if "obsq" in systems and args.asyncio:
-            contenders.insert(1, Contender("obsq/asyncio", "obsq", env={"OBSQ_LOOP": "asyncio"}))
+            loops, why = guard_loops(args.loop, base)
+            if why:
+                print(why)
+            if args.quick:  # the pairs alone
+                contenders = []
+            for loop in loops:
+                mine = (CURRENT if not args.quick and loop == AUTO_LOOP
+                        else CURRENT.on(loop))
+                if mine not in contenders:
+                    contenders.append(mine)
+                contenders.append(base.on(loop))
+                pairs.append((loop, mine, base.on(loop)))
+            print(f"baseline guard: {', '.join(f'{m.label} vs {b.label}' for _, m, b in pairs)}"
+                  f"; both sides on this Python with {versions_of_extras()}\n")
         rounds, loads = [], []
         for i in range(args.rounds):
             loads.append(os.getloadavg()[0])
             res = {}
-            for c in contenders:
+            # every other round in the reverse order, so a drift of the load hits both sides
+            for c in contenders if i % 2 == 0 else contenders[::-1]:
                 t = time.monotonic()
                 res[c.label] = bench_system(c, binary, args)
                 print(f"[round {i + 1}/{args.rounds}: {c.label} done in "
@@ -701,10 +793,13 @@ def main() -> None:
         print(f"{args.rounds} interleaved round(s), the median of each figure; load average "
               f"(1 min) at each round's start: {', '.join(f'{x:.2f}' for x in loads)}, at "
               f"the end: {os.getloadavg()[0]:.2f}\n")
-        report(res, labels, args)
+        if not args.quick:
+            report(res, labels, args)
         report_rounds(rounds, labels)
-        if base is not None:
-            report_baseline(res["obsq"], res[base.label], base.label)
+        figures["guard"] = {}
+        for loop, mine, theirs in pairs:
+            figures["guard"][loop] = report_baseline(res[mine.label], res[theirs.label],
+                                                     mine.label, theirs.label, loop)
         figures["results"] = res
         figures["rounds"] = rounds
         figures["load"] = loads
