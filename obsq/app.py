@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from obsq.errors import ConfigurationError, StartupError
-from obsq.hooks import Hooks
 from obsq.names import (
     check_partitions,
     check_seconds,
@@ -37,6 +37,7 @@ from obsq.settings import (
 )
 from obsq.task import Job, Task, TaskInfo, TaskMessage, check_priority
 
+log = logging.getLogger("obsq")
 Handler = Callable[[Task], Any]
 CallNext = Callable[[Task], Awaitable[Any]]
 Middleware = Callable[[Task, CallNext], Awaitable[Any]]
@@ -53,6 +54,41 @@ StuckHook = Callable[[int], None]
 AggregationHook = Callable[[str, str, str], None]
 # aggregator(group, tasks) -> (task type, payload), or an obsq.Job; may be async
 Aggregator = Callable[[str, list[Task]], Any]
+
+# -- hooks: the one way obsq calls them -------------------------------------------------------
+# A hook is told what happened; it never decides what happens. So a hook that raises is
+# logged, with its traceback, the first time it fails (later failures of the same hook at
+# DEBUG, so a hook broken for every task does not flood the log), and obsq goes on as if it
+# had returned: a failed Redis call's error, a worker's health, a settle, a sweep are the
+# same with or without it, on every thread that calls hooks (the event loop, the heartbeat
+# thread, a SyncClient's caller). Middleware and producer hooks wrap a call and may change
+# it on purpose: they are onions, not hooks, and are not called through here.
+
+P = ParamSpec("P")
+
+
+
+
+class Hooks(list[Callable[P, object]], Generic[P]):
+    """The hooks of one kind, in the order added; `hooks(*args)` calls each, guarded."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind  # as the log names it: "outcome hook", "Redis-error hook", ...
+        self._failed: set[int] = set()  # ids of the hooks whose failure was logged
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        for hook in self:
+            try:
+                hook(*args, **kwargs)
+            except Exception:
+                if id(hook) in self._failed:
+                    log.debug("%s %r failed again", self.kind, hook, exc_info=True)
+                else:
+                    self._failed.add(id(hook))
+                    log.exception("%s %r failed; obsq goes on without it (later failures "
+                                  "of this hook are logged at DEBUG)", self.kind, hook)
+
 
 OUTCOMES = ("success", "retry", "dead", "cancelled", "requeued", "lease_lost", "unrecorded")
 RECOVERY_REASONS = ("expired", "worker_lost")

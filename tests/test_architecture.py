@@ -28,7 +28,7 @@ LAYERS = (
     ("obsq.broker",),
     ("obsq.schedule", "obsq.flow"),
     ("obsq.task",),
-    ("obsq.settings", "obsq.names", "obsq.names", "obsq.hooks", "obsq.clock", "obsq.errors",
+    ("obsq.settings", "obsq.names", "obsq.clock", "obsq.errors",
      "obsq.redis_server", "obsq._version"),
 )
 

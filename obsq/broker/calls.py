@@ -55,7 +55,6 @@ from obsq.broker.scripts import Script, load_scripts
 from obsq.broker.wire import argv
 from obsq.clock import REDIS_CLOCK, Clock
 from obsq.errors import BrokerError, BrokerTimeout, ConfigurationError, denied_by_acl
-from obsq.hooks import Hooks
 from obsq.names import is_seconds, seconds_rule
 from obsq.settings import (
     CALL_TIMEOUT,
@@ -88,13 +87,14 @@ UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)  # said as "can
 class RedisCalls:
     def __init__(self, url: str, namespace: str, *, client: Any = None,
                  clock: Clock | None = None,
-                 on_error: Hooks[[str, BaseException]] | None = None,
+                 on_error: Callable[[str, BaseException], None] = lambda operation, exc: None,
                  memory_share: float = ENQUEUE_MEMORY_SHARE, durable_replicas: int = 0,
                  priority_aging: float = 60.0, dedup_window: float = DEDUP_WINDOW,
                  dedup_max_ids: int = DEDUP_MAX_IDS) -> None:
-        """Its callers' settings are given here, never written later: `on_error`, the list
-        of hooks told of each failed call (a worker gives its App's, so that hooks added
-        later count); `memory_share`, above which enqueues are refused (enqueue.lua);
+        """Its callers' settings are given here, never written later: `on_error`, told of
+        each failed call (a Worker gives its App's Redis-error hooks, a Client its own: a
+        guarded registry, so that hooks added later count and one that raises changes
+        nothing); `memory_share`, above which enqueues are refused (enqueue.lua);
         `durable_replicas`, the replicas each enqueue waits for (WAIT, not on a Cluster);
         `priority_aging`, the seconds a pending task waits to rank one priority higher;
         `dedup_window` and `dedup_max_ids`, how long a deleted task's producer-chosen id
@@ -123,8 +123,7 @@ class RedisCalls:
         self.schedule_keys = ScheduleKeys(namespace)
         self.event_keys = EventKeys(namespace)
         self._queue_keys: dict[str, QueueKeys] = {}
-        self.on_error: Hooks[[str, BaseException]] = (
-            on_error if on_error is not None else Hooks("Redis-error hook"))
+        self.on_error = on_error
 
     def keys(self, queue: str) -> QueueKeys:
         keys = self._queue_keys.get(queue)

@@ -42,11 +42,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from obsq.app import Hooks
 from obsq.broker import Attempt, Broker
 from obsq.broker.keeping import BlockingKeeping
 from obsq.broker.startup import eviction_problem
 from obsq.errors import BrokerError
-from obsq.hooks import Hooks
 from obsq.loop import RedisRetry
 from obsq.settings import SAFE_MEMORY_POLICY, WorkerSettings
 from obsq.task import Task

@@ -28,10 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 from obsq._version import __version__
-from obsq.app import App
+from obsq.app import App, Hooks
 from obsq.clock import Clock
 from obsq.errors import BrokerError, DuplicateTask
-from obsq.hooks import Hooks
 from obsq.loop import LockedLoop, on_stop_signals
 from obsq.names import warn_if_not_the_apps
 from obsq.producer.client import Client

@@ -20,11 +20,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from obsq.app import Hooks
 from obsq.broker import Attempt, Broker, Completion, Completions
 from obsq.engine.execution import Verdict
 from obsq.engine.liveness import Claims
 from obsq.errors import BrokerError, Retry
-from obsq.hooks import Hooks
 from obsq.loop import RedisRetry
 from obsq.task import Task
 

@@ -23,7 +23,7 @@ import uuid
 from typing import Any
 
 from obsq._version import __version__
-from obsq.app import App
+from obsq.app import App, Hooks
 from obsq.broker import Broker, Fetched
 from obsq.clock import Clock
 from obsq.engine.aggregation import AggregationLoop
@@ -37,7 +37,6 @@ from obsq.engine.maintenance import Forwarder, Janitor, Recoverer
 from obsq.engine.settlement import Settler
 from obsq.engine.throughput import ThroughputCounter
 from obsq.errors import BrokerError
-from obsq.hooks import Hooks
 from obsq.loop import BackgroundLoop, on_stop_signals
 from obsq.names import queue_of, warn_if_not_the_apps
 from obsq.settings import FETCH_STOP_TIMEOUT, WorkerSettings

@@ -72,7 +72,7 @@ def instrument_client(client: Client) -> Client:
     counting = _instrument_producers(client.hooks, client.app, _clients[client],
                                      metrics=True, tracing=True, client=client)
     if counting is not None:
-        client.broker.on_error.append(counting.on_redis_error)
+        client.redis_error_hooks.append(counting.on_redis_error)
         client.on_refusal(counting.on_refusal)
     return client
 

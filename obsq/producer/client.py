@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from obsq.app import App, ProducerHook, RefusalHook
+from obsq.app import App, Hooks, ProducerHook, RefusalHook
 from obsq.broker import Broker
 from obsq.broker.calls import CallDeadlines, call_timeout_of, deadline
 from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
@@ -29,7 +29,6 @@ from obsq.errors import (
     TaskRunning,
 )
 from obsq.flow import Chain, Chord, FlowInfo
-from obsq.hooks import Hooks
 from obsq.names import queue_of, validate_namespace
 from obsq.producer.enqueue_step import (
     EnqueuePlan,
@@ -82,8 +81,12 @@ class Client:
         self.namespace = validate_namespace(namespace)
         self.call_timeout = call_timeout_of(call_timeout)
         self.app = app
+        # told of each failed Redis call of the broker it makes (a broker given is its
+        # maker's, who hears of its failures)
+        self.redis_error_hooks: Hooks[[str, BaseException]] = Hooks("Redis-error hook")
         if broker is None:
             broker = Broker(redis_url, self.namespace, clock=clock,
+                            on_error=self.redis_error_hooks,
                             durable_replicas=durable_replicas or 0,
                             memory_share=ENQUEUE_MEMORY_SHARE if memory_share is None
                             else memory_share)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
-from obsq.app import App
+from obsq.app import App, Hooks
 from obsq.broker import Enqueued
 from obsq.errors import DuplicateTask
-from obsq.hooks import Hooks
 from obsq.producer.placement import Placement
 from obsq.task import Job, TaskInfo, TaskMessage, build_message
 

@@ -10,8 +10,8 @@ import pytest
 from support import ended, wait_until
 
 import obsq
+from obsq.app import Hooks
 from obsq.engine.liveness import redis_away
-from obsq.hooks import Hooks
 from obsq.redis_server import RedisServer
 
 
@@ -38,7 +38,7 @@ async def test_a_raising_redis_error_hook_leaves_the_broker_error(
         app: obsq.App, namespace: str) -> None:
     server = RedisServer().start()
     client = obsq.Client(server.url, namespace, app=app, call_timeout=2)
-    client.broker.on_error.append(broken)
+    client.redis_error_hooks.append(broken)
     try:
         await client.enqueue("x", {})
         server.stop()

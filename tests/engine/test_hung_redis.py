@@ -45,7 +45,7 @@ async def test_the_client_ends_every_call_on_a_stopped_redis_and_recovers(
 
     failures: list[str] = []
     client = obsq.Client(private_redis.url, namespace, app=app, call_timeout=1)
-    client.broker.on_error.append(lambda operation, exc: failures.append(operation))
+    client.redis_error_hooks.append(lambda operation, exc: failures.append(operation))
     try:
         first = await client.enqueue("t", "first", task_id="first")
         with stopped(private_redis):

@@ -95,7 +95,7 @@ async def test_one_client_takes_2000_concurrent_enqueues(app, redis_url, raw_red
                                                          namespace) -> None:
     errors: list[BaseException] = []
     async with obsq.Client(redis_url, app=app) as client:
-        client.broker.on_error.append(lambda operation, exc: errors.append(exc))
+        client.redis_error_hooks.append(lambda operation, exc: errors.append(exc))
         async with PeakConnections(raw_redis) as seen:
             infos = await asyncio.gather(*(client.enqueue("t", {"n": i}) for i in range(2000)))
     assert len({info.id for info in infos}) == 2000

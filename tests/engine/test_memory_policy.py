@@ -218,9 +218,8 @@ async def test_config_denied_falls_back_to_info_and_else_warns_once(safe_redis,
 
 async def test_a_failed_read_is_a_counted_redis_error(safe_redis) -> None:
     assert "memory_policy" in OPERATIONS
-    broker = Broker(safe_redis.url, "ns")
     failed: list[str] = []
-    broker.on_error.append(lambda operation, exc: failed.append(operation))
+    broker = Broker(safe_redis.url, "ns", on_error=lambda operation, exc: failed.append(operation))
     safe_redis.stop()
     with pytest.raises(BrokerError):
         await broker.memory_policy()

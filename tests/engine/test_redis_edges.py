@@ -13,6 +13,7 @@ import pytest
 from support import depth, redis_now_ms, wait_until
 
 import obsq
+from obsq.app import Hooks
 from obsq.broker import Attempt, Broker, Completion
 from obsq.broker.calls import OPERATIONS
 from obsq.broker.keeping import BlockingKeeping
@@ -31,7 +32,8 @@ async def test_a_lost_workers_attempts_are_recovered_in_bounded_steps(client, br
 
     requeued, _, cursor, _ = await broker.recover("default", 5, 1000, ["ghost"])
     assert cursor != "0" and requeued <= 1100  # one call scans about `batch` entries
-    recoverer = Recoverer(broker, "tester", 1.0, 1.0, max_recoveries=5, hooks=[])
+    recoverer = Recoverer(broker, "tester", 1.0, 1.0, max_recoveries=5,
+                          hooks=Hooks("recovery hook"))
     await recoverer.work()  # the sweep calls again until the scan ends
     assert (await depth(broker))["pending"] == 2500
     assert (await depth(broker))["active"] == 0

@@ -11,12 +11,11 @@ import contextvars
 import pytest
 from support import depth
 
-from obsq.app import OutcomeHook
+from obsq.app import Hooks, OutcomeHook
 from obsq.broker import Broker, Completions
 from obsq.engine.execution import Verdict
 from obsq.engine.settlement import Settler
 from obsq.errors import BrokerError
-from obsq.hooks import Hooks
 from obsq.redis_server import RedisServer
 from obsq.task import AttemptState, Job, Task, build_message
 

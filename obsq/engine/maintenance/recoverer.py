@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import logging
 
+from obsq.app import Hooks
 from obsq.broker import Broker
-from obsq.hooks import Hooks
 from obsq.loop import LockedLoop
 from obsq.settings import SWEEP_BATCH
 
