@@ -45,8 +45,8 @@ from obsq.errors import (
 from obsq.flow import FlowInfo, StepFailure, chain, chord
 from obsq.inspection.inspector import Inspector
 from obsq.producer.client import Client
+from obsq.producer.enqueue import sync_safe
 from obsq.producer.flow_client import ClientFlows
-from obsq.producer.producer_chain import sync_safe
 from obsq.producer.sync_client import SyncClient
 from obsq.schedule import Schedule, ScheduleInfo
 from obsq.settings import WorkerSettings

@@ -106,7 +106,7 @@ class TaskMessage:
     binary: bool = False  # the payload was given as bytes and stays bytes
     id_chosen: bool = False  # the producer named the id: Redis must check that it is free
     origins: list[dict[str, str]] = field(default_factory=list)  # Job.origins; not stored
-    partition: str = ""  # the partition of its queue it goes to (obsq/producer/placement.py), or ""
+    partition: str = ""  # the partition of its queue it goes to (obsq/producer/enqueue.py), or ""
 
     def encoded_headers(self) -> bytes:
         return orjson.dumps(self.headers) if self.headers else b""

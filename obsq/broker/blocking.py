@@ -82,7 +82,7 @@ class BlockingCalls:
 class BlockingProducer(BlockingCalls):
     """The Redis calls of an enqueue for `broker`'s namespace, blocking, on a connection kept
     beside the pool for whichever thread finds it free: the SyncClient's transport of the
-    enqueue step (obsq/producer/enqueue_step.py)."""
+    enqueue step (obsq/producer/enqueue.py)."""
 
     broker: Producing
 

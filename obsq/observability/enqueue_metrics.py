@@ -16,7 +16,7 @@ from typing import Any
 from obsq.app import App
 from obsq.errors import BrokerError, ConfigurationError, TaskTooLarge
 from obsq.observability.metrics import LABEL_CACHE_LIMIT, OTHER, Metrics, get_metrics
-from obsq.producer.producer_chain import sync_safe
+from obsq.producer.enqueue import sync_safe
 from obsq.settings import DEFAULT_QUEUE, METRICS_QUEUE_LIMIT
 from obsq.task import Job, TaskInfo, TaskMessage
 

@@ -32,8 +32,8 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from obsq._version import __version__
 from obsq.errors import ConfigurationError
+from obsq.producer.enqueue import sync_safe
 from obsq.producer.fanout import EVENT_HEADER
-from obsq.producer.producer_chain import sync_safe
 from obsq.settings import env_flag
 from obsq.task import Task, TaskInfo, TaskMessage
 

@@ -18,7 +18,6 @@ from typing import Any
 from obsq.app import App, Hooks, ProducerHook, RefusalHook
 from obsq.broker import Broker
 from obsq.broker.calls import CallDeadlines, call_timeout_of, deadline
-from obsq.broker.coalescing import EnqueueCoalescer, QueueRegistry
 from obsq.clock import Clock
 from obsq.errors import (
     BrokerError,
@@ -30,16 +29,18 @@ from obsq.errors import (
 )
 from obsq.flow import Chain, Chord, FlowInfo
 from obsq.names import queue_of, validate_namespace
-from obsq.producer.enqueue_step import (
+from obsq.producer.enqueue import (
+    EnqueueCoalescer,
     EnqueuePlan,
     EnqueueStep,
+    Placement,
+    ProducerChain,
+    QueueRegistry,
     info_after_grouping,
     unless_duplicate,
 )
 from obsq.producer.fanout import check_event, check_grouped, event_jobs
 from obsq.producer.flow_client import ClientFlows, or_flow
-from obsq.producer.placement import Placement
-from obsq.producer.producer_chain import ProducerChain
 from obsq.producer.results import ResultWaiter, waited_too_long
 from obsq.schedule import Schedule, ScheduleInfo, read_schedules
 from obsq.settings import (

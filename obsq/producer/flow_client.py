@@ -29,9 +29,8 @@ from obsq.flow import (
     step_id,
     stored_fields,
 )
-from obsq.producer.enqueue_step import info_after_enqueue
+from obsq.producer.enqueue import ProducerChain, info_after_enqueue
 from obsq.producer.flow_steps import launch
-from obsq.producer.producer_chain import ProducerChain
 from obsq.producer.results import waited_too_long
 from obsq.settings import RESULT_RECHECK
 from obsq.task import (

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from obsq.broker.wire import EndEntry
 from obsq.flow import decode_message, parse_step
-from obsq.producer.enqueue_step import group_by_queue
+from obsq.producer.enqueue import group_by_queue
 from obsq.settings import ENQUEUE_BATCH
 
 if TYPE_CHECKING:

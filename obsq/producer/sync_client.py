@@ -20,8 +20,7 @@ from obsq.app import ProducerHook
 from obsq.broker.blocking import BlockingProducer
 from obsq.flow import Chain, Chord, FlowInfo
 from obsq.producer.client import Client
-from obsq.producer.enqueue_step import unless_duplicate
-from obsq.producer.producer_chain import ProducerChain, is_sync_safe
+from obsq.producer.enqueue import ProducerChain, is_sync_safe, unless_duplicate
 from obsq.schedule import Schedule, ScheduleInfo
 from obsq.settings import DEFAULT_REDIS_URL
 from obsq.task import Job, TaskInfo, TaskMessage

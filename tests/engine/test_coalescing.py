@@ -14,10 +14,11 @@ import pytest
 from support import depth
 
 import obsq
-from obsq.broker import Broker, coalescing
-from obsq.broker.coalescing import REGISTER_AGAIN, EnqueueCoalescer, QueueRegistry
+from obsq.broker import Broker
 from obsq.broker.records import Enqueued
 from obsq.errors import BrokerError
+from obsq.producer import enqueue as coalescing
+from obsq.producer.enqueue import REGISTER_AGAIN, EnqueueCoalescer, QueueRegistry
 from obsq.task import Job, TaskMessage, build_message
 
 

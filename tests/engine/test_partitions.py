@@ -14,9 +14,10 @@ from support import wait_until
 
 import obsq
 import obsq.task
-from obsq.broker import QueueKeys, coalescing
+from obsq.broker import QueueKeys
 from obsq.engine import fetching
 from obsq.names import partition_names, queue_of
+from obsq.producer import enqueue as coalescing
 
 HOT = partition_names("hot", 3)
 

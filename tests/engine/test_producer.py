@@ -19,7 +19,7 @@ from support import redis_now_ms, sync_redis
 
 import obsq
 from obsq.broker import QueueKeys
-from obsq.producer.producer_chain import sync_safe
+from obsq.producer.enqueue import sync_safe
 from obsq.redis_server import RedisServer
 from obsq.settings import MEMORY_LOOK_MS
 

@@ -1,0 +1,453 @@
+"""One enqueue, whichever transport writes it: the Client's event loop (each queue's group
+through the EnqueueCoalescer) or the SyncClient's caller thread (through the
+BlockingProducer). Both ask this step the same things in the same order: the jobs checked
+and encoded (`prepare`), the partition counts to read (`to_read`), each message placed and
+the messages grouped by queue (`plan`: one script call writes one queue's) and the
+TaskInfos in the caller's order from the statuses Redis replied (`EnqueuePlan.answer`).
+Only the Redis calls between are the transport's, so the two cannot drift apart. Flows
+and grouped enqueues use the same preparation and placement.
+
+In the order of this file: the step and its plan; where each task goes (`Placement`: the
+partition of its queue); the producer hooks composed around a write (`ProducerChain`); and
+concurrent calls sharing round trips (`EnqueueCoalescer`, `QueueRegistry`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
+
+from obsq.app import App, CallNextProducer, Hooks, ProducerHook
+from obsq.broker import Broker, Enqueued
+from obsq.errors import DuplicateTask
+from obsq.names import SEPARATOR, choose, partition_names, placement_key, queue_of
+from obsq.task import Job, TaskInfo, TaskMessage, build_message
+
+log = logging.getLogger("obsq")
+
+
+class EnqueueStep:
+    """A producer's enqueue without its Redis calls: `app` gives each route's defaults,
+    `refusal_hooks` (the producer's, after the App's) hear of each job refused."""
+
+    def __init__(self, app: App | None, placement: Placement,
+                 refusal_hooks: Hooks[[Job, Exception]]) -> None:
+        self.app = app
+        self.placement = placement
+        self.refusal_hooks = refusal_hooks
+        self._unhandled: set[str] = set()  # types the App has no handler for, warned of
+
+    def prepare(self, jobs: Sequence[Job], now: float, warn: bool = True,
+                group: bool = False) -> list[TaskMessage]:
+        """The jobs checked and encoded at `now` (ValueError or TypeError for the first
+        refused, told to the refusal hooks), then (`warn`) a type the App cannot run said;
+        `group`: grouped tasks, whose aggregator runs, not a handler."""
+        messages = [self._message(job, now) for job in jobs]
+        if warn:
+            self._warn_if_unhandled(jobs, group)
+        return messages
+
+    def to_read(self, messages: Iterable[TaskMessage]) -> list[str]:
+        """The queues whose partition counts the transport reads from Redis before `plan`."""
+        return self.placement.unknown([m.queue for m in messages if not m.partition])
+
+    def plan(self, messages: list[TaskMessage], counts: dict[str, int],
+             group: str = "") -> EnqueuePlan:
+        """Each message placed in its partition (`counts`: those `to_read` named, as read),
+        and the messages grouped by queue. `group`: grouped tasks' group, kept in one
+        partition."""
+        if counts:
+            self.placement.learn(counts)
+        self.placement.assign(messages, group)
+        return EnqueuePlan(messages, group_by_queue(messages))
+
+    def _message(self, job: Job, now: float) -> TaskMessage:
+        try:
+            return self._checked_message(job, now)
+        except (ValueError, TypeError) as exc:
+            if self.app is not None:
+                self.app.refusal_hooks(job, exc)
+            self.refusal_hooks(job, exc)
+            raise
+
+    def _checked_message(self, job: Job, now: float) -> TaskMessage:
+        if self.app is None:
+            return build_message(job, now=now)
+        route = self.app.route(job.type)
+        if route is None:
+            return build_message(job, now=now, max_payload=self.app.max_payload)
+        return build_message(job, queue=route.queue, max_retry=route.max_retry,
+                             timeout=route.timeout, now=now, priority=route.priority,
+                             max_payload=self.app.max_payload_of(route))
+
+    def _warn_if_unhandled(self, jobs: Sequence[Job], group: bool) -> None:
+        """A typo in a type shows otherwise only as tasks handed on for a day, or grouped tasks
+        waiting for good: said once per type, where the producer's App registers handlers."""
+        app = self.app
+        if app is None or not app.routes:
+            return
+        for job in jobs:
+            if job.type in self._unhandled:
+                continue
+            if group:  # the aggregated task is what runs: the grouped type needs no handler
+                missing = ("aggregator (app.aggregate)" if app.aggregation(job.type) is None
+                           else "")
+            else:
+                missing = "handler" if app.route(job.type) is None else ""
+            if missing:
+                self._unhandled.add(job.type)
+                log.warning("task type %r has no %s in the App of this Client: its tasks "
+                            "wait or fail until a worker's App has one", job.type, missing)
+
+
+class EnqueuePlan:
+    """An enqueue's messages, placed, and grouped by the queue (or partition) each goes to."""
+
+    __slots__ = ("groups", "messages")
+
+    def __init__(self, messages: list[TaskMessage],
+                 groups: dict[str, list[TaskMessage]]) -> None:
+        self.messages = messages
+        self.groups = groups
+
+    def answer(self, replies: Sequence[list[Enqueued]]) -> list[TaskInfo]:
+        """The TaskInfos in the order of the messages, from each group's statuses (in the
+        order of `groups`)."""
+        if len(replies) == 1:
+            return [info_after_enqueue(m, s) for m, s in zip(self.messages, replies[0])]
+        statuses: dict[int, Enqueued] = {}  # by message object: two jobs may share a task_id
+        for group, reply in zip(self.groups.values(), replies):
+            statuses.update((id(m), status) for m, status in zip(group, reply))
+        return [info_after_enqueue(m, statuses[id(m)]) for m in self.messages]
+
+
+def group_by_queue(messages: list[TaskMessage]) -> dict[str, list[TaskMessage]]:
+    """The messages of each queue (or partition), in their order: one script call writes
+    one queue's."""
+    by_queue: dict[str, list[TaskMessage]] = {}
+    for m in messages:
+        by_queue.setdefault(m.partition or m.queue, []).append(m)
+    return by_queue
+
+
+def unless_duplicate(info: TaskInfo) -> TaskInfo:
+    """`enqueue` of one task raises what `enqueue_many` reports as `duplicate`."""
+    if info.duplicate:
+        raise DuplicateTask(f"task {info.type!r} is a duplicate of {info.id}", info.id)
+    return info
+
+
+def info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
+    return TaskInfo(id=status.existing_id or m.id, type=m.type, queue=m.queue,
+                    state="scheduled" if m.delay > 0 else "pending", max_retry=m.max_retry,
+                    headers=m.headers, duplicate=not status.created, priority=m.priority,
+                    partition=m.partition)
+
+
+def info_after_grouping(m: TaskMessage, status: Enqueued) -> TaskInfo:
+    """A grouped task waits in its group (state `aggregating`) for its aggregator."""
+    return TaskInfo(id=m.id, type=m.type, queue=m.queue, state="aggregating",
+                    headers=m.headers, duplicate=not status.created, partition=m.partition)
+
+# -- where each task goes ----------------------------------------------------------------
+# A queue's partition count is the App's (`app.queue`) when the producer has the App, else
+# what the queue's workers wrote to Redis; that is read again after LOOKUP_TTL, so a change
+# of the count reaches producers without the App within seconds. Until it does they write
+# to the previous partitions, which workers go on draining: nothing waits for good.
+
+LOOKUP_TTL = 10.0  # seconds a partition count read from Redis is used
+NEVER_READ = (1, float("-inf"))  # a queue's (count, read at) before its count is read
+
+
+class Placement:
+    def __init__(self, broker: Broker, declared: dict[str, int],
+                 read_counts: Callable[[set[str]], Awaitable[dict[str, int]]],
+                 now: Callable[[], float] = time.monotonic) -> None:
+        """`declared`: the App's counts (app.partitions, read at each enqueue, so a queue
+        declared after the Client was made counts too); `read_counts`: the Client's read of
+        the counts its workers wrote to Redis."""
+        self.broker = broker
+        self._declared = declared
+        self._learned: dict[str, tuple[int, float]] = {}  # queue -> (count, read at)
+        # concurrent callers needing a new queue's count share one read
+        self._reads = SharedCalls(read_counts, lambda _, counts: self.learn(counts))
+        self._now = now
+
+    async def read(self, unknown: list[str]) -> None:
+        """Read from Redis the counts of `unknown` (as unknown() named them)."""
+        if unknown:
+            await self._reads.run(set(unknown))
+
+    async def locate(self, task_id: str, queue: str | None) -> str | None:
+        """The queue or partition holding `task_id` in `queue` (None: in any queue). In a
+        partitioned queue the partition its id chooses is looked at first (a task without
+        an ordering, unique or group key is there), then the others; then the queue's
+        partitions of any count known to Redis (an earlier count, or one no worker has
+        written yet). Found nowhere: `queue` itself (its caller reads no task there), or None
+        when no queue was named."""
+        if queue is None:
+            return await self.broker.find_queue(task_id)
+        if SEPARATOR in queue:
+            return queue
+        await self.read(self.unknown([queue]))
+        names = partition_names(queue, self.count(queue))
+        first = choose(names, task_id)
+        found = await self.broker.find_queue(task_id, [first, *(n for n in names
+                                                                 if n != first)])
+        if found is None:
+            found = await self.broker.find_queue(task_id, [
+                q for q in await self.broker.queues() if queue_of(q) == queue
+                and q not in names])
+        return found or queue
+
+    def unknown(self, queues: Iterable[str]) -> list[str]:
+        """Those of `queues` whose count must be read from Redis first."""
+        stale = self._now() - LOOKUP_TTL
+        declared, learned = self._declared, self._learned
+        return sorted({q for q in queues if q not in declared and SEPARATOR not in q
+                       and learned.get(q, NEVER_READ)[1] <= stale})
+
+    def learn(self, counts: dict[str, int]) -> None:
+        now = self._now()
+        self._learned.update((queue, (count, now)) for queue, count in counts.items())
+
+    def count(self, queue: str) -> int:
+        return self._declared.get(queue) or self._learned.get(queue, (1, 0.0))[0]
+
+    def assign(self, messages: Iterable[TaskMessage], group: str = "") -> None:
+        """Set each message's partition by the counts known (a partition's name given as
+        the queue is kept: an operator may address one partition). `group`: the grouped
+        tasks' group, which must stay in one partition with its batch."""
+        partitions_of: dict[str, tuple[str, ...]] = {}  # each queue's, looked up once
+        for m in messages:
+            if m.partition:
+                continue
+            names = partitions_of.get(m.queue)
+            if names is None:
+                names = partitions_of[m.queue] = () if SEPARATOR in m.queue else \
+                    partition_names(m.queue, self.count(m.queue))
+            if len(names) > 1:
+                m.partition = choose(names, placement_key(
+                    m.id, m.ordering_key, m.unique_key, group and f"{m.type} {group}"))
+            elif not names:
+                m.partition, m.queue = m.queue, queue_of(m.queue)
+
+
+# -- producer hooks composed around a write ----------------------------------------------
+# The App's (outermost), then a Client's, the first added outermost. A hook marked
+# `sync_safe` awaits nothing but `call_next`, so a SyncClient can run the chain in its
+# caller's thread with no event loop.
+
+
+def sync_safe(hook: ProducerHook) -> ProducerHook:
+    """Mark a producer hook that awaits nothing but `call_next`: a SyncClient can then run
+    it in the caller's own thread, without an event loop. (A SyncClient with a hook not so
+    marked hands its enqueues to its event-loop thread, as a hook may await anything.)"""
+    hook.obsq_sync_safe = True  # type: ignore[attr-defined]
+    return hook
+
+
+def is_sync_safe(hook: ProducerHook) -> bool:
+    return getattr(hook, "obsq_sync_safe", False) is True
+
+
+class ProducerChain:
+    """Producer hooks (an App's, then a Client's: the first is the outermost) around an
+    innermost write, composed again only when hooks were added."""
+
+    def __init__(self, innermost: CallNextProducer) -> None:
+        self.innermost = innermost
+        self._built: tuple[int, int] = (-1, -1)  # the hook counts `_call` was built of
+        self._call: CallNextProducer = innermost
+
+    def __call__(self, app_hooks: list[ProducerHook], hooks: list[ProducerHook]
+                 ) -> CallNextProducer:
+        if self._built != (len(app_hooks), len(hooks)):
+            call = self.innermost
+            for hook in reversed([*app_hooks, *hooks]):
+                call = _bind(hook, call)
+            self._call, self._built = call, (len(app_hooks), len(hooks))
+        return self._call
+
+
+def _bind(hook: ProducerHook, call_next: CallNextProducer) -> CallNextProducer:
+    def call(messages: list[TaskMessage]) -> Awaitable[list[TaskInfo]]:
+        return hook(messages, call_next)
+    return call
+
+
+# -- concurrent calls share round trips ----------------------------------------------------
+# A web app under load calls `enqueue` from many requests at once. While one enqueue of a
+# queue is on its way to Redis, the enqueues issued meanwhile wait together and go in the
+# next script call, so a burst of N concurrent calls costs a few round trips instead of N
+# (and a few connections instead of N). A lone call goes at once, on its own: nothing waits
+# for company. Each caller still gets its own statuses or its own error, and only after
+# Redis has its tasks. A caller's deadline covers its own wait; the shared round trips sent
+# on behalf of waiting callers get one of their own (`bound`), so a Redis that stopped
+# answering cannot hold a queue's lane for ever. A queue is registered in the namespace's
+# set of queues before its first task is written; callers that see the same new queue at
+# once share that one call too.
+
+Write = Callable[[str, list[TaskMessage]], Awaitable[list[Enqueued]]]
+Bound = Callable[[Awaitable[list[Enqueued]]], Awaitable[list[Enqueued]]]
+R = TypeVar("R")
+
+
+class _Lane:
+    """One queue's enqueues: whether a round trip is in flight, and who waits for the next."""
+
+    __slots__ = ("busy", "flusher", "waiting")
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.waiting: deque[tuple[list[TaskMessage], asyncio.Future[list[Enqueued]]]] = deque()
+        self.flusher: asyncio.Task[None] | None = None
+
+
+class EnqueueCoalescer:
+    """`enqueue(queue, messages)` with the calls made while one is in flight sent together.
+
+    `write(queue, messages)` makes one script call of at most `batch` messages; `bound`
+    puts a deadline on the round trips sent for waiting callers."""
+
+    def __init__(self, write: Write, batch: int, bound: Bound) -> None:
+        self._write = write
+        self._batch = batch
+        self._bound = bound
+        self._lanes: dict[str, _Lane] = {}
+
+    async def enqueue(self, queue: str, messages: list[TaskMessage]) -> list[Enqueued]:
+        lane = self._lanes.get(queue)
+        if lane is None:
+            lane = self._lanes[queue] = _Lane()
+        if lane.busy:
+            future: asyncio.Future[list[Enqueued]] = asyncio.get_running_loop().create_future()
+            lane.waiting.append((messages, future))
+            return await future
+        lane.busy = True  # nothing in flight: this call goes at once, in the caller's task
+        try:
+            return await self._write_all(queue, messages)
+        finally:
+            if lane.waiting:
+                lane.flusher = asyncio.ensure_future(self._flush(queue, lane))
+            else:
+                lane.busy = False
+
+    async def _write_all(self, queue: str, messages: list[TaskMessage]) -> list[Enqueued]:
+        statuses: list[Enqueued] = []
+        for start in range(0, len(messages), self._batch):
+            statuses += await self._write(queue, messages[start:start + self._batch])
+        return statuses
+
+    async def _flush(self, queue: str, lane: _Lane) -> None:
+        """Send what waits, a batch per round trip, until nothing does."""
+        try:
+            while lane.waiting:
+                taken, size = [], 0
+                while lane.waiting and size < self._batch:
+                    messages, future = lane.waiting.popleft()
+                    if not future.done():  # its caller gave up before it was sent
+                        taken.append((messages, future))
+                        size += len(messages)
+                if taken:
+                    await self._send(queue, taken)
+        finally:
+            for _, future in lane.waiting:  # left when the flusher was stopped
+                future.cancel()
+            lane.waiting.clear()
+            lane.busy, lane.flusher = False, None
+
+    async def _send(self, queue: str, taken: list[tuple[list[TaskMessage],
+                                                         asyncio.Future[list[Enqueued]]]]
+                    ) -> None:
+        try:
+            statuses = await self._bound(self._write_all(queue, [m for messages, _ in taken
+                                                                 for m in messages]))
+        except BaseException as exc:
+            for _, future in taken:
+                if not future.done():
+                    if isinstance(exc, Exception):
+                        future.set_exception(exc)
+                    else:
+                        future.cancel()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        start = 0
+        for messages, future in taken:
+            if not future.done():
+                future.set_result(statuses[start:start + len(messages)])
+            start += len(messages)
+
+    async def close(self) -> None:
+        """Stop sending: callers still waiting are cancelled."""
+        flushers = [lane.flusher for lane in self._lanes.values() if lane.flusher]
+        for flusher in flushers:
+            flusher.cancel()
+        await asyncio.gather(*flushers, return_exceptions=True)
+
+
+class SharedCalls(Generic[R]):
+    """Concurrent callers that need the same keys share one call per key: a key already
+    under way is awaited, the rest go in one new call; `settled(keys, result)` is told of
+    each call that succeeded."""
+
+    def __init__(self, call: Callable[[set[str]], Awaitable[R]],
+                 settled: Callable[[set[str], R], None]) -> None:
+        self._call, self._settled = call, settled
+        self._underway: dict[str, asyncio.Future[R]] = {}
+
+    async def run(self, keys: set[str]) -> set[str]:
+        """Wait for every key's call (this caller's failure too when it fails); returns the
+        keys this caller's own call covered."""
+        fresh = keys - self._underway.keys()
+        if fresh:
+            call = asyncio.ensure_future(self._call(fresh))
+            for key in fresh:
+                self._underway[key] = call
+            call.add_done_callback(lambda done: self._done(fresh, done))
+        calls = {self._underway[k] for k in keys if k in self._underway}
+        if calls:
+            await asyncio.wait(calls)  # a caller that gives up does not cancel the others'
+        for call in calls:
+            call.result()
+        return fresh
+
+    def _done(self, keys: set[str], call: asyncio.Future[R]) -> None:
+        for key in keys:
+            self._underway.pop(key, None)
+        if not call.cancelled() and call.exception() is None:
+            self._settled(keys, call.result())
+
+
+REGISTER_AGAIN = 60.0  # seconds after which a producer registers a queue it writes to again
+
+
+class QueueRegistry:
+    """Queues this process has registered; concurrent first uses of one share the call. A
+    queue is registered again REGISTER_AGAIN seconds later, at its next use: a Redis that
+    restarted empty has it in its set again within a minute, where the sweeps, and workers
+    looking for the partitions of another count, find its tasks."""
+
+    def __init__(self, register: Callable[[set[str]], Awaitable[Any]],
+                 now: Callable[[], float] = time.monotonic) -> None:
+        self.known: dict[str, float] = {}  # queue -> when it was registered
+        self._now = now
+        self._calls: SharedCalls[Any] = SharedCalls(
+            register, lambda queues, _: self.known.update(dict.fromkeys(queues, now())))
+
+    def unregistered(self, queues: Iterable[str]) -> set[str]:
+        """The queues not known yet, or not lately: those `ensure` registers. Asked before
+        `ensure`, it spares an enqueue the await (and its CPU) when there are none."""
+        stale = self._now() - REGISTER_AGAIN
+        known = self.known
+        return {q for q in queues if known.get(q, stale) <= stale}
+
+    async def ensure(self, queues: Iterable[str]) -> set[str]:
+        """Register the queues not known yet, or not lately; returns those this call
+        registered itself."""
+        new = self.unregistered(queues)
+        return await self._calls.run(new) if new else new
