@@ -7,7 +7,7 @@ The fetch loop takes tasks as slots free up, in as few round trips as possible, 
 on Redis when there is nothing to do.
 
 Busy: each fetch takes as many tasks as there is room for, in one script call, with the
-completions gathered since the last round trip riding along (Settler.riding). While tasks
+completions gathered since the last round trip riding along (RidingAcks). While tasks
 are short the worker holds up to twice its slots (a prefetch buffer) and fetches once a
 whole batch fits. Idle: one BLPOP on the queues' wake lists, with the dequeue of the first
 queue queued behind it on the same connection, so a task arrives in the round trip that
@@ -146,7 +146,7 @@ class Fetcher:
                     self._refresh_at = time.monotonic() + REFRESH
                 if wanted <= 0:
                     slots.freed.clear()
-                    await self.settler.wait_carrying(slots.freed, ACK_LINGER,
+                    await self.settler.acks.wait_for_room(slots.freed, ACK_LINGER,
                                                      slots.hold_left() + TIMER_SLACK)
                     continue
                 got = 0
@@ -165,7 +165,7 @@ class Fetcher:
 
     async def _fetch(self, queue: str, count: int) -> int:
         """Take up to `count` tasks of `queue`; the completions gathered so far ride along."""
-        fetched = await self.settler.riding(lambda completions, resent: self.broker.dequeue(
+        fetched = await self.settler.acks.ride(lambda completions, resent: self.broker.dequeue(
             queue, count, self.worker_id, self.lease_seconds, completions, resent,
             self.slots.limits(count_in_name(queue)), self._floor(queue)))
         self.slots.take(queue, fetched)
@@ -178,7 +178,7 @@ class Fetcher:
         own, and a stop interrupts the wait through the worker's own wake list."""
         slots = self.slots
         slots.freed.clear()
-        if self.settler.acks_waiting.is_set():
+        if self.settler.acks.waiting.is_set():
             return  # the next fetch carries them
         first = self.queue_order()[0]
         waiter = asyncio.ensure_future(self.broker.wait_and_dequeue(
@@ -204,7 +204,7 @@ class Fetcher:
                     continue
                 slots.freed.clear()
                 with contextlib.suppress(BrokerError):  # kept for the next try
-                    await self.settler.flush()
+                    await self.settler.acks.flush()
             if waiter.cancelled():  # abandoned on a stop (a Cluster's plain wait)
                 return
             woken, fetched = await waiter

@@ -1,14 +1,13 @@
 """Recording how each attempt ended, then telling the outcome hooks.
 
-Completions are batched without a timer: they gather here until the worker next talks to
-Redis, and `riding(call)` sends them in that same round trip (a busy worker thus pays one
-round trip for many tasks, an idle one no delay). A Redis that is away is retried with
-backoff. The outcome hooks then hear what happened: the verdict when Redis recorded it,
-`lease_lost` when the attempt's fencing token had gone stale (its lease was taken over),
-`unrecorded` when the worker stopped before Redis could be reached (the task runs again
-once its worker is known lost). A task of a type the worker has no handler for is handed
-on (`handed_on`, said once per type), or ends `dead` once it has been handed on for
-longer than `unknown_type_max_age`.
+Successes ride the worker's next Redis call (`RidingAcks`): they gather until the worker
+next talks to Redis and go in that same round trip. Other ends are recorded at once; a
+Redis that is away is retried with backoff. The outcome hooks then hear what happened: the
+verdict when Redis recorded it, `lease_lost` when the attempt's fencing token had gone
+stale (its lease was taken over), `unrecorded` when the worker stopped before Redis could
+be reached (the task runs again once its worker is known lost). A task of a type the
+worker has no handler for is handed on (`handed_on`, said once per type), or ends `dead`
+once it has been handed on for longer than `unknown_type_max_age`.
 """
 
 from __future__ import annotations
@@ -61,6 +60,95 @@ class _Ack:
                 log.exception("settling task %s failed", self.completion.attempt.task_id)
 
 
+class RidingAcks:
+    """The successes gathered for the worker's next Redis call, which carries them: the
+    next fetch (`ride`), or an ack of their own when no fetch comes within a linger
+    (`wait_for_room`, `flush`). No timer and no task per success: a busy worker pays one
+    round trip for many, an idle one no delay. A call that fails keeps them for the next
+    one, marked resent (a resent completion whose first send was applied is recognised by
+    its fencing token). Each is told how Redis took it, once: recorded, refused (its lease
+    was lost) or given up (`close`, the worker stops)."""
+
+    def __init__(self, broker: Broker, worker_id: str) -> None:
+        self.broker = broker
+        self.worker_id = worker_id
+        self._acks: dict[str, list[_Ack]] = {}  # by queue
+        self.waiting = asyncio.Event()  # set while some wait for a call
+        self.gave_up = False  # closed: nothing more is sent
+
+    def add(self, queue: str, completion: Completion,
+            recorded: Callable[[bool | None], None]) -> None:
+        self._acks.setdefault(queue, []).append(_Ack(completion, recorded))
+        self.waiting.set()
+
+    async def ride(self, call: CarryingCall[T]) -> T:
+        """Run the worker's next Redis call with the completions gathered so far riding
+        along: `call(completions, resent)` returns (accepted flags per queue, its value)."""
+        taken, self._acks = self._acks, {}
+        self.waiting.clear()
+        completions = {q: [a.completion for a in acks] for q, acks in taken.items()}
+        resent = any(a.resent for acks in taken.values() for a in acks)
+        try:
+            accepted, value = await call(completions, resent)
+        except BaseException:
+            for queue, acks in taken.items():  # sent again with the next call
+                for ack in acks:
+                    ack.resent = True
+                self._acks[queue] = acks + self._acks.get(queue, [])
+            if self._acks:
+                self.waiting.set()
+            raise
+        for queue, acks in taken.items():
+            for ack, ok in zip(acks, accepted[queue]):
+                ack.tell(ok)
+        return value
+
+    async def flush(self) -> None:
+        """Send the gathered completions on their own (when no fetch is due)."""
+        if self._acks:
+            await self.ride(self._ack_only)
+
+    async def _ack_only(self, completions: Completions, resent: bool
+                        ) -> tuple[dict[str, list[bool]], None]:
+        return await self.broker.ack(completions, self.worker_id, resent), None
+
+    async def wait_for_room(self, event: asyncio.Event, linger: float,
+                            timeout: float | None = None) -> None:
+        """Wait for `event` (room for the worker's next fetch), `timeout` at most.
+        Completions gathered before it wait at most `linger` for that fetch, then go on
+        their own."""
+        if not self.waiting.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+            return
+        try:
+            await asyncio.wait_for(event.wait(), linger)
+        except asyncio.TimeoutError:
+            await self.flush()
+
+    async def close(self, timeout: float) -> None:
+        """Flush what is left, retrying while Redis is away for up to `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        retry = RedisRetry("recording completions")
+        while self._acks:
+            try:
+                await self.flush()
+            except BrokerError as exc:
+                pause = retry.failed(exc)
+                if loop.time() >= deadline:
+                    log.error("gave up recording %d completion(s): %s; they will run again "
+                              "once this worker is known lost",
+                              sum(map(len, self._acks.values())), exc)
+                    break
+                await asyncio.sleep(pause)
+        self.gave_up = True
+        acks, self._acks = self._acks, {}
+        for gathered in acks.values():
+            for ack in gathered:
+                ack.tell(None)
+
+
 class Settler:
     def __init__(self, broker: Broker, worker_id: str,
                  hooks: Hooks[[Task, str, BaseException | None]], *,
@@ -73,9 +161,7 @@ class Settler:
         self.unknown_type_max_age = unknown_type_max_age
         self._handed_on_types: set[str] = set()  # said once each
         self.claims = claims or Claims()
-        self._acks: dict[str, list[_Ack]] = {}
-        self.acks_waiting = asyncio.Event()
-        self._gave_up = False
+        self.acks = RidingAcks(broker, worker_id)  # successes riding the next fetch
         self.direct = False  # draining: send each completion at once, no fetch carries it
 
     def settle_later(self, task: Task, verdict: Verdict, then: Callable[[], None]) -> bool:
@@ -100,9 +186,8 @@ class Settler:
 
     def _gather(self, task: Task, verdict: Verdict,
                 recorded: Callable[[bool | None], None]) -> None:
-        self._acks.setdefault(task.kept_in, []).append(_Ack(Completion(
-            attempt_of(task), task.retention, verdict.result, task._attempt.id_chosen), recorded))
-        self.acks_waiting.set()
+        self.acks.add(task.kept_in, Completion(attempt_of(task), task.retention, verdict.result,
+                                               task._attempt.id_chosen), recorded)
 
     async def settle(self, task: Task, verdict: Verdict) -> str:
         """Record the verdict in Redis; returns the final outcome."""
@@ -118,7 +203,7 @@ class Settler:
             future: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
             self._gather(task, verdict, lambda ok: future.done() or future.set_result(ok))
             if self.direct:
-                await self._persist(self.flush)
+                await self._persist(self.acks.flush)
             recorded = await future
         elif verdict.outcome == "cancelled":
             recorded = await self._persist(lambda: self.broker.cancel_attempt(
@@ -198,73 +283,6 @@ class Settler:
     def report(self, task: Task, outcome: str, error: BaseException | None) -> None:
         self.hooks(task, outcome, error)
 
-    async def riding(self, call: CarryingCall[T]) -> T:
-        """Run the worker's next Redis call with the completions gathered so far riding
-        along: `call(completions, resent)` returns (accepted flags per queue, its value)."""
-        taken, self._acks = self._acks, {}
-        self.acks_waiting.clear()
-        completions = {q: [a.completion for a in acks] for q, acks in taken.items()}
-        resent = any(a.resent for acks in taken.values() for a in acks)
-        try:
-            accepted, value = await call(completions, resent)
-        except BaseException:
-            for queue, acks in taken.items():  # sent again with the next call
-                for ack in acks:
-                    ack.resent = True
-                self._acks[queue] = acks + self._acks.get(queue, [])
-            if self._acks:
-                self.acks_waiting.set()
-            raise
-        for queue, acks in taken.items():
-            for ack, ok in zip(acks, accepted[queue]):
-                ack.tell(ok)
-        return value
-
-    async def flush(self) -> None:
-        """Send the gathered completions on their own (when no fetch is due)."""
-        if self._acks:
-            await self.riding(self._ack_only)
-
-    async def _ack_only(self, completions: Completions, resent: bool
-                        ) -> tuple[dict[str, list[bool]], None]:
-        return await self.broker.ack(completions, self.worker_id, resent), None
-
-    async def wait_carrying(self, event: asyncio.Event, linger: float,
-                            timeout: float | None = None) -> None:
-        """Wait for `event` (room for the worker's next fetch), `timeout` at most.
-        Completions gathered before it wait at most `linger` for that fetch, then go on
-        their own."""
-        if not self.acks_waiting.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout)
-            return
-        try:
-            await asyncio.wait_for(event.wait(), linger)
-        except asyncio.TimeoutError:
-            await self.flush()
-
-    async def close(self, timeout: float) -> None:
-        """Flush what is left, retrying while Redis is away for up to `timeout`."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        retry = RedisRetry("recording completions")
-        while self._acks:
-            try:
-                await self.flush()
-            except BrokerError as exc:
-                pause = retry.failed(exc)
-                if loop.time() >= deadline:
-                    log.error("gave up recording %d completion(s): %s; they will run again "
-                              "once this worker is known lost",
-                              sum(map(len, self._acks.values())), exc)
-                    break
-                await asyncio.sleep(pause)
-        self._gave_up = True
-        acks, self._acks = self._acks, {}
-        for gathered in acks.values():
-            for ack in gathered:
-                ack.tell(None)
-
     async def _persist(self, call: Callable[[], Awaitable[Any]],
                        attempts: int | None = None) -> Any:
         """Retry a settling call while Redis is away; None once the worker gives up (a
@@ -275,7 +293,7 @@ class Settler:
                 return await call()
             except BrokerError as exc:
                 pause = retry.failed(exc)
-                if self._gave_up or (attempts is not None and retry.failures >= attempts):
+                if self.acks.gave_up or (attempts is not None and retry.failures >= attempts):
                     log.error("gave up recording an outcome: %s; the task will run again "
                               "once this worker is known lost", exc)
                     return None

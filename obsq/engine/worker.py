@@ -347,7 +347,7 @@ class Worker:
             await fetching
         self.settler.direct = True  # no fetch loop carries completions any more
         with contextlib.suppress(BrokerError):
-            await self.settler.flush()
+            await self.settler.acks.flush()
         unstarted = self.slots.unstarted()
         if unstarted:
             await self.settler.hand_back(unstarted)
@@ -370,7 +370,7 @@ class Worker:
             log.info("handed %d unfinished task(s) back to pending%s", handed,
                      f" ({len(unfinished) - handed} had ended)" if handed < len(unfinished)
                      else "")
-        await self.settler.close(timeout=self.settings.settle_timeout)
+        await self.settler.acks.close(timeout=self.settings.settle_timeout)
         settling = [r for r in self.slots.running if not r.done()]
         if settling:
             await asyncio.wait(settling, timeout=self.settings.settle_timeout)

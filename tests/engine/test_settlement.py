@@ -65,7 +65,7 @@ async def test_completions_wait_for_the_next_call_and_ride_along_it(broker, insp
     settler = Settler(broker, WORKER, hooks(outcome_hook(outcomes)), unknown_type_max_age=60)
     settling = [asyncio.ensure_future(settler.settle(t, success(i)))
                 for i, t in enumerate(tasks)]
-    await until(settler.acks_waiting.is_set)
+    await until(settler.acks.waiting.is_set)
     assert (await depth(broker))["active"] == 5  # nothing sent yet: no timer, no call
     assert outcomes == []
     carried: list[Completions] = []
@@ -74,12 +74,12 @@ async def test_completions_wait_for_the_next_call_and_ride_along_it(broker, insp
         carried.append(completions)
         return await broker.dequeue("default", 1, WORKER, 60, completions, resent)
 
-    fetched = await settler.riding(fetch)
+    fetched = await settler.acks.ride(fetch)
     assert fetched.tasks == []  # the fetch itself ran in the same round trip
     assert [len(c["default"]) for c in carried] == [5]
     assert await asyncio.gather(*settling) == ["success"] * 5
     assert sorted(outcomes) == sorted((t.id, "success") for t in tasks)
-    assert not settler.acks_waiting.is_set()
+    assert not settler.acks.waiting.is_set()
     assert (await depth(broker))["completed"] == 5
     assert (await inspector.task(tasks[3].id)).result == 3
 
@@ -91,7 +91,7 @@ async def test_completions_of_a_failed_call_ride_the_next_marked_resent(broker) 
     settler = Settler(broker, WORKER, hooks(), unknown_type_max_age=60)
     settling = [asyncio.ensure_future(settler.settle(t, success(i)))
                 for i, t in enumerate(tasks)]
-    await until(settler.acks_waiting.is_set)
+    await until(settler.acks.waiting.is_set)
     sends: list[tuple[int, bool]] = []
 
     async def applied_then_lost(completions: Completions, resent: bool):
@@ -100,10 +100,10 @@ async def test_completions_of_a_failed_call_ride_the_next_marked_resent(broker) 
         raise BrokerError("ack", ConnectionError("connection lost before the reply"))
 
     with pytest.raises(BrokerError):
-        await settler.riding(applied_then_lost)
-    assert settler.acks_waiting.is_set()  # kept, for the next call
+        await settler.acks.ride(applied_then_lost)
+    assert settler.acks.waiting.is_set()  # kept, for the next call
     assert not any(s.done() for s in settling)
-    await settler.flush()
+    await settler.acks.flush()
     assert await asyncio.gather(*settling) == ["success"] * 3
     assert sends == [(3, False)]
     assert (await depth(broker))["completed"] == 3
@@ -122,15 +122,15 @@ async def test_completions_settled_during_a_call_wait_for_the_next(broker) -> No
         return await broker.dequeue("default", 0, WORKER, 60, completions, resent)
 
     one = asyncio.ensure_future(settler.settle(first, success(1)))
-    await until(settler.acks_waiting.is_set)
-    call = asyncio.ensure_future(settler.riding(slow_fetch))
+    await until(settler.acks.waiting.is_set)
+    call = asyncio.ensure_future(settler.acks.ride(slow_fetch))
     await in_call.wait()
     two = asyncio.ensure_future(settler.settle(second, success(2)))
-    await until(settler.acks_waiting.is_set)
+    await until(settler.acks.waiting.is_set)
     release.set()
     await call
     assert await one == "success" and not two.done()
-    await settler.flush()
+    await settler.acks.flush()
     assert await two == "success"
     assert carried == [[first.id]]
 
@@ -140,8 +140,8 @@ async def test_a_stale_fencing_token_is_refused_as_lease_lost(broker, inspector)
     outcomes: list[tuple[str, str]] = []
     settler = Settler(broker, WORKER, hooks(outcome_hook(outcomes)), unknown_type_max_age=60)
     settling = asyncio.ensure_future(settler.settle(task, success(0)))
-    await until(settler.acks_waiting.is_set)
-    await settler.flush()
+    await until(settler.acks.waiting.is_set)
+    await settler.acks.flush()
     assert await settling == "lease_lost"
     assert outcomes == [(task.id, "lease_lost")]
     assert (await inspector.task(task.id)).state == "active"  # the lease holder's still
@@ -152,11 +152,11 @@ async def test_completions_linger_for_a_fetch_then_go_on_their_own(broker) -> No
     settler = Settler(broker, WORKER, hooks(), unknown_type_max_age=60)
     room = asyncio.Event()
     settling = asyncio.ensure_future(settler.settle(task, success(0)))
-    await until(settler.acks_waiting.is_set)
-    await settler.wait_carrying(room, linger=0.05)  # no room for a fetch came: sent alone
+    await until(settler.acks.waiting.is_set)
+    await settler.acks.wait_for_room(room, linger=0.05)  # no room for a fetch came: sent alone
     assert await settling == "success"
     room.set()
-    await settler.wait_carrying(room, linger=60)  # nothing waits: returns with the event
+    await settler.acks.wait_for_room(room, linger=60)  # nothing waits: returns with the event
 
 
 async def test_close_records_what_is_left(broker) -> None:
@@ -164,8 +164,8 @@ async def test_close_records_what_is_left(broker) -> None:
     settler = Settler(broker, WORKER, hooks(), unknown_type_max_age=60)
     settling = [asyncio.ensure_future(settler.settle(t, success(i)))
                 for i, t in enumerate(tasks)]
-    await until(settler.acks_waiting.is_set)
-    await settler.close(timeout=10)
+    await until(settler.acks.waiting.is_set)
+    await settler.acks.close(timeout=10)
     assert await asyncio.gather(*settling) == ["success"] * 2
     assert (await depth(broker))["completed"] == 2
 
@@ -179,9 +179,9 @@ async def test_close_gives_up_on_a_redis_that_stays_away(private_redis: RedisSer
         settler = Settler(broker, WORKER, hooks(outcome_hook(outcomes)), unknown_type_max_age=60)
         settling = [asyncio.ensure_future(settler.settle(t, success(i)))
                     for i, t in enumerate(tasks)]
-        await until(settler.acks_waiting.is_set)
+        await until(settler.acks.waiting.is_set)
         private_redis.close()
-        await settler.close(timeout=0.5)
+        await settler.acks.close(timeout=0.5)
         assert await asyncio.gather(*settling) == ["unrecorded"] * 2
         assert sorted(outcomes) == sorted((t.id, "unrecorded") for t in tasks)
         assert "gave up recording 2 completion(s)" in caplog.text
@@ -223,12 +223,12 @@ async def test_successes_settled_later_are_told_each_even_when_one_fails(broker,
 
     assert all(settler.settle_later(t, success(i), then(t)) for i, t in enumerate(tasks))
     assert not settler.settle_later(tasks[0], Verdict("retry"), then(tasks[0]))  # settle()'s
-    assert settler.acks_waiting.is_set() and outcomes == []
+    assert settler.acks.waiting.is_set() and outcomes == []
 
     async def fetch(completions: Completions, resent: bool):
         return await broker.dequeue("default", 1, WORKER, 60, completions, resent)
 
-    fetched = await settler.riding(fetch)
+    fetched = await settler.acks.ride(fetch)
     assert fetched.tasks == []  # the call's own value
     assert settled == [tasks[1].id, tasks[2].id]
     assert sorted(outcomes) == sorted((t.id, "success") for t in tasks)
@@ -255,5 +255,5 @@ async def test_a_success_settled_later_tells_its_hooks_in_the_task_s_context(bro
     async def fetch(completions: Completions, resent: bool):
         return await broker.dequeue("default", 1, WORKER, 60, completions, resent)
 
-    await settler.riding(fetch)
+    await settler.acks.ride(fetch)
     assert seen == ["the task's"]
