@@ -24,7 +24,7 @@ LAYERS = (
     ("obsq.inspection",),
     ("obsq.engine",),
     ("obsq.producer",),
-    ("obsq.app", "obsq.loop"),
+    ("obsq.app", "obsq.background"),
     ("obsq.broker",),
     ("obsq.schedule", "obsq.flow"),
     ("obsq.task",),

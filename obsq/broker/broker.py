@@ -4,8 +4,8 @@ grouped by who calls them. This package is the only code in obsq that speaks Red
 from __future__ import annotations
 
 from obsq.broker.checking import Checking
-from obsq.broker.fanning import Fanning
 from obsq.broker.flowing import Flowing
+from obsq.broker.groups_events import GroupsAndEvents
 from obsq.broker.inspection import Inspection
 from obsq.broker.producing import Producing
 from obsq.broker.scheduling import Scheduling
@@ -14,6 +14,6 @@ from obsq.broker.upkeep import Upkeep
 from obsq.broker.working import Working
 
 
-class Broker(Producing, Working, Upkeep, Inspection, Scheduling, Fanning, Flowing, Checking,
+class Broker(Producing, Working, Upkeep, Inspection, Scheduling, GroupsAndEvents, Flowing, Checking,
              StartupChecks):
     """Every Redis call of obsq, on one connection pool."""

@@ -343,7 +343,7 @@ def argv(script: str, items: Iterable[Sequence[Any]] = (), **fields: Any) -> lis
 
 def in_order(script: str, *values: Any) -> list[Any]:
     """`script`'s ARGV after now from values in the declared order, their count checked
-    (for a caller that passes a mode's values through, as flow_loop's index steps)."""
+    (for a caller that passes a mode's values through, as the flows loop's index steps)."""
     layout = LAYOUTS[script]
     names, _, rest = layout.mode_of(values[0] if values else "")
     if len(values) < len(names) or (len(values) > len(names) and not rest):

@@ -24,9 +24,9 @@ import logging
 from typing import Any
 
 from obsq.app import App
+from obsq.background import BackgroundLoop
 from obsq.broker import Batch, Broker
 from obsq.errors import BrokerError
-from obsq.loop import BackgroundLoop
 from obsq.producer.client import Client
 from obsq.settings import (
     AGGREGATE_BACKOFF_BASE,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from obsq.background import BackgroundLoop
 from obsq.broker import Broker
-from obsq.loop import BackgroundLoop
 
 
 class CancelWatcher(BackgroundLoop):

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from obsq.app import App, PatternTable
+from obsq.background import RedisRetry
 from obsq.broker import Broker, Fetched
 from obsq.engine.settlement import Settler, attempt_of
 from obsq.errors import BrokerError
-from obsq.loop import RedisRetry
 from obsq.names import SEPARATOR, count_in_name, partition_names, queue_of, share
 from obsq.settings import ACK_LINGER, MAX_FETCH, PREFETCH_BELOW_SECONDS, REDIS_RETRY_MAX, STOP_WAIT
 from obsq.task import Task

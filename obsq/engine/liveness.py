@@ -43,11 +43,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from obsq.app import Hooks
+from obsq.background import RedisRetry
 from obsq.broker import Attempt, Broker
 from obsq.broker.keeping import BlockingKeeping
 from obsq.broker.startup import eviction_problem
 from obsq.errors import BrokerError
-from obsq.loop import RedisRetry
 from obsq.settings import SAFE_MEMORY_POLICY, WorkerSettings
 from obsq.task import Task
 

@@ -29,9 +29,9 @@ from typing import Any
 
 from obsq._version import __version__
 from obsq.app import App, Hooks
+from obsq.background import LockedLoop, on_stop_signals
 from obsq.clock import Clock
 from obsq.errors import BrokerError, DuplicateTask
-from obsq.loop import LockedLoop, on_stop_signals
 from obsq.names import warn_if_not_the_apps
 from obsq.producer.client import Client
 from obsq.schedule import Schedule, fire_text, parse_claim

@@ -20,11 +20,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from obsq.app import Hooks
+from obsq.background import RedisRetry
 from obsq.broker import Attempt, Broker, Completion, Completions
 from obsq.engine.execution import Verdict
 from obsq.engine.liveness import Claims
 from obsq.errors import BrokerError, Retry
-from obsq.loop import RedisRetry
 from obsq.task import Task
 
 log = logging.getLogger("obsq")

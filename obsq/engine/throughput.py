@@ -12,8 +12,8 @@ import logging
 from collections import Counter
 
 from obsq.app import App
+from obsq.background import BackgroundLoop
 from obsq.broker import Broker
-from obsq.loop import BackgroundLoop
 from obsq.settings import THROUGHPUT_BUCKET_TTL, THROUGHPUT_FLUSH_INTERVAL
 from obsq.task import Task
 

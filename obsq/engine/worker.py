@@ -24,6 +24,7 @@ from typing import Any
 
 from obsq._version import __version__
 from obsq.app import App, Hooks
+from obsq.background import BackgroundLoop, on_stop_signals
 from obsq.broker import Broker, Fetched
 from obsq.clock import Clock
 from obsq.engine.aggregation import AggregationLoop
@@ -31,13 +32,12 @@ from obsq.engine.cancelling import CancelWatcher
 from obsq.engine.eventloop import described
 from obsq.engine.execution import Executor, Verdict
 from obsq.engine.fetching import BUFFER_HOLD, Fetcher, RouteLimits, ServedQueues, Slots
-from obsq.engine.flow_loop import FlowLoop
+from obsq.engine.flows import FlowLoop
 from obsq.engine.liveness import Claims, Liveness, WorkerHealth
 from obsq.engine.maintenance import Forwarder, Janitor, Recoverer
 from obsq.engine.settlement import Settler
 from obsq.engine.throughput import ThroughputCounter
 from obsq.errors import BrokerError
-from obsq.loop import BackgroundLoop, on_stop_signals
 from obsq.names import queue_of, warn_if_not_the_apps
 from obsq.settings import FETCH_STOP_TIMEOUT, WorkerSettings
 from obsq.task import Task

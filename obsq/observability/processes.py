@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from obsq._version import __version__
+from obsq.background import on_stop_signals
 from obsq.broker import Broker
 from obsq.engine.liveness import LIVENESS, READINESS, first_problem
-from obsq.loop import on_stop_signals
 from obsq.observability.collector import QueueCollector
 from obsq.observability.http import HealthServer
 from obsq.observability.instrument import instrument_app, instrument_client

@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from obsq._version import __version__
 from obsq.app import load_app
+from obsq.background import on_stop_signals
 from obsq.engine.liveness import LIVENESS, first_problem
-from obsq.loop import on_stop_signals
 from obsq.settings import RESTART_MAX, RESTART_MIN, STABLE_AFTER, STOP_MARGIN, WorkerSettings
 
 if TYPE_CHECKING:

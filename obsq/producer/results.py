@@ -22,10 +22,10 @@ import os
 import time
 from typing import Any
 
+from obsq.background import RedisRetry
 from obsq.broker import Broker, Ended
 from obsq.broker.calls import CallDeadlines
 from obsq.errors import BrokerError, ResultTimeout, TaskCancelled, TaskFailed, TaskNotFound
-from obsq.loop import RedisRetry
 from obsq.settings import RESULT_READ_TIMEOUT, RESULT_RECHECK
 from obsq.task import decode_stored_json
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from obsq.background import on_stop_signals
 from obsq.errors import ConfigurationError, StartupError
 from obsq.inspection.inspector import Inspector
-from obsq.loop import on_stop_signals
 from obsq.ops.ui.app import create_app
 from obsq.settings import env_flag
 
@@ -53,7 +53,7 @@ async def serve_from_args(inspector: Inspector, args: argparse.Namespace) -> Non
 
 
 class _Server(uvicorn.Server):
-    """Stops on the stop signals as every obsq process does (obsq.loop): uvicorn's own
+    """Stops on the stop signals as every obsq process does (obsq.background): uvicorn's own
     handling raises the signal again once it has shut down, which ended `obsq ui` with
     status -15 instead of 0 on a SIGTERM."""
 

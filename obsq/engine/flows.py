@@ -15,11 +15,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 from obsq.app import Hooks
+from obsq.background import BackgroundLoop
 from obsq.broker import Broker
 from obsq.engine.execution import Verdict
 from obsq.errors import BrokerError
 from obsq.flow import FLOW_BATCH, FLOW_SWEEP_INTERVAL, previous_value, step_of
-from obsq.loop import BackgroundLoop
 from obsq.producer.flow_steps import record_ends, relaunch
 from obsq.task import Task
 

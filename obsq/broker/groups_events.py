@@ -19,7 +19,7 @@ from obsq.task import TaskMessage
 Aggregation = tuple[str, int, float, float]
 
 
-class Fanning(RedisCalls):
+class GroupsAndEvents(RedisCalls):
     # -- task groups ----------------------------------------------------------------------
 
     async def group(self, queue: str, task_type: str, group: str,

@@ -1,15 +1,53 @@
-"""Takes tasks back from workers that can no longer finish them: at once from a worker
-whose heartbeat stopped (`worker_lost`: SIGKILL, OOM kill, lost node), and from any
-attempt whose lease ran out (`expired`: a wedged worker, or the fallback)."""
+"""Maintenance sweeps that keep the queues healthy whichever workers come and go: the
+forwarder (due scheduled and retried tasks -> pending), the recoverer (tasks of lost workers
+and expired leases -> pending) and the janitor (retention). Every worker runs them; a short
+lock per sweep lets one process at a time do the work."""
 
 from __future__ import annotations
 
 import logging
 
 from obsq.app import Hooks
+from obsq.background import LockedLoop
 from obsq.broker import Broker
-from obsq.loop import LockedLoop
 from obsq.settings import SWEEP_BATCH
+
+
+class Forwarder(LockedLoop):
+    name = "forwarder"
+
+    async def work(self) -> float:
+        """Returns how long to sleep: until the earliest due task, on Redis's clock. Every
+        queue's sets are swept in one round trip (again for those with more due)."""
+        started = self.clock.monotonic()
+        soonest = self.interval
+        sets = [(queue, state) for queue in await self.broker.queues()
+                for state in ("scheduled", "retry")]
+        while sets:
+            swept = await self.broker.forward(sets, SWEEP_BATCH)
+            for _, due_in in swept:
+                if due_in is not None:
+                    soonest = min(soonest, due_in)
+            sets = [s for s, (moved, _) in zip(sets, swept) if moved == SWEEP_BATCH]
+        return max(soonest - (self.clock.monotonic() - started), 0.001)
+
+
+class Janitor(LockedLoop):
+    name = "janitor"
+
+    def __init__(self, broker: Broker, owner: str, interval: float, lock_ttl: float, *,
+                 dead_max_age: float, dead_max_count: int) -> None:
+        super().__init__(broker, owner, interval, lock_ttl)
+        self.dead_max_age = dead_max_age
+        self.dead_max_count = dead_max_count
+
+    async def work(self) -> None:
+        for queue in await self.broker.queues():
+            deleted = SWEEP_BATCH
+            while deleted >= SWEEP_BATCH:
+                deleted = await self.broker.cleanup(queue, self.dead_max_age,
+                                                    self.dead_max_count, SWEEP_BATCH)
+
 
 log = logging.getLogger("obsq")
 
