@@ -146,7 +146,7 @@ class App:
         self.max_payload = _byte_limit(max_payload)
         self._routes: PatternTable[Route] = PatternTable()
         self.middleware: list[Middleware] = []
-        # hooks, each kind called through obsq/hooks.py (a hook that raises changes nothing)
+        # hooks, each kind called through obsq/app.py, Hooks (a hook that raises changes nothing)
         self.outcome_hooks: Hooks[[Task, str, BaseException | None]] = Hooks("outcome hook")
         self.recovery_hooks: Hooks[[str, str, int]] = Hooks("recovery hook")
         self.redis_error_hooks: Hooks[[str, BaseException]] = Hooks("Redis-error hook")

@@ -102,7 +102,7 @@ def seconds_rule(zero: bool = False) -> str:
 
 
 def check_seconds(name: str, value: Any, *, zero: bool = False) -> None:
-    """A time given as an option: a number of seconds obsq can keep (obsq/seconds.py),
+    """A time given as an option: a number of seconds obsq can keep (obsq/names.py),
     above 0 (or at least 0 with `zero`)."""
     if not is_seconds(value, zero=zero):
         raise ValueError(f"{name} must be {seconds_rule(zero)}, got {value!r}")

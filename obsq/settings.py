@@ -240,7 +240,7 @@ class EnvSettings:
     """A settings dataclass that can be read from `OBSQ_<FIELD>` variables."""
 
     def check_times(self) -> None:
-        """Every time (a float field) is one obsq can keep (obsq/seconds.py): `inf`, `nan`
+        """Every time (a float field) is one obsq can keep (obsq/names.py): `inf`, `nan`
         or 1e16 would make a lease, a timeout or an interval one that never ends, never
         compares, or ends at once."""
         for f in fields(self):
@@ -272,7 +272,7 @@ class WorkerSettings(EnvSettings):
     strict_priority: bool = False
     shutdown_timeout: float = 25.0
     lease_seconds: float = 30.0
-    priority_aging: float = 60.0  # s pending that rank a task one priority higher (priority.py)
+    priority_aging: float = 60.0  # s pending that rank a task one priority higher (obsq/task.py)
     max_recoveries: int = 5
     http_port: int | None = None  # None or -1: no HTTP endpoint; 0: a free port
     http_host: str = "0.0.0.0"

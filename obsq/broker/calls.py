@@ -159,7 +159,7 @@ class RedisCalls:
         return BrokerError(operation, exc, message)
 
     def timed_out(self, operation: str, timeout: float) -> BrokerTimeout:
-        """A call that got no answer within its deadline (deadline.py), reported like any
+        """A call that got no answer within its deadline (CallDeadlines), reported like any
         failure."""
         error = BrokerTimeout(operation, timeout, self.safe_url)
         self.on_error(operation, error)
@@ -566,7 +566,7 @@ def deadline(operation: str) -> Callable[[Method[P, T]], Method[P, T]]:
 
 def call_timeout_of(value: float | None) -> float:
     """A Client's call deadline: `value`, else OBSQ_CALL_TIMEOUT, else CALL_TIMEOUT; a
-    number of seconds obsq can keep (obsq/seconds.py)."""
+    number of seconds obsq can keep (obsq/names.py)."""
     if value is None:
         raw = os.environ.get("OBSQ_CALL_TIMEOUT", "").strip()
         try:

@@ -19,7 +19,7 @@ KEY_NAMES = {
     # a queue's ("<ns>:{<queue>}:"); a name ending in ':' is followed by what it is of
     "pending": "pending",  # list of ids: pushed left, popped right
     # set of the priorities above 0 whose lists (pending:<p>, kept like pending) may hold
-    # tasks; a task of priority 0 is in pending itself (obsq/priority.py)
+    # tasks; a task of priority 0 is in pending itself (obsq/task.py)
     "levels": "levels",
     "lease": "lease",  # zset id -> lease expiry (ms): the active tasks
     "active": "active",  # hash id -> "<fence>:<worker id>" of each attempt

@@ -24,7 +24,7 @@ class FetchedTask(NamedTuple):
     slot: str  # the route whose concurrency limit it counts under, or ""
     binary: bool = False  # the payload is the producer's bytes, not JSON
     suspect: bool = False  # taken back from a lost worker beside others: it must run alone
-    priority: int = 0  # 0 to 9 (obsq/priority.py)
+    priority: int = 0  # 0 to 9 (obsq/task.py)
 
 
 class Fetched(NamedTuple):

@@ -1,5 +1,5 @@
 """Lua scripts, one file per state change, each with the prelude definitions it uses; how
-they are called is runner.py's."""
+they are called is calls.py's."""
 
 from __future__ import annotations
 

@@ -54,11 +54,11 @@ class Fetcher:
                  served: ServedQueues, strict_priority: bool, lease_seconds: float,
                  wait_timeout: float,
                  give_back: Callable[[list[Task]], Awaitable[None]]) -> None:
-        """`slots` is what the fetcher asks (obsq/engine/slots.py): how many tasks to fetch now
+        """`slots` is what the fetcher asks (`Slots`, below): how many tasks to fetch now
         (0: wait for `slots.freed`) and how many an idle wait may take, the route limits
         each fetch applies, the tasks stuck in its buffer (handed to `give_back`); it takes
         what came, and `slots.stopped` ends the loop. `served`: the queues, their weights
-        and their partitions (obsq/engine/serving.py)."""
+        and their partitions (`ServedQueues`, below)."""
         self.give_back = give_back
         self.broker = broker
         self.settler = settler
@@ -261,7 +261,7 @@ class Slots:
                  admit: Callable[[str, Fetched], Iterable[Task]],
                  limits: Callable[[int], bytes], deep: bool = True) -> None:
         """`admit(queue, fetched)`: the tasks of a fetch, built and counted as the worker's;
-        `run(task)`: the coroutine that runs and settles one; `limits(partitions)`: limits.py's,
+        `run(task)`: the coroutine that runs and settles one; `limits(partitions)`: RouteLimits',
         for a queue of that many partitions. `deep`: the prefetch buffer may grow past one
         task a slot (not while weighted queues share the worker: a fetch takes from one
         queue, and a deep one would hold up the weights' turns; the partitions of one

@@ -1,6 +1,6 @@
 """What the liveness and readiness probes of the scheduler and exporter judge by: whether
 an event loop still runs callbacks, and whether Redis answered the last ping (a worker's
-checks are obsq/engine/health.py's). Each check returns None when all is
+checks are obsq/engine/liveness.py's). Each check returns None when all is
 well, else the reason, which the endpoint sends back with its 503."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def loop_answers(loop: asyncio.AbstractEventLoop, timeout: float = LOOP_TIMEOUT)
 
 def loop_liveness(loop: asyncio.AbstractEventLoop) -> Check:
     """The liveness check of a scheduler or exporter: its event loop answers (a worker's
-    judges its loop's lag against a limit instead: obsq/engine/health.py)."""
+    judges its loop's lag against a limit instead: obsq/engine/liveness.py)."""
     def live() -> str | None:
         if not loop_answers(loop):
             return f"the event loop did not answer within {LOOP_TIMEOUT:g} s"

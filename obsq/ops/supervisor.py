@@ -9,7 +9,7 @@ the queue-wide gauges it reads from Redis on an event loop of its own. A child t
 is restarted with backoff (its live gauges are dropped); a child that exits with a
 configuration error (status 2) stops the whole pod with that status, as a single worker
 would. /healthz: every child is running; /readyz: Redis answers. A child judges its own
-liveness as a single worker's probe would (obsq/engine/health.py) and ends when it fails, so that
+liveness as a single worker's probe would (obsq/engine/liveness.py) and ends when it fails, so that
 the supervisor starts another.
 
 Stopping, as a single worker does: the first SIGTERM or SIGINT is one graceful drain in

@@ -1,4 +1,4 @@
-"""A hook that raises changes nothing obsq knows or does (obsq/hooks.py): a failed Redis call
+"""A hook that raises changes nothing obsq knows or does (obsq/app.py, Hooks): a failed Redis call
 still raises its BrokerError, the worker's health still sees Redis gone within a
 heartbeat, a task still settles, and the hook's failure is logged once, not per call."""
 

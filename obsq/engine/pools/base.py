@@ -54,7 +54,7 @@ def overran(seconds: float) -> TaskTimeout:
 class Deadlines:
     """The timeouts of the attempts awaited on one event loop (`within`), not counting the
     time the loop stood blocked meanwhile (`blocked()`: that time so far,
-    obsq/engine/loop_watch.py).
+    obsq/engine/liveness.py).
 
     Attempts of one timeout length fall due in the order they started, so one timer per
     length, armed for the first of them, watches them all; when it fires it ends those past

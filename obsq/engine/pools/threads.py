@@ -8,7 +8,7 @@ once the handler has returned, whatever it returned, the attempt ends with TaskT
 only then may it be retried. So two attempts of one task never run at once, and hung
 handlers never hold more threads than the worker has slots: with every slot stuck the
 worker takes no more tasks, and liveness fails once one has been stuck past the limit
-(obsq/engine/health.py). The process pool is the one that ends an overrunning handler at
+(obsq/engine/liveness.py). The process pool is the one that ends an overrunning handler at
 once (it kills its child).
 The threads are daemons: a hung handler never keeps the process alive once the worker has
 drained (concurrent.futures' threads are joined at exit, for ever if one never returns).
