@@ -377,6 +377,11 @@ class Slots:
         self._recent_duration += (seconds - self._recent_duration) * 0.1
         self.start_next()
 
+    def settled(self, runner: asyncio.Task[None]) -> None:
+        """The task `runner` ran is settled (or left for the drain to hand back): it no
+        longer counts as running."""
+        del self.running[runner]
+
     def waiting(self, queue: str, task_id: str) -> Task | None:
         """The task, taken out of the buffer (or the suspects) if it waits there."""
         for waiting in (self.buffer, self.suspects.waiting):

@@ -274,7 +274,7 @@ class Worker:
                                  if task._attempt.flow_step else self.executor.run(task))
         except asyncio.CancelledError:
             if not task.cancelled:
-                del self.slots.running[runner]
+                self.slots.settled(runner)
                 return  # the drain hands it back
             runner.uncancel()
         finally:
@@ -306,7 +306,7 @@ class Worker:
 
     def _released(self, runner: asyncio.Task[None], task: Task) -> None:
         self.limits.released(task)
-        del self.slots.running[runner]
+        self.slots.settled(runner)
 
     def _sure_to_run(self, task: Task) -> bool:
         """The common case, known without a wait: no suspect, no doubt about the claims."""
