@@ -274,8 +274,7 @@ class Worker:
                                  if task._attempt.flow_step else self.executor.run(task))
         except asyncio.CancelledError:
             if not task.cancelled:
-                self.slots.settled(runner)
-                return  # the drain hands it back
+                return  # stopped by the drain: it stays among the running, to be handed back
             runner.uncancel()
         finally:
             self.slots.ended(runner, task, time.monotonic() - started)
@@ -361,11 +360,16 @@ class Worker:
                                return_when=asyncio.FIRST_COMPLETED)
             hurry.cancel()
         cancelled = list(handling)
-        unfinished = [self.slots.running[r] for r in cancelled]
         for runner in cancelled:
             runner.cancel()
+        await asyncio.gather(*cancelled, return_exceptions=True)
+        # those that ended anyway settled themselves (a plain handler past its timeout
+        # records its TaskTimeout); the ones the cancel stopped are handed back
+        unfinished = [self.slots.running[r] for r in cancelled if r in self.slots.running]
+        for runner in cancelled:
+            if runner in self.slots.running:
+                self.slots.settled(runner)
         if unfinished:
-            await asyncio.gather(*cancelled, return_exceptions=True)
             handed = await self.settler.hand_back(unfinished)
             log.info("handed %d unfinished task(s) back to pending%s", handed,
                      f" ({len(unfinished) - handed} had ended)" if handed < len(unfinished)

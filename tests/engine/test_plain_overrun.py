@@ -210,8 +210,8 @@ async def test_a_drain_counts_only_the_tasks_it_really_handed_back(
     worker.signal(signal.SIGTERM)  # the drain cancels the runner: the task ends cancelled
     await asyncio.to_thread(worker.wait, 60)
     assert (await client.info(info.id)).state == "cancelled"
-    assert "handed 1 unfinished task(s) back" not in worker.log()
-    assert "handed 0 unfinished task(s) back to pending" in worker.log(), worker.log()
+    # it ended (cancelled) as the drain stopped it: nothing is handed back, nor said to be
+    assert "unfinished task(s) back" not in worker.log(), worker.log()
 
 
 # -- a timed-out plain handler in the thread pool keeps its slot until it returns ----------
