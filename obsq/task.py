@@ -139,7 +139,8 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
         check_seconds("timeout", timeout)
     if job.delay is not None and job.eta is not None:
         raise ValueError("give delay or eta, not both")
-    delay = duration("delay", job.delay, minimum=0.0)
+    # each check a call only where an option is given: the common enqueue gives none
+    delay = 0.0 if job.delay is None else duration("delay", job.delay, minimum=0.0)
     if job.eta is not None and not isinstance(job.eta, datetime):
         raise TypeError(f"eta must be a datetime (aware, or naive in local time), got "
                         f"{type(job.eta).__name__} {job.eta!r}; for seconds from now, give "
@@ -147,22 +148,22 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
     if job.eta is not None:  # the only place the producer's clock counts: eta means its "now"
         # a naive datetime is local time, as Python's datetime.now() makes and reads it
         delay = max(job.eta.timestamp() - (time.time() if now is None else now), 0.0)
-    retention = duration("retention", job.retention)
-    unique_for = duration("unique_for", job.unique_for)
+    retention = 0.0 if job.retention is None else duration("retention", job.retention)
+    unique_for = 0.0 if job.unique_for is None else duration("unique_for", job.unique_for)
     if job.task_id is not None:
         validate_name("task_id", job.task_id)
     headers = dict(job.headers or {})
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
-        raise TypeError("headers must map strings to strings")
     if headers:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+            raise TypeError("headers must map strings to strings")
         _within(job.type, "headers", len(orjson.dumps(headers)), MAX_HEADERS_BYTES)
     binary = isinstance(job.payload, (bytes, bytearray, memoryview))
     if isinstance(job.payload, str) or binary:  # never smaller encoded: refuse before
         _within(job.type, "payload", len(job.payload), max_payload)  # encoding
     payload = bytes(job.payload) if binary else encode_json(job.payload, "payload")
     _within(job.type, "payload", len(payload), max_payload)
-    priority = check_priority(job.priority if job.priority is not None else
-                              priority if priority is not None else 0)
+    priority = job.priority if job.priority is not None else priority
+    priority = 0 if priority is None else check_priority(priority)
     ordering_key = ""
     if job.ordering_key is not None:
         ordering_key = validate_name("ordering_key", job.ordering_key)

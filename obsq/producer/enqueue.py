@@ -62,26 +62,29 @@ class EnqueueStep:
         if counts:
             self.placement.learn(counts)
         self.placement.assign(messages, group)
+        if len(messages) == 1:  # most enqueues: one task, one queue
+            m = messages[0]
+            return EnqueuePlan(messages, {m.partition or m.queue: messages})
         return EnqueuePlan(messages, group_by_queue(messages))
 
     def _message(self, job: Job, now: float) -> TaskMessage:
+        """The job checked and encoded with its route's defaults; a refusal is told to the
+        refusal hooks."""
+        app = self.app
         try:
-            return self._checked_message(job, now)
+            if app is None:
+                return build_message(job, now=now)
+            route = app.route(job.type)
+            if route is None:
+                return build_message(job, now=now, max_payload=app.max_payload)
+            return build_message(job, queue=route.queue, max_retry=route.max_retry,
+                                 timeout=route.timeout, now=now, priority=route.priority,
+                                 max_payload=app.max_payload_of(route))
         except (ValueError, TypeError) as exc:
-            if self.app is not None:
-                self.app.refusal_hooks(job, exc)
+            if app is not None:
+                app.refusal_hooks(job, exc)
             self.refusal_hooks(job, exc)
             raise
-
-    def _checked_message(self, job: Job, now: float) -> TaskMessage:
-        if self.app is None:
-            return build_message(job, now=now)
-        route = self.app.route(job.type)
-        if route is None:
-            return build_message(job, now=now, max_payload=self.app.max_payload)
-        return build_message(job, queue=route.queue, max_retry=route.max_retry,
-                             timeout=route.timeout, now=now, priority=route.priority,
-                             max_payload=self.app.max_payload_of(route))
 
     def _warn_if_unhandled(self, jobs: Sequence[Job], group: bool) -> None:
         """A typo in a type shows otherwise only as tasks handed on for a day, or grouped tasks
@@ -204,11 +207,15 @@ class Placement:
         return found or queue
 
     def unknown(self, queues: Iterable[str]) -> list[str]:
-        """Those of `queues` whose count must be read from Redis first."""
+        """Those of `queues` whose count must be read from Redis first (a loop: most
+        enqueues find none, and a comprehension is a call of its own before 3.12)."""
         stale = self._now() - LOOKUP_TTL
         declared, learned = self._declared, self._learned
-        return sorted({q for q in queues if q not in declared and SEPARATOR not in q
-                       and learned.get(q, NEVER_READ)[1] <= stale})
+        found: set[str] = set()
+        for q in queues:
+            if q not in declared and SEPARATOR not in q and learned.get(q, NEVER_READ)[1] <= stale:
+                found.add(q)
+        return sorted(found) if found else []
 
     def learn(self, counts: dict[str, int]) -> None:
         now = self._now()
@@ -227,8 +234,11 @@ class Placement:
                 continue
             names = partitions_of.get(m.queue)
             if names is None:
-                names = partitions_of[m.queue] = () if SEPARATOR in m.queue else \
-                    partition_names(m.queue, self.count(m.queue))
+                count = (self._declared.get(m.queue)
+                         or self._learned.get(m.queue, (1, 0.0))[0])  # as `count` reads it
+                names = partitions_of[m.queue] = (
+                    () if SEPARATOR in m.queue else (m.queue,) if count == 1
+                    else partition_names(m.queue, count))
             if len(names) > 1:
                 m.partition = choose(names, placement_key(
                     m.id, m.ordering_key, m.unique_key, group and f"{m.type} {group}"))
@@ -444,7 +454,11 @@ class QueueRegistry:
         `ensure`, it spares an enqueue the await (and its CPU) when there are none."""
         stale = self._now() - REGISTER_AGAIN
         known = self.known
-        return {q for q in queues if known.get(q, stale) <= stale}
+        found: set[str] = set()
+        for q in queues:  # a loop: most enqueues find none (a comprehension is a call)
+            if known.get(q, stale) <= stale:
+                found.add(q)
+        return found
 
     async def ensure(self, queues: Iterable[str]) -> set[str]:
         """Register the queues not known yet, or not lately; returns those this call
