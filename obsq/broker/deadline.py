@@ -31,7 +31,9 @@ from obsq.settings import CALL_TIMEOUT
 T = TypeVar("T")
 P = ParamSpec("P")
 TimedOut = Callable[[str, float], BaseException]  # (operation, seconds) -> the error raised
-COUNTED = sys.version_info >= (3, 11)  # tasks count their cancellations (uncancel)
+# Tasks count the cancellations asked of them, and one caught can be taken back (cancelling(),
+# uncancel()): Python 3.11+. On 3.10 a cancellation caught is simply over.
+CANCELS_COUNTED = sys.version_info >= (3, 11)
 
 
 class CallDeadlines:
@@ -55,11 +57,11 @@ class CallDeadlines:
         self._calls[key] = (task, due)
         if self._timer is None:
             self._timer = loop.call_at(due, self._expire, loop)
-        cancelling = task.cancelling() if COUNTED else 0
+        cancelling = task.cancelling() if CANCELS_COUNTED else 0
         try:
             return await call
         except asyncio.CancelledError:
-            if key not in self._expired or (COUNTED and task.uncancel() > cancelling):
+            if key not in self._expired or (CANCELS_COUNTED and task.uncancel() > cancelling):
                 raise  # cancelled by someone else (too)
             raise self._timed_out(operation, self.seconds) from None
         finally:

@@ -26,6 +26,7 @@ from typing import Any
 from obsq._version import __version__
 from obsq.app import App
 from obsq.broker import Broker, Fetched
+from obsq.broker.deadline import CANCELS_COUNTED
 from obsq.clock import Clock
 from obsq.engine.aggregation import AggregationLoop
 from obsq.engine.cancelling import CancelWatcher
@@ -282,7 +283,8 @@ class Worker:
             if not task.cancelled:
                 del self.slots.running[runner]
                 return  # the drain hands it back
-            runner.uncancel()
+            if CANCELS_COUNTED:  # caught: it counts no more while the outcome is settled
+                runner.uncancel()
         finally:
             self.slots.ended(runner, task, time.monotonic() - started)
         if task.cancelled:  # the one place an attempt is judged cancelled: its result,

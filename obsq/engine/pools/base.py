@@ -4,11 +4,11 @@ timeouts that end attempts."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from obsq.broker.deadline import CANCELS_COUNTED
 from obsq.errors import TaskTimeout
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class Deadlines:
 
     async def within(self, call: Awaitable[Any], seconds: float) -> Any:
         """`await call`, or TaskTimeout after `seconds` (the call is then cancelled)."""
-        if sys.version_info < (3, 11):  # pragma: no cover - no Task.uncancel
+        if not CANCELS_COUNTED:
             try:
                 return await asyncio.wait_for(call, seconds)
             except asyncio.TimeoutError:
