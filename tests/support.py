@@ -21,7 +21,13 @@ from redis.cluster import RedisCluster
 import obsq
 from obsq.redis_server import redis_servers
 
+try:
+    import tomllib as toml  # Python 3.11+
+except ModuleNotFoundError:  # 3.10: the backport the test extra installs
+    import tomli as toml
+
 ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = toml.loads((ROOT / "pyproject.toml").read_text())
 IN_CI = bool(os.environ.get("CI"))
 # What the workers of the tests run with: a worker is known lost within seconds, and every
 # sweep comes round several times a second (the defaults are for production).

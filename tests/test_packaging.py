@@ -16,12 +16,10 @@ import sys
 import zipfile
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
-from support import ROOT, missing_tool
+from support import PYPROJECT, ROOT, missing_tool
 
 BACKEND = ROOT / ".cache" / "build-backend"
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 @pytest.fixture(scope="module")
