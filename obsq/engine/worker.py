@@ -26,7 +26,7 @@ from typing import Any
 from obsq._version import __version__
 from obsq.app import App
 from obsq.broker import Broker, Fetched
-from obsq.broker.deadline import CANCELS_COUNTED
+from obsq.broker.deadline import uncancel
 from obsq.clock import Clock
 from obsq.engine.aggregation import AggregationLoop
 from obsq.engine.cancelling import CancelWatcher
@@ -283,8 +283,7 @@ class Worker:
             if not task.cancelled:
                 del self.slots.running[runner]
                 return  # the drain hands it back
-            if CANCELS_COUNTED:  # caught: it counts no more while the outcome is settled
-                runner.uncancel()
+            uncancel(runner)  # caught: it counts no more while the outcome is settled
         finally:
             self.slots.ended(runner, task, time.monotonic() - started)
         if task.cancelled:  # the one place an attempt is judged cancelled: its result,

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from obsq.broker.deadline import CANCELS_COUNTED
+from obsq.broker.deadline import cancelling, uncancel
 from obsq.errors import TaskTimeout
 
 if TYPE_CHECKING:
@@ -118,8 +118,7 @@ class _Attempt:
 
     def __init__(self, task: asyncio.Task[Any], start: float, before: float) -> None:
         self.task = task
-        # cancellations asked from outside before it
-        self.cancelling = task.cancelling() if CANCELS_COUNTED else 0
+        self.cancelling = cancelling(task)  # cancellations asked from outside before it
         self.start = start
         self.before = before  # the loop's blocked time at the start
         self.expired = False
@@ -129,5 +128,4 @@ def _ended(attempt: _Attempt, running: dict[_Attempt, None]) -> bool:
     """The attempt is no longer watched; whether its own timeout cancelled it (and nothing
     from outside asked for its cancellation meanwhile)."""
     running.pop(attempt, None)
-    return attempt.expired and (not CANCELS_COUNTED
-                                or attempt.task.uncancel() <= attempt.cancelling)
+    return attempt.expired and uncancel(attempt.task) <= attempt.cancelling
