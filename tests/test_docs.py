@@ -25,7 +25,7 @@ from pages import (
     blocks,
     python_block,
 )
-from support import ROOT, obsq_env
+from support import PYPROJECT, ROOT, obsq_env, toml
 
 # What the suite runs: Python blocks here or in tests/test_readme.py, shell commands in
 # tests/test_readme.py, each by what it is; TOML blocks (pyproject settings) here.
@@ -69,16 +69,13 @@ def test_a_toml_block_holds_settings_this_repository_runs_with() -> None:
     """Settings a page suggests for a pyproject.toml parse, and each is the value of this
     repository's own pyproject.toml, under which the suite (and the testing guide's
     example tests) run."""
-    tomllib = pytest.importorskip("tomllib")
-    ours = tomllib.loads((ROOT / "pyproject.toml").read_text())
-
     def leaves(table: dict, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], object]]:
         return [leaf for key, value in table.items() for leaf in (
             leaves(value, (*path, key)) if isinstance(value, dict) else [((*path, key), value)])]
 
     for block in blocks("toml"):
-        for path, value in leaves(tomllib.loads(block.text)):
-            mine: object = ours
+        for path, value in leaves(toml.loads(block.text)):
+            mine: object = PYPROJECT
             for key in path:
                 mine = mine.get(key) if isinstance(mine, dict) else None
             assert mine == value, f"{block.where}: {'.'.join(path)} = {value!r}, ours {mine!r}"

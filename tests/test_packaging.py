@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import configparser
 import email
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
 
 import pytest
-import tomllib
 from packaging.requirements import Requirement
-from support import ROOT, missing_tool
+from support import PYPROJECT, ROOT, missing_tool
 
 BACKEND = ROOT / ".cache" / "build-backend"
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +95,20 @@ def test_no_extra_brings_a_redis_server_onto_path(wheel: zipfile.ZipFile) -> Non
     groups = configparser.ConfigParser()
     groups.read_string(wheel.read(entry_points).decode())
     assert dict(groups["console_scripts"]) == {"obsq": "obsq.cli:main"}
+
+
+def test_the_classifiers_name_the_pythons_ci_runs_the_suite_on() -> None:
+    """pyproject.toml's Python classifiers are exactly the versions .ci/run runs the suite on
+    (PYTHONS), requires-python starts at the lowest, and the README and the getting-started
+    page name the same range."""
+    ci = re.search(r"^PYTHONS=\((.+)\)$", (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
+    assert ci, ".ci/run names no PYTHONS"
+    tested = ci.group(1).split()
+    project = PYPROJECT["project"]
+    classified = [c.rpartition(" :: ")[2] for c in project["classifiers"]
+                  if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)]
+    assert classified == tested
+    assert project["requires-python"] == f">={tested[0]}"
+    supported = f"Python {tested[0]} to {tested[-1]}"
+    for page in ("README.md", "docs/guides/getting-started.md"):
+        assert supported in " ".join((ROOT / page).read_text().split()), page

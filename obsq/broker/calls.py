@@ -31,7 +31,6 @@ import functools
 import itertools
 import logging
 import os
-import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
@@ -494,7 +493,20 @@ def _on_blocking_connection(connection: Any, script: Script, words: tuple) -> An
 T = TypeVar("T")
 P = ParamSpec("P")
 TimedOut = Callable[[str, float], BaseException]  # (operation, seconds) -> the error raised
-COUNTED = sys.version_info >= (3, 11)  # tasks count their cancellations (uncancel)
+
+
+def cancelling(task: asyncio.Task[Any]) -> int:
+    """The cancellations asked of `task` and not taken back, where tasks count them
+    (Python 3.11+, or on 3.10 a task factory's tasks that backport it, as pytest-asyncio's
+    runner's); else 0: a cancellation caught is simply over."""
+    counted = getattr(task, "cancelling", None)
+    return counted() if counted is not None else 0
+
+
+def uncancel(task: asyncio.Task[Any]) -> int:
+    """Take back a cancellation of `task` that its own code caught; the ones left."""
+    taken = getattr(task, "uncancel", None)
+    return taken() if taken is not None else 0
 
 
 class CallDeadlines:
@@ -518,11 +530,11 @@ class CallDeadlines:
         self._calls[key] = (task, due)
         if self._timer is None:
             self._timer = loop.call_at(due, self._expire, loop)
-        cancelling = task.cancelling() if COUNTED else 0
+        cancelled_before = cancelling(task)
         try:
             return await call
         except asyncio.CancelledError:
-            if key not in self._expired or (COUNTED and task.uncancel() > cancelling):
+            if key not in self._expired or uncancel(task) > cancelled_before:
                 raise  # cancelled by someone else (too)
             raise self._timed_out(operation, self.seconds) from None
         finally:

@@ -26,6 +26,7 @@ from obsq._version import __version__
 from obsq.app import App, Hooks
 from obsq.background import BackgroundLoop, on_stop_signals
 from obsq.broker import Broker, Fetched
+from obsq.broker.calls import uncancel
 from obsq.clock import Clock
 from obsq.engine.aggregation import AggregationLoop
 from obsq.engine.cancelling import CancelWatcher
@@ -275,7 +276,7 @@ class Worker:
         except asyncio.CancelledError:
             if not task.cancelled:
                 return  # stopped by the drain: it stays among the running, to be handed back
-            runner.uncancel()
+            uncancel(runner)  # caught: it counts no more while the outcome is settled
         finally:
             self.slots.ended(runner, task, time.monotonic() - started)
         if task.cancelled:  # the one place an attempt is judged cancelled: its result,

@@ -320,7 +320,8 @@ def _fastotel_processor() -> Any:
         from fastotel import OTLPSpanProcessor
     except ImportError:
         raise ConfigurationError("OBSQ_FASTOTEL=true, but fastotel is not installed: "
-                                 "pip install 'obsq[fasttrace]'") from None
+                                 "pip install 'obsq[fasttrace]' (Python 3.11 or newer)"
+                                 ) from None
     return OTLPSpanProcessor()
 
 

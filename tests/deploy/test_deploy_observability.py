@@ -139,6 +139,8 @@ def test_up_rules_select_obsq_pods_by_component() -> None:
 
 
 def test_dashboards_are_up_to_date_with_the_generator(tmp_path: Path) -> None:
+    if sys.version_info < (3, 11):  # what CI runs on newer Pythons checks the dashboards
+        pytest.skip("every release of grafana-foundation-sdk needs Python 3.11 or newer")
     if importlib.util.find_spec("grafana_foundation_sdk") is None:
         missing("grafana-foundation-sdk is not installed (pip install -e '.[test]')")
     proc = subprocess.run(

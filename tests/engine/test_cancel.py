@@ -77,6 +77,31 @@ async def test_a_running_async_handler_is_cancelled(app, client, start_worker) -
     assert await _state(client, info.id) == "cancelled"
 
 
+async def test_a_cancelled_async_handler_ends_and_frees_its_slot(app, client,
+                                                                 start_worker) -> None:
+    """On every Python obsq supports (3.10's tasks cannot uncancel()), the cancelled attempt
+    is recorded `cancelled` and its worker's only slot goes on to the next task."""
+    started = asyncio.Event()
+    ran: list[str] = []
+
+    @app.task("long")
+    async def long(task: obsq.Task):
+        started.set()
+        await asyncio.sleep(60)
+
+    @app.task("next")
+    async def next_one(task: obsq.Task):
+        ran.append(task.id)
+
+    await start_worker(concurrency=1)
+    info = await client.enqueue("long", retention=60)
+    await asyncio.wait_for(started.wait(), 10)
+    assert await client.cancel(info.id) == "running"
+    after = await client.enqueue("next")
+    await wait_until(lambda: _state_is(client, info.id, "cancelled"), what="cancelled")
+    await wait_until(lambda: ran == [after.id], what="the next task run in the freed slot")
+
+
 async def test_a_running_plain_function_sees_task_cancelled(app, client, start_worker) -> None:
     outcomes: list[str] = []
     app.on_outcome(lambda task, outcome, error: outcomes.append(outcome))

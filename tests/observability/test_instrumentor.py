@@ -13,10 +13,9 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-import tomllib
-from support import obsq_env
+from support import PYPROJECT, obsq_env
 
-from .helpers import ROOT, missing_tool
+from .helpers import missing_tool
 
 APP = """
 import asyncio, json, os
@@ -38,8 +37,7 @@ GROUP = "opentelemetry_instrumentor"
 def declared_entry_point() -> str:
     """The instrumentor pyproject.toml registers (what an install of obsq puts in its
     metadata)."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return project["entry-points"][GROUP]["obsq"]
+    return PYPROJECT["project"]["entry-points"][GROUP]["obsq"]
 
 
 def metadata_dir(tmp_path: Path) -> Path | None:

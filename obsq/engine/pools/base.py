@@ -4,11 +4,11 @@ timeouts that end attempts."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from obsq.broker.calls import cancelling, uncancel
 from obsq.errors import TaskTimeout
 
 if TYPE_CHECKING:
@@ -61,7 +61,10 @@ class Deadlines:
     due and is armed again for the next. A timer armed and cancelled per attempt cost each
     attempt 3 µs of the worker's CPU (uvloop). An attempt's timeout cancels its task, told
     apart from a cancellation from outside as asyncio.timeout does (Task.cancelling and
-    uncancel, Python 3.11+; on 3.10, asyncio.wait_for, which counts blocked time too)."""
+    uncancel, Python 3.11+; on 3.10 one that comes with the timeout is merged into it). The
+    call runs in the caller's task, on every Python: asyncio.wait_for's task of its own
+    starts it a loop iteration late (a child's reply that came first was lost) and hides the
+    handler's runner from current_task()."""
 
     def __init__(self, blocked: Callable[[], float] = lambda: 0.0) -> None:
         self._blocked = blocked
@@ -71,11 +74,6 @@ class Deadlines:
 
     async def within(self, call: Awaitable[Any], seconds: float) -> Any:
         """`await call`, or TaskTimeout after `seconds` (the call is then cancelled)."""
-        if sys.version_info < (3, 11):  # pragma: no cover - no Task.uncancel
-            try:
-                return await asyncio.wait_for(call, seconds)
-            except asyncio.TimeoutError:
-                raise overran(seconds) from None
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # first use, or used again on another loop
             self._loop, self._running, self._timers = loop, {}, {}
@@ -121,7 +119,7 @@ class _Attempt:
 
     def __init__(self, task: asyncio.Task[Any], start: float, before: float) -> None:
         self.task = task
-        self.cancelling = task.cancelling()  # cancellations asked from outside before it
+        self.cancelling = cancelling(task)  # cancellations asked from outside before it
         self.start = start
         self.before = before  # the loop's blocked time at the start
         self.expired = False
@@ -131,4 +129,4 @@ def _ended(attempt: _Attempt, running: dict[_Attempt, None]) -> bool:
     """The attempt is no longer watched; whether its own timeout cancelled it (and nothing
     from outside asked for its cancellation meanwhile)."""
     running.pop(attempt, None)
-    return attempt.expired and attempt.task.uncancel() <= attempt.cancelling
+    return attempt.expired and uncancel(attempt.task) <= attempt.cancelling
