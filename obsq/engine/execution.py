@@ -17,8 +17,9 @@ import orjson
 
 from obsq.app import App
 from obsq.broker import FetchedTask
+from obsq.broker.calls import Deadlines
 from obsq.engine.pools import make_pool
-from obsq.engine.pools.base import Deadlines, UnsentResult
+from obsq.engine.pools.base import UnsentResult, timed_out
 from obsq.errors import PayloadError, Retry, SkipRetry, UnknownTaskType
 from obsq.flow import FLOW_HEADER
 from obsq.names import queue_of
@@ -174,7 +175,7 @@ class Executor:
             raise UnknownTaskType(f"no handler is registered for task type {task.type!r}")
         task.payload  # noqa: B018 - decode now: a tampered payload must fail before the handler
         if route.is_async:
-            return self.deadlines.within(route.handler(task), task.timeout)
+            return self.deadlines.within(route.handler(task), task.timeout, timed_out)
         return self.pool.run(route, task)  # its timeout counts from the handler's start
 
     def close(self) -> None:

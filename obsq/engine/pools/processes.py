@@ -21,7 +21,8 @@ import sys
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from obsq.engine.pools.base import Deadlines, Stuck, UnsentResult
+from obsq.broker.calls import Deadlines
+from obsq.engine.pools.base import Stuck, UnsentResult, timed_out
 from obsq.engine.pools.child import child_setups, serve
 from obsq.errors import ConfigurationError, HandlerCrashed, TaskTimeout
 
@@ -117,7 +118,7 @@ class ProcessSlots:
             except OSError:  # it died while idle, unnoticed so far
                 reply = None
             else:
-                reply = await self._deadlines.within(child.reply(), task.timeout)
+                reply = await self._deadlines.within(child.reply(), task.timeout, timed_out)
             if reply is None:
                 raise HandlerCrashed(f"the process running the handler of task {task.id} "
                                      f"({task.type}, pid {child.process.pid}) died before it "
