@@ -146,8 +146,8 @@ class Client:
         `group` waits in it (state `aggregating`) for the aggregator of its type
         (app.aggregate), and takes no option but queue, task_id and headers. The enqueues
         of concurrent callers share round trips. A flow (obsq.chain, obsq.chord): FlowInfo."""
-        if isinstance(task_type, (Chain, Chord)):
-            return await self.flows.enqueue(task_type)
+        if isinstance(task_type, (Chain, Chord)):  # within the deadline as any enqueue
+            return await self.deadlines.run("enqueue", self.flows.enqueue(task_type))
         if group is not None:
             check_grouped(group, {"max_retry": max_retry, "timeout": timeout, "delay": delay,
                                   "eta": eta, "unique_for": unique_for,

@@ -52,6 +52,7 @@ async def test_the_client_ends_every_call_on_a_stopped_redis_and_recovers(
             calls = {
                 "enqueue": client.enqueue("t", "lost?", task_id="while-stopped"),
                 "enqueue_many": client.enqueue_many([obsq.Job("t", i) for i in range(3)]),
+                "a flow": client.enqueue(obsq.chain(obsq.Job("t", 1), obsq.Job("t", 2))),
                 "new queue": client.enqueue("t", "x", queue="elsewhere"),
                 "info": client.info(first.id),
                 "result": client.result(first.id, timeout=None),
