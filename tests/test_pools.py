@@ -183,7 +183,7 @@ async def test_attempts_of_one_timeout_length_each_end_at_their_own_deadline():
     async def attempt(start: float, runs: float) -> str:
         await asyncio.sleep(start)
         try:
-            return await deadlines.within(asyncio.sleep(runs, "done"), 0.3, timed_out)
+            return await deadlines.run("t", asyncio.sleep(runs, "done"), 0.3, timed_out)
         except TaskTimeout:
             return "timed out"
 
@@ -193,14 +193,14 @@ async def test_attempts_of_one_timeout_length_each_end_at_their_own_deadline():
                                 ) == ["timed out", "done", "done"]
     started = time.monotonic()
     with pytest.raises(TaskTimeout, match=r"ran longer than its timeout of 0\.2 s"):
-        await deadlines.within(asyncio.sleep(5), 0.2, timed_out)
+        await deadlines.run("t", asyncio.sleep(5), 0.2, timed_out)
     assert 0.15 < time.monotonic() - started < 2
 
 
 async def test_a_cancellation_from_outside_is_no_timeout_and_blocked_time_is_not_counted():
     blocked = [0.0]
     deadlines = Deadlines(lambda: blocked[0])
-    outside = asyncio.ensure_future(deadlines.within(asyncio.sleep(5), 1, timed_out))
+    outside = asyncio.ensure_future(deadlines.run("t", asyncio.sleep(5), 1, timed_out))
     await asyncio.sleep(0.05)
     outside.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -213,7 +213,7 @@ async def test_a_cancellation_from_outside_is_no_timeout_and_blocked_time_is_not
     started = time.monotonic()
     blocking = asyncio.ensure_future(loop_blocked_for_a_while())
     with pytest.raises(TaskTimeout):
-        await deadlines.within(asyncio.sleep(5), 0.2, timed_out)
+        await deadlines.run("t", asyncio.sleep(5), 0.2, timed_out)
     await blocking
     assert time.monotonic() - started >= 0.55  # 0.2 s, moved later by the 0.4 s blocked
     assert asyncio.current_task().cancelling() == 0  # the timeouts' own cancellations undone

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import threading
@@ -157,7 +158,7 @@ class RedisCalls:
         return BrokerError(operation, exc, message)
 
     def timed_out(self, operation: str, timeout: float) -> BrokerTimeout:
-        """A call that got no answer within its deadline (CallDeadlines), reported like any
+        """A call that got no answer within its deadline (Deadlines), reported like any
         failure."""
         error = BrokerTimeout(operation, timeout, self.safe_url)
         self.on_error(operation, error)
@@ -509,10 +510,10 @@ def uncancel(task: asyncio.Task[Any]) -> int:
 
 
 class Deadlines:
-    """The deadlines of calls awaited on one event loop (`within`): a producer's Redis calls
-    (CallDeadlines) and the attempts of async handlers (their timeouts, engine/execution.py),
-    not counting the time the loop stood blocked meanwhile (`blocked()`: that time so far,
-    the worker's LoopMonitor).
+    """The deadlines of calls awaited on one event loop (`run`): a producer's Redis calls
+    (a Client's, `seconds` and `error` given here) and the attempts of async handlers and
+    process-pool children (their timeouts, given with each), not counting the time the loop
+    stood blocked meanwhile (`blocked()`: that time so far, the worker's LoopMonitor).
 
     Calls of one length fall due in the order they started, so one timer per length, armed
     for the first of them, watches them all; when it fires it cancels those past due and is
@@ -524,85 +525,74 @@ class Deadlines:
     comes with the timeout merges into it). Cancelling a redis-py call halfway closes its
     connection, so a late reply is never read as the answer to the next call."""
 
-    def __init__(self, blocked: Callable[[], float] | None = None) -> None:
+    def __init__(self, blocked: Callable[[], float] | None = None, *, seconds: float = 0.0,
+                 error: TimedOut | None = None) -> None:
         self._blocked = blocked
-        self._running: dict[float, dict[_Watched, None]] = {}  # by length, in start order
+        self.seconds = seconds  # of a call given no length of its own
+        self.error = error  # makes the error of a call given no error of its own
+        # by length, in start order: call key -> (its task, start, blocked time then,
+        # cancellations asked of it before)
+        self._running: dict[float, dict[int, tuple[asyncio.Task[Any], float, float, int]]] = {}
+        self._expired: set[int] = set()  # keys of the calls their timer cancelled
         self._timers: dict[float, asyncio.TimerHandle] = {}  # by length
+        self._keys = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None  # where the timers are armed
 
-    async def within(self, call: Awaitable[T], seconds: float, error: TimedOut,
-                     name: str = "") -> T:
+    async def run(self, name: str, call: Awaitable[T], seconds: float | None = None,
+                  error: TimedOut | None = None) -> T:
         """`await call`, or `error(name, seconds)` once `seconds` have passed (the call is
-        then cancelled)."""
+        then cancelled); `name`: what the error names (a Redis operation, a task type)."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # first use, or used again on another loop
             self._loop, self._running, self._timers = loop, {}, {}
         task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("a deadline needs a task to cancel")
-        watched = _Watched(task, loop.time(), self._blocked() if self._blocked else 0.0)
+        if seconds is None:
+            seconds = self.seconds
+        key, start = next(self._keys), loop.time()
         running = self._running.get(seconds)
         if running is None:
             running = self._running[seconds] = {}
-        running[watched] = None
+        running[key] = (task, start, self._blocked() if self._blocked else 0.0,
+                        cancelling(task))
         if seconds not in self._timers:
-            self._timers[seconds] = loop.call_at(watched.start + seconds, self._due, loop,
-                                                 seconds)
+            self._timers[seconds] = loop.call_at(start + seconds, self._due, loop, seconds)
         try:
             return await call
         except asyncio.CancelledError:
-            if watched.expired and uncancel(task) <= watched.cancelling:
-                raise error(name, seconds) from None
+            if key in self._expired and uncancel(task) <= running.get(key, _NONE)[3]:
+                raise (error or self.error)(name, seconds) from None  # type: ignore[misc]
             raise  # cancelled from outside (too)
         finally:
-            running.pop(watched, None)
+            running.pop(key, None)
+            if self._expired:
+                self._expired.discard(key)
 
     def _due(self, loop: asyncio.AbstractEventLoop, seconds: float) -> None:
         if loop is not self._loop:
             return  # armed on a loop no longer used
         running = self._running[seconds]
         now, blocked = loop.time(), self._blocked() if self._blocked else 0.0
-        while running:
-            watched = next(iter(running))
-            due = watched.start + seconds + blocked - watched.before
+        for key, (task, start, before, _) in running.items():
+            if key in self._expired:
+                continue
+            due = start + seconds + blocked - before
             if due > now:
                 self._timers[seconds] = loop.call_at(due, self._due, loop, seconds)
                 return
-            del running[watched]
-            watched.expired = True
-            watched.task.cancel()
-        del self._timers[seconds], self._running[seconds]  # a length no longer in use
+            self._expired.add(key)
+            task.cancel()
+        del self._timers[seconds]  # none left to watch: armed again by the next call
 
 
-class _Watched:
-    __slots__ = ("before", "cancelling", "expired", "start", "task")
-
-    def __init__(self, task: asyncio.Task[Any], start: float, before: float) -> None:
-        self.task = task
-        self.cancelling = cancelling(task)  # cancellations asked from outside before it
-        self.start = start
-        self.before = before  # the loop's blocked time at the start
-        self.expired = False
-
-
-class CallDeadlines(Deadlines):
-    """Deadlines of `seconds` for a producer's calls; `timed_out(operation, seconds)` makes
-    the error a late call raises."""
-
-    def __init__(self, seconds: float, timed_out: TimedOut) -> None:
-        super().__init__()
-        self.seconds = seconds
-        self.timed_out = timed_out
-
-    def run(self, operation: str, call: Awaitable[T]) -> Coroutine[Any, Any, T]:
-        """`call`'s result, or the timed_out error once `seconds` have passed without one."""
-        return self.within(call, self.seconds, self.timed_out, operation)
+_NONE: tuple[Any, float, float, int] = (None, 0.0, 0.0, 0)
 
 
 class Producer(Protocol):
     """What a method under `deadline` belongs to: a Client."""
 
-    deadlines: CallDeadlines
+    deadlines: Deadlines
 
 
 Method = Callable[Concatenate[Any, P], Coroutine[Any, Any, T]]

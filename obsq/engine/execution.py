@@ -175,7 +175,8 @@ class Executor:
             raise UnknownTaskType(f"no handler is registered for task type {task.type!r}")
         task.payload  # noqa: B018 - decode now: a tampered payload must fail before the handler
         if route.is_async:
-            return self.deadlines.within(route.handler(task), task.timeout, timed_out)
+            return self.deadlines.run(task.type, route.handler(task), task.timeout,
+                                      timed_out)
         return self.pool.run(route, task)  # its timeout counts from the handler's start
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from obsq.app import App, Hooks, ProducerHook, RefusalHook
 from obsq.broker import Broker
-from obsq.broker.calls import CallDeadlines, call_timeout_of, deadline
+from obsq.broker.calls import Deadlines, call_timeout_of, deadline
 from obsq.clock import Clock
 from obsq.errors import (
     BrokerError,
@@ -95,7 +95,7 @@ class Client:
             raise ConfigurationError("a Client given a broker takes its durable_replicas and "
                                      "memory_share: give them to the Broker")
         self.broker = broker
-        self.deadlines = CallDeadlines(self.call_timeout, self.broker.timed_out)
+        self.deadlines = Deadlines(seconds=self.call_timeout, error=self.broker.timed_out)
         self.allow_eviction = env_flag("OBSQ_ALLOW_EVICTION") if allow_eviction is None \
             else allow_eviction
         self.results = ResultWaiter(self.broker, self.deadlines)

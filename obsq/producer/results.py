@@ -24,18 +24,18 @@ from typing import Any
 
 from obsq.background import RedisRetry
 from obsq.broker import Broker, Ended
-from obsq.broker.calls import CallDeadlines
+from obsq.broker.calls import Deadlines
 from obsq.errors import BrokerError, ResultTimeout, TaskCancelled, TaskFailed, TaskNotFound
 from obsq.settings import RESULT_READ_TIMEOUT, RESULT_RECHECK
 from obsq.task import decode_stored_json
 
 
 class ResultWaiter:
-    def __init__(self, broker: Broker, deadlines: CallDeadlines) -> None:
+    def __init__(self, broker: Broker, deadlines: Deadlines) -> None:
         self.broker = broker
         self.deadlines = deadlines  # the Client's
-        self.read_deadlines = CallDeadlines(RESULT_READ_TIMEOUT + deadlines.seconds,
-                                            broker.timed_out)
+        self.read_deadlines = Deadlines(seconds=RESULT_READ_TIMEOUT + deadlines.seconds,
+                                        error=broker.timed_out)
         self.client_id = os.urandom(8).hex()
         self._waiters: dict[tuple[str, str], list[asyncio.Future[Ended | None]]] = {}
         # by group (a queue on a Cluster, else "" for all): its reader, and the queues of

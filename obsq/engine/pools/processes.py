@@ -118,7 +118,8 @@ class ProcessSlots:
             except OSError:  # it died while idle, unnoticed so far
                 reply = None
             else:
-                reply = await self._deadlines.within(child.reply(), task.timeout, timed_out)
+                reply = await self._deadlines.run(task.type, child.reply(), task.timeout,
+                                                   timed_out)
             if reply is None:
                 raise HandlerCrashed(f"the process running the handler of task {task.id} "
                                      f"({task.type}, pid {child.process.pid}) died before it "
