@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 from support import obsq_env, one_clear_line, run_obsq
 
+import obsq
 from obsq._version import __version__
 from obsq.redis_server import free_port
 
@@ -68,6 +70,21 @@ def test_a_database_that_is_not_a_number_or_an_empty_namespace_is_a_usage_error(
     for args in (["stats"], ["worker", "tests.engine.apps:app", "--http-port", "-1"]):
         result = run_obsq(*args, "--namespace", "", "--redis-url", redis_url)
         assert result.returncode == 2 and "namespace '' must be" in result.stderr, result.stderr
+
+
+def test_a_typo_in_a_redis_urls_query_is_one_line_naming_it(redis_url) -> None:
+    """redis-py would hand the unknown parameter to every connection, and every command
+    would fail with a TypeError traceback."""
+    typo = redis_url + "?max_conections=10"
+    for args in (["queues", "--redis-url", typo],
+                 ["worker", "tests.engine.apps:app", "--redis-url", typo, "--http-port", "-1"]):
+        result = run_obsq(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        one_clear_line(result, "'max_conections'", "did you mean 'max_connections'?")
+    known = redis_url + "?max_connections=10&socket_keepalive=true&health_check_interval=5"
+    assert run_obsq("queues", "--redis-url", known).returncode == 0
+    with pytest.raises(obsq.ConfigurationError, match="max_conections"):
+        obsq.Client(typo)
 
 
 def test_ui_port_is_http_port_and_the_old_flag_still_works(redis_url) -> None:

@@ -24,6 +24,8 @@ own win, so a URL that names its user and password means exactly what it says.""
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
 import socket
 from typing import Any
@@ -40,6 +42,7 @@ from redis.retry import Retry as SyncRetry
 from redis.sentinel import Sentinel as SyncSentinel
 from redis.sentinel import SentinelConnectionPool as SyncSentinelPool
 
+from obsq.broker.diagnosis import safe
 from obsq.errors import ConfigurationError
 from obsq.settings import (
     CONNECT_TIMEOUT,
@@ -69,6 +72,8 @@ def create_client(url: str, *, blocking: bool = False, call_timeout: float | Non
         raise ConfigurationError(
             f"Redis URL scheme {parts.scheme!r} is not one of {', '.join(SCHEMES)}")
     _check_database(url, parts)
+    if parts.scheme != "redis+sentinel":  # its query is read by _sentinel_client
+        _check_query(url, parts)
     options: dict[str, Any] = {
         "socket_timeout": None, "socket_connect_timeout": CONNECT_TIMEOUT,
         "socket_keepalive": True, "socket_keepalive_options": KEEPALIVE,
@@ -93,6 +98,23 @@ def create_client(url: str, *, blocking: bool = False, call_timeout: float | Non
         return aioredis.Redis.from_pool(aioredis.BlockingConnectionPool.from_url(url, **options))
     except ValueError as exc:
         raise ConfigurationError(f"Redis URL {url!r} is invalid: {exc}") from None
+
+
+def _check_query(url: str, parts: Any) -> None:
+    """redis-py hands a query parameter it does not know to each connection it makes, where
+    it fails every command with a TypeError: a typo (`?max_conections=10`) is said here, in
+    one line, naming the parameter."""
+    known = set(redis.connection.URL_QUERY_ARGUMENT_PARSERS)
+    for kind in (redis.connection.AbstractConnection, redis.connection.Connection,
+                 redis.connection.SSLConnection, redis.connection.UnixDomainSocketConnection,
+                 *((RedisCluster,) if parts.scheme.endswith("+cluster") else ())):
+        known.update(inspect.signature(kind.__init__).parameters)
+    for name in parse_qs(parts.query, keep_blank_values=True):
+        if name not in known or name in ("self", "kwargs"):
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise ConfigurationError(
+                f"Redis URL {safe(url)!r} has a query parameter redis-py does not know: "
+                f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
 
 
 def _check_database(url: str, parts: Any) -> None:
