@@ -169,9 +169,11 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
         ordering_key = validate_name("ordering_key", job.ordering_key)
     unique_key = ""
     if unique_for:
-        # bytes are told apart from the JSON that happens to have the same text
+        # bytes are told apart from the JSON that happens to have the same text; JSON is
+        # compared in a canonical form, so the order of an object's keys makes no other task
         kind = b"\0bytes\0" if binary else b"\0"
-        unique_key = hashlib.sha1(job.type.encode() + kind + payload).hexdigest()
+        canonical = payload if binary else orjson.dumps(job.payload, option=orjson.OPT_SORT_KEYS)
+        unique_key = hashlib.sha1(job.type.encode() + kind + canonical).hexdigest()
     return TaskMessage(id=job.task_id or new_task_id(), type=job.type, queue=queue,
                        payload=payload, headers=headers, max_retry=max_retry, timeout=timeout,
                        retention=retention, delay=delay, unique_key=unique_key,

@@ -144,3 +144,16 @@ async def test_a_grouped_task_s_id_is_remembered_once_its_batch_ends(
     with pytest.raises(obsq.DuplicateTask):
         await client.enqueue("part", 1, group="g", task_id="part-1")
     assert raw_redis.zcard(keys.ended) == 1  # the generated id is not remembered
+
+
+async def test_unique_for_compares_payloads_whatever_the_order_of_their_keys(
+        client: obsq.Client) -> None:
+    first = await client.enqueue("u", {"key": "k1", "lang": "en"}, unique_for=60)
+    with pytest.raises(obsq.DuplicateTask) as caught:
+        await client.enqueue("u", {"lang": "en", "key": "k1"}, unique_for=60)
+    assert caught.value.existing_id == first.id
+    nested = {"a": {"y": 1, "x": [2, {"q": 1, "p": 2}]}}
+    await client.enqueue("u", nested, unique_for=60)
+    with pytest.raises(obsq.DuplicateTask):
+        await client.enqueue("u", {"a": {"x": [2, {"p": 2, "q": 1}], "y": 1}}, unique_for=60)
+    await client.enqueue("u", {"key": "k2", "lang": "en"}, unique_for=60)  # another task
