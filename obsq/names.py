@@ -24,6 +24,7 @@ import logging
 import math
 import re
 import zlib
+from datetime import timedelta
 from typing import Any
 
 from obsq.errors import ConfigurationError
@@ -108,9 +109,11 @@ def check_seconds(name: str, value: Any, *, zero: bool = False) -> None:
         raise ValueError(f"{name} must be {seconds_rule(zero)}, got {value!r}")
 
 
-def duration(name: str, value: float | None, minimum: float = 0.001) -> float:
-    """A length of time in seconds: 0 (or None) for none, else at least `minimum` (Redis
-    counts expiries in whole milliseconds and refuses 0)."""
+def duration(name: str, value: float | timedelta | None, minimum: float = 0.001) -> float:
+    """A length of time in seconds (or a timedelta): 0 (or None) for none, else at least
+    `minimum` (Redis counts expiries in whole milliseconds and refuses 0)."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
     if value is None or value == 0:
         return 0.0
     if not (is_seconds(value) and value >= minimum):

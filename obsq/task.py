@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Awaitable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
@@ -74,11 +74,11 @@ class Job:
     queue: str | None = None
     max_retry: int | None = None
     timeout: float | None = None
-    delay: float | None = None
-    eta: datetime | None = None
-    unique_for: float | None = None
+    delay: float | timedelta | None = None
+    eta: datetime | timedelta | None = None
+    unique_for: float | timedelta | None = None
     task_id: str | None = None
-    retention: float | None = None
+    retention: float | timedelta | None = None
     headers: dict[str, str] = field(default_factory=dict)
     ordering_key: str | None = None  # tasks sharing it run one at a time, in enqueue order
     priority: int | None = None  # 0 to 9, higher first within its queue (None: the route's)
@@ -141,11 +141,12 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
         raise ValueError("give delay or eta, not both")
     # each check a call only where an option is given: the common enqueue gives none
     delay = 0.0 if job.delay is None else duration("delay", job.delay, minimum=0.0)
-    if job.eta is not None and not isinstance(job.eta, datetime):
-        raise TypeError(f"eta must be a datetime (aware, or naive in local time), got "
-                        f"{type(job.eta).__name__} {job.eta!r}; for seconds from now, give "
-                        "delay")
-    if job.eta is not None:  # the only place the producer's clock counts: eta means its "now"
+    if isinstance(job.eta, timedelta):  # a length of time: from now, as a delay
+        delay = duration("eta", job.eta, minimum=0.0)
+    elif job.eta is not None and not isinstance(job.eta, datetime):
+        raise TypeError(f"eta must be a datetime (aware, or naive in local time) or a "
+                        f"timedelta from now, got {type(job.eta).__name__} {job.eta!r}")
+    elif job.eta is not None:  # the only place the producer's clock counts: eta means its "now"
         # a naive datetime is local time, as Python's datetime.now() makes and reads it
         delay = max(job.eta.timestamp() - (time.time() if now is None else now), 0.0)
     retention = 0.0 if job.retention is None else duration("retention", job.retention)

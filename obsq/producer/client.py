@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from obsq.app import App, Hooks, ProducerHook, RefusalHook
@@ -133,9 +133,11 @@ class Client:
     async def enqueue(self, task_type: str | Chain | Chord, payload: Any = None, *,
                       queue: str | None = None,
                       max_retry: int | None = None, timeout: float | None = None,
-                      delay: float | None = None, eta: datetime | None = None,
-                      unique_for: float | None = None, task_id: str | None = None,
-                      retention: float | None = None, headers: dict[str, str] | None = None,
+                      delay: float | timedelta | None = None,
+                      eta: datetime | timedelta | None = None,
+                      unique_for: float | timedelta | None = None, task_id: str | None = None,
+                      retention: float | timedelta | None = None,
+                      headers: dict[str, str] | None = None,
                       ordering_key: str | None = None, group: str | None = None,
                       priority: int | None = None) -> Any:
         """Enqueue one task. Raises DuplicateTask when its id, or its type and payload

@@ -82,6 +82,13 @@ async def test_delay_and_eta_schedule_the_task(app, client, start_worker, raw_re
     eta = datetime.now(timezone.utc) + timedelta(seconds=1.0)
     at_eta = await client.enqueue("later", "eta", eta=eta)
     naive_past = await client.enqueue("later", "past-eta", eta=datetime(2000, 1, 1))
+    # a timedelta is a length of time from now, as delay or eta (Celery's countdown)
+    as_lengths = [await client.enqueue("later", f"timedelta {option}",
+                                       **{option: timedelta(hours=1)})  # type: ignore[arg-type]
+                  for option in ("delay", "eta")]
+    for info_of_length in as_lengths:
+        due_ms = int(raw_redis.hget(keys.task(info_of_length.id), "due"))
+        assert info_of_length.state == "scheduled" and due_ms >= before + 3_599_000
     assert delayed.state == "scheduled" and at_eta.state == "scheduled"
     assert naive_past.state == "pending"
     info = await client.info(delayed.id)
