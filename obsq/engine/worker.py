@@ -388,5 +388,7 @@ class Worker:
 
     def _on_signal(self, sig: signal.Signals) -> None:
         log.info("received %s: %s", sig.name,
-                 "stopping now" if self.slots.stopped.is_set() else "draining")
+                 "stopping now" if self.slots.stopped.is_set() else
+                 f"draining, up to {self.settings.shutdown_timeout:g} s (a second signal "
+                 "stops at once, handing the running tasks back)")
         self.stop()
