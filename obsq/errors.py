@@ -150,4 +150,9 @@ class ConfigurationError(ObsqError, ValueError):
 class StartupError(ConfigurationError):
     """What a process needs at start fails it, though its options are right: Redis cannot
     be reached or refuses the credentials, the Redis version or the user's commands, the
-    App's module does not import, a port is taken (`obsq` exits 1)."""
+    App's module does not import, a port is taken (`obsq` exits 1). `unreachable`: Redis
+    did not answer at all (refused, reset, timed out), which a later try may mend."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable

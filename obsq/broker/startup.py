@@ -7,10 +7,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from redis.exceptions import RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 
 from obsq.broker.acl import PROBE, probed_commands
-from obsq.broker.calls import RedisCalls
+from obsq.broker.calls import UNREACHABLE, RedisCalls
 from obsq.broker.diagnosis import acl_advice
 from obsq.broker.scripts import Script
 from obsq.errors import StartupError, denied_by_acl
@@ -33,7 +38,9 @@ class StartupChecks(RedisCalls):
         try:
             version = await self._version()
         except (RedisError, RedisClusterException, OSError) as exc:  # the last: no node
-            raise StartupError(self._contact_failure(exc)) from None
+            raise StartupError(self._contact_failure(exc), unreachable=isinstance(
+                exc, (*UNREACHABLE, RedisClusterException))
+                and not isinstance(exc, AuthenticationError)) from None
         release = tuple(int(p) for p in version.split(".")[:2])
         if release < MIN_REDIS_VERSION:
             raise StartupError(f"obsq needs Redis 6.2 or newer; {self.safe_url} runs {version}")

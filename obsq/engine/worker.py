@@ -38,9 +38,9 @@ from obsq.engine.liveness import Claims, Liveness, WorkerHealth
 from obsq.engine.maintenance import Forwarder, Janitor, Recoverer
 from obsq.engine.settlement import Settler
 from obsq.engine.throughput import ThroughputCounter
-from obsq.errors import BrokerError
+from obsq.errors import BrokerError, StartupError
 from obsq.names import queue_of, warn_if_not_the_apps
-from obsq.settings import FETCH_STOP_TIMEOUT, WorkerSettings
+from obsq.settings import FETCH_STOP_TIMEOUT, WorkerSettings, redis_retry_delay
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
@@ -120,10 +120,7 @@ class Worker:
     async def _start_serving(self) -> asyncio.Task[None]:
         """Check Redis, register, start the background loops and the fetch loop."""
         s = self.settings
-        await self.broker.check()
-        policy = await self.broker.check_memory_policy(refuse=not s.allow_eviction)
-        await self.served.refresh()
-        await self.broker.register_queues(self.served.names)
+        policy = await self._reach_redis()
         liveness = Liveness(
             self.broker, self.id, s, self.claims, describe=self.describe,
             running=self.slots.running.get, memory_policy=policy,
@@ -169,6 +166,37 @@ class Worker:
                           strict_priority=s.strict_priority, lease_seconds=s.lease_seconds,
                           wait_timeout=s.wait_timeout, give_back=self._give_back)
         return asyncio.create_task(fetcher.run(), name="obsq-fetch")
+
+    async def _reach_redis(self) -> str | None:
+        """Check Redis and register the queues served; its memory policy. A Redis that does
+        not answer yet (pods started together, a restart under way, a reset halfway) is
+        tried again with backoff, each try said, the worker alive and not ready meanwhile;
+        a wrong URL, password, version or ACL rule fails at once, as a stop signal does."""
+        tries = 0
+        while True:
+            try:
+                await self.broker.check()
+                policy = await self.broker.check_memory_policy(
+                    refuse=not self.settings.allow_eviction)
+                await self.served.refresh()
+                await self.broker.register_queues(self.served.names)
+                if tries:
+                    log.info("worker %s reached Redis at %s after %d failed tries", self.id,
+                             self.broker.safe_url, tries)
+                return policy
+            except (StartupError, BrokerError) as exc:
+                if (isinstance(exc, StartupError) and not exc.unreachable) or (
+                        isinstance(exc, BrokerError) and exc.permission_denied):
+                    raise
+                tries += 1
+                pause = redis_retry_delay(tries)
+                log.warning("worker %s cannot reach Redis yet (try %d): %s; trying again in "
+                            "%.1f s", self.id, tries, exc, pause)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.slots.stopped.wait(), pause)
+                if self.slots.stopped.is_set():
+                    raise StartupError(f"stopped before Redis could be reached: {exc}",
+                                       unreachable=True) from None
 
     def stop(self, now: bool = False) -> None:
         """Begin a graceful drain; a second call, or `now`, stops waiting for running
