@@ -5,12 +5,14 @@ example does not show (a lease that ends, a usage error)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 import time
 from importlib.metadata import entry_points
 
+import pytest
 from support import ROOT
 
 import obsq
@@ -100,3 +102,25 @@ async def test_a_chain_steps_on_as_the_clock_moves(redis_url: str, namespace: st
         await env.advance(0.001)
         assert await env.client.result(info, timeout=5) == 42
         assert seen[-1] == ("bank", 1)
+
+
+async def test_a_frequent_schedule_logs_its_first_fire_and_an_hourly_count_at_info(
+        redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Each fire at DEBUG: an `@every 5s` entry wrote 17,000 INFO lines a day."""
+    ticking = obsq.App(namespace)
+    ticks: list[int] = []
+
+    @ticking.task("tick")
+    async def tick(task: obsq.Task) -> None:
+        ticks.append(1)
+
+    ticking.periodic("@every 60s", "tick")
+    with caplog.at_level(logging.DEBUG, logger="obsq"):
+        async with Environment(ticking, redis_url=redis_url, namespace=namespace) as env:
+            await env.advance(3 * 3600 + 120)  # the first fire a minute in, a count an hour on
+    fires = [r for r in caplog.records if r.getMessage().startswith("schedule tick fired (")]
+    counts = [r for r in caplog.records if "fired 60 time(s) in the last 60 minutes"
+              in r.getMessage()]
+    assert len(ticks) >= 180 and len(fires) == len(ticks)
+    assert [r.levelno for r in fires].count(logging.INFO) == 1  # the first
+    assert len(counts) == 3 and all(r.levelno == logging.INFO for r in counts)

@@ -45,6 +45,7 @@ from obsq.settings import (
 
 log = logging.getLogger("obsq")
 
+FIRES_SUMMARY_EVERY = 3600.0  # seconds between two counts of an entry's fires at INFO
 FireHook = Callable[[str, str, int], None]  # (entry, "fired" or "missed", count)
 EntriesHook = Callable[[list[str]], None]  # the names of the entries known now
 INF = float("inf")
@@ -65,6 +66,9 @@ class SchedulerLoop(LockedLoop):
         self.stored: dict[str, bytes] = {}  # every entry in Redis, as stored
         self.version = -1  # of the entries last read
         self.holding = False  # the lock, in the last round
+        # fires said at INFO: an entry's first, then a count an hour (each at DEBUG): an
+        # `@every 5s` entry would otherwise write 17,000 lines a day
+        self._fires_since: dict[str, tuple[int, float]] = {}  # entry -> (fires, since)
 
     async def tick(self) -> float | None:
         self.holding = False
@@ -208,8 +212,8 @@ class SchedulerLoop(LockedLoop):
             info = await self.client.enqueue(
                 entry.task_type, entry.payload,
                 **entry.enqueue_options(fire, min_retention=self.missed_after))
-            log.info("schedule %s fired (%s) as task %s in queue %s", entry.name,
-                     fire_text(fire), info.id, info.queue)
+            self._said_fire(entry.name, f"fired ({fire_text(fire)}) as task {info.id} in "
+                                        f"queue {info.queue}")
         except DuplicateTask:
             log.info("schedule %s: the fire of %s was enqueued already", entry.name,
                      fire_text(fire))
@@ -220,6 +224,22 @@ class SchedulerLoop(LockedLoop):
             return
         if await self.broker.confirm_fire(entry.name, claim, fire, "fired"):
             self._report(entry.name, "fired", 1)
+
+    def _said_fire(self, name: str, what: str) -> None:
+        now = self.clock.monotonic()
+        fires, since = self._fires_since.get(name, (-1, now))
+        if fires < 0:
+            log.info("schedule %s %s; its later fires are logged at DEBUG, with a count "
+                     "an hour", name, what)
+            self._fires_since[name] = (0, now)
+            return
+        log.debug("schedule %s %s", name, what)
+        if now - since >= FIRES_SUMMARY_EVERY:
+            log.info("schedule %s fired %d time(s) in the last %.0f minutes", name, fires + 1,
+                     (now - since) / 60)
+            self._fires_since[name] = (0, now)
+        else:
+            self._fires_since[name] = (fires + 1, since)
 
     async def _finish(self, name: str, claim: bytes, now_ms: int) -> None:
         """A claim left unconfirmed: its scheduler died (or lost the lock) between the
