@@ -88,3 +88,4 @@ async def test_a_raising_outcome_hook_leaves_the_task_settled(
     states = [(await client.info(i.id)).state for i in infos]
     assert states == ["completed", "dead"] * 2
     assert sum("outcome hook" in r.getMessage() for r in caplog.records) == 1
+

@@ -26,12 +26,14 @@ import signal
 import threading
 import traceback
 from collections.abc import Callable
-from multiprocessing.connection import Connection
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from obsq.app import App, load_app
 from obsq.errors import UnknownTaskType
 from obsq.task import Task
+
+if TYPE_CHECKING:  # the child's pipes; a worker imports this module without multiprocessing
+    from multiprocessing.connection import Connection
 
 ChildSetup = Callable[[App], None]
 _setups: list[ChildSetup] = []
