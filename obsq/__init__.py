@@ -25,6 +25,7 @@ from obsq.errors import (
     BrokerTimeout,
     ConfigurationError,
     DuplicateTask,
+    FlowCancelled,
     FlowFailed,
     HandlerCrashed,
     ObsqError,
@@ -54,11 +55,12 @@ from obsq.task import Job, Task, TaskInfo, TaskMessage
 
 __all__ = [
     "AggregationHook", "App", "BrokerError", "BrokerTimeout", "CallNext", "Client", "ClientFlows",
-    "ConfigurationError", "DuplicateTask", "FlowFailed", "FlowHook", "FlowInfo", "HandlerCrashed",
-    "Inspector", "Job", "Middleware", "ObsqError", "OutcomeHook", "PayloadError", "ProducerHook",
-    "QueueNotFound", "RecoveryHook", "RedisErrorHook", "RefusalHook", "ResultTimeout", "Retry",
-    "Route", "Schedule", "ScheduleInfo", "SkipRetry", "StartupError", "StepFailure", "StuckHook",
-    "SyncClient", "Task", "TaskCancelled", "TaskFailed", "TaskInfo", "TaskMessage", "TaskNotFound",
-    "TaskRunning", "TaskTimeout", "TaskTooLarge", "ThrottleHook", "UnknownTaskType", "Worker",
-    "WorkerSettings", "__version__", "chain", "chord", "on_child_start", "sync_safe",
+    "ConfigurationError", "DuplicateTask", "FlowCancelled", "FlowFailed", "FlowHook", "FlowInfo",
+    "HandlerCrashed", "Inspector", "Job", "Middleware", "ObsqError", "OutcomeHook", "PayloadError",
+    "ProducerHook", "QueueNotFound", "RecoveryHook", "RedisErrorHook", "RefusalHook",
+    "ResultTimeout", "Retry", "Route", "Schedule", "ScheduleInfo", "SkipRetry", "StartupError",
+    "StepFailure", "StuckHook", "SyncClient", "Task", "TaskCancelled", "TaskFailed", "TaskInfo",
+    "TaskMessage", "TaskNotFound", "TaskRunning", "TaskTimeout", "TaskTooLarge", "ThrottleHook",
+    "UnknownTaskType", "Worker", "WorkerSettings", "__version__", "chain", "chord",
+    "on_child_start", "sync_safe",
 ]

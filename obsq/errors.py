@@ -82,6 +82,16 @@ class TaskCancelled(TaskFailed):
         self.args = (f"task {task_id} was cancelled",)
 
 
+class FlowCancelled(FlowFailed, TaskCancelled):
+    """`Client.result` of a flow that was cancelled (`Client.cancel`): a FlowFailed, and a
+    TaskCancelled as a cancelled task's result raises."""
+
+    def __init__(self, flow_id: str) -> None:
+        TaskFailed.__init__(self, flow_id, "cancelled")  # the two bases' own set only args
+        self.flow_id = flow_id
+        self.args = (f"flow {flow_id} was cancelled",)
+
+
 class TaskNotFound(ObsqError, LookupError):
     """No such task (never enqueued, or finished without retention and already removed)."""
 

@@ -227,15 +227,19 @@ class FlowInfo:
         def text(name: str) -> str:
             return f.get(name.encode(), b"").decode(errors="replace")
 
+        state = text("state") or "running"
+        # a step that waited when its flow ended never runs: a cancelled flow's are cancelled
+        unrun = "cancelled" if state == "cancelled" else "waiting"
         steps = []
         for n in range(int(text("nodes") or 0)):
             kept_in, _, task_type = text(f"q:{n}").partition("\t")
+            code = text(f"s:{n}")
             steps.append(FlowStep(n, step_id(flow_id, n), queue_of(kept_in), task_type,
-                                  STEP_STATES.get(text(f"s:{n}"), "waiting"),
+                                  unrun if code in ("", "w") else STEP_STATES.get(code, unrun),
                                   [int(d) for d in text(f"d:{n}").split()]))
         last = int(text("tail") or 0)
         failed = text("failed")
-        return cls(id=flow_id, state=text("state") or "running", steps=steps, last_step=last,
+        return cls(id=flow_id, state=state, steps=steps, last_step=last,
                    failed_step=int(failed) if failed else None, error=text("error") or None,
                    result=decode_stored_json(results.get(str(last).encode())),
                    enqueued_at=timestamp_to_datetime(f.get(b"enq")),

@@ -16,7 +16,14 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from obsq.broker import Enqueued
-from obsq.errors import FlowFailed, ResultTimeout, TaskFailed, TaskNotFound, TaskRunning
+from obsq.errors import (
+    FlowCancelled,
+    FlowFailed,
+    ResultTimeout,
+    TaskFailed,
+    TaskNotFound,
+    TaskRunning,
+)
 from obsq.flow import (
     FLOW_HEADER,
     FLOW_LAUNCH_GRACE,
@@ -147,6 +154,8 @@ class ClientFlows:
                 raise TaskNotFound(f"no flow {flow_id!r}")
             if s.state == "completed":
                 return decode_stored_json(s.result)
+            if s.state == "cancelled" and s.failed is None:  # by Client.cancel, not a step
+                raise FlowCancelled(flow_id)
             if s.state in ("failed", "cancelled"):
                 raise FlowFailed(flow_id, flow_id if s.failed is None else step_id(
                     flow_id, s.failed), s.error or s.state)

@@ -139,8 +139,10 @@ async def test_cancel_and_delete_a_flow(app, client, start_worker, raw_redis,
         await client.delete(flow)
     await asyncio.wait_for(started.wait(), 10)
     assert await client.cancel(flow) == "running"
-    with pytest.raises(obsq.FlowFailed):
+    with pytest.raises(obsq.FlowCancelled, match=f"flow {flow.id} was cancelled") as caught:
         await client.result(flow, timeout=5)
+    assert isinstance(caught.value, obsq.FlowFailed | obsq.TaskCancelled)  # caught as either
+    assert [s.state for s in (await client.info(flow)).steps][1:] == ["cancelled"]  # never runs
     await wait_until(lambda: raw_redis.hget(f"{namespace}:{{default}}:t:{flow.steps[0].id}",
                                             "state") == b"cancelled", what="step cancelled")
     assert (await client.info(flow)).state == "cancelled"
