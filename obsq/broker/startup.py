@@ -4,6 +4,7 @@ version or ACL rule, and Redis's maxmemory-policy (an evicting Redis loses tasks
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,9 +39,8 @@ class StartupChecks(RedisCalls):
         try:
             version = await self._version()
         except (RedisError, RedisClusterException, OSError) as exc:  # the last: no node
-            raise StartupError(self._contact_failure(exc), unreachable=isinstance(
-                exc, (*UNREACHABLE, RedisClusterException))
-                and not isinstance(exc, AuthenticationError)) from None
+            raise StartupError(self._contact_failure(exc),
+                               unreachable=_may_answer_later(exc)) from None
         release = tuple(int(p) for p in version.split(".")[:2])
         if release < MIN_REDIS_VERSION:
             raise StartupError(f"obsq needs Redis 6.2 or newer; {self.safe_url} runs {version}")
@@ -167,3 +167,18 @@ def _field(reply: Any, name: str) -> Any:
         reply = dict(zip(reply[::2], reply[1::2]))
     value = reply.get(name, reply.get(name.encode()))
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _may_answer_later(exc: BaseException) -> bool:
+    """Redis did not answer at all (refused, reset, timed out, its name not resolved yet): a
+    later try may reach it. Credentials and TLS (a certificate refused either way) are the
+    configuration's matter, said at once."""
+    if isinstance(exc, AuthenticationError) or not isinstance(
+            exc, (*UNREACHABLE, RedisClusterException)):
+        return False
+    seen: BaseException | None = exc
+    while seen is not None:  # redis-py wraps the ssl module's error in its own
+        if isinstance(seen, ssl.SSLError) or "SSL" in str(seen) or "certificate" in str(seen):
+            return False
+        seen = seen.__cause__ or seen.__context__
+    return True
