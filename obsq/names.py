@@ -68,10 +68,9 @@ def validate_namespace(value: str) -> str:
 
 
 def warn_if_not_the_apps(who: str, namespace: str, app_namespace: str) -> None:
-    """A worker or scheduler process told another namespace than its App's (--namespace,
+    """A worker or scheduler told another namespace than its App's (--namespace,
     OBSQ_NAMESPACE) serves keys that no Client built with the App writes to: its tasks would
-    wait for good, silently, unless this is said at start (by run_worker and run_scheduler;
-    obsq.testing's Environment, whose Client shares its namespace, has nothing to say)."""
+    wait for good, silently, unless this is said at start."""
     if namespace != app_namespace:
         logging.getLogger("obsq").warning(
             "%s serves namespace %r (--namespace or OBSQ_NAMESPACE), not its App's %r: "

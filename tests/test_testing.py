@@ -124,14 +124,3 @@ async def test_a_frequent_schedule_logs_its_first_fire_and_an_hourly_count_at_in
     assert len(ticks) >= 180 and len(fires) == len(ticks)
     assert [r.levelno for r in fires].count(logging.INFO) == 1  # the first
     assert len(counts) == 3 and all(r.levelno == logging.INFO for r in counts)
-
-
-async def test_an_environment_in_a_namespace_of_its_own_warns_of_nothing(
-        redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture) -> None:
-    """Its Client writes where its worker looks: no namespace-mismatch warning in every
-    test that uses obsq_env."""
-    with caplog.at_level(logging.WARNING, logger="obsq"):
-        async with Environment(app, redis_url=redis_url, namespace=namespace) as env:
-            await env.client.enqueue("job", retention=60)
-            await env.drain()
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -32,6 +32,7 @@ from obsq.app import App, Hooks
 from obsq.background import LockedLoop, on_stop_signals
 from obsq.clock import Clock
 from obsq.errors import BrokerError, DuplicateTask
+from obsq.names import warn_if_not_the_apps
 from obsq.producer.client import Client
 from obsq.schedule import Schedule, fire_text, parse_claim
 from obsq.settings import (
@@ -302,6 +303,7 @@ class Scheduler:
             log.info("scheduler started with %d schedule(s) of the App in namespace %s; entries "
                      "added at run time are read from Redis", len(self.app.schedules),
                      self.client.namespace)
+            warn_if_not_the_apps("scheduler", self.client.namespace, self.app.namespace)
             self.started_at = time.time()
             self.loop.start()
             await self._stopped.wait()

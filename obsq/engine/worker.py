@@ -39,7 +39,7 @@ from obsq.engine.maintenance import Forwarder, Janitor, Recoverer
 from obsq.engine.settlement import Settler
 from obsq.engine.throughput import ThroughputCounter
 from obsq.errors import BrokerError, StartupError
-from obsq.names import queue_of
+from obsq.names import queue_of, warn_if_not_the_apps
 from obsq.settings import FETCH_STOP_TIMEOUT, WorkerSettings, redis_retry_delay
 from obsq.task import Task
 
@@ -161,6 +161,7 @@ class Worker:
                                    if len(self.served.partitions[q]) > 1 else "")
                      for q, w in self.queues.items()),
                  self.concurrency, described(s.loop), self.namespace, self.broker.safe_url)
+        warn_if_not_the_apps("worker", self.namespace, self.app.namespace)
         fetcher = Fetcher(self.broker, self.settler, self.id, self.slots, served=self.served,
                           strict_priority=s.strict_priority, lease_seconds=s.lease_seconds,
                           wait_timeout=s.wait_timeout, give_back=self._give_back)

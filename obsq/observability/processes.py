@@ -17,7 +17,6 @@ from obsq._version import __version__
 from obsq.background import on_stop_signals
 from obsq.broker import Broker
 from obsq.engine.liveness import LIVENESS, READINESS, first_problem
-from obsq.names import warn_if_not_the_apps
 from obsq.observability.collector import QueueCollector
 from obsq.observability.http import HealthServer
 from obsq.observability.instrument import instrument_app, instrument_client
@@ -72,7 +71,6 @@ async def run_worker(worker: Worker, *, http_port: int | None = None,
     instrument_app(worker.app, metrics=metrics, tracing=tracing,
                    concurrency=worker.concurrency, queues=worker.queues,
                    worker_id=worker.id, redis_url=worker.broker.url)
-    warn_if_not_the_apps("worker", worker.namespace, worker.app.namespace)
     if tracing and worker.settings.pool == "process":
         # imported here: multiprocessing and pickle, which it brings, cost every worker
         # whose pool is not the process pool 2 MB of memory
@@ -134,7 +132,6 @@ async def run_scheduler(scheduler: Scheduler, *, http_port: int | None = None,
     missed fires counted per entry, and, given a port, its endpoint: /healthz while its
     event loop answers, /readyz while Redis answers."""
     instrument_client(scheduler.client)
-    warn_if_not_the_apps("scheduler", scheduler.client.namespace, scheduler.app.namespace)
     if metrics:
         counting = SchedulerMetrics()
         scheduler.on_fire(counting.on_fire)

@@ -410,11 +410,3 @@ def test_a_taken_http_port_is_one_line(redis_url, command) -> None:
              redis_url, "--http-port", str(port)],
             cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     one_clear_line(result, f"cannot serve HTTP on 0.0.0.0:{port}", "--http-port")
-
-
-async def test_a_worker_process_told_another_namespace_than_its_apps_says_so(
-        namespace: str, start_worker, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="obsq"):
-        await start_worker(obsq.App("elsewhere"), namespace=namespace)
-    assert f"serves namespace {namespace!r} (--namespace or OBSQ_NAMESPACE), not its " \
-           "App's 'elsewhere'" in caplog.text
