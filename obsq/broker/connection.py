@@ -24,7 +24,6 @@ own win, so a URL that names its user and password means exactly what it says.""
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import os
 import socket
@@ -111,6 +110,8 @@ def _check_query(url: str, parts: Any) -> None:
         known.update(inspect.signature(kind.__init__).parameters)
     for name in parse_qs(parts.query, keep_blank_values=True):
         if name not in known or name in ("self", "kwargs"):
+            import difflib  # only for the error: not loaded by every process at start
+
             close = difflib.get_close_matches(name, sorted(known), n=1)
             raise ConfigurationError(
                 f"Redis URL {safe(url)!r} has a query parameter redis-py does not know: "

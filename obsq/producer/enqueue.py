@@ -234,8 +234,7 @@ class Placement:
                 continue
             names = partitions_of.get(m.queue)
             if names is None:
-                count = (self._declared.get(m.queue)
-                         or self._learned.get(m.queue, (1, 0.0))[0])  # as `count` reads it
+                count = self.count(m.queue)
                 names = partitions_of[m.queue] = (
                     () if SEPARATOR in m.queue else (m.queue,) if count == 1
                     else partition_names(m.queue, count))
