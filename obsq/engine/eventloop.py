@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -69,7 +70,8 @@ def described(choice: str) -> str:
     """The running loop as a worker's start-up log names it, saying why it is not uvloop's
     when `choice` was auto and uvloop is not installed."""
     name = loop_name()
-    if name == "asyncio" and choice == "auto" and not uses_uvloop(choice):
+    # found, not imported: a worker that runs asyncio's loop does not spend uvloop's memory
+    if name == "asyncio" and choice == "auto" and importlib.util.find_spec("uvloop") is None:
         return "asyncio (uvloop is not installed: pip install 'obsq[uvloop]' for a faster one)"
     return name
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import signal
 import threading
 import traceback
@@ -74,6 +73,8 @@ def serve(conn: Connection, lifeline: Connection, app_path: str,
 
 def _run(app: App, fields: dict[str, Any], carrier: dict[str, str]) -> bytes:
     """The pickled reply: ("ok", result), ("unsent", why) or ("error", exc, traceback)."""
+    import pickle  # here, not at the top: a worker imports this module and never pickles
+
     task = Task(**fields, update_state=_no_update_state)
     token = _attach(carrier)
     try:
@@ -94,6 +95,8 @@ def _run(app: App, fields: dict[str, Any], carrier: dict[str, str]) -> bytes:
 
 
 def _sendable(exc: BaseException) -> BaseException:
+    import pickle
+
     try:
         pickle.loads(pickle.dumps(exc))
         return exc
