@@ -24,6 +24,7 @@ own win, so a URL that names its user and password means exactly what it says.""
 
 from __future__ import annotations
 
+import encodings.idna  # noqa: F401  (see below)
 import inspect
 import os
 import socket
@@ -43,6 +44,11 @@ from redis.sentinel import SentinelConnectionPool as SyncSentinelPool
 
 from obsq.broker.diagnosis import safe
 from obsq.errors import ConfigurationError
+
+# socket.getaddrinfo encodes every host name with the idna codec, which Python imports on
+# first use: imported above, on the thread that imports obsq, not on the first thread to
+# connect (a worker's heartbeat), where glibc would keep its memory in an arena of that
+# thread's own (0.3 MB of a worker's resident memory).
 from obsq.settings import (
     CONNECT_TIMEOUT,
     REDIS_CREDENTIAL_VARIABLES,
