@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,7 @@ from obsq.app import App
 from obsq.broker import FetchedTask
 from obsq.broker.calls import Deadlines
 from obsq.engine.pools import make_pool
-from obsq.engine.pools.base import UnsentResult, timed_out
+from obsq.engine.pools.base import UnsentResult, handler_traceback, raised_at, timed_out
 from obsq.errors import PayloadError, Retry, SkipRetry, UnknownTaskType
 from obsq.flow import FLOW_HEADER
 from obsq.names import queue_of
@@ -51,11 +50,15 @@ class Verdict:
         return text if len(text) <= MAX_ERROR_LENGTH else text[:MAX_ERROR_LENGTH] + "..."
 
     @property
+    def raised_at(self) -> str:
+        return raised_at(self.error) if self.error is not None else ""
+
+    @property
     def traceback_text(self) -> str:
         """Kept with the task for the Inspector; the end of a long one is what matters."""
         if self.error is None:
             return ""
-        text = "".join(traceback.format_exception(self.error))
+        text = handler_traceback(self.error)
         return text if len(text) <= MAX_TRACEBACK_LENGTH else "..." + text[-MAX_TRACEBACK_LENGTH:]
 
 

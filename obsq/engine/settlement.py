@@ -242,8 +242,9 @@ class Settler:
         elif recorded and verdict.outcome != "success":
             then = (f"will retry in {verdict.delay:.1f} s" if verdict.outcome == "retry"
                     else "moved to dead")
-            log.warning("task %s (%s) failed, %s: %s", task.id, task.type, then,
-                        verdict.error_text)
+            where = verdict.raised_at
+            log.warning("task %s (%s) failed%s, %s: %s", task.id, task.type,
+                        f" at {where}" if where else "", then, verdict.error_text)
         self.report(task, outcome, verdict.error)
         return outcome
 

@@ -4,6 +4,7 @@ leases held for as long as a handler runs."""
 from __future__ import annotations
 
 import asyncio
+import os
 import types
 
 import pytest
@@ -194,3 +195,41 @@ def test_the_buffer_goes_back_when_its_hold_ends_though_the_wait_ends_a_millisec
     now[0] += wait - 0.001
     assert buffered.stuck() == [task]
     assert not buffered.buffer and buffered.hold_left() == BUFFER_HOLD
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["async", "thread"])
+async def test_a_failed_attempt_says_where_it_raised_and_its_traceback_starts_at_the_handler(
+        plain: bool, app, client, inspector, start_worker, caplog) -> None:
+    def charge(task: obsq.Task) -> None:
+        raise ValueError("card declined")
+
+    async def charge_async(task: obsq.Task) -> None:
+        charge(task)
+
+    app.task("charge", max_retry=0)(charge if plain else charge_async)
+    await start_worker()
+    info = await client.enqueue("charge", retention=60)
+    detail = await wait_until(lambda: _dead(inspector, info.id))
+    raising = f"{os.path.relpath(__file__)}:{charge.__code__.co_firstlineno + 1}"
+    assert f"task {info.id} (charge) failed at {raising}, moved to dead: ValueError: card " \
+           "declined" in caplog.text
+    frames = [line for line in detail.traceback.splitlines() if line.startswith("  File ")]
+    assert "/obsq/" not in frames[0] and "charge" in frames[0], detail.traceback
+    assert frames[-1].endswith(", in charge"), detail.traceback
+
+
+async def test_a_failure_obsq_raised_itself_names_no_place(
+        app, client, inspector, start_worker, caplog) -> None:
+    @app.task("slow", max_retry=0, timeout=0.1)
+    async def slow(task: obsq.Task) -> None:
+        await asyncio.sleep(5)
+
+    await start_worker()
+    info = await client.enqueue("slow", retention=60)
+    await wait_until(lambda: _dead(inspector, info.id))
+    assert f"task {info.id} (slow) failed, moved to dead: TaskTimeout" in caplog.text
+
+
+async def _dead(inspector, task_id: str):
+    detail = await inspector.task(task_id)
+    return detail if detail.state == "dead" else None

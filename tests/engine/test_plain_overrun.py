@@ -12,12 +12,14 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from support import ENDED, ended, wait_until
 
 from obsq.engine.liveness import LIVENESS, READINESS, first_problem
 from obsq.task import TaskInfo
+from tests.engine import pool_apps
 
 APP = "tests.engine.pool_apps:app"
 
@@ -134,7 +136,7 @@ async def test_process_pool_a_dying_child_fails_only_its_own_attempt(
 
 async def test_process_pool_hands_the_whole_task_over_and_its_errors_back(
         spawn_worker, client, raw_redis, namespace):
-    spawn_worker("--pool", "process", concurrency=2, app=APP, tracing=True)
+    worker = spawn_worker("--pool", "process", concurrency=2, app=APP, tracing=True)
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     info = await client.enqueue("describe", {"a": [1, 2], "b": "é"}, retention=60,
                                 timeout=30, max_retry=3,
@@ -174,6 +176,11 @@ async def test_process_pool_hands_the_whole_task_over_and_its_errors_back(
     assert failed.state == "dead" and failed.error == "ValueError: bad input {'n': 7}"
     stored = raw_redis.hget(f"{namespace}:{{default}}:t:{failing.id}", "tb").decode()
     assert "pool_apps.py" in stored and 'raise ValueError(f"bad input' in stored
+    # told from the handler down, and where it raised, as in a thread
+    assert stored.splitlines()[1].startswith(f'  File "{pool_apps.__file__}"'), stored
+    line = 1 + Path(pool_apps.__file__).read_text().splitlines().index(
+        '    raise ValueError(f"bad input {task.payload!r}")')
+    assert f"failed at tests/engine/pool_apps.py:{line}, moved to dead" in worker.log()
 
 
 async def test_process_pool_cancelling_a_plain_task_kills_its_process(

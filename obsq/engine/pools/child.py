@@ -23,11 +23,11 @@ import contextlib
 import os
 import signal
 import threading
-import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from obsq.app import App, load_app
+from obsq.engine.pools.base import handler_traceback, raised_at
 from obsq.errors import UnknownTaskType
 from obsq.task import Task
 
@@ -84,7 +84,7 @@ def _run(app: App, fields: dict[str, Any], carrier: dict[str, str]) -> bytes:
                                   f"{task.type!r} in {app.import_path}")
         result = route.handler(task)
     except BaseException as exc:  # SystemExit too: it ends the attempt, not the child
-        return pickle.dumps(("error", _sendable(exc), "".join(traceback.format_exception(exc))))
+        return pickle.dumps(("error", _sendable(exc), handler_traceback(exc), raised_at(exc)))
     finally:
         _detach(token)
     try:

@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from obsq.broker.calls import Deadlines
-from obsq.engine.pools.base import Stuck, UnsentResult, timed_out
+from obsq.engine.pools.base import RemoteTraceback, Stuck, UnsentResult, timed_out
 from obsq.engine.pools.child import child_setups, serve
 from obsq.errors import ConfigurationError, HandlerCrashed, TaskTimeout
 
@@ -35,13 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("obsq")
 REAP_TIMEOUT = 5.0  # seconds to wait for a killed child's exit status
-
-
-class RemoteTraceback(Exception):
-    """The traceback of a handler's exception in its child, as the exception's cause."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 class _Child:
@@ -140,7 +133,7 @@ class ProcessSlots:
             return value
         if kind == "unsent":
             return UnsentResult(value)
-        value.__cause__ = RemoteTraceback(details[0])
+        value.__cause__ = RemoteTraceback(*details)
         raise value
 
     async def _take(self) -> _Child:
