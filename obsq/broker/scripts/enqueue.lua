@@ -49,8 +49,8 @@ for i = @items, #ARGV, @stride do
     refused = 'id'
   elseif digest ~= '' then
     local lock = prefix .. @key_unique .. digest
-    local hold = math.max(tonumber(ARGV[i + @unique_for]), 1)
-    if not redis.call('SET', lock, id, 'NX', 'PX', hold) then
+    local unique_ms = math.max(tonumber(ARGV[i + @unique_for]), 1)
+    if not redis.call('SET', lock, id, 'NX', 'PX', unique_ms) then
       refused = 'unique:' .. (redis.call('GET', lock) or '')
     end
   end
