@@ -1,7 +1,7 @@
 """The package's shape, checked on its source (no Redis): imports run down the layers of
 DESIGN.md section 2 with no cycle (so the engine and the producer know nothing of
-observability), and every Lua script names the prelude helpers it relies on. `python3 -m
-pytest -q tests/test_architecture.py` is the command to check it."""
+observability), and every Lua script is loaded with the prelude helpers it relies on.
+`python3 -m pytest -q tests/test_architecture.py` is the command to check it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from support import ROOT
+
+from obsq.broker.calls import SCRIPTS
 
 PACKAGE = ROOT / "obsq"
 # The layers, top first (DESIGN.md section 2 draws them): a module imports only modules of
@@ -109,18 +111,19 @@ def test_imports_run_down_the_layers() -> None:
     assert upward == []
 
 
-def test_every_script_names_the_prelude_helpers_it_uses() -> None:
-    scripts = PACKAGE / "broker" / "scripts"
-    prelude = "".join(p.read_text() for p in scripts.glob("_*.lua"))
+def test_every_script_is_loaded_with_the_prelude_helpers_it_calls() -> None:
+    """scripts.py finds in a script's text the prelude definitions it uses: each helper the
+    loaded script calls is defined in it before its first call, and no helper it never
+    calls."""
+    prelude = "".join(p.read_text() for p in (PACKAGE / "broker" / "scripts").glob("_*.lua"))
     helpers = set(re.findall(r"^local function (\w+)", prelude, re.M))
-    for path in sorted(scripts.glob("[!_]*.lua")):
-        text = path.read_text()
-        header = re.match(r"-- prelude:(.*\n(?:--   .*\n)*)", text)
-        assert header, f"{path.name} does not name its helpers on its first line(s)"
-        body = text[header.end():]
-        named = set(re.findall(r"\w+", header[1])) - {"none"}
-        used = {h for h in helpers if re.search(rf"\b{h}\(", body)}
-        assert named == used, f"{path.name}: names {sorted(named)}, uses {sorted(used)}"
+    for name, script in SCRIPTS.items():
+        code = re.sub(r"--.*", "", script.source)
+        defined = {h: code.find(f"local function {h}(") for h in helpers}
+        called = {h: found.start() for h in helpers
+                  if (found := re.search(rf"(?<!function )\b{h}\(", code))}
+        assert {h for h, at in defined.items() if at >= 0} == set(called), name
+        assert [h for h, at in called.items() if defined[h] > at] == [], name
 
 
 # redis-py below its public API, and scripts called by SHA or loaded: the runner's alone

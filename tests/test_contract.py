@@ -1,6 +1,7 @@
 """The rest of the Python-Lua contract (obsq/broker/wire.py, keys.py): each script's KEYS
-against every call in the broker, the key names a script builds from a prefix, the task
-hash's fields, and ARGV positions taken from the declaration, never counted by hand."""
+against every call in the broker and read by name in the script, the key names a script
+builds from a prefix, the task hash's fields, and ARGV positions taken from the
+declaration, never counted by hand."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from obsq.broker import scripts as script_loading
 from obsq.broker import wire
 from obsq.broker.calls import BlockingRunner
 from obsq.broker.keys import KEY_NAMES, TASK_FIELDS, QueueKeys
-from obsq.broker.wire import KEYS, LAYOUTS, Layout, key_shapes
+from obsq.broker.wire import KEYS, LAYOUTS, Layout, key_constants, key_shapes
 
 SCRIPT_DIR = ROOT / "obsq" / "broker" / "scripts"
 BODIES = {p.stem: p.read_text() for p in sorted(SCRIPT_DIR.glob("[!_]*.lua"))}
@@ -23,7 +24,7 @@ ALL_LUA = {p.name: p.read_text() for p in sorted(SCRIPT_DIR.glob("*.lua"))}
 COMMENT = re.compile(r"--.*$", re.M)
 KEY_CLASSES = [getattr(key_layout, n) for n in ("QueueKeys", "GlobalKeys", "ScheduleKeys",
                                                   "FlowKeys", "EventKeys")]
-CALLER_NAMED = {"key"}  # a key the caller names (wire.KEYS says which)
+CALLER_NAMED = {"key", "counter"}  # keys the caller names (wire.KEYS says which)
 
 
 def _code(text: str) -> str:
@@ -60,10 +61,11 @@ def test_a_position_counted_from_literals_is_found() -> None:
 
 
 def argv_mismatch(code: str, layout: Layout, reply: wire.Reply | None) -> set[str]:
-    """The `@name` positions a script reads or its declaration names, but not both."""
+    """The `@name` positions a script reads or its declaration names, but not both (its
+    keys, `@k_<name>`, are the KEYS tests')."""
     declared = {**layout.constants, **(reply.constants if reply else {})}
-    return set(re.findall(r"@(\w+)", code)) - {f"key_{n}" for n in KEY_NAMES} ^ set(
-        declared)
+    read = {n for n in re.findall(r"@(\w+)", code) if not n.startswith("k_")}
+    return read - {f"key_{n}" for n in KEY_NAMES} ^ set(declared)
 
 
 @pytest.mark.parametrize("name", [n for n, layout in sorted(LAYOUTS.items())
@@ -184,10 +186,40 @@ def test_every_declared_key_is_built_by_the_key_layout() -> None:
     assert declared - built == CALLER_NAMED
 
 
+# A key read otherwise than by its name: KEYS[3], KEYS[i], KEYS[i + 1]
+NOT_BY_NAME = re.compile(r"KEYS\[(?!\s*@k_\w+\s*\])[^\]]*\]")
+
+
 @pytest.mark.parametrize("name", sorted(BODIES))
-def test_the_script_reads_no_key_past_its_declared_ones(name: str) -> None:
-    read = {int(n) for n in re.findall(r"KEYS\[\s*(\d+)\s*\]", _code(BODIES[name]))}
-    assert max(read, default=1) <= max(len(shape) for shape in key_shapes(name))
+def test_the_script_reads_its_keys_by_their_declared_names(name: str) -> None:
+    code = _code(BODIES[name])
+    assert NOT_BY_NAME.findall(code) == [], f"{name}.lua reads a key by its number"
+    read = {f"k_{n}" for n in re.findall(r"@k_(\w+)", code)}
+    assert read <= set(key_constants(name)), (
+        f"{name}.lua reads {sorted(read - set(key_constants(name)))}, not declared")
+
+
+def test_only_the_prelude_reads_the_first_key_by_its_number() -> None:
+    """The prefix of the keys a script builds is its first key's, whatever that key's name
+    (_prelude.lua); no other prelude line reads a key."""
+    read = {file: NOT_BY_NAME.findall(_code(text)) for file, text in ALL_LUA.items()}
+    assert {file: found for file, found in read.items() if found} == {
+        "_prelude.lua": ["KEYS[1]"]}
+
+
+def test_a_key_read_by_a_number_is_found() -> None:
+    assert NOT_BY_NAME.findall("redis.call('GET', KEYS[3])\nKEYS[i + 1]") == [
+        "KEYS[3]", "KEYS[i + 1]"]
+    assert NOT_BY_NAME.findall("redis.call('GET', KEYS[@k_lease])") == []
+
+
+def test_a_key_has_one_position_in_every_shape(monkeypatch) -> None:
+    assert key_constants("extend") == {"k_lease": 1, "k_active": 2}
+    assert key_constants("register") == {"k_queues": 1, "k_partitions": 1, "k_workers": 1}
+    assert key_constants("page") == {"k_by_state": 1, "k_group_types": 1, "k_group": 2}
+    monkeypatch.setitem(KEYS, "page", ("by_state", "group by_state"))
+    with pytest.raises(ValueError, match="two positions"):
+        key_constants("page")
 
 
 # --- key names built from a prefix ------------------------------------------------------

@@ -46,7 +46,8 @@ class Checking(RedisCalls):
     async def check_owners(self, queue: str, cursor: str, count: int
                            ) -> tuple[str, list[str]]:
         """(next cursor, '0' at the end; ids in the active hash without a lease)."""
-        reply = await self._script("doctor", (self.keys(queue).active,),
+        k = self.keys(queue)
+        reply = await self._script("doctor", (k.lease, k.active),
                                    argv("doctor", step="owners", cursor=cursor, count=count))
         return as_text(reply[0]), [as_text(i) for i in reply[1:]]
 
@@ -86,9 +87,9 @@ class Checking(RedisCalls):
                                    argv("doctor", step="levels", mark="1" if mark else "0"))
         return [as_text(level) for level in reply]
 
-    async def settle_counter(self, key: str, expected: int, value: int) -> bool:
+    async def settle_counter(self, counter: str, expected: int, value: int) -> bool:
         """Set a counter to `value` if it still reads `expected`."""
-        return bool(await self._script("doctor", (key,), argv(
+        return bool(await self._script("doctor", (counter,), argv(
             "doctor", step="settle", expected=expected, wanted=value)))
 
     async def live_workers(self, worker_ids: Sequence[str]) -> set[str]:

@@ -3,6 +3,10 @@
 into its text when it is loaded (scripts.py). A field added, moved or renamed on one side
 without the other fails at load or in tests/test_wire.py, not in production.
 
+Its KEYS are declared alike (`KEYS`), by the names of the keys.py attributes that build
+them, and the script reads each at `KEYS[@k_<name>]`; only the prelude reads the first key
+by its number, `KEYS[1]`, for the prefix of the keys a script builds (_prelude.lua).
+
 A reply read by position is declared too (`Reply`): its leading values, then items of
 fixed fields (their count in a leading value, or to the end), then optional pairs to the
 end; a leading value, or a field of a row, may be a list of rows of its own fields
@@ -168,70 +172,145 @@ def _padded(values: Sequence[Any], size: int) -> list[Any]:
     return [*values, *[None] * (size - len(values))]
 
 
-# Each script's ARGV after now, as its header comment describes it.
+# Each script's ARGV after now. A name means the same in every layout:
+#   worker        the worker's id
+#   id, fence     a task, and its attempt's fencing token
+#   slot          the route whose concurrency limit the attempt counts under, or ''
+#   ordering      the task's ordering key, or ''
+#   own           '1' when the producer chose the task's id (its id is then remembered for
+#                 the dedup window once the task is forgotten), else ''
+#   field         the task hash's field of the payload: 'payload' (JSON) or 'bin' (bytes)
+#   headers       a JSON object, or '' for none
+#   share         the share of maxmemory producers may fill (1: no limit)
+#   window        the dedup window (ms)
+#   from_app      1 from a scheduler (an entry of the App's code may change), else 0
+#   lease, ttl, delay, grace, and a name ending in _age or _for: milliseconds
 LAYOUTS: dict[str, Layout] = {
-    "ack": Layout("worker resent window share "
-                  "*(id fence retention result own type slot ordering)"),
+    "ack": Layout("worker "
+                  "resent "  # '1' when an earlier send of these acks may have been applied
+                  "window share "
+                  "*(id fence retention result own type slot ordering)"),  # retention: ms
     "cancel": modes("mode", task="id", attempt="id fence worker type slot"),
-    "claim_batches": Layout("owner lease plan"),
-    "claim_fire": Layout("name digest expected following fire claim missed"),
-    "cleanup": Layout("dead_age dead_count batch window max_ids"),
-    "confirm_fire": Layout("name claim fire outcome"),
-    "delete": modes("mode", id="id", other="batch"),
-    "dequeue": Layout("lease count worker limits aging ahead floor"),
+    "claim_batches": Layout("owner lease "
+                            # JSON {"ids": [fresh batch ids], "patterns": [[pattern,
+                            # max_size, max_delay_ms, grace_ms], ...]}: the caller's
+                            # aggregators, the most specific pattern first (exact, longest
+                            # prefix, '*', as routes match)
+                            "plan"),
+    "claim_fire": Layout("name "
+                         "digest "  # SHA-1 of the entry's definition
+                         "expected "  # ms
+                         "following "  # ms, or '+inf' to park an entry that is not valid
+                         "fire "  # ms; 0: none
+                         "claim "  # "<fire> <definition>"
+                         "missed"),
+    "cleanup": Layout("dead_age "
+                      "dead_count "  # how many dead and cancelled tasks are kept
+                      "batch window "
+                      "max_ids"),  # how many forgotten ids are remembered at most
+    "confirm_fire": Layout("name claim "
+                           "fire "  # ms
+                           "outcome"),  # 'fired', 'missed' or 'dropped'
+    "delete": modes("mode", id="id", other="batch"),  # other: the state to purge
+    "dequeue": Layout("lease count worker "
+                      # '' or JSON {"g": [[route, concurrency, interval_ms, tolerance_ms],
+                      # ...], "l": [[pattern, room], ...]}: the App's routes with a limit
+                      # across workers (0: none), and this worker's own route limits with
+                      # the room left under each
+                      "limits "
+                      "aging "  # ms: a task pending this long ranks one priority higher
+                      # '1' to be told the rank of the best task left (a partition's
+                      # fetch: the worker takes a queue's partitions by their best tasks)
+                      "ahead "
+                      # '' or a rank (ms) no task taken may rank after: the best task
+                      # another partition of the queue holds, so that the queue's
+                      # priorities hold across its partitions
+                      "floor"),
     "doctor": modes("step", list="offset count state field value",
                     zset="offset count state field value", lease="offset count grace",
                     owners="cursor count", ord="keys...", counters="",
-                    drop="kind ids...", settle="expected wanted", levels="mark"),
+                    drop="kind ids...", settle="expected wanted",
+                    levels="mark"),  # mark: '1' to name them
     "due_fires": Layout("limit"),
-    "end_batch": Layout("batch fence outcome error delay window"),
+    "end_batch": Layout("batch fence "
+                        "outcome "  # 'done' or 'failed'
+                        "error delay window"),
     "enqueue": Layout("share "
-                      "*(id own type payload field headers options delay unique unique_for "
-                      "ordering priority)"),
+                      "*(id own type payload field headers "
+                      "options "  # JSON, or '' for none
+                      "delay "
+                      "unique "  # the unique digest, or '' when not unique
+                      "unique_for ordering "
+                      "priority)"),  # '' or '0' for 0, else '1' to '9'
     "extend": Layout("lease worker *(id fence)"),
     "fail": Layout("worker id fence error traceback type slot ordering share"),
     "flow_cancel": Layout(),
-    "flow_create": Layout("count values..."),
+    "flow_create": Layout("count "  # how many of the values are the first steps
+                          "values..."),  # the first steps, then field, value pairs
     "flow_ends": modes("mode", read="count", drop="entries..."),
-    "flow_index": modes("mode", add="id written look", due="until count", page="offset count",
-                        set="to ids...", remove="gone..."),
+    "flow_index": modes("mode",
+                        add="id written look",  # ms
+                        due="until count",  # until: ms
+                        page="offset count",
+                        set="to ids...",  # to: the ids' next look, ms
+                        remove="gone..."),
     "flow_launched": Layout("steps..."),
     "flow_previous": Layout("step"),
     "flow_state": Layout(),
-    "flow_step": Layout("*(step ended value)"),
-    "forward": Layout("batch scheduled"),
+    "flow_step": Layout("*(step "
+                        "ended "  # 'completed', 'dead' or 'cancelled'
+                        "value)"),  # the result or the error
+    "forward": Layout("batch "
+                      "scheduled"),  # 1 for the scheduled set (not retry), else 0
     "group": Layout("type group *(id payload field headers own)"),
     "groups": Layout("offset limit batch_offset batch_limit"),
     "hand_back": Layout("worker *(id fence type slot)"),
-    "hand_on": Layout("worker id fence shortest longest max_age error type slot ordering"),
+    "hand_on": Layout("worker id fence "
+                      "shortest longest "  # ms: the bounds of the delay
+                      "max_age error type slot ordering"),
     "heartbeat": Layout("ttl description"),
     "interrupt": Layout("ttl"),
     "isolate": Layout("worker id fence"),
-    "lock": Layout("owner ttl"),
-    "page": Layout("order offset limit pattern cap"),
-    "pause": Layout("paused"),
-    "recover": Layout("max_recoveries batch cursor lost..."),
+    "lock": Layout("owner ttl"),  # ttl 0: release
+    "page": Layout("order "  # 'list', 'head', 'asc' or 'desc'
+                   "offset limit "
+                   # '' for any type, or a route pattern: a type, a prefix ending in ':'
+                   # or '.', or '*'
+                   "pattern "
+                   "cap"),  # how many ids a page looks at, at most
+    "pause": Layout("paused"),  # 1 to pause, 0 to unpause
+    "recover": Layout("max_recoveries batch "
+                      "cursor "  # of the active hash: '0' to start
+                      "lost..."),  # the workers lost; none: the expired leases only
     "register": modes("kind", set="members...", zset="*(score member)",
                       hash="*(field value)"),
     "release_batches": Layout("owner *(id fence)"),
     "retry": Layout("worker id fence delay error traceback type slot share"),
-    "revive": Layout("reset batch ids..."),
-    "schedule": Layout("name definition from_app"),
+    "revive": Layout("reset "  # '1' to start the retry count afresh
+                     "batch "
+                     "ids..."),  # none: the first `batch` tasks of the set
+    "schedule": Layout("name "
+                       "definition "  # JSON
+                       "from_app"),
     "schedules": Layout("limit"),
     "stats": Layout(),
-    "subscribe": Layout("ttl *(event entry)"),
+    "subscribe": Layout("ttl *(event entry)"),  # entry: "<subscriber> <queue>"
     "subscribers": Layout("event"),
     "tally": Layout("ttl *(outcome count)"),
     "throughput": Layout("minutes outcomes..."),
     "unfinished": Layout("worker"),
     "unschedule": Layout("name from_app"),
-    "watch": Layout("id client watching"),
+    "watch": Layout("id client "
+                    "watching"),  # 1 to watch, 0 to stop
 }
 
 # Each script's KEYS, one string per shape a call may take: the names of the keys.py
 # attributes (or methods) that build them, in order, a position's alternatives joined by
-# "|"; "key" is a key the caller names. A key the script builds itself is a KEY_NAMES one,
-# from its first key's prefix. tests/test_wire.py holds every call in the broker to these.
+# "|"; "key" and "counter" are keys the caller names. The script reads a key by its name,
+# `KEYS[@k_<name>]` (key_constants); a name keeps one position in every shape of its
+# script, as an ARGV name does in every mode. A key the script builds itself is a KEY_NAMES
+# one, from its first key's prefix. tests/test_contract.py holds every call in the broker
+# to these.
 KEYS: dict[str, tuple[str, ...]] = {
     "ack": ("lease completed active watched",),
     "cancel": ("pending scheduled retry active lease",),
@@ -241,10 +320,11 @@ KEYS: dict[str, tuple[str, ...]] = {
     "confirm_fire": ("firing entries last counts",),
     "delete": ("pending scheduled retry dead completed cancelled active",),
     "dequeue": ("pending lease wake paused active fence",),
-    # a key of the queue, then what the step reads: the list or zset ("list", "zset",
-    # "drop"), the active hash ("lease"), the batches ("counters"); "settle": the counter
-    "doctor": ("pending key", "lease active", "active", "pending", "group_types batches",
-               "key"),
+    # by step: pending and the list or zset it reads ("list", "zset", "drop"), the leases
+    # and the active hash ("lease", "owners"), pending alone ("ord", "levels"), the group
+    # types and batches ("counters"), the counter ("settle"); pending is there for the
+    # queue's prefix, a name with no colon (a held list's or ordering key's may hold some)
+    "doctor": ("pending key", "lease active", "pending", "group_types batches", "counter"),
     "due_fires": ("next version firing",),
     "end_batch": ("batches",),
     "enqueue": ("pending scheduled wake",),
@@ -293,47 +373,97 @@ def key_shapes(script: str) -> list[list[set[str]]]:
             for shape in KEYS[script]]
 
 
-# The replies read by position. dequeue's items are FetchedTask's fields, in its order
-# (records.py).
+def key_constants(script: str) -> dict[str, int]:
+    """`k_<name>` -> the position (1-based) of each of `script`'s key names, whatever the
+    shape; each of a position's alternatives is at that position."""
+    found: dict[str, int] = {}
+    for shape in key_shapes(script):
+        for position, names in enumerate(shape, 1):
+            for name in names:
+                if found.setdefault(f"k_{name}", position) != position:
+                    raise ValueError(f"{script}: key {name} is at two positions")
+    return found
+
+
+# The replies read by position; a time is in ms, a flag '1' or ''. dequeue's items are
+# FetchedTask's fields, in its order (records.py says what each is; a priority of 0 comes
+# as '').
 DEQUEUE_TASK = ("id", "fence", "type", "payload", "headers", "options", "retried", "due_ms",
                 "id_chosen", "ordering_key", "waited", "slot", "binary", "suspect", "priority")
 REPLIES: dict[str, Reply] = {
-    "claim_batches": Reply(("wait", "batches"), rows={
+    "claim_batches": Reply(("wait",  # until the next group or batch is due; -1: none
+                            "batches"), rows={
         "batches": ("id", "type", "group", "fence", "failures", "tasks"),
         "tasks": ("id", "payload", "headers", "binary")}),
     "delete": Reply(("deleted", "left")),  # of a purge step (an id's returns its state)
-    "dequeue": Reply(("now", "dropped", "count", "ahead"), DEQUEUE_TASK, count_in="count",
-                     tail=("type", "why")),
+    "dequeue": Reply(("now", "dropped",  # ids whose hash was gone
+                      "count",
+                      # the rank of the best task left (due - priority * aging), '' when
+                      # none is left or it was not asked for
+                      "ahead"), DEQUEUE_TASK, count_in="count",
+                     tail=("type", "why")),  # a task held back: 'concurrency' or 'rate'
+    # the refused tasks only: a task's position in the batch (1-based), and 'id' or
+    # 'unique:<id of the task holding the digest>'
     "enqueue": Reply((), ("position", "refusal")),
-    "due_fires": Reply(("now", "version", "soonest", "due", "firing")),
-    "flow_cancel": Reply(("state",), ("step", "where")),
-    "flow_index": Reply(("total",), ("id",)),  # of a page (the other modes: a list or 1)
-    "flow_previous": Reply(("chord", "waited"), ("result",)),
-    "flow_state": Reply(("state", "failed", "error", "steps", "completed", "written", "ended",
-                         "current", "current_queue", "result")),
-    "flow_step": Reply(("state", "ended"), ("step", "task")),
-    "groups": Reply(("now", "total", "next_offset", "batch_total", "next_batch", "groups",
-                     "batches"),
+    "due_fires": Reply(("now", "version",
+                        "soonest",  # the next fire after now, '' when none
+                        "due",  # name, next fire, ...
+                        "firing")),  # name, claim, ...
+    "flow_cancel": Reply(("state",),  # the state it was in, '' when there is no such flow
+                         # each step that may still wait or run, with "<queue>\t<type>"
+                         ("step", "where")),
+    # of a page, latest first (the other modes return a list or 1)
+    "flow_index": Reply(("total",), ("id",)),
+    "flow_previous": Reply(("chord",  # a flag: a chord's callback, which takes a list
+                            "waited"),  # the steps it waited for, space-separated
+                           ("result",)),  # theirs, in order (nil for one not kept)
+    "flow_state": Reply(("state",  # '' when the flow is gone
+                         "failed", "error", "steps", "completed", "written", "ended",
+                         "current",  # the step launched last, '' for none
+                         "current_queue",
+                         "result")),  # the last step's
+    "flow_step": Reply(("state",  # '' when the flow is gone
+                        # a flag: this call ended the flow, or is the first to record a
+                        # step's end since its Client cancelled it
+                        "ended"),
+                       ("step", "task")),  # each step to launch, with its task
+    "groups": Reply(("now", "total", "next_offset",  # -1: none
+                     "batch_total", "next_batch",  # -1: none
+                     "groups", "batches"),
+                    # first, last: the group's oldest and newest task; a batch whose hash
+                    # is not a hash (written by hand) is its id and claim_end alone
                     rows={"groups": ("type", "group", "size", "first", "last"),
                           "batches": ("id", "claim_end", "type", "group", "ids", "owner",
                                       "failures", "error")}),
-    "forward": Reply(("moved", "next_due")),
-    "page": Reply(("total", "next_offset"),
-                  ("id", "score", "type", "retried", "enqueued", "due", "done", "error",
-                   "payload", "owner", "size", "priority")),
-    "recover": Reply(("requeued", "killed", "cursor", "ends_in")),
-    "revive": Reply(("moved", "left"), ("missing",)),
-    "schedules": Reply(("now",), ("name", "next", "definition", "last", "claim", "fires",
-                                  "missed")),
-    "stats": Reply((*TASK_STATES, "oldest_due", "paused", "now", "aggregating")),
+    "forward": Reply(("moved",
+                      "next_due")),  # until the set's next task is due; -1: it is empty
+    "page": Reply(("total", "next_offset"),  # -1: none
+                  ("id", "score", "type", "retried", "enqueued", "due", "done",
+                   "error", "payload",  # their heads
+                   "owner",  # "<fence>:<worker>" while it runs, else ''
+                   "size",  # of a bytes payload, '' for JSON
+                   "priority")),  # '' for 0
+    "recover": Reply(("requeued", "killed",
+                      "cursor",  # the next, '0' at the end
+                      "ends_in")),  # until the next lease ends; -1: none
+    "revive": Reply(("moved", "left"),  # left in the set
+                    ("missing",)),  # the ids given that were not in the set
+    "schedules": Reply(("now",), ("name", "next", "definition",
+                                  "last",  # fire
+                                  "claim", "fires", "missed")),
+    "stats": Reply((*TASK_STATES,
+                    "oldest_due",  # of the pending tasks; -1: none
+                    "paused", "now", "aggregating")),
     "watch": Reply(("state", "result", "error")),
 }
 
 
 def constants(script: str) -> dict[str, int]:
-    """The `@name` positions put into the script's text: its ARGV's and its reply's."""
+    """The `@name` positions put into the script's text: its ARGV's, its reply's and its
+    KEYS' (`k_<name>`)."""
     reply = REPLIES.get(script)
-    return {**LAYOUTS[script].constants, **(reply.constants if reply else {})}
+    return {**LAYOUTS[script].constants, **(reply.constants if reply else {}),
+            **key_constants(script)}
 
 
 def argv(script: str, items: Iterable[Sequence[Any]] = (), **fields: Any) -> list[Any]:

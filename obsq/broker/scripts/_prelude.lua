@@ -1,11 +1,13 @@
 -- Definitions a script may use: each script gets the ones it uses, and the ones those use,
--- prepended (Redis runs them on every call); it names on its first line the helpers it calls.
+-- prepended (Redis runs them on every call), as scripts.py finds them in its text.
 -- A definition is a `local function` (to the `end` at the start of a line) or a one-line
 -- `local`, and uses only definitions above it.
 -- Constants marked with an at sign come from obsq.settings, written in at load time, and
 -- the key names (key_<name>) from obsq/broker/keys.py's KEY_NAMES: the one spelling of a key name.
--- KEYS[1] is always a key of one queue ("<ns>:{<queue>}:<name>") or another single key, so
--- every key a script builds is derived from it and shares its hash tag (one cluster slot).
+-- The first key is always a key of one queue ("<ns>:{<queue>}:<name>") or another single
+-- key, so every key a script builds is derived from it and shares its hash tag (one cluster
+-- slot). A script reads its keys by name, at the constant k_<name> (obsq/broker/wire.py's
+-- KEYS); the prefix, whatever the first key's name, is the one read of a key by its number.
 local prefix = string.match(KEYS[1], '^.*:')
 
 local function task_key(id)

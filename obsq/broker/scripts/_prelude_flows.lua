@@ -1,12 +1,13 @@
 -- Workflows (chains and chords): a flow's keys share the hash tag `{flow:<id>}`, so one
--- script records a step's end and decides the next steps. KEYS[1] is the flow's hash, and
--- `prefix` its tag: `prefix .. @key_results` holds the steps' results, `prefix .. @key_launching` the
--- steps whose enqueue is decided and not yet confirmed (flow_launched.lua).
+-- script records a step's end and decides the next steps. A flow script's first key is the
+-- flow's hash, `prefix .. @key_flow`: `prefix .. @key_results` holds the steps' results,
+-- `prefix .. @key_launching` the steps whose enqueue is decided and not yet confirmed
+-- (flow_launched.lua).
 
 -- The flow ends in `state` ('completed', 'failed' or 'cancelled'; `failed`: the step, with
 -- `error`): nothing more is launched, and its keys go after the flow's retention (`ret`, ms).
 local function end_flow(state, now, failed, error)
-  local flow = KEYS[1]
+  local flow = prefix .. @key_flow
   redis.call('HSET', flow, 'state', state, 'done', now)
   if failed then
     redis.call('HSET', flow, 'failed', failed, 'error', error)

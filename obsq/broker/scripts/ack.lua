@@ -1,20 +1,14 @@
--- prelude: now_text, int_text, task_key, call_sliced, hmget_sliced, notify_done, named_attempts,
---   remember_ids, settled_by, release_limits, release_successor, above_share
--- Mark a batch of one worker's attempts of one queue completed.
+-- Mark a batch of one worker's attempts of one queue completed. Above the producers' share
+-- of maxmemory a result longer than FULL_ERROR_BYTES (64) is not kept: its task reads null,
+-- with an error saying so.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, worker_id, resent (1 when an earlier send may have been applied already),
---       dedup window (ms), the producers' share of maxmemory (above it a result longer
---       than FULL_ERROR_BYTES (64) is not kept: its task reads null, with an error saying so), then
---       per task: id, fence, retention_ms, result, '1' when the
---       producer chose its id (remembered for the window once its hash is deleted) or '',
---       type, route slot or '', ordering key or ''
 -- Returns per task 1, or 0 when the fencing token is stale (the lease was taken over). A
 -- re-sent ack whose attempt already completed the task returns 1: the task hash then holds
 -- its fence, or is gone (no retention), as it would be after a takeover that also finished.
 local now_stored = now_text()
 local now = tonumber(now_stored)
 local worker, resent = ARGV[@worker], ARGV[@resent] == '1'
-local ids, fences, held = named_attempts(KEYS[3], worker, @items, @stride, @id, @fence)
+local ids, fences, held = named_attempts(KEYS[@k_active], worker, @items, @stride, @id, @fence)
 local out, done = {}, {}
 for n, id in ipairs(ids) do
   local fence = fences[n]
@@ -34,9 +28,9 @@ local finished = {}
 for _, n in ipairs(done) do
   finished[#finished + 1] = ids[n]
 end
-call_sliced('HDEL', KEYS[3], finished)
-call_sliced('ZREM', KEYS[1], finished)
-local watchers = hmget_sliced(KEYS[4], finished)
+call_sliced('HDEL', KEYS[@k_active], finished)
+call_sliced('ZREM', KEYS[@k_lease], finished)
+local watchers = hmget_sliced(KEYS[@k_watched], finished)
 local gone, forgotten = {}, {}
 for j, n in ipairs(done) do
   local i = @items + (n - 1) * @stride
@@ -55,7 +49,7 @@ for j, n in ipairs(done) do
     end
     redis.call('HSET', key, 'state', 'completed', 'result', result, 'done', now_stored,
                'fin', ARGV[i + @fence])
-    redis.call('ZADD', KEYS[2], int_text(now + retention), id)
+    redis.call('ZADD', KEYS[@k_completed], int_text(now + retention), id)
     redis.call('PEXPIRE', key, int_text(retention + 60000))
   else
     gone[#gone + 1] = key

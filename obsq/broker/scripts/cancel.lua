@@ -1,10 +1,7 @@
--- prelude: now_ms, task_key, release_attempt, settled_by, release_limits, end_cancelled,
---   leave_group, level_list
--- Cancel a task (ARGV[2] = 'task'): one waiting in any state ends cancelled at once; one
+-- Cancel a task (mode 'task'): one waiting in any state ends cancelled at once; one
 -- running is marked, and its worker told. Or end a running attempt its worker stopped
--- because it was cancelled (ARGV[2] = 'attempt', with its fence, worker, type and slot).
+-- because it was cancelled (mode 'attempt').
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, 'task', id  |  now, 'attempt', id, fence, worker_id, type, route slot or ''
 -- Returns for a task: the state it ended in or stays in ('cancelled', 'completed', 'dead',
 -- or 'aggregating' for a grouped task whose batch is being aggregated), 'running' (the
 -- worker was told), or '' (no such task); for an attempt: 1, or 0 when the
@@ -12,7 +9,7 @@
 local now = now_ms()
 local id = ARGV[@id]
 if ARGV[@mode] == 'attempt' then
-  if not release_attempt(KEYS[4], KEYS[5], id, ARGV[@fence], ARGV[@worker]) then
+  if not release_attempt(KEYS[@k_active], KEYS[@k_lease], id, ARGV[@fence], ARGV[@worker]) then
     return settled_by(id, ARGV[@fence]) and 1 or 0
   end
   release_limits(id, ARGV[@type], ARGV[@slot])
@@ -32,7 +29,7 @@ end
 if state == 'aggregating' and f[5] then
   return state  -- in a claimed batch: its aggregator has it (a waiting one is cancelled)
 end
-local owner = redis.call('HGET', KEYS[4], id)
+local owner = redis.call('HGET', KEYS[@k_active], id)
 if owner then
   redis.call('HSET', key, 'cancel', '1')
   local worker = string.match(owner, '^[^:]*:(.*)$')
@@ -49,9 +46,9 @@ elseif f[2] then  -- held back by a route limit
 elseif f[3] and redis.call('LINDEX', prefix .. @key_ordering .. f[3], 0) ~= id then
   -- waiting behind its ordering key: end_cancelled takes it out of the key's list
 else
-  redis.call('LREM', level_list(KEYS[1], f[6]), 1, id)
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('ZREM', KEYS[3], id)
+  redis.call('LREM', level_list(KEYS[@k_pending], f[6]), 1, id)
+  redis.call('ZREM', KEYS[@k_scheduled], id)
+  redis.call('ZREM', KEYS[@k_retry], id)
 end
 end_cancelled(id, now)
 return 'cancelled'

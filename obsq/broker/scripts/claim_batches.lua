@@ -1,4 +1,3 @@
--- prelude: now_ms, task_key, covers
 -- Claim batches of grouped tasks for the caller's aggregators: first the batches whose
 -- claim ran out (their worker died, or their aggregator failed and its backoff is over),
 -- then the oldest tasks of each due group, at most max_size a batch. A group is due when
@@ -9,11 +8,6 @@
 -- A batch is the hash 'batch:<id>' (type, group, ids space-separated, fence, owner,
 -- failures, error) and its claim's end in the zset `batches`.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, owner, lease_ms, then a JSON object {ids = [fresh batch ids], patterns =
---       [[pattern, max_size, max_delay_ms, grace_ms], ...]}: the caller's aggregators, the
---       most specific pattern first (as routes match: exact, longest prefix, '*')
--- Returns {ms until the next group or batch is due (-1: none), {batch, ...}}; a batch is
--- {id, type, group, fence, failures, {{id, payload, headers, binary}, ...}}.
 local now = now_ms()
 local owner, lease = ARGV[@owner], tonumber(ARGV[@lease])
 local arg = cjson.decode(ARGV[@plan])
@@ -59,7 +53,7 @@ end
 -- when the batch is claimed without them.
 local function uncount(n)
   if n > 0 then
-    redis.call('DECRBY', KEYS[2], n)
+    redis.call('DECRBY', KEYS[@k_grouped], n)
   end
 end
 
@@ -71,7 +65,7 @@ local function record(batch, task_type, group, tasks, failures)
   end
   redis.call('HSET', prefix .. @key_batch .. batch, 'type', task_type, 'group', group,
              'ids', table.concat(ids, ' '), 'fence', fence, 'owner', owner)
-  redis.call('ZADD', KEYS[1], now + lease, batch)
+  redis.call('ZADD', KEYS[@k_batches], now + lease, batch)
   batches[#batches + 1] = {[@r_batches_id] = batch, [@r_batches_type] = task_type,
                            [@r_batches_group] = group, [@r_batches_fence] = fence,
                            [@r_batches_failures] = failures, [@r_batches_tasks] = tasks}
@@ -79,15 +73,16 @@ end
 
 -- 1. Batches whose claim ran out, of the types the caller aggregates.
 local limit = #fresh
-for _, batch in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)) do
+for _, batch in ipairs(redis.call('ZRANGEBYSCORE', KEYS[@k_batches], '-inf', now, 'LIMIT', 0,
+                                  limit)) do
   local key = prefix .. @key_batch .. batch
   local f = redis.pcall('HMGET', key, 'type', 'group', 'ids', 'failures')
   if f.err then
     -- not a hash (a hand edit): left for an operator to see (obsq groups), looked at again
     -- a lease later, so that it neither stops nor crowds out the queue's other batches
-    redis.call('ZADD', KEYS[1], now + lease, batch)
+    redis.call('ZADD', KEYS[@k_batches], now + lease, batch)
   elseif not f[1] then
-    redis.call('ZREM', KEYS[1], batch)  -- its hash is gone (a hand edit): nothing to do
+    redis.call('ZREM', KEYS[@k_batches], batch)  -- its hash is gone (a hand edit): nothing to do
   elseif settings_of(f[1]) then
     local ids = {}
     for id in string.gmatch(f[3] or '', '%S+') do
@@ -97,7 +92,7 @@ for _, batch in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT'
     uncount(#ids - #tasks)
     if #tasks == 0 then
       redis.call('DEL', key)
-      redis.call('ZREM', KEYS[1], batch)
+      redis.call('ZREM', KEYS[@k_batches], batch)
     else
       record(batch, f[1], f[2], tasks, tonumber(f[4]) or 0)
     end
@@ -161,7 +156,7 @@ local function claim_groups(task_type, t)
     end
   end
   if redis.call('ZCARD', size_key) == 0 then
-    redis.call('SREM', KEYS[3], task_type)
+    redis.call('SREM', KEYS[@k_group_types], task_type)
   else
     local full = redis.call('ZRANGEBYSCORE', size_key, max_size, '+inf', 'LIMIT', 0, 1)
     if #full > 0 then
@@ -173,13 +168,14 @@ local function claim_groups(task_type, t)
     sooner(quietest[2] and tonumber(quietest[2]) + grace)
   end
 end
-for _, task_type in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+for _, task_type in ipairs(redis.call('SMEMBERS', KEYS[@k_group_types])) do
   local t = settings_of(task_type)
   if t then
     claim_groups(task_type, t)
   end
 end
-local claim = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+local claim = redis.call('ZRANGEBYSCORE', KEYS[@k_batches], '(' .. now, '+inf', 'WITHSCORES',
+                         'LIMIT', 0, 1)
 sooner(claim[2] and tonumber(claim[2]))
 local wait = -1
 if soonest then

@@ -1,29 +1,25 @@
--- prelude: (none)
 -- Claim the next fire of an entry for one scheduler: the entry's next fire moves from
 -- `expected` to `following` and, when `fire` is given, the fire is recorded as claimed,
 -- with the definition it runs, until confirm_fire. Refused when another scheduler moved the
 -- entry on, its definition changed or went, or a fire of it is still claimed: so each fire
 -- is claimed once, whatever the lock did. `missed` fires are counted.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, name, SHA-1 of the definition, expected (ms), following (ms, or '+inf' to park
---       an entry that is not valid), fire (ms, 0: none), claim ("<fire> <definition>"),
---       missed
 -- Returns 1 when claimed, else 0.
-local definition = redis.call('HGET', KEYS[1], ARGV[@name])
+local definition = redis.call('HGET', KEYS[@k_entries], ARGV[@name])
 if not definition or redis.sha1hex(definition) ~= ARGV[@digest] then
   return 0
 end
-if tonumber(redis.call('ZSCORE', KEYS[2], ARGV[@name])) ~= tonumber(ARGV[@expected]) then
+if tonumber(redis.call('ZSCORE', KEYS[@k_next], ARGV[@name])) ~= tonumber(ARGV[@expected]) then
   return 0
 end
-if redis.call('HEXISTS', KEYS[3], ARGV[@name]) == 1 then
+if redis.call('HEXISTS', KEYS[@k_firing], ARGV[@name]) == 1 then
   return 0
 end
-redis.call('ZADD', KEYS[2], ARGV[@following], ARGV[@name])
+redis.call('ZADD', KEYS[@k_next], ARGV[@following], ARGV[@name])
 if ARGV[@fire] ~= '0' then
-  redis.call('HSET', KEYS[3], ARGV[@name], ARGV[@claim])
+  redis.call('HSET', KEYS[@k_firing], ARGV[@name], ARGV[@claim])
 end
 if tonumber(ARGV[@missed]) > 0 then
-  redis.call('HINCRBY', KEYS[4], 'missed:' .. ARGV[@name], ARGV[@missed])
+  redis.call('HINCRBY', KEYS[@k_counts], 'missed:' .. ARGV[@name], ARGV[@missed])
 end
 return 1

@@ -1,9 +1,7 @@
--- prelude: now_ms, int_text, task_key, remember_ids
 -- Delete completed tasks past their retention, and dead and cancelled tasks past their age
 -- or count limit; the ids their producers chose are remembered for the dedup window from
 -- then on. Forget the remembered ids past the window, and the oldest beyond the count cap.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, dead_max_age_ms, dead_max_count, batch, dedup window (ms), dedup max ids
 -- Returns the number of tasks deleted plus the ids forgotten over the cap (at most a batch
 -- of each per call: the caller calls again while a batch was full).
 local now = now_ms()
@@ -21,8 +19,9 @@ local function drop(set, ids)
     deleted = deleted + 1
   end
 end
-drop(KEYS[1], redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, batch))
-for _, set in ipairs({KEYS[2], KEYS[3]}) do
+drop(KEYS[@k_completed], redis.call('ZRANGEBYSCORE', KEYS[@k_completed], '-inf', now, 'LIMIT', 0,
+                                    batch))
+for _, set in ipairs({KEYS[@k_dead], KEYS[@k_cancelled]}) do
   drop(set, redis.call('ZRANGEBYSCORE', set, '-inf', now - tonumber(ARGV[@dead_age]), 'LIMIT', 0,
                        batch))
   local excess = redis.call('ZCARD', set) - tonumber(ARGV[@dead_count])
@@ -33,11 +32,11 @@ end
 if #forgotten > 0 then
   remember_ids(forgotten, int_text(now + tonumber(ARGV[@window])))
 end
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', int_text(now))
-local excess = redis.call('ZCARD', KEYS[4]) - tonumber(ARGV[@max_ids])
+redis.call('ZREMRANGEBYSCORE', KEYS[@k_ended], '-inf', int_text(now))
+local excess = redis.call('ZCARD', KEYS[@k_ended]) - tonumber(ARGV[@max_ids])
 if excess > 0 then
   excess = math.min(excess, batch)
-  redis.call('ZREMRANGEBYRANK', KEYS[4], 0, excess - 1)
+  redis.call('ZREMRANGEBYRANK', KEYS[@k_ended], 0, excess - 1)
   deleted = deleted + excess
 end
 return deleted

@@ -1,25 +1,23 @@
--- prelude: (none)
 -- End a claimed fire: its task is enqueued ('fired': the entry's last fire and count move
 -- on), it came too late to be enqueued again ('missed'), or the claim was not readable
 -- ('dropped'). Only the claim as it was made ends it, so of two schedulers finishing the
 -- same fire one counts it.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, name, claim, fire (ms), outcome
 -- Returns 1 when this call ended the claim, else 0.
-if redis.call('HGET', KEYS[1], ARGV[@name]) ~= ARGV[@claim] then
+if redis.call('HGET', KEYS[@k_firing], ARGV[@name]) ~= ARGV[@claim] then
   return 0
 end
-redis.call('HDEL', KEYS[1], ARGV[@name])
-if ARGV[@outcome] == 'dropped' or redis.call('HEXISTS', KEYS[2], ARGV[@name]) == 0 then
+redis.call('HDEL', KEYS[@k_firing], ARGV[@name])
+if ARGV[@outcome] == 'dropped' or redis.call('HEXISTS', KEYS[@k_entries], ARGV[@name]) == 0 then
   return 1
 end
 if ARGV[@outcome] == 'missed' then
-  redis.call('HINCRBY', KEYS[4], 'missed:' .. ARGV[@name], 1)
+  redis.call('HINCRBY', KEYS[@k_counts], 'missed:' .. ARGV[@name], 1)
   return 1
 end
-local last = tonumber(redis.call('HGET', KEYS[3], ARGV[@name]) or '0') or 0
+local last = tonumber(redis.call('HGET', KEYS[@k_last], ARGV[@name]) or '0') or 0
 if tonumber(ARGV[@fire]) > last then
-  redis.call('HSET', KEYS[3], ARGV[@name], ARGV[@fire])
+  redis.call('HSET', KEYS[@k_last], ARGV[@name], ARGV[@fire])
 end
-redis.call('HINCRBY', KEYS[4], 'fires:' .. ARGV[@name], 1)
+redis.call('HINCRBY', KEYS[@k_counts], 'fires:' .. ARGV[@name], 1)
 return 1

@@ -1,5 +1,3 @@
--- prelude: now_ms, task_key, notify_done, release_successor, leave_group, held_lists,
---   level_list, level_lists
 -- Delete tasks with everything kept for them (data, progress): one task by id
 -- in any state but running (obsq delete), or a batch of one state's tasks (obsq purge,
 -- repeated by the caller until the state is empty).
@@ -8,12 +6,11 @@
 -- run (a purge takes that one in a later step). A unique lock stays until its unique_for
 -- ends, and a deleted task's id is not remembered: an operator's delete frees it.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, 'id' or the state to purge, the id or the batch size
--- Returns for an id: the state it was in, 'running' (refused) or '' (no such task);
--- for a state: {deleted, left}.
+-- Returns for an id: the state it was in, 'running' (refused) or '' (no such task).
 local now = now_ms()
-local sets = {pending = KEYS[1], scheduled = KEYS[2], retry = KEYS[3], dead = KEYS[4],
-              completed = KEYS[5], cancelled = KEYS[6]}
+local sets = {pending = KEYS[@k_pending], scheduled = KEYS[@k_scheduled],
+              retry = KEYS[@k_retry], dead = KEYS[@k_dead], completed = KEYS[@k_completed],
+              cancelled = KEYS[@k_cancelled]}
 
 local function forget(id)
   local key = task_key(id)
@@ -30,7 +27,7 @@ end
 
 if ARGV[@mode] == 'id' then
   local id = ARGV[@id]
-  if redis.call('HEXISTS', KEYS[7], id) == 1 then
+  if redis.call('HEXISTS', KEYS[@k_active], id) == 1 then
     return 'running'
   end
   local f = redis.call('HMGET', task_key(id), 'state', 'pri')
@@ -39,12 +36,13 @@ if ARGV[@mode] == 'id' then
     return ''
   end
   if state == 'pending' then
-    redis.call('LREM', level_list(KEYS[1], f[2]), -1, id)
+    redis.call('LREM', level_list(KEYS[@k_pending], f[2]), -1, id)
   elseif state == 'aggregating' then
     leave_group(id)
   end
-  for i = 2, 6 do
-    redis.call('ZREM', KEYS[i], id)
+  for _, set in ipairs({KEYS[@k_scheduled], KEYS[@k_retry], KEYS[@k_dead], KEYS[@k_completed],
+                        KEYS[@k_cancelled]}) do
+    redis.call('ZREM', set, id)
   end
   forget(id)
   return state
@@ -55,9 +53,9 @@ local batch = tonumber(ARGV[@batch])
 local ids
 -- pending and the lists of the other priorities, then the tasks held back by a route limit
 -- (they count as pending); forget() takes a held one out of its list
-local held_keys = key == KEYS[1] and held_lists() or {}
-local levels = key == KEYS[1] and level_lists(key) or {}
-if key == KEYS[1] then
+local held_keys = key == KEYS[@k_pending] and held_lists() or {}
+local levels = key == KEYS[@k_pending] and level_lists(key) or {}
+if key == KEYS[@k_pending] then
   ids = redis.call('RPOP', key, batch) or {}
   for _, level in ipairs(levels) do
     if #ids < batch then
@@ -84,7 +82,7 @@ for _, id in ipairs(ids) do
   forget(id)
 end
 local left
-if key == KEYS[1] then
+if key == KEYS[@k_pending] then
   left = redis.call('LLEN', key)
   for _, list in ipairs(levels) do
     left = left + redis.call('LLEN', list)

@@ -1,26 +1,11 @@
--- prelude: now_ms, int_text, task_key, call_sliced, covers, hold, wake, push_pending
--- Take up to ARGV[3] pending tasks of one queue under a lease, each with a new fencing token;
--- a task a route limit holds back is set aside (held, or scheduled for its rate) instead,
--- and a suspect after the first goes back to the head of the queue.
+-- Take up to `count` pending tasks of one queue under a lease, each with a new fencing
+-- token; a task a route limit holds back is set aside (held, or scheduled for its rate)
+-- instead, and a suspect after the first goes back to the head of the queue. A bytes
+-- payload is kept in field 'bin', where a worker that predates them finds no payload and
+-- fails the task instead of misreading it.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, lease_ms, count, worker_id, limits: '' or JSON {"g": [[route, concurrency,
---       interval_ms, tolerance_ms], ...], "l": [[pattern, room], ...]}, the App's routes
---       with a limit across workers (0: none) and this worker's own route limits with the
---       room left under each; aging_ms (priority: a task pending this long ranks one level
---       higher); ahead: '1' to be told the rank of the best task left (a partition's fetch:
---       the worker takes the partitions of a queue in the order of their best tasks);
---       floor: '' or a rank (ms) no task taken may rank after (the best task another
---       partition of the queue holds: a fetch ends there, so the queue's priorities hold
---       across its partitions)
--- Returns {now, dropped, tasks, the best task left's rank (ms: due - priority * aging; '' when
--- none is left or not asked), then per task: id, fence, type, payload, headers, options,
--- retried, due, '1' when the producer chose its id, ordering key, waited for its key ('1'
--- or ''), route slot ('' for none), '1' when the payload is bytes (kept in field 'bin',
--- where a worker that predates them finds no payload and fails the task instead of
--- misreading it), '1' when the task is a suspect (recover.lua: its worker must run it
--- alone), its priority ('' for 0); then per task held back: its type and why ('concurrency' or 'rate')}.
 -- The pop comes first, so a Redis at maxmemory lets the script finish.
-if redis.call('EXISTS', KEYS[4]) == 1 then
+if redis.call('EXISTS', KEYS[@k_paused]) == 1 then
   return {[@r_now] = 0, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = ''}
 end
 local now = now_ms()
@@ -47,9 +32,9 @@ local function by_rank(levels, count, floor)
   local function before(a, b)
     return a[3] < b[3] or (a[3] == b[3] and a[2] > b[2])
   end
-  local entries = {head(KEYS[1], 0)}
+  local entries = {head(KEYS[@k_pending], 0)}
   for _, level in ipairs(levels) do
-    local entry = head(KEYS[1] .. ':' .. level, tonumber(level))
+    local entry = head(KEYS[@k_pending] .. ':' .. level, tonumber(level))
     if entry then
       entries[#entries + 1] = entry
     else
@@ -98,7 +83,7 @@ local levels = redis.call('SMEMBERS', prefix .. @key_levels)
 local floor = tonumber(ARGV[@floor])
 local ids, left
 if #levels == 0 and not floor then
-  ids = redis.call('RPOP', KEYS[1], ARGV[@count])
+  ids = redis.call('RPOP', KEYS[@k_pending], ARGV[@count])
 else
   ids, left = by_rank(levels, tonumber(ARGV[@count]), floor)
 end
@@ -106,7 +91,7 @@ if not ids and left then  -- none ranks before the floor: the tasks wait for the
   return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = int_text(left)}
 end
 if not ids then
-  redis.call('DEL', KEYS[3])
+  redis.call('DEL', KEYS[@k_wake])
   return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = ''}
 end
 local limits = ARGV[@limits] ~= '' and cjson.decode(ARGV[@limits]) or nil
@@ -163,7 +148,7 @@ local function limited(id, task_type, reserved)
   return nil, ''
 end
 
-local fence = redis.call('INCRBY', KEYS[6], #ids) - #ids
+local fence = redis.call('INCRBY', KEYS[@k_fence], #ids) - #ids
 local expires = int_text(now + tonumber(ARGV[@lease]))
 local leases, owners, tasks, held = {}, {}, {}, {}
 local dropped, suspects, returned = 0, 0, 0
@@ -178,7 +163,7 @@ for _, id in ipairs(ids) do
     -- one suspect per fetch: its worker runs it alone, so the others go back to the head of
     -- the queue for other workers instead of waiting their turn in this one
     why = 'returned'
-    push_pending(KEYS[1], id, true, f[14])
+    push_pending(KEYS[@k_pending], id, true, f[14])
     returned = returned + 1
   elseif limits then
     why, slot = limited(id, f[1], tonumber(f[10]))
@@ -219,13 +204,13 @@ for _, id in ipairs(ids) do
     end
   end
 end
-call_sliced('ZADD', KEYS[2], leases)
-call_sliced('HSET', KEYS[5], owners)
-if not left and redis.call('LLEN', KEYS[1]) == 0 then
-  redis.call('DEL', KEYS[3])
+call_sliced('ZADD', KEYS[@k_lease], leases)
+call_sliced('HSET', KEYS[@k_active], owners)
+if not left and redis.call('LLEN', KEYS[@k_pending]) == 0 then
+  redis.call('DEL', KEYS[@k_wake])
 end
 if returned > 0 then
-  wake(KEYS[3], returned)
+  wake(KEYS[@k_wake], returned)
 end
 local out = {}
 out[@r_now] = now
@@ -236,7 +221,7 @@ if ARGV[@ahead] == '1' then
   if left then
     out[@r_ahead] = int_text(left)
   elseif #levels == 0 then
-    local id = redis.call('LINDEX', KEYS[1], -1)
+    local id = redis.call('LINDEX', KEYS[@k_pending], -1)
     if id then
       out[@r_ahead] = int_text(tonumber(redis.call('HGET', task_key(id), 'due')) or now)
     end

@@ -1,28 +1,24 @@
--- prelude: now_ms, int_text, task_key, release_successor
 -- `obsq doctor`: one bounded step of checking a queue's invariants, or one safe repair.
 -- Reads only, but for the repairs ('drop', 'settle'), which re-check what they mend.
--- KEYS, ARGV and the reply: declared in obsq/broker/wire.py (KEYS[1] a key of the queue
--- whose name has no colon, so that the queue's prefix is found in it: a held list's or
--- ordering key's name may hold colons).
--- ARGV: now, step, then by step:
---   'list' offset count state field value: ids of a list (from its head) whose task hash is
---       gone ('missing'), whose state is not `state`, or whose `field` is not `value` (''
---       skips either check); returns {length, {id, problem, what was found}, ...}
---   'zset' offset count state field value: the same for a zset, by rank (a `completed` id
---       past its retention may have lost its hash: not reported)
---   'lease' offset count grace_ms: attempts whose lease
---       ended over grace_ms ago ('expired', owner), with no owner ('unowned') or no task
---       hash ('missing'); returns {length, {id, problem, owner}, ...}
---   'owners' cursor count: attempts of the active hash without a lease; {cursor, {id, ...}}
---   'ord' key...: the tasks waiting for their ordering keys (all but the first of each)
+-- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
+-- The steps, and what each returns:
+--   'list': ids of a list (from its head) whose task hash is gone ('missing'), whose state
+--       is not `state`, or whose `field` is not `value` ('' skips either check);
+--       returns {length, {id, problem, what was found}, ...}
+--   'zset': the same for a zset, by rank (a `completed` id past its retention may have
+--       lost its hash: not reported)
+--   'lease': attempts whose lease ended over `grace` ago ('expired', owner), with no owner
+--       ('unowned') or no task hash ('missing'); returns {length, {id, problem, owner}, ...}
+--   'owners': attempts of the active hash without a lease; {cursor, {id, ...}}
+--   'ord': the tasks waiting for the given ordering keys (all but the first of each)
 --   'counters': {waiting, held, grouped, in groups, in batches, {held pattern, ...}}
---   'drop' kind id...: remove the ids without a task hash from the list or zset (kind
+--   'drop': remove the given ids without a task hash from the list or zset (`kind`
 --       'list'; 'held', which counts them out of `waiting`; 'ord', an ordering key's list,
 --       whose next task is let out as when a task of the key ends; 'zset'; or 'lease',
 --       which drops their active entries too); returns how many went
---   'settle' expected wanted: set the counter to `wanted` if it still reads `expected`
---   'levels' mark: the priorities whose pending list holds tasks and is not named in
---       `levels` (no worker would fetch them); with mark '1', names them there
+--   'settle': set the counter to `wanted` if it still reads `expected`; 1 if it did
+--   'levels': the priorities whose pending list holds tasks and is not named in `levels`
+--       (no worker would fetch them); with `mark`, names them there
 local step = ARGV[@step]
 
 local function check(id, state, field, value)
@@ -41,11 +37,11 @@ if step == 'list' or step == 'zset' then
   local offset, count = tonumber(ARGV[@offset]), tonumber(ARGV[@count])
   local ids, length
   if step == 'list' then
-    ids = redis.call('LRANGE', KEYS[2], offset, offset + count - 1)
-    length = redis.call('LLEN', KEYS[2])
+    ids = redis.call('LRANGE', KEYS[@k_key], offset, offset + count - 1)
+    length = redis.call('LLEN', KEYS[@k_key])
   else
-    ids = redis.call('ZRANGE', KEYS[2], offset, offset + count - 1)
-    length = redis.call('ZCARD', KEYS[2])
+    ids = redis.call('ZRANGE', KEYS[@k_key], offset, offset + count - 1)
+    length = redis.call('ZCARD', KEYS[@k_key])
   end
   local out = {length}
   local now = ARGV[@state] == 'completed' and now_ms()
@@ -54,7 +50,7 @@ if step == 'list' or step == 'zset' then
     -- a completed task's hash expires a minute after its retention, and the janitor takes
     -- its id out of `completed` when a worker runs: an id past its retention is no damage
     if problem and not (now and problem[2] == 'missing'
-                        and tonumber(redis.call('ZSCORE', KEYS[2], id)) <= now) then
+                        and tonumber(redis.call('ZSCORE', KEYS[@k_key], id)) <= now) then
       out[#out + 1] = problem
     end
   end
@@ -62,11 +58,11 @@ if step == 'list' or step == 'zset' then
 elseif step == 'lease' then
   local now = now_ms()
   local offset, count = tonumber(ARGV[@offset]), tonumber(ARGV[@count])
-  local raw = redis.call('ZRANGE', KEYS[1], offset, offset + count - 1, 'WITHSCORES')
-  local out = {redis.call('ZCARD', KEYS[1])}
+  local raw = redis.call('ZRANGE', KEYS[@k_lease], offset, offset + count - 1, 'WITHSCORES')
+  local out = {redis.call('ZCARD', KEYS[@k_lease])}
   for i = 1, #raw, 2 do
     local id = raw[i]
-    local owner = redis.call('HGET', KEYS[2], id)
+    local owner = redis.call('HGET', KEYS[@k_active], id)
     if redis.call('EXISTS', task_key(id)) == 0 then
       out[#out + 1] = {id, 'missing', owner or ''}
     elseif not owner then
@@ -77,10 +73,10 @@ elseif step == 'lease' then
   end
   return out
 elseif step == 'owners' then
-  local scan = redis.call('HSCAN', KEYS[1], ARGV[@cursor], 'COUNT', ARGV[@count])
+  local scan = redis.call('HSCAN', KEYS[@k_active], ARGV[@cursor], 'COUNT', ARGV[@count])
   local out = {scan[1]}
   for i = 1, #scan[2], 2 do
-    if not redis.call('ZSCORE', prefix .. @key_lease, scan[2][i]) then
+    if not redis.call('ZSCORE', KEYS[@k_lease], scan[2][i]) then
       out[#out + 1] = scan[2][i]
     end
   end
@@ -99,13 +95,13 @@ elseif step == 'counters' then
     held = held + redis.call('LLEN', prefix .. @key_held .. pattern)
   end
   local in_groups = 0
-  for _, task_type in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  for _, task_type in ipairs(redis.call('SMEMBERS', KEYS[@k_group_types])) do
     for _, group in ipairs(redis.call('ZRANGE', prefix .. @key_group_sizes .. task_type, 0, -1)) do
       in_groups = in_groups + redis.call('LLEN', prefix .. @key_group .. task_type .. ' ' .. group)
     end
   end
   local in_batches = 0
-  for _, batch in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  for _, batch in ipairs(redis.call('ZRANGE', KEYS[@k_batches], 0, -1)) do
     local ids = redis.pcall('HGET', prefix .. @key_batch .. batch, 'ids')
     if type(ids) == 'string' then
       for _ in string.gmatch(ids, '%S+') do
@@ -122,17 +118,17 @@ elseif step == 'drop' then
     local id = ARGV[i]
     if redis.call('EXISTS', task_key(id)) == 0 then
       if kind == 'ord' then
-        local before = redis.call('LLEN', KEYS[2])
-        release_successor(id, string.sub(KEYS[2], #prefix + #@key_ordering + 1), now)
-        dropped = dropped + before - redis.call('LLEN', KEYS[2])
+        local before = redis.call('LLEN', KEYS[@k_key])
+        release_successor(id, string.sub(KEYS[@k_key], #prefix + #@key_ordering + 1), now)
+        dropped = dropped + before - redis.call('LLEN', KEYS[@k_key])
       elseif kind == 'list' or kind == 'held' then
-        local n = redis.call('LREM', KEYS[2], 0, id)
+        local n = redis.call('LREM', KEYS[@k_key], 0, id)
         if kind == 'held' and n > 0 then
           redis.call('DECRBY', prefix .. @key_waiting, n)
         end
         dropped = dropped + n
       else
-        dropped = dropped + redis.call('ZREM', KEYS[2], id)
+        dropped = dropped + redis.call('ZREM', KEYS[@k_key], id)
         if kind == 'lease' then
           redis.call('HDEL', prefix .. @key_active, id)
         end
@@ -154,10 +150,10 @@ elseif step == 'levels' then
   end
   return unmarked
 elseif step == 'settle' then
-  if (redis.call('GET', KEYS[1]) or '0') ~= ARGV[@expected] then
+  if (redis.call('GET', KEYS[@k_counter]) or '0') ~= ARGV[@expected] then
     return 0
   end
-  redis.call('SET', KEYS[1], ARGV[@wanted])
+  redis.call('SET', KEYS[@k_counter], ARGV[@wanted])
   return 1
 end
 return redis.error_reply('unknown step ' .. tostring(step))

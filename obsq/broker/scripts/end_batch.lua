@@ -1,4 +1,3 @@
--- prelude: now_ms, int_text, task_key, remember_ids
 -- End a claimed batch. 'done' (its aggregated task is enqueued, under the batch's id)
 -- deletes the batch and its grouped tasks (a task cancelled meanwhile stays cancelled)
 -- and counts them out of `grouped`,
@@ -6,10 +5,9 @@
 -- this one's ran out can only find it a duplicate, and a slow aggregator cannot keep its
 -- batch from ending. 'failed' (the aggregator raised or returned junk), only from the
 -- claim holding the current fence, keeps every task in the batch, records the error and
--- lets the batch be claimed again after `delay_ms`.
+-- lets the batch be claimed again after `delay`. The grouped tasks whose producer chose
+-- their ids are remembered for the dedup window.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, batch id, fence, 'done' or 'failed', error text, delay_ms, dedup window (ms):
---       the grouped tasks whose producer chose their ids are remembered that long
 -- Returns 1 (applied) or 0 (the batch is gone, or a failure from a claim taken over).
 local now = now_ms()
 local batch = ARGV[@batch]
@@ -21,10 +19,10 @@ end
 if ARGV[@outcome] == 'failed' then
   redis.call('HINCRBY', key, 'failures', 1)
   redis.call('HSET', key, 'error', ARGV[@error], 'owner', '')
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[@delay]), batch)
+  redis.call('ZADD', KEYS[@k_batches], now + tonumber(ARGV[@delay]), batch)
   return 1
 end
-redis.call('ZREM', KEYS[1], batch)
+redis.call('ZREM', KEYS[@k_batches], batch)
 redis.call('DEL', key)
 local ended, forgotten = 0, {}
 for id in string.gmatch(f[2] or '', '%S+') do

@@ -1,21 +1,13 @@
--- prelude: now_text, int_text, task_key, call_sliced, wake, above_share, push_pending,
---   queue_behind
--- Enqueue a batch of tasks into one queue.
+-- Enqueue a batch of tasks into one queue, each as plain values (no document to decode, no
+-- escaping). A generated id is 128 random bits, free without looking: it is neither looked
+-- up nor remembered. A task whose producer chose its id is refused when the id exists, or
+-- its task was forgotten within the dedup window (it is in `ended`, id -> the time until
+-- which it is remembered), and is marked ('own'), so the scripts that forget it remember
+-- its id. A unique task is refused while its digest is held. A task whose ordering key has
+-- tasks already waits behind them. The delay is added to the server's clock here, so a
+-- producer's clock never decides a due time.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, the share of maxmemory producers may fill (1: no limit), then 12 plain values
---       per task (wire.py's layout; no document to decode, no escaping):
---       id, '1' when the producer chose the id (else '': a generated id is 128 random bits,
---       free without looking), type, payload, payload field ('payload' for JSON, 'bin' for
---       bytes), headers ('' for none), options ('' for none), delay_ms, unique digest ('' when
---       not unique), unique_ms, ordering key ('': none; a task whose key has tasks already
---       waits behind them), priority ('' or '0' for 0, else '1' to '9'). The delay is added
---       to the server's clock here, so a producer's clock never decides a due time.
--- Returns only the refusals, flat: the task's position in the batch (1-based), then 'id'
--- (the id exists, or its task was forgotten within the dedup window: it is in `ended`,
--- id -> the time until which it is remembered) or 'unique:<id of the holder>'. An empty
--- reply: all were enqueued. A task whose producer chose its id is marked ('own'), so the
--- scripts that forget it remember its id; a generated id is neither looked up nor remembered.
--- Refused above the producers' share of maxmemory (ARGV[2], see above_share), before the
+-- Refused above the producers' share of maxmemory (`share`, see above_share), before the
 -- batch is written: the rest is for what the workers draining the queues write (their
 -- calls are never refused for memory). The budget's DECRBY is the first write: past
 -- maxmemory the call is refused as Redis full.
@@ -49,8 +41,8 @@ for i = @items, #ARGV, @stride do
     refused = 'id'
   elseif digest ~= '' then
     local lock = prefix .. @key_unique .. digest
-    local hold = math.max(tonumber(ARGV[i + @unique_for]), 1)
-    if not redis.call('SET', lock, id, 'NX', 'PX', hold) then
+    local unique_ms = math.max(tonumber(ARGV[i + @unique_for]), 1)
+    if not redis.call('SET', lock, id, 'NX', 'PX', unique_ms) then
       refused = 'unique:' .. (redis.call('GET', lock) or '')
     end
   end
@@ -111,15 +103,15 @@ for i = @items, #ARGV, @stride do
     if behind then
       -- it waits for the tasks ahead of it on its key (release_successor)
     elseif state == 'scheduled' then
-      redis.call('ZADD', KEYS[2], due, id)
+      redis.call('ZADD', KEYS[@k_scheduled], due, id)
     elseif priority ~= '' then
-      push_pending(KEYS[1], id, false, priority)
+      push_pending(KEYS[@k_pending], id, false, priority)
       woken = woken + 1
     else
       pending[#pending + 1] = id
     end
   end
 end
-call_sliced('LPUSH', KEYS[1], pending)
-wake(KEYS[3], #pending + woken)
+call_sliced('LPUSH', KEYS[@k_pending], pending)
+wake(KEYS[@k_wake], #pending + woken)
 return out

@@ -1,10 +1,8 @@
--- prelude: now_ms, call_sliced, named_attempts
 -- Extend the leases of a worker's running attempts.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, lease_ms, worker_id, then per task: id, fence
 -- Returns the ids whose lease is no longer this attempt's.
 local expires = now_ms() + tonumber(ARGV[@lease])
-local ids, _, held = named_attempts(KEYS[2], ARGV[@worker], @items, @stride, @id,
+local ids, _, held = named_attempts(KEYS[@k_active], ARGV[@worker], @items, @stride, @id,
                                        @fence)
 local kept, leases, lost = {}, {}, {}
 for n, id in ipairs(ids) do
@@ -18,6 +16,6 @@ for n, id in ipairs(ids) do
 end
 -- removed, then written again: a first write that cannot grow memory lets a Redis at
 -- maxmemory run the script to its end, so a full Redis never takes a running task's lease
-call_sliced('ZREM', KEYS[1], kept)
-call_sliced('ZADD', KEYS[1], leases)
+call_sliced('ZREM', KEYS[@k_lease], kept)
+call_sliced('ZADD', KEYS[@k_lease], leases)
 return lost

@@ -1,11 +1,7 @@
--- prelude: now_text, hmget_sliced, end_flow
 -- Cancel a running flow: no step is launched any more, and the caller cancels the steps
 -- that are enqueued or running (each in its queue's slot: cancel.lua).
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now
--- Returns {the state it was in ('' when there is no such flow), then per step that may
--- still wait or run: step, '<queue>\t<type>'}
-local flow = KEYS[1]
+local flow = KEYS[@k_flow]
 local state = redis.call('HGET', flow, 'state')
 local out = {}
 out[@r_state] = state or ''

@@ -1,11 +1,9 @@
--- prelude: now_text, call_sliced
 -- A new flow (Client.enqueue of a chain or chord): its steps, what each waits for, and its
 -- first steps marked as launching, so that a producer that dies before enqueueing them
 -- leaves them to the flow sweep (FlowLoop). A flow that exists already is left as it is.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, n (the first steps' count), the n first steps, then field, value pairs
 -- Returns 1 when written, 0 when the flow existed.
-if redis.call('EXISTS', KEYS[1]) == 1 then
+if redis.call('EXISTS', KEYS[@k_flow]) == 1 then
   return 0
 end
 local count = tonumber(ARGV[@count])
@@ -16,7 +14,7 @@ end
 for i = @values + count, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
-call_sliced('HSET', KEYS[1], fields)
-redis.call('HSET', KEYS[1], 'state', 'running', 'enq', now_text())
-call_sliced('SADD', KEYS[2], first)
+call_sliced('HSET', KEYS[@k_flow], fields)
+redis.call('HSET', KEYS[@k_flow], 'state', 'running', 'enq', now_text())
+call_sliced('SADD', KEYS[@k_launching], first)
 return 1

@@ -1,12 +1,10 @@
--- prelude: (none)
 -- A queue's flow inbox (`inbox:~flows`: the ends of flow steps, `<id>\n<state>\n<value>`,
 -- newest first): read the oldest, or drop those recorded in their flows. Entries leave only
 -- once recorded, so a worker killed in between leaves them to the next.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, 'read' and a count, or 'drop' and the entries
 -- Returns the entries read, oldest first; or the number dropped.
 if ARGV[@mode] == 'read' then
-  local entries = redis.call('LRANGE', KEYS[1], -tonumber(ARGV[@count]), -1)
+  local entries = redis.call('LRANGE', KEYS[@k_flow_inbox], -tonumber(ARGV[@count]), -1)
   local out = {}
   for i = #entries, 1, -1 do
     out[#out + 1] = entries[i]
@@ -15,6 +13,6 @@ if ARGV[@mode] == 'read' then
 end
 local dropped = 0
 for i = @entries, #ARGV do
-  dropped = dropped + redis.call('LREM', KEYS[1], -1, ARGV[i])
+  dropped = dropped + redis.call('LREM', KEYS[@k_flow_inbox], -1, ARGV[i])
 end
 return dropped

@@ -1,17 +1,12 @@
--- prelude: now_text, end_flow
 -- Steps' tasks of one flow ended (read from their queues' flow inboxes, where the script that
 -- ended each wrote it: see notify_done): record their results, and mark the steps they
--- complete as launching. Idempotent: an end recorded already changes nothing, so a worker
--- that died before it removed the inbox entries does no harm when they are read again.
+-- complete as launching; with no end given, only read the steps launching. Idempotent: an
+-- end recorded already changes nothing, so a worker that died before it removed the inbox
+-- entries does no harm when they are read again.
 -- A dead step fails its flow, unless every step waiting for it is the callback of a chord
 -- that takes failures (`tol`): it then gets the error ('!' and the error) as that result.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, then per end: step, its end ('completed', 'dead' or 'cancelled'), its result
---       or error (none: only read the steps launching)
--- Returns {the flow's state ('' when it is gone), '1' when this call ended it or is the first
--- to record a step's end after its Client cancelled it (else ''),
--- then per step to launch: step, its task}
-local flow = KEYS[1]
+local flow = KEYS[@k_flow]
 local state = redis.call('HGET', flow, 'state')
 local out = {}
 if not state then
@@ -30,7 +25,7 @@ local function record(step, ended, value)
   if ended == 'completed' then
     redis.call('HINCRBY', flow, 'ndone', 1)
   end
-  redis.call('SREM', KEYS[3], step)
+  redis.call('SREM', KEYS[@k_launching], step)
   if state ~= 'running' then
     return
   end
@@ -49,7 +44,7 @@ local function record(step, ended, value)
     state = 'failed'
     return
   end
-  redis.call('HSET', KEYS[2], step, stored)
+  redis.call('HSET', KEYS[@k_results], step, stored)
   if not children then
     end_flow('completed', now_text())
     state = 'completed'
@@ -58,7 +53,7 @@ local function record(step, ended, value)
   for child in string.gmatch(children, '%S+') do
     if redis.call('HINCRBY', flow, 'left:' .. child, -1) == 0 then
       redis.call('HSET', flow, 's:' .. child, 'l')
-      redis.call('SADD', KEYS[3], child)
+      redis.call('SADD', KEYS[@k_launching], child)
     end
   end
 end
@@ -71,7 +66,7 @@ local told = before == 'cancelled' and #ARGV >= @items and redis.call('HDEL', fl
 out[@r_state] = state
 out[@r_ended] = ((before == 'running' and state ~= 'running') or told) and '1' or ''
 if state == 'running' then
-  for _, launch in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  for _, launch in ipairs(redis.call('SMEMBERS', KEYS[@k_launching])) do
     local o = #out
     out[o + @r_step] = launch
     out[o + @r_task] = redis.call('HGET', flow, 'm:' .. launch) or ''

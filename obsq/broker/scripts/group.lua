@@ -1,16 +1,12 @@
--- prelude: now_ms, task_key
 -- Add tasks to a group of one task type (client.enqueue(..., group=)). Each waits in state
--- 'aggregating' until claim_batches.lua takes it into a batch for its aggregator.
+-- 'aggregating' until claim_batches.lua takes it into a batch for its aggregator. A task
+-- whose producer chose its id is also refused while its id is remembered in `ended`, and
+-- is marked 'own' so that end_batch.lua remembers it.
 -- A group's keys, after the queue's prefix: 'grp:<type> <group>' (list of its ids, oldest
 -- first; a group name has no spaces) and, per type, the zsets 'gfirst:<type>',
 -- 'glast:<type>' and 'gsize:<type>' (group -> its oldest task's time, its newest task's
 -- time, its size), so that the due groups of a type are found with a range read each.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, type, group, then per task: id, payload, the payload's field ('payload' for
---       JSON, 'bin' for the producer's own bytes), headers or '', '1' when the producer
---       chose the id (it is then also refused while remembered in `ended`, and marked
---       'own' so that end_batch.lua remembers it) (plain arguments: bytes payloads need no
---       escaping)
 -- Returns per task: '' (added) or 'id' (the id exists, or is remembered).
 local now = now_ms()
 local task_type, group = ARGV[@type], ARGV[@group]
@@ -45,7 +41,7 @@ if added > 0 then
   redis.call('ZADD', prefix .. @key_group_firsts .. task_type, 'NX', now, group)
   redis.call('ZADD', prefix .. @key_group_lasts .. task_type, now, group)
   redis.call('ZINCRBY', prefix .. @key_group_sizes .. task_type, added, group)
-  redis.call('SADD', KEYS[1], task_type)
-  redis.call('INCRBY', KEYS[2], added)
+  redis.call('SADD', KEYS[@k_group_types], task_type)
+  redis.call('INCRBY', KEYS[@k_grouped], added)
 end
 return out

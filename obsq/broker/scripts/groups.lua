@@ -1,14 +1,8 @@
--- prelude: now_ms
 -- The task groups of a queue and its batches, a page of each, for the Inspector. Bounded
 -- whatever their number: it counts each type's groups (ZCARD) and reads a window by rank
 -- of at most `limit` groups and `batch_limit` batches. Groups come by type (sorted), each
 -- type's oldest first; batches by the end of their claim, soonest first.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, offset, limit, batch offset, batch limit
--- Returns {now, groups in all, next group offset or -1, batches in all, next batch offset
--- or -1, {{type, group, size, oldest task (ms), newest task (ms)}, ...}, {{id, claim end
--- (ms), type, group, ids, owner, failures, error}, ...}}; a batch whose hash is not a hash
--- (written by hand) comes as {id, claim end}.
 local now = now_ms()
 local offset, limit = tonumber(ARGV[@offset]), tonumber(ARGV[@limit])
 local batch_offset, batch_limit = tonumber(ARGV[@batch_offset]), tonumber(ARGV[@batch_limit])
@@ -21,7 +15,7 @@ local function next_page(offset, rows, total)
   return -1
 end
 
-local types = redis.call('SMEMBERS', KEYS[1])
+local types = redis.call('SMEMBERS', KEYS[@k_group_types])
 table.sort(types)
 local groups, total = {}, 0
 for _, task_type in ipairs(types) do
@@ -45,8 +39,8 @@ for _, task_type in ipairs(types) do
 end
 
 local batches = {}
-local batch_total = redis.call('ZCARD', KEYS[2])
-local raw = redis.call('ZRANGE', KEYS[2], batch_offset, batch_offset + batch_limit - 1,
+local batch_total = redis.call('ZCARD', KEYS[@k_batches])
+local raw = redis.call('ZRANGE', KEYS[@k_batches], batch_offset, batch_offset + batch_limit - 1,
                        'WITHSCORES')
 for i = 1, #raw, 2 do
   local f = redis.pcall('HMGET', prefix .. @key_batch .. raw[i], 'type', 'group', 'ids', 'owner',

@@ -1,19 +1,15 @@
--- prelude: now_ms, task_key, release_attempt, settled_by, notify_done, release_limits,
---   release_successor, cancel_requested, end_cancelled
 -- A worker with no handler for the task's type (an older version, in a rolling deploy) hands
 -- it on: to the scheduled set, due again a little later, for a worker that knows the type;
 -- its retry count stays as it is. Once it has been
 -- handed on for longer than `max_age` since its first hand-on ('unk0'), it ends dead. Like a
 -- retry, it stays first of its ordering key; one cancelled meanwhile ends cancelled.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, worker_id, id, fence, shortest delay ms, longest delay ms, max_age ms, error,
---   type, route slot or '', ordering key or ''
 -- Returns 'scheduled' or 'dead' (also when this attempt's earlier, re-sent call was
 -- applied: the state it left), or 0 when the fencing token is stale.
 local now = now_ms()
 local id, fence = ARGV[@id], ARGV[@fence]
 local key = task_key(id)
-if not release_attempt(KEYS[4], KEYS[1], id, fence, ARGV[@worker]) then
+if not release_attempt(KEYS[@k_active], KEYS[@k_lease], id, fence, ARGV[@worker]) then
   return settled_by(id, fence) and redis.call('HGET', key, 'state') or 0
 end
 release_limits(id, ARGV[@type], ARGV[@slot])
@@ -32,7 +28,7 @@ if now - first >= tonumber(ARGV[@max_age]) then
   local reason = ARGV[@error] .. '; no worker that took it had one within ' ..
       string.format('%g', tonumber(ARGV[@max_age]) / 1000) .. ' s (handed on ' .. count .. ' times)'
   redis.call('HSET', key, 'state', 'dead', 'error', reason, 'done', now, 'fin', fence)
-  redis.call('ZADD', KEYS[3], now, id)
+  redis.call('ZADD', KEYS[@k_dead], now, id)
   release_successor(id, ARGV[@ordering], now)
   notify_done(id, 'dead', reason)
   return 'dead'
@@ -43,5 +39,5 @@ local delay = math.floor(math.min(math.max((now - first) / 10, tonumber(ARGV[@sh
                                   tonumber(ARGV[@longest])))
 redis.call('HSET', key, 'state', 'scheduled', 'due', now + delay, 'error', ARGV[@error],
            'fin', fence)
-redis.call('ZADD', KEYS[2], now + delay, id)
+redis.call('ZADD', KEYS[@k_scheduled], now + delay, id)
 return 'scheduled'

@@ -1,20 +1,14 @@
--- prelude: task_key, covers, held_lists, level_lists
 -- One page of the tasks of a queue in one state, for the Inspector. Bounded whatever the
 -- size of the state: it reads a window by rank (LRANGE/ZRANGE) and looks at no more than
--- ARGV[6] ids, so a page of a queue of millions costs what a page of ten does.
+-- `cap` ids, so a page of a queue of millions costs what a page of ten does. By `order`:
+-- 'list', oldest first from the right end of each list of pending tasks, the highest
+-- priority first, then of each list of held tasks, then the tasks waiting behind their
+-- ordering key by when they were enqueued; 'head', oldest first from the left end of a
+-- group; 'asc' or 'desc' by score.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, order ('list': oldest first from the right end of each list of pending
---       tasks, the highest priority first, then of each list of held tasks, then the
---       tasks waiting behind their ordering key by when they were enqueued; 'head':
---       oldest first from the left end of a group; 'asc'; 'desc'),
---       offset, limit, type ('' any; a route pattern: a type, a prefix ending in ':' or
---       '.', or '*'), scan cap
--- Returns {total, next offset or -1, then per task: id, score, type, retried, enq, due,
--- done, error head, payload head, owner ("<fence>:<worker>" while it runs, else ''), and
--- the size of a bytes payload ('' for JSON), priority ('' for 0)}.
 local order, offset, limit, want, cap = ARGV[@order], tonumber(ARGV[@offset]), tonumber(ARGV[@limit]),
     ARGV[@pattern], tonumber(ARGV[@cap])
-local source = KEYS[2] or KEYS[1]
+local source = KEYS[@k_group] or KEYS[@k_by_state]
 -- pending is read as one list made of the lists of priorities above 0, highest first, the
 -- pending list, the lists of the tasks held back by a route limit, each oldest first, and
 -- last the sorted set of those waiting behind their ordering key (they count as pending)

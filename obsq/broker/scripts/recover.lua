@@ -1,5 +1,3 @@
--- prelude: now_ms, task_key, make_pending, wake, notify_done, release_limits,
---   release_successor, cancel_requested, end_cancelled
 -- Take back attempts whose lease expired or whose worker stopped heartbeating. Removing
 -- the attempt from the active hash voids its fencing token, so the old attempt can no
 -- longer settle the task; one cancelled meanwhile ends cancelled. A lost worker may have
@@ -8,11 +6,9 @@
 -- its next worker runs alone (isolate.lua marks that attempt in 'iso'). Only the loss of
 -- an attempt that ran alone counts against max_recoveries, so only a task that kills its
 -- worker by itself ends in dead.
+-- With lost workers, one call scans `batch` entries of the active hash from `cursor`; the
+-- caller calls again with the returned cursor until it is '0'.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, max_recoveries, batch, cursor, then the ids of lost workers (none: expired
---       leases only). With lost workers, one call scans `batch` entries of the active hash
---       from `cursor`; the caller calls again with the returned cursor until it is '0'.
--- Returns {requeued, killed, next cursor, milliseconds until the next lease ends (-1: none)}.
 local now = now_ms()
 local max_recoveries = tonumber(ARGV[@max_recoveries])
 local ids, cursor = {}, '0'
@@ -21,7 +17,7 @@ if #ARGV >= @lost then
   for i = @lost, #ARGV do
     lost[ARGV[i]] = true
   end
-  local scan = redis.call('HSCAN', KEYS[5], ARGV[@cursor], 'COUNT', ARGV[@batch])
+  local scan = redis.call('HSCAN', KEYS[@k_active], ARGV[@cursor], 'COUNT', ARGV[@batch])
   cursor = scan[1]
   for i = 1, #scan[2], 2 do
     if lost[string.match(scan[2][i + 1], '^[^:]*:(.*)$')] then
@@ -29,13 +25,13 @@ if #ARGV >= @lost then
     end
   end
 else
-  ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[@batch])
+  ids = redis.call('ZRANGEBYSCORE', KEYS[@k_lease], '-inf', now, 'LIMIT', 0, ARGV[@batch])
 end
 local requeued, killed = 0, 0
 for _, id in ipairs(ids) do
-  local owner = redis.call('HGET', KEYS[5], id)
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('HDEL', KEYS[5], id)
+  local owner = redis.call('HGET', KEYS[@k_active], id)
+  redis.call('ZREM', KEYS[@k_lease], id)
+  redis.call('HDEL', KEYS[@k_active], id)
   local key = task_key(id)
   local f = redis.call('HMGET', key, 'type', 'slot', 'ordk', 'iso')
   if f[1] then
@@ -48,7 +44,7 @@ for _, id in ipairs(ids) do
           ' times while it ran alone (max_recoveries ' .. max_recoveries ..
           '): the task kills its worker'
       redis.call('HSET', key, 'state', 'dead', 'error', reason, 'done', now)
-      redis.call('ZADD', KEYS[3], now, id)
+      redis.call('ZADD', KEYS[@k_dead], now, id)
       release_successor(id, f[3] or '', now)
       notify_done(id, 'dead', reason)
       killed = killed + 1
@@ -56,12 +52,12 @@ for _, id in ipairs(ids) do
       if not alone then
         redis.call('HSET', key, 'sus', '1')
       end
-      make_pending(KEYS[2], id, now, true)
+      make_pending(KEYS[@k_pending], id, now, true)
       requeued = requeued + 1
     end
   end
 end
-wake(KEYS[4], requeued)
-local next_end = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+wake(KEYS[@k_wake], requeued)
+local next_end = redis.call('ZRANGE', KEYS[@k_lease], 0, 0, 'WITHSCORES')
 return {[@r_requeued] = requeued, [@r_killed] = killed, [@r_cursor] = cursor,
         [@r_ends_in] = next_end[2] and math.max(tonumber(next_end[2]) - now, 0) or -1}

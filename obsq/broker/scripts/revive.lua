@@ -1,11 +1,8 @@
--- prelude: now_ms, task_key, wake, push_pending
 -- Put tasks of the dead, retry or scheduled set back into pending now (obsq requeue), in
 -- bounded steps: the caller repeats the call until nothing is left.
 -- A revived dead task starts with a fresh retry count; any revived task counts its losses
 -- of a worker and its hand-ons (a type no worker had) afresh.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, reset_retries (1/0), batch, then ids (none: the first `batch` tasks of the set)
--- Returns {moved, tasks left in the set, then the given ids that were not in the set}.
 local now = now_ms()
 local ids = {}
 if #ARGV >= @ids then
@@ -13,29 +10,29 @@ if #ARGV >= @ids then
     ids[#ids + 1] = ARGV[i]
   end
 else
-  ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[@batch]) - 1)
+  ids = redis.call('ZRANGE', KEYS[@k_by_state], 0, tonumber(ARGV[@batch]) - 1)
 end
 local moved = 0
 local missing = {}
 for _, id in ipairs(ids) do
   local key = task_key(id)
-  if redis.call('ZREM', KEYS[1], id) == 1 and redis.call('EXISTS', key) == 1 then
+  if redis.call('ZREM', KEYS[@k_by_state], id) == 1 and redis.call('EXISTS', key) == 1 then
     redis.call('HSET', key, 'state', 'pending', 'due', now)
     redis.call('HDEL', key, 'done', 'recov', 'unk0', 'unkn', 'sus', 'iso')
     if ARGV[@reset] == '1' then
       redis.call('HDEL', key, 'retried')
     end
     redis.call('PERSIST', key)
-    push_pending(KEYS[2], id, false)
+    push_pending(KEYS[@k_pending], id, false)
     moved = moved + 1
   else
     missing[#missing + 1] = id
   end
 end
 if moved > 0 then
-  wake(KEYS[3], moved)
+  wake(KEYS[@k_wake], moved)
 end
-local out = {[@r_moved] = moved, [@r_left] = redis.call('ZCARD', KEYS[1])}
+local out = {[@r_moved] = moved, [@r_left] = redis.call('ZCARD', KEYS[@k_by_state])}
 if #ARGV >= @ids then
   for _, id in ipairs(missing) do
     out[#out + @r_missing] = id

@@ -1,12 +1,10 @@
--- prelude: (none)
 -- Client.result(): ask to be told when the task ends, and read its state in the same step
--- so no ending can slip between the two; or, with ARGV[4] = 0, stop asking.
+-- so no ending can slip between the two; or, with `watching` 0, stop asking.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, id, client id, 1 (watch) or 0 (unwatch)
--- Returns {state, result, error}, or nil when the task does not exist; the state as the hash
--- keeps it (only an ended one counts here: whether the task is active is not read).
+-- Returns nil when the task does not exist; the state as the hash keeps it (only an ended
+-- one counts here: whether the task is active is not read).
 local id, client = ARGV[@id], ARGV[@client]
-local watchers = redis.call('HGET', KEYS[1], id)
+local watchers = redis.call('HGET', KEYS[@k_watched], id)
 if ARGV[@watching] == '0' then
   if watchers then
     local rest = {}
@@ -16,23 +14,23 @@ if ARGV[@watching] == '0' then
       end
     end
     if #rest > 0 then
-      redis.call('HSET', KEYS[1], id, table.concat(rest, ' '))
+      redis.call('HSET', KEYS[@k_watched], id, table.concat(rest, ' '))
     else
-      redis.call('HDEL', KEYS[1], id)
+      redis.call('HDEL', KEYS[@k_watched], id)
     end
   end
   return nil
 end
-if redis.call('EXISTS', KEYS[2]) == 0 then
+if redis.call('EXISTS', KEYS[@k_task]) == 0 then
   return nil
 end
-local f = redis.call('HMGET', KEYS[2], 'state', 'result', 'error')
+local f = redis.call('HMGET', KEYS[@k_task], 'state', 'result', 'error')
 local state = f[1]
 if state ~= 'completed' and state ~= 'dead' and state ~= 'cancelled' then
   if not watchers then
-    redis.call('HSET', KEYS[1], id, client)
+    redis.call('HSET', KEYS[@k_watched], id, client)
   elseif not string.find(' ' .. watchers .. ' ', ' ' .. client .. ' ', 1, true) then
-    redis.call('HSET', KEYS[1], id, watchers .. ' ' .. client)
+    redis.call('HSET', KEYS[@k_watched], id, watchers .. ' ' .. client)
   end
 end
 return {[@r_state] = state, [@r_result] = f[2], [@r_error] = f[3]}
