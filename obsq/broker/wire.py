@@ -191,7 +191,7 @@ LAYOUTS: dict[str, Layout] = {
     "extend": Layout("lease worker *(id fence)"),
     "fail": Layout("worker id fence error traceback type slot ordering share"),
     "flow_cancel": Layout(),
-    "flow_create": Layout("count values..."),
+    "flow_create": Layout("share count values..."),
     "flow_ends": modes("mode", read="count", drop="entries..."),
     "flow_index": modes("mode", add="id written look", due="until count", page="offset count",
                         set="to ids...", remove="gone..."),
