@@ -38,8 +38,8 @@ class Flowing(RedisCalls):
         await self.index_flows("add", flow_id, written_ms, look_at_ms)
         k = self.flow_keys(flow_id)
         return bool(await self._script("flow_create", (k.flow, k.launching),
-                                       argv("flow_create", count=len(first),
-                                                 values=[*first, *fields])))
+                                       argv("flow_create", share=self.memory_share,
+                                            count=len(first), values=[*first, *fields])))
 
     async def flow_steps_ended(self, flow_id: str, ends: Sequence[tuple[int, str, bytes]]
                                ) -> tuple[str, bool, list[tuple[int, bytes]]]:

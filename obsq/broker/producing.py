@@ -25,18 +25,23 @@ class Producing(RedisCalls):
         never refused by a Redis at maxmemory (register.lua)."""
         await self._script(*self.register_queues_call(queues))
 
-    async def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:
-        """Write the messages of one queue in one script call (at most ENQUEUE_BATCH)."""
-        reply = await self._producer_script(*self.enqueue_call(queue, messages))
+    async def enqueue(self, queue: str, messages: Sequence[TaskMessage], *,
+                      continuing: bool = False) -> list[Enqueued]:
+        """Write the messages of one queue in one script call (at most ENQUEUE_BATCH).
+        `continuing`: they carry on work Redis accepted already (a flow's next steps), so,
+        like a worker's own writes, only Redis's maxmemory refuses them, not the producers'
+        share of it: a flow half done is not frozen by a Redis full of other data."""
+        reply = await self._producer_script(*self.enqueue_call(queue, messages, continuing))
         return enqueue_statuses(reply, len(messages))
 
-    def enqueue_call(self, queue: str, messages: Sequence[TaskMessage]) -> ScriptCall:
+    def enqueue_call(self, queue: str, messages: Sequence[TaskMessage],
+                     continuing: bool = False) -> ScriptCall:
         """enqueue.lua's call for the messages of one queue, whichever transport makes it
         (this broker, or the SyncClient's BlockingProducer); enqueue_statuses reads its
         reply."""
         k = self.keys(queue)
         return ("enqueue", (k.pending, k.scheduled, k.wake),
-                enqueue_args(messages, self.memory_share))
+                enqueue_args(messages, 1.0 if continuing else self.memory_share))
 
     async def partition_counts(self, queues: Sequence[str]) -> dict[str, int]:
         """The partition counts of queues as their workers declared them; 1 for a queue no

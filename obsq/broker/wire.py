@@ -245,7 +245,8 @@ LAYOUTS: dict[str, Layout] = {
     "extend": Layout("lease worker *(id fence)"),
     "fail": Layout("worker id fence error traceback type slot ordering share"),
     "flow_cancel": Layout(),
-    "flow_create": Layout("count "  # how many of the values are the first steps
+    "flow_create": Layout("share "
+                          "count "  # how many of the values are the first steps
                           "values..."),  # the first steps, then field, value pairs
     "flow_ends": modes("mode", read="count", drop="entries..."),
     "flow_index": modes("mode",

@@ -103,7 +103,7 @@ class ClientFlows:
                 flow_id, first, stored_fields(steps, checked, last, flow.retention),
                 int(now * 1000), int((now + FLOW_LAUNCH_GRACE) * 1000))
             await launch(self.broker, flow_id, [(n, encode_message(checked[n]))
-                                                for n in first])
+                                                for n in first], continuing=False)
             return [info_after_enqueue(m, Enqueued(True)) for m in checked]
 
         await ProducerChain(store)(*self.client.producer_hooks)(messages)

@@ -25,8 +25,11 @@ if TYPE_CHECKING:
     from obsq.broker import Broker
 
 
-async def launch(broker: Broker, flow_id: str, steps: Sequence[tuple[int, bytes]]) -> None:
-    """Enqueue the steps' tasks (their queues registered first), then mark them launched."""
+async def launch(broker: Broker, flow_id: str, steps: Sequence[tuple[int, bytes]], *,
+                 continuing: bool = True) -> None:
+    """Enqueue the steps' tasks (their queues registered first), then mark them launched.
+    `continuing`: the flow was accepted before (False: its producer launches its first
+    steps as it creates it, held to the producers' share of Redis's memory as any enqueue)."""
     if not steps:
         return
     by_queue = group_by_queue([decode_message(m) for _, m in steps if m])
@@ -34,7 +37,8 @@ async def launch(broker: Broker, flow_id: str, steps: Sequence[tuple[int, bytes]
         await broker.register_queues(by_queue)
     for queue, messages in by_queue.items():
         for start in range(0, len(messages), ENQUEUE_BATCH):
-            await broker.enqueue(queue, messages[start:start + ENQUEUE_BATCH])
+            await broker.enqueue(queue, messages[start:start + ENQUEUE_BATCH],
+                                 continuing=continuing)
     await broker.flow_launched(flow_id, [n for n, _ in steps])
 
 

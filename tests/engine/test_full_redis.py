@@ -18,6 +18,7 @@ from obsq.broker import Attempt, Broker, Completion, QueueKeys
 from obsq.broker.keeping import BlockingKeeping
 from obsq.broker.scripts import FULL_ERROR_BYTES, FULL_NOTE
 from obsq.redis_server import RedisServer
+from obsq.settings import MEMORY_LOOK_MS
 
 FILLER = "filler"  # a list outside the namespace that tops Redis up to its limit
 
@@ -259,6 +260,53 @@ async def test_a_suspect_runs_on_a_full_redis(full_redis, namespace, app, start_
         top_up(raw)
         await start_worker(redis_url=full_redis.url)
         await wait_until(lambda: ran == [info.id], what="the suspect ran")
+    finally:
+        raw.close()
+        await client.close()
+
+
+def fill_to(raw: redis.Redis, share: float) -> None:
+    """Push filler until Redis's used memory passes `share` of its maxmemory."""
+    while True:
+        memory = raw.info("memory")
+        if memory["used_memory"] > share * memory["maxmemory"]:
+            return
+        raw.lpush(FILLER, *["x" * 200] * 50)
+
+
+async def test_a_flow_accepted_runs_to_its_end_above_the_share_and_a_new_one_is_refused(
+        full_redis, namespace, app, start_worker) -> None:
+    """A flow's next steps continue accepted work, as a worker's writes do: a Redis filled
+    past the producers' share by other data does not freeze a flow half done. A new flow
+    above the share is refused before anything of it is written."""
+    release = asyncio.Event()
+    ran: list[str] = []
+
+    @app.task("step")
+    async def step(task: obsq.Task) -> str:
+        if task.payload == "first":
+            await release.wait()
+        ran.append(task.payload)
+        return task.payload
+
+    raw = redis.Redis.from_url(full_redis.url)
+    client = obsq.Client(full_redis.url, namespace, app=app)
+    try:
+        await start_worker(redis_url=full_redis.url)
+        flow = await client.enqueue(obsq.chain(*[obsq.Job("step", name) for name in
+                                                 ("first", "second", "third")]))
+        await wait_until(lambda: client.info(flow), what="the flow written")
+        fill_to(raw, 0.95)  # past the 90 % producers (and so far a worker's steps) may fill
+        await asyncio.sleep(MEMORY_LOOK_MS / 1000 + 0.05)  # the memory read again
+        with pytest.raises(obsq.BrokerError) as refused:
+            await client.enqueue(obsq.chain(obsq.Job("step", "a"), obsq.Job("step", "b")))
+        assert refused.value.out_of_memory, refused.value
+        release.set()
+        assert await client.result(flow, timeout=30) == "third"
+        assert ran == ["first", "second", "third"]
+        flows = [key for key in raw.scan_iter(f"{namespace}:*") if b":flow" in key
+                 and flow.id.encode() not in key]
+        assert not [key for key in flows if raw.type(key) == b"hash"], flows  # none written
     finally:
         raw.close()
         await client.close()

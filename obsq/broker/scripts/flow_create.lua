@@ -2,9 +2,19 @@
 -- first steps marked as launching, so that a producer that dies before enqueueing them
 -- leaves them to the flow sweep (FlowLoop). A flow that exists already is left as it is.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- Returns 1 when written, 0 when the flow existed.
+-- Returns 1 when written, 0 when the flow existed. Refused above the producers' share, as
+-- an enqueue is, before anything is written: a flow once written runs to its end (its next
+-- steps are not held to the share).
 if redis.call('EXISTS', KEYS[@k_flow]) == 1 then
   return 0
+end
+local cost = 0
+for i = @values, #ARGV do
+  cost = cost + #ARGV[i]
+end
+local full = above_share(tonumber(ARGV[@share]), cost)
+if full then
+  return redis.error_reply('OBSQFULL ' .. full)
 end
 local count = tonumber(ARGV[@count])
 local first, fields = {}, {}
