@@ -290,13 +290,13 @@ async def test_a_flow_accepted_runs_to_its_end_above_the_share_and_a_new_one_is_
         return task.payload
 
     raw = redis.Redis.from_url(full_redis.url)
-    client = obsq.Client(full_redis.url, namespace, app=app)
+    client = obsq.Client(full_redis.url, namespace, app=app, memory_share=0.5)
     try:
         await start_worker(redis_url=full_redis.url)
         flow = await client.enqueue(obsq.chain(*[obsq.Job("step", name) for name in
                                                  ("first", "second", "third")]))
         await wait_until(lambda: client.info(flow), what="the flow written")
-        fill_to(raw, 0.95)  # past the 90 % producers (and so far a worker's steps) may fill
+        fill_to(raw, 0.95)  # past the 90 % a worker's broker lets producers fill
         await asyncio.sleep(MEMORY_LOOK_MS / 1000 + 0.05)  # the memory read again
         with pytest.raises(obsq.BrokerError) as refused:
             await client.enqueue(obsq.chain(obsq.Job("step", "a"), obsq.Job("step", "b")))
