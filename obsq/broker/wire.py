@@ -211,6 +211,9 @@ LAYOUTS: dict[str, Layout] = {
     "confirm_fire": Layout("name claim "
                            "fire "  # ms
                            "outcome"),  # 'fired', 'missed' or 'dropped'
+    "defer_unknown": Layout("worker id fence "
+                            "shortest longest "  # ms: the bounds of the delay
+                            "max_age error type slot ordering"),
     "delete": modes("mode", id="id", other="batch"),  # other: the state to purge
     "dequeue": Layout("lease count worker "
                       # '' or JSON {"g": [[route, concurrency, interval_ms, tolerance_ms],
@@ -266,9 +269,6 @@ LAYOUTS: dict[str, Layout] = {
     "group": Layout("type group *(id payload field headers own)"),
     "groups": Layout("offset limit batch_offset batch_limit"),
     "hand_back": Layout("worker *(id fence type slot)"),
-    "hand_on": Layout("worker id fence "
-                      "shortest longest "  # ms: the bounds of the delay
-                      "max_age error type slot ordering"),
     "heartbeat": Layout("ttl description"),
     "interrupt": Layout("ttl"),
     "isolate": Layout("worker id fence"),
@@ -319,6 +319,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "claim_fire": ("entries next firing counts",),
     "cleanup": ("completed dead cancelled ended",),
     "confirm_fire": ("firing entries last counts",),
+    "defer_unknown": ("lease scheduled dead active",),
     "delete": ("pending scheduled retry dead completed cancelled active",),
     "dequeue": ("pending lease wake paused active fence",),
     # by step: pending and the list or zset it reads ("list", "zset", "drop"), the leases
@@ -343,7 +344,6 @@ KEYS: dict[str, tuple[str, ...]] = {
     "group": ("group_types grouped",),
     "groups": ("group_types batches",),
     "hand_back": ("lease pending wake active",),
-    "hand_on": ("lease scheduled dead active",),
     "heartbeat": ("worker",),
     "interrupt": ("wake",),
     "isolate": ("active",),

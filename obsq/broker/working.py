@@ -23,7 +23,7 @@ log = logging.getLogger("obsq")
 FAILURE_CALLS = 8  # retry and fail calls a worker sends at once (see _failure_call)
 # A task handed on is due again after a tenth of the time since its first hand-on, within
 # these bounds (seconds): soon during a deploy, once a minute when no worker has its type.
-HAND_ON_DELAY, HAND_ON_MAX_DELAY = 1.0, 60.0
+UNKNOWN_TYPE_DELAY, UNKNOWN_TYPE_MAX_DELAY = 1.0, 60.0
 
 
 class Working(RedisCalls):
@@ -137,18 +137,21 @@ class Working(RedisCalls):
             delay=int(delay * 1000), error=error, traceback=traceback, type=attempt.type,
             slot=attempt.slot, share=self.memory_share))
 
-    async def hand_on(self, queue: str, attempt: Attempt, worker_id: str, error: str,
-                      max_age: float) -> str:
+    async def defer_unknown(self, queue: str, attempt: Attempt, worker_id: str, error: str,
+                            max_age: float) -> str:
         """A task of a type this worker has no handler for goes back for another worker,
-        its retry count unchanged (hand_on.lua) -> the state it is left in: 'scheduled',
+        its retry count unchanged (defer_unknown.lua) -> the state it is left in: 'scheduled',
         'dead' (handed on for longer than `max_age`) or 'cancelled'; '' when the fencing
         token is stale."""
         k = self.keys(queue)
-        state = await self._script("hand_on", (k.lease, k.scheduled, k.dead, k.active), argv(
-            "hand_on", worker=worker_id, id=attempt.task_id, fence=attempt.fence,
-            shortest=int(HAND_ON_DELAY * 1000), longest=int(HAND_ON_MAX_DELAY * 1000),
-            max_age=int(max_age * 1000), error=error, type=attempt.type, slot=attempt.slot,
-            ordering=attempt.ordering_key))
+        state = await self._script("defer_unknown", (k.lease, k.scheduled, k.dead, k.active),
+                                   argv("defer_unknown", worker=worker_id, id=attempt.task_id,
+                                        fence=attempt.fence,
+                                        shortest=int(UNKNOWN_TYPE_DELAY * 1000),
+                                        longest=int(UNKNOWN_TYPE_MAX_DELAY * 1000),
+                                        max_age=int(max_age * 1000), error=error,
+                                        type=attempt.type, slot=attempt.slot,
+                                        ordering=attempt.ordering_key))
         return as_text(state) if state else ""
 
     async def fail(self, queue: str, attempt: Attempt, worker_id: str, error: str,

@@ -209,7 +209,7 @@ class Settler:
             recorded = await self._persist(lambda: self.broker.cancel_attempt(
                 task.kept_in, attempt, self.worker_id))
         elif verdict.outcome == "handed_on":
-            recorded, verdict = await self._hand_on(task, verdict)
+            recorded, verdict = await self._defer_unknown(task, verdict)
         elif verdict.outcome == "retry":
             recorded = await self._persist(lambda: self.broker.retry(
                 task.kept_in, attempt, self.worker_id, verdict.delay, verdict.error_text,
@@ -248,10 +248,10 @@ class Settler:
         self.report(task, outcome, verdict.error)
         return outcome
 
-    async def _hand_on(self, task: Task, verdict: Verdict) -> tuple[bool | None, Verdict]:
+    async def _defer_unknown(self, task: Task, verdict: Verdict) -> tuple[bool | None, Verdict]:
         """Hand a task of an unknown type on -> (recorded, the verdict Redis applied: still
         handed_on, or dead past the age, or cancelled)."""
-        state = await self._persist(lambda: self.broker.hand_on(
+        state = await self._persist(lambda: self.broker.defer_unknown(
             task.kept_in, attempt_of(task), self.worker_id, verdict.error_text,
             self.unknown_type_max_age))
         if state is None:
