@@ -33,10 +33,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import redis
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode as SyncClusterNode
 from redis.cluster import RedisCluster as SyncRedisCluster
 from redis.retry import Retry as SyncRetry
 from redis.sentinel import Sentinel as SyncSentinel
@@ -92,8 +93,11 @@ def create_client(url: str, *, blocking: bool = False, call_timeout: float | Non
         pool_timeout = call_timeout
     try:
         if parts.scheme.endswith("+cluster"):
-            plain = parts._replace(scheme=parts.scheme.split("+")[0]).geturl()
+            plain, others = _cluster_seeds(parts)
             options.pop("retry")
+            if others:  # tried in turn until one answers
+                node = SyncClusterNode if blocking else ClusterNode
+                options["startup_nodes"] = [node(host, port) for host, port in others]
             return (SyncRedisCluster if blocking else RedisCluster).from_url(plain, **options)
         options.update(max_connections=REDIS_MAX_CONNECTIONS, timeout=pool_timeout)
         if parts.scheme == "redis+sentinel":
@@ -122,6 +126,23 @@ def _check_query(url: str, parts: Any) -> None:
             raise ConfigurationError(
                 f"Redis URL {safe(url)!r} has a query parameter redis-py does not know: "
                 f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+
+
+def _cluster_seeds(parts: Any) -> tuple[str, list[tuple[str, int]]]:
+    """A Cluster URL may name several seed nodes (`redis+cluster://a:6379,b:6379,c:6379/0`),
+    so a client starts while any of them is up: (the URL of the first, as redis-py reads
+    it, and the others' host and port)."""
+    credentials, _, hosts = parts.netloc.rpartition("@")
+    first = hosts.split(",")[0]
+    netloc = f"{credentials}@{first}" if credentials else first
+    return (parts._replace(scheme=parts.scheme.split("+")[0], netloc=netloc).geturl(),
+            _hosts(parts, 6379)[1:])
+
+
+def _hosts(parts: Any, default_port: int) -> list[tuple[str, int]]:
+    """The hosts a Cluster or Sentinel URL names, comma-separated: [(host, port)]."""
+    seeds = [urlsplit(f"//{seed}") for seed in parts.netloc.rpartition("@")[2].split(",")]
+    return [(seed.hostname or "", seed.port or default_port) for seed in seeds]
 
 
 def _check_database(url: str, parts: Any) -> None:
@@ -165,10 +186,7 @@ def _sentinel_client(parts: Any, options: dict[str, Any], blocking: bool) -> Any
     path = [p for p in parts.path.split("/") if p]
     if not path:
         raise ConfigurationError("a redis+sentinel URL needs the service name as its path")
-    hosts = []
-    for host_port in parts.netloc.rpartition("@")[2].split(","):
-        host, _, port = host_port.partition(":")
-        hosts.append((host, int(port or 26379)))
+    hosts = _hosts(parts, 26379)
     query = parse_qs(parts.query)
     if blocking:  # redis-py has no blocking pool for it: the plain one
         options.pop("timeout")

@@ -5,6 +5,7 @@ every multi-key call must be split by slot. The schedules share a slot of their 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -240,3 +241,33 @@ async def test_doctor_reads_and_mends_every_queue_on_its_node(namespace, client,
     assert "no live worker serves" in out  # no worker runs here: a notice, not a problem
     code, out = await obsq_cli("doctor", "--repair")
     assert code == 0 and "repaired beta: dropped 1 id(s) with no task" in out, out
+
+
+async def test_a_cluster_url_names_several_seeds_and_starts_while_one_is_down(
+        redis_url, namespace, app, start_worker) -> None:
+    """A worker restarted while the master its URL names was down could not start though
+    the other nodes were up: a URL names several seeds, tried in turn."""
+    with socket.socket() as unused:  # a port nothing listens on: the first seed is down
+        unused.bind(("127.0.0.1", 0))
+        down = unused.getsockname()[1]
+    seeds = redis_url.replace("//", f"//127.0.0.1:{down},", 1)
+    ran: list[int] = []
+
+    @app.task("echo")
+    async def echo(task: obsq.Task) -> None:
+        ran.append(task.payload)
+
+    await start_worker(redis_url=seeds, queues=dict.fromkeys(QUEUES, 1))
+    client = obsq.Client(seeds, namespace, app=app)
+    sync_client = obsq.SyncClient(seeds, namespace, app=app)
+    try:
+        for n, queue in enumerate(QUEUES):
+            await client.enqueue("echo", n, queue=queue)
+        sync_client.enqueue("echo", 3, queue=QUEUES[0])
+        await wait_until(lambda: sorted(ran) == [0, 1, 2, 3], what="every task run")
+    finally:
+        await client.close()
+        sync_client.close()
+    for url in (redis_url.replace("//", "//127.0.0.1:x,", 1), f"{redis_url},127.0.0.1:y"):
+        with pytest.raises(obsq.ConfigurationError, match="invalid: Port could not be cast"):
+            obsq.Client(url, namespace)
