@@ -26,6 +26,7 @@ not a number read as nothing (0, or None), never as a crash."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import namedtuple
 from collections.abc import Iterable, Sequence
@@ -105,6 +106,14 @@ class Layout:
         return args
 
 
+@functools.cache
+def _shape(kind: str, fields: tuple[str, ...]) -> Any:
+    """The named tuple of a reply's `fields`, made at its first use: a class each costs a
+    few KB, and most replies are never read in a given process (a worker reads no
+    inspector's)."""
+    return namedtuple(kind, fields)
+
+
 def modes(field: str, **specs: str) -> Layout:
     return Layout(field, {"*" if mode == "other" else mode: spec
                           for mode, spec in specs.items()})
@@ -115,8 +124,7 @@ class Reply:
     items of `item` fields, then pairs of `tail` fields to the end; `rows` names the head
     values (or fields of rows) that are lists of rows, with each row's fields."""
 
-    __slots__ = ("_head", "_item", "_rows", "constants", "count_in", "head", "item", "rows",
-                 "tail")
+    __slots__ = ("constants", "count_in", "head", "item", "rows", "tail")
 
     def __init__(self, head: Sequence[str] = (), item: Sequence[str] = (), *,
                  count_in: str = "", tail: Sequence[str] = (),
@@ -136,14 +144,11 @@ class Reply:
             raise ValueError("a reply names a field twice")
         if count_in:  # the script counts its items
             self.constants["r_stride"] = len(self.item)
-        self._head = namedtuple("Head", self.head)
-        self._item = namedtuple("Item", self.item)
-        self._rows = {part: namedtuple("Row", fields) for part, fields in self.rows.items()}
 
     def head_of(self, reply: Sequence[Any]) -> Any:
         """The leading values by name; those missing at the end read as None (a Lua table
         ends at its first nil)."""
-        return self._head._make(_padded(reply[:len(self.head)], len(self.head)))
+        return _shape("Head", self.head)._make(_padded(reply[:len(self.head)], len(self.head)))
 
     def items(self, reply: Sequence[Any]) -> list[Sequence[Any]]:
         """The reply's items, each a slice of `item` fields in the declared order."""
@@ -154,12 +159,13 @@ class Reply:
 
     def records(self, reply: Sequence[Any]) -> list[Any]:
         """The reply's items, each by its fields' names."""
-        return [self._item._make(item) for item in self.items(reply)]
+        shape = _shape("Item", self.item)
+        return [shape._make(item) for item in self.items(reply)]
 
     def rows_of(self, part: str, rows: Sequence[Sequence[Any]]) -> list[Any]:
         """The rows of head value `part`, each by its fields' names (a short row's missing
         fields read as None)."""
-        shape, size = self._rows[part], len(self.rows[part])
+        shape, size = _shape("Row", self.rows[part]), len(self.rows[part])
         return [shape._make(_padded(row, size)) for row in rows]
 
     def tail_of(self, reply: Sequence[Any]) -> list[Sequence[Any]]:
