@@ -1,5 +1,5 @@
-"""Fixtures: a real Redis for every test, a namespace of its own, and workers that run
-inside the test's event loop.
+"""Fixtures: a real Redis for every test, a namespace of its own, workers that run inside
+the test's event loop, and a real chromium for the tests of pages.
 
 Redis comes from $OBSQ_TEST_REDIS_URL, else a private redis-server from PATH on a free
 port, else testcontainers. Under CI a missing tool fails the run instead of skipping.
@@ -167,6 +167,27 @@ def namespace(admin_redis_url: str) -> Iterator[str]:
                 pipe.unlink(key)
             pipe.execute()
     r.close()
+
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    """A real chromium driven by Playwright (the console's and the documentation site's
+    tests); under CI a missing browser fails the run."""
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        missing_tool("playwright is not installed (pip install -e '.[test]')")
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        missing_tool("chromium is not installed (apt-get install chromium)")
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield launched
+        await launched.close()
 
 
 @pytest.fixture
