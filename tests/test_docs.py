@@ -2,8 +2,9 @@
 does not run with checks of its own runs here as a program against a real Redis (the only
 change is the Redis address), beside the README's tasks module as `myproject/tasks.py`;
 every block is in a language the suite runs; every page is in the navigation; the README
-stays a front door of at most 300 lines whose links resolve. `mkdocs
-build --strict` (a step of .ci/run) fails on a broken link or anchor."""
+stays a front door of at most 300 lines whose links resolve; the Celery migration table's
+retry defaults are the code's. `mkdocs build --strict` (a step of .ci/run) fails on a
+broken link or anchor."""
 
 from __future__ import annotations
 
@@ -139,3 +140,20 @@ def test_getting_started_says_which_namespace_a_client_writes_to(monkeypatch) ->
     text = " ".join((ROOT / "docs" / "guides" / "getting-started.md").read_text().split())
     assert "Every process and command finds" not in text
     assert "The Client in your code reads neither variable" in text
+
+
+def test_the_celery_table_says_how_long_the_default_retries_take(monkeypatch) -> None:
+    """The row of Celery's retries gives obsq's default count and the time its default
+    backoff spends on them before a task is dead (what a chord with a failing member waits),
+    both as the code has them."""
+    from obsq.engine import execution
+    from obsq.settings import DEFAULT_MAX_RETRY
+
+    def waited(jitter: float) -> float:
+        monkeypatch.setattr(execution.random, "uniform", lambda low, high: jitter)
+        return sum(execution.default_backoff(n) for n in range(DEFAULT_MAX_RETRY)) / 3600
+
+    page = (ROOT / "docs" / "guides" / "migrating.md").read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| `autoretry_for="))
+    assert f"{DEFAULT_MAX_RETRY} times by default" in row
+    assert f"about {waited(0.5):.1f}-{waited(1.0):.0f} h before the task is dead" in row

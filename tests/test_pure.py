@@ -122,6 +122,15 @@ async def test_a_brokers_settings_are_given_where_it_is_made() -> None:
     await broker.close()
 
 
+
+def test_durable_replicas_on_a_cluster_is_refused_saying_why_and_what_instead() -> None:
+    """No Redis is reached: a Cluster client connects at its first call."""
+    with pytest.raises(ConfigurationError) as refused:
+        obsq.Client("redis+cluster://127.0.0.1:1", "ns", durable_replicas=1)
+    for words in ("not available on a Redis Cluster", "WAIT behind each enqueue",
+                  "min-replicas-to-write", "Sentinel"):
+        assert words in str(refused.value)
+
 def test_names() -> None:
     assert validate_name("task type", "report:") == "report:"
     for bad in ("", "x" * 201, "a\nb", "{a}"):

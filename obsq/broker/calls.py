@@ -107,9 +107,17 @@ class RedisCalls:
         self.namespace = namespace
         self.redis = client if client is not None else create_client(url)
         self.is_cluster = isinstance(self.redis, RedisCluster)
-        if durable_replicas < 0 or (durable_replicas and self.is_cluster):
-            raise ConfigurationError("durable_replicas must be a number of replicas, and "
-                                     "is not available on a Redis Cluster")
+        if durable_replicas < 0:
+            raise ConfigurationError(f"durable_replicas must be a number of replicas, got "
+                                     f"{durable_replicas!r}")
+        if durable_replicas and self.is_cluster:
+            raise ConfigurationError(
+                "durable_replicas is not available on a Redis Cluster: it sends WAIT behind "
+                "each enqueue on the connection that wrote it, and on a Cluster each script "
+                "goes alone, with nothing after it on its node. On a Cluster, set "
+                "min-replicas-to-write and min-replicas-max-lag on each master to bound what "
+                "a failover loses, or run one master with replicas and Sentinel, where "
+                "durable_replicas loses no acknowledged enqueue")
         # every script call; enqueues go over one connection kept for them while it is free
         self.runner = Runner(self.redis, keep=True, now=self.clock.script_now)
         self.memory_share = memory_share

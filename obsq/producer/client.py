@@ -71,9 +71,10 @@ class Client:
 
         `durable_replicas=N`: an enqueue returns once N replicas have its tasks (WAIT), and
         raises BrokerError when they do not within DURABLE_WAIT_TIMEOUT, so a failover
-        cannot lose an acknowledged task. `memory_share`: enqueues are refused (BrokerError,
-        `out_of_memory`) once Redis uses more than this share of its maxmemory (default
-        ENQUEUE_MEMORY_SHARE; 1: only Redis's own limit), keeping the rest for workers.
+        cannot lose an acknowledged task (refused on a Redis Cluster: ConfigurationError).
+        `memory_share`: enqueues are refused (BrokerError, `out_of_memory`) once Redis uses
+        more than this share of its maxmemory (default ENQUEUE_MEMORY_SHARE; 1: only Redis's
+        own limit), keeping the rest for workers.
         `call_timeout` (None: OBSQ_CALL_TIMEOUT, else 5 s): each call (but result's wait)
         that Redis does not answer within it fails with BrokerTimeout. `clock`: what its
         scripts and `eta`s count time by (None: Redis's clock; obsq.testing's is manual).

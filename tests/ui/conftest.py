@@ -1,40 +1,20 @@
-"""Fixtures of the console tests: a real chromium driven by Playwright, and `obsq ui` run
-as a subprocess, as an operator starts it. Under CI a missing browser fails the run."""
+"""Fixtures of the console tests: `obsq ui` run as a subprocess, as an operator starts it
+(the browser, a real chromium, is tests/conftest.py's `browser`)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from support import ROOT, missing_tool
+from support import ROOT
 
 from obsq.redis_server import free_port
-
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Any]:
-    try:
-        from playwright.async_api import async_playwright
-    except ImportError:
-        missing_tool("playwright is not installed (pip install -e '.[test]')")
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not path:
-        missing_tool("chromium is not installed (apt-get install chromium)")
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
-        yield launched
-        await launched.close()
 
 
 @pytest.fixture

@@ -44,10 +44,11 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"same-origin"),  # no-referrer would make POSTs send Origin: null
 ]
 Refused = (QueueNotFound, TaskNotFound, TaskRunning, ValueError)
-# a flow's and a step's states drawn in the colours of the task states
-FLOW_STYLES = {"running": "active", "failed": "dead", "cancelled": "dead"}
+# a flow's and a step's states drawn in the colours of the task states (completed, dead and
+# cancelled are task states themselves)
+FLOW_STYLES = {"running": "active", "failed": "dead"}
 STEP_STYLES = {"waiting": "pending", "launching": "scheduled", "enqueued": "pending",
-               "running": "active", "cancelled": "dead"}
+               "running": "active"}
 
 
 def create_app(inspector: Inspector, *, token: str | None = None, read_only: bool = False,
