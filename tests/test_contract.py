@@ -243,7 +243,7 @@ def test_a_built_key_keeps_the_hash_tag_of_the_first_key() -> None:
 
 def test_python_and_the_scripts_spell_a_key_alike() -> None:
     k = QueueKeys("ns", "q")
-    assert k.task("t1") == "ns:{q}:t:t1" and k.held("p") == "ns:{q}:held:p"
+    assert k.task("t1") == "ns:{q}:t:t1" and k.held("p") == "ns:{q}:hold:p"
     source = script_loading.load_scripts()["ack"].source
     assert f"prefix .. '{KEY_NAMES['task']}' .. id" in source
 

@@ -64,16 +64,19 @@ class Checking(RedisCalls):
         return await self._script("doctor", (self.keys(queue).pending,),
                                   argv("doctor", step="ord", keys=keys))
 
-    async def counters(self, queue: str) -> tuple[int, int, int, int, int, list[str]]:
-        """(waiting, tasks in held lists, grouped, tasks in groups, tasks in batches, the
-        patterns with held lists), read together."""
+    async def counters(self, queue: str
+                       ) -> tuple[int, int, int, int, int, list[str], list[str]]:
+        """(waiting, held tasks, grouped, tasks in groups, tasks in batches, the patterns
+        with a sorted set of held tasks, those with an earlier version's list of them), read
+        together."""
         k = self.keys(queue)
-        *counts, patterns = await self._script("doctor", (k.group_types, k.batches),
-                                               argv("doctor", step="counters"))
-        return (*counts, [as_text(p) for p in patterns])
+        *counts, ranked, unranked = await self._script("doctor", (k.group_types, k.batches),
+                                                       argv("doctor", step="counters"))
+        return (*counts, [as_text(p) for p in ranked], [as_text(p) for p in unranked])
 
     async def drop_missing(self, queue: str, key: str, kind: str, ids: Sequence[str]) -> int:
-        """Remove from a list of the queue, a held list ('held'), an ordering key's list
+        """Remove from a list of the queue, a sorted set of held tasks ('held': its
+        members), an earlier version's list of them ('held_list'), an ordering key's list
         ('ord'), a zset or the leases ('lease') those ids with no task hash."""
         if not ids:
             return 0

@@ -44,8 +44,15 @@ KEY_NAMES = {
     # route limits and ordering keys (_prelude_limits.lua)
     "running": "running:",  # set of a route slot's running ids
     "rate": "rate:",  # a route slot's rate window
-    "held": "held:",  # list of the ids a route pattern's limit holds back
-    "holding": "holding",  # set of the patterns with held ids
+    # zset "<place>:<id>" -> rank of the tasks a route pattern's limit holds back, ranked
+    # as pending tasks are (_prelude_limits.lua: hold_back)
+    "held": "hold:",
+    "holding": "holds",  # set of the patterns with held ids
+    "held_places": "holdseq",  # counter the places of held tasks are drawn from
+    # an earlier version's holds, lists of ids (oldest at the right) and the set of their
+    # patterns: read, and let out by the forwarder to be held anew by rank
+    "held_unranked": "held:",
+    "holding_unranked": "holding",
     "waiting": "waiting",  # counter: tasks held back or waiting behind an ordering key
     "ordering": "ord:",  # list of an ordering key's ids, the running one first
     "ordering_waiting": "ordwait",  # zset id -> when it began waiting behind its key (ms)
@@ -83,7 +90,7 @@ TASK_FIELDS = {
     "retried": "retried", "error": "error", "traceback": "tb", "result": "result",
     "priority": "pri", "unique_key": "uniq", "own_id": "own", "ordering_key": "ordk",
     "group": "grp",
-    "batch": "batch", "slot": "slot", "held_by": "held", "held_counted": "hc",
+    "batch": "batch", "slot": "slot", "held_by": "held", "held_place": "hc",
     "cancel": "cancel", "settled_by": "fin", "isolated": "iso", "suspect": "sus",
     "recoveries": "recov", "first_unknown": "unk0", "unknown_count": "unkn",
     "reserved": "rsv", "waited": "ow",
@@ -163,6 +170,9 @@ class QueueKeys:
 
     def held(self, pattern: str) -> str:
         return self.prefix + KEY_NAMES["held"] + pattern
+
+    def held_unranked(self, pattern: str) -> str:
+        return self.prefix + KEY_NAMES["held_unranked"] + pattern
 
     def ordering(self, ordering_key: str) -> str:
         return self.prefix + KEY_NAMES["ordering"] + ordering_key

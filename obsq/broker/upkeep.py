@@ -86,8 +86,8 @@ class Upkeep(RedisCalls):
                       ) -> list[tuple[int, float | None]]:
         """Due tasks of each (queue, scheduled or retry) set to pending, in one round trip
         -> per set (moved, seconds until the next one is due, on Redis's clock; None when
-        the set is empty). With a scheduled set, the longest-held task of each route limit
-        of the queue is let out too (forward.lua)."""
+        the set is empty). With a scheduled set, the best held task of each route limit of
+        the queue is let out too, and those an earlier version held (forward.lua)."""
         calls = []
         for queue, state in sets:
             k = self.keys(queue)

@@ -236,7 +236,8 @@ LAYOUTS: dict[str, Layout] = {
                       # priorities hold across its partitions
                       "floor"),
     "doctor": modes("step", list="offset count state field value",
-                    zset="offset count state field value", lease="offset count grace",
+                    zset="offset count state field value",
+                    held="offset count state field value", lease="offset count grace",
                     owners="cursor count", ord="keys...", counters="",
                     drop="kind ids...", settle="expected wanted",
                     levels="mark"),  # mark: '1' to name them
@@ -328,10 +329,10 @@ KEYS: dict[str, tuple[str, ...]] = {
     "defer_unknown": ("lease scheduled dead active",),
     "delete": ("pending scheduled retry dead completed cancelled active",),
     "dequeue": ("pending lease wake paused active fence",),
-    # by step: pending and the list or zset it reads ("list", "zset", "drop"), the leases
-    # and the active hash ("lease", "owners"), pending alone ("ord", "levels"), the group
-    # types and batches ("counters"), the counter ("settle"); pending is there for the
-    # queue's prefix, a name with no colon (a held list's or ordering key's may hold some)
+    # by step: pending and the list or zset it reads ("list", "zset", "held", "drop"), the
+    # leases and the active hash ("lease", "owners"), pending alone ("ord", "levels"), the
+    # group types and batches ("counters"), the counter ("settle"); pending is there for the
+    # queue's prefix, a name with no colon (a held set's or ordering key's may hold some)
     "doctor": ("pending key", "lease active", "pending", "group_types batches", "counter"),
     "due_fires": ("next version firing",),
     "end_batch": ("batches",),

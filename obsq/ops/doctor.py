@@ -3,10 +3,11 @@ partitioned queue as a queue: it has every key of one; it is named after its que
 bounded steps, and what of them can be mended safely. What it checks, per queue: every id
 of `pending`, the leases and the state zsets has a task hash whose state is that of the
 key it sits in (and of `pending:<p>`, whose priority is p, each named in `levels` while it
-holds tasks); every id of a held list or an ordering key's list has a task naming that
-list's pattern or key; `waiting` counts the held tasks and those behind the first of each
-ordering key; `grouped` counts the tasks in groups and in batches; no attempt is in
-`active` without a lease, nor holds a lease that ended long ago while its worker is lost.
+holds tasks); every id a route limit holds (in a sorted set, or an earlier version's list)
+or of an ordering key's list has a task naming that pattern or key; `waiting` counts the
+held tasks and those behind the first of each ordering key; `grouped` counts the tasks in
+groups and in batches; no attempt is in `active` without a lease, nor holds a lease that
+ended long ago while its worker is lost.
 Per namespace: no running flow waits for a step whose task is gone; as information (the
 engine mends these by itself): schedule fires claimed and not confirmed, lapsed
 subscriptions, flow steps' ends not yet recorded and steps left launching.
@@ -222,14 +223,14 @@ class Doctor:
         return notes
 
     async def _ids(self, queue: str, key: str, kind: str, name: str, state: str,
-                   found: _Findings, field: str = "", value: str = "") -> None:
+                   found: _Findings, field: str = "", value: str = "", drop: str = "") -> None:
+        """Check the ids of list or zset `key` (`kind`: 'list', 'zset', or 'held' for a
+        sorted set of held tasks); `drop`: how drop_missing mends it, when not by `kind`."""
         offset = 0
         while True:
             length, findings = await self.broker.check_ids(queue, key, kind, offset, STEP,
                                                            state, field, value)
-            # held and ordering-key lists are mended their own way (broker drop_missing)
-            found.sort_out(name, key, {"held": "held", "ordk": "ord"}.get(field, kind),
-                           findings)
+            found.sort_out(name, key, drop or kind, findings)
             offset += STEP
             if offset >= length:
                 return
@@ -252,16 +253,20 @@ class Doctor:
 
     async def _counters(self, queue: str, found: _Findings) -> None:
         k = self.broker.keys(queue)
-        _, _, _, _, _, patterns = await self.broker.counters(queue)
-        for pattern in patterns:
+        _, _, _, _, _, ranked, unranked = await self.broker.counters(queue)
+        for pattern in ranked:
             held = k.held(pattern)
-            await self._ids(queue, held, "list", held[len(k.prefix):], "", found, "held",
+            await self._ids(queue, held, "held", held[len(k.prefix):], "", found, "held",
                             pattern)
+        for pattern in unranked:
+            held = k.held_unranked(pattern)
+            await self._ids(queue, held, "list", held[len(k.prefix):], "", found, "held",
+                            pattern, drop="held_list")
         ordering = await self.broker.ordering_keys(queue, STEP)
         for key in ordering:
             listed = k.ordering(key)
             await self._ids(queue, listed, "list", listed[len(k.prefix):], "", found, "ordk",
-                            key)
+                            key, drop="ord")
         first = await self._count(queue, ordering)
         if first != await self._count(queue, ordering):  # moving: not a drift
             return
@@ -275,7 +280,7 @@ class Doctor:
 
     async def _count(self, queue: str, ordering: list[str]) -> tuple[int, int, int, int]:
         """(waiting, what it should be, grouped, what it should be)."""
-        waiting, held, grouped, in_groups, in_batches, _ = await self.broker.counters(queue)
+        waiting, held, grouped, in_groups, in_batches, _, _ = await self.broker.counters(queue)
         behind = 0
         for i in range(0, len(ordering), STEP):
             behind += await self.broker.ordering_waiting(queue, ordering[i:i + STEP])

@@ -7,14 +7,20 @@ process of its own under `valgrind --tool=callgrind`, twice, with two task count
 difference of the two totals over the difference of the counts is the cost of one task,
 without start-up and shut-down. Background loops whose cost is per second, not per task
 (the forwarder, recoverer, janitor), are slowed down to an hour here: under valgrind a
-second is fifty times longer and they would count as the tasks' cost. `--what enqueue`
-counts a producer instead: `Client.enqueue` one await at a time (`enqueue-concurrent`:
-in gathers of 1,000; `enqueue-many`: `enqueue_many` in chunks of 1,000).
+second is fifty times longer and they would count as the tasks' cost. `--what limited`
+drains no-op tasks of a route limited to 3 at once (`concurrency=3`): most fetches hold
+tasks back, and each end lets one out. `--what enqueue` counts a producer instead:
+`Client.enqueue` one await at a time (`enqueue-concurrent`: in gathers of 1,000;
+`enqueue-many`: `enqueue_many` in chunks of 1,000).
+
+`--side redis` counts the redis-server instead, under callgrind from the end of the fill
+to its shutdown, while the worker runs as usual: what the scripts cost Redis per task.
 
     python tests/bench/instructions.py                      # this checkout, uvloop
     python tests/bench/instructions.py --tree ../other      # another checkout of obsq
     python tests/bench/instructions.py --loop asyncio --what io
     python tests/bench/instructions.py --what enqueue --tree ../other
+    python tests/bench/instructions.py --what limited --side redis
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from harness import RedisServer, find_redis_server  # noqa: E402
+import redis  # noqa: E402
+from harness import RedisServer, find_redis_server, free_port  # noqa: E402
 
 WORKER = r"""
 import asyncio, os, sys
@@ -45,7 +53,7 @@ if what == "io":
     import redis.asyncio
     io = redis.asyncio.Redis.from_url(url)
 
-@app.task("job")
+@app.task("job", concurrency=3 if what == "limited" else None)
 async def job(task):
     global done
     if what == "io":
@@ -95,8 +103,11 @@ def fill(url: str, n: int) -> None:
     client.close()
 
 
+DRAINS = ("noop", "io", "limited")
+
+
 def count(tree: Path, url: str, n: int, what: str, loop: str) -> int:
-    if what in ("noop", "io"):
+    if what in DRAINS:
         fill(url, n)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -104,14 +115,58 @@ def count(tree: Path, url: str, n: int, what: str, loop: str) -> int:
         # host, may outlive the default 5 s deadline (BrokerTimeout): an hour here
         env = {**os.environ, "PYTHONPATH": str(tree), "OBSQ_LOOP": loop,
                "OBSQ_CALL_TIMEOUT": "3600"}
-        code = WORKER if what in ("noop", "io") else PRODUCER
+        code = WORKER if what in DRAINS else PRODUCER
         # run in the scratch directory: `-c` puts the working directory first on the path
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
                         sys.executable, "-c", code, url, str(n), what],
                        env=env, cwd=tmp, check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, timeout=1800)
-        totals = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.M)
-        return int(totals.group(1))
+        return _total(out)
+
+
+def count_redis(tree: Path, binary: str, n: int, what: str, loop: str) -> int:
+    """The instructions of a redis-server of its own while a worker (not under valgrind)
+    drains `n` tasks: counted from the end of the fill (callgrind_control --zero) to the
+    server's shutdown; `--hz 1`, so that its cron, which runs by the second, counts little."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        server = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary,
+             "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--hz", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(host="127.0.0.1", port=port)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline or server.poll() is not None:
+                        raise
+                    time.sleep(0.2)
+            fill(url, n)
+            subprocess.run(["callgrind_control", "--zero", str(server.pid)], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            env = {**os.environ, "PYTHONPATH": str(tree), "OBSQ_LOOP": loop,
+                   "OBSQ_CALL_TIMEOUT": "3600"}
+            subprocess.run([sys.executable, "-c", WORKER, url, str(n), what], env=env,
+                           cwd=tmp, check=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=1800)
+            client.shutdown(nosave=True)
+        except redis.ConnectionError:  # the shutdown's connection closing
+            pass
+        finally:
+            client.close()
+            server.wait(120)
+        return _total(out)
+
+
+def _total(out: Path) -> int:
+    totals = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.M)
+    return int(totals.group(1))
 
 
 def main() -> None:
@@ -120,18 +175,27 @@ def main() -> None:
                         help="the obsq checkout to measure (default: this one)")
     parser.add_argument("--tasks", default="1000,4000",
                         help="the two drain sizes (default 1000,4000)")
-    parser.add_argument("--what", choices=["noop", "io", "enqueue", "enqueue-concurrent",
+    parser.add_argument("--what", choices=[*DRAINS, "enqueue", "enqueue-concurrent",
                                            "enqueue-many"], default="noop")
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    parser.add_argument("--side", choices=["worker", "redis"], default="worker",
+                        help="whose instructions: the worker's (or producer's), or Redis's")
     args = parser.parse_args()
     small, large = (int(n) for n in args.tasks.split(","))
     binary, _ = find_redis_server()
-    with RedisServer(binary) as server:
-        few = count(args.tree.resolve(), server.url, small, args.what, args.loop)
-        server.flush()
-        many = count(args.tree.resolve(), server.url, large, args.what, args.loop)
+    tree = args.tree.resolve()
+    if args.side == "redis":
+        if args.what not in DRAINS:
+            parser.error("--side redis counts a drain: --what " + "|".join(DRAINS))
+        few, many = (count_redis(tree, binary, n, args.what, args.loop)
+                     for n in (small, large))
+    else:
+        with RedisServer(binary) as server:
+            few = count(tree, server.url, small, args.what, args.loop)
+            server.flush()
+            many = count(tree, server.url, large, args.what, args.loop)
     per_task = (many - few) / (large - small)
-    print(f"{args.tree.resolve()} ({args.what}, {args.loop}): {per_task:,.0f} "
+    print(f"{tree} ({args.what}, {args.loop}, {args.side}): {per_task:,.0f} "
           f"instructions per task ({few:,} for {small}, {many:,} for {large})")
 
 

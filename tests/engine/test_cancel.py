@@ -177,7 +177,7 @@ async def test_a_held_task_is_cancelled_where_it_waits(app, client, broker, star
     second = await client.enqueue("one", 2, retention=60)
     await start_worker()
     await wait_until(lambda: _state_is(client, first.id, "active"), what="the first running")
-    await wait_until(lambda: broker.redis.llen(broker.keys("default").prefix + "held:one"),
+    await wait_until(lambda: broker.redis.zcard(broker.keys("default").held("one")),
                      what="the second held back")
     assert await client.cancel(second.id) == "cancelled"
     gate.set()
@@ -210,7 +210,7 @@ async def test_purging_pending_takes_the_tasks_held_back_and_waiting_on_a_key(
                            for t in (await inspector.tasks("default", "pending", 3, offset)).tasks])
 
         await wait_until(lambda: equal(listed(), expected), what="the pending pages")
-        assert await broker.redis.llen(broker.keys("default").prefix + "held:one")
+        assert await broker.redis.zcard(broker.keys("default").held("one"))
         assert await inspector.purge("default", "pending") == 5 + 4
     assert (await depth(broker))["pending"] == 0
     gate.set()

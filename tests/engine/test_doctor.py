@@ -78,13 +78,16 @@ async def test_damage_is_named_then_repaired(app, client, start_worker, obsq_cli
     await wait_until(lambda: not raw_redis.exists(f"{namespace}:worker:{worker.id}"),
                      what="the worker stopped")
     prefix = f"{namespace}:{{default}}:"
-    # a counter off, an id in pending with no task, a held list's id with no task
+    # a counter off, an id in pending with no task, held ids with no task (in a sorted set
+    # of held tasks, and in an earlier version's list of them)
     raw_redis.incrby(prefix + "waiting", 3)
     raw_redis.incrby(prefix + "grouped", 2)
     raw_redis.lpush(prefix + "pending", "ghost-1")
     raw_redis.zadd(prefix + "retry", {"ghost-2": 1})
     raw_redis.lpush(prefix + "held:report:", "ghost-3")
     raw_redis.sadd(prefix + "holding", "report:")
+    raw_redis.zadd(prefix + "hold:report:", {"0000000000000001:ghost-5": 1})
+    raw_redis.sadd(prefix + "holds", "report:")
     # a task hash deleted under an active lease of a worker that is gone
     raw_redis.zadd(prefix + "lease", {"ghost-4": 1})
     raw_redis.hset(prefix + "active", "ghost-4", "7:dead-worker")
@@ -104,12 +107,14 @@ async def test_damage_is_named_then_repaired(app, client, start_worker, obsq_cli
     code, out = await obsq_cli("doctor")
     assert code == 1, out
     lines = out.splitlines()
-    for expected in ("default: counter waiting is 4, the held and key-waiting tasks are 2: 2",
+    for expected in ("default: counter waiting is 4, the held and key-waiting tasks are 3: 1",
                      f"default: ids with no task in ord:acct:9: 1 (e.g. {first.id})",
                      "default: counter grouped is 2, the tasks in groups and batches are 0: 2",
                      "default: ids with no task in pending: 1 (e.g. ghost-1)",
                      "default: ids with no task in retry: 1 (e.g. ghost-2)",
                      "default: ids with no task in held:report:: 1 (e.g. ghost-3)",
+                     "default: ids with no task in hold:report:: 1 "
+                     "(e.g. 0000000000000001:ghost-5)",
                      "default: ids with no task in active: 1 (e.g. ghost-4)",
                      f"default: tasks in retry whose state names another place: 1 "
                      f"(e.g. {stale.id}=completed)",
@@ -130,7 +135,7 @@ async def test_damage_is_named_then_repaired(app, client, start_worker, obsq_cli
     code, out = await obsq_cli("doctor", "--repair")
     assert "repaired default: dropped 1 id(s) with no task from " + prefix + "pending" in out
     assert "repaired idle: took back 1 orphaned attempt(s)" in out
-    assert "repaired default: set waiting from 2 to 0" in out
+    assert "repaired default: set waiting from 1 to 0" in out
     assert "repaired default: set grouped from 2 to 0" in out
     # what cannot be mended safely stays named
     assert code == 1 and out.strip().splitlines()[-1].startswith(

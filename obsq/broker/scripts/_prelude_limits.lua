@@ -1,7 +1,12 @@
 -- Prepended after _prelude.lua: what route limits and ordering keys keep in a queue's slot.
 --   running:<pattern>  set of the ids running under a route's concurrency limit
---   held:<pattern>     list of ids held back by a limit of that route (pushed left, popped
---                      right), and `holding`, the set of patterns with such a list
+--   hold:<pattern>     sorted set of the tasks held back by a limit of that route, ranked
+--                      as pending tasks are (hold_back), and `holds`, the set of patterns
+--                      with such a set; `holdseq`, the counter their places are drawn from
+--   held:<pattern>     list of ids (oldest at the right) held by a version before holds were
+--                      ranked, which may run beside this one during an upgrade, and
+--                      `holding`, the set of their patterns: read as held tasks, and let out
+--                      by the forwarder to be held anew (let_out_unranked)
 --   rate:<pattern>     the route's next free start time (ms), for its rate limit
 --   ord:<key>          list of the ids sharing an ordering key, in enqueue order: only the
 --                      first is ever pending, scheduled, running or retrying
@@ -11,8 +16,9 @@
 --                      count as pending)
 -- The task hash keeps `held` (the pattern it is held for), `slot` (the pattern whose
 -- running set holds it), `ordk` (its ordering key), `ow` (it waited for that key) and `hc`
--- (its hold is counted as a throttled start; cleared when it starts, so a task the forwarder
--- lets out to look again is not counted twice).
+-- (its place among the held, taken when it is first held, when its hold is counted as a
+-- throttled start; cleared when it starts, so that a task the forwarder lets out to look
+-- again keeps its place and is not counted twice).
 
 -- Whether route `pattern` (a type, a prefix ending in ':' or '.', or '*') covers a type.
 local function covers(pattern, task_type)
@@ -23,46 +29,140 @@ local function covers(pattern, task_type)
   return (last == ':' or last == '.') and string.sub(task_type, 1, #pattern) == pattern
 end
 
--- Park task `id` until a task of `pattern` stops running (or the forwarder lets one out).
-local function hold(id, pattern)
-  redis.call('LPUSH', prefix .. @key_held .. pattern, id)
+-- A held task's member of its sorted set: its place, then its id, so that tasks of the
+-- same rank leave in the order they were first held; held_id reads the id back.
+local function held_member(place, id)
+  return string.format('%016d:', tonumber(place)) .. id
+end
+
+local function held_id(member)
+  return string.sub(member, 18)
+end
+
+-- Park task `id` until a task of `pattern` stops running (or the forwarder lets one out),
+-- ranked as a pending task: `rank` is due - priority * aging (dequeue.lua), the lowest
+-- leaving first, so that a low priority held long passes the higher ones held later. Its
+-- place: the one it took when first held (`place`), else the next.
+local function hold_back(id, pattern, rank, place)
+  if place then
+    redis.call('HSET', task_key(id), 'held', pattern)
+  else
+    place = int_text(redis.call('INCR', prefix .. @key_held_places))
+    redis.call('HSET', task_key(id), 'held', pattern, 'hc', place)
+  end
+  redis.call('ZADD', prefix .. @key_held .. pattern, rank, held_member(place, id))
   redis.call('SADD', prefix .. @key_holding, pattern)
-  redis.call('HSET', task_key(id), 'held', pattern, 'hc', '1')
   redis.call('INCR', prefix .. @key_waiting)
 end
 
--- The task held longest for `pattern` goes back to the head of pending.
-local function unhold(pattern)
-  local held = prefix .. @key_held .. pattern
-  local id = redis.call('RPOP', held)
-  if not id then
-    redis.call('SREM', prefix .. @key_holding, pattern)
-    return
-  end
-  if redis.call('LLEN', held) == 0 then
-    redis.call('SREM', prefix .. @key_holding, pattern)
+-- Task `id`, taken out of its hold, no longer waits (`waiting`) and goes back to the head of
+-- pending, in the list of its priority, for the next fetch to check its limit anew;
+-- `place`: one to give it (an earlier version's hold gave it none). Behind the head,
+-- though, when that ranks before it: a task let out before it and not taken yet (an
+-- attempt's end and a forwarder's pass may each let one out before a fetch). False when
+-- there is nothing to run: its hash deleted by hand, or cancelled by an earlier version
+-- (which counted it out of `waiting` itself, and leaves it in its sorted set).
+local function let_out(id, place)
+  local key = task_key(id)
+  local f = redis.call('HMGET', key, 'state', 'pri', 'due', 'hc')
+  if f[1] == 'cancelled' then
+    return false
   end
   redis.call('DECR', prefix .. @key_waiting)
-  redis.call('HDEL', task_key(id), 'held')
-  push_pending(prefix .. @key_pending, id, true)
-  wake(prefix .. @key_wake, 1)
+  if not f[1] then
+    return false
+  end
+  if place then
+    redis.call('HSET', key, 'hc', place)
+  end
+  redis.call('HDEL', key, 'held')
+  place = tonumber(place or f[4]) or 0
+  local pending = prefix .. @key_pending
+  local list = level_list(pending, f[2])
+  local head = redis.call('LINDEX', list, -1)
+  if head then
+    local h = redis.call('HMGET', task_key(head), 'due', 'hc')
+    local head_due, due = tonumber(h[1]) or 0, tonumber(f[3]) or 0
+    if head_due < due or (head_due == due and h[2] and tonumber(h[2]) < place) then
+      redis.call('RPOP', list)
+      push_pending(pending, id, true, f[2] or false)
+      redis.call('RPUSH', list, head)
+      return true
+    end
+  end
+  push_pending(pending, id, true, f[2] or false)
+  return true
 end
 
--- The lists of the tasks held back, one per route pattern, in the order of the patterns
--- (the same on every call, so that pages of them hold still): they count as pending.
-local function held_lists()
-  local patterns = redis.call('SMEMBERS', prefix .. @key_holding)
-  table.sort(patterns)
-  local lists = {}
-  for i, pattern in ipairs(patterns) do
-    lists[i] = prefix .. @key_held .. pattern
+-- The best task held for `pattern` (the lowest rank, then the first held) is let out.
+local function unhold(pattern)
+  local held = prefix .. @key_held .. pattern
+  local best
+  repeat
+    best = redis.call('ZPOPMIN', held)[1]
+  until not best or let_out(held_id(best))
+  if best then
+    wake(prefix .. @key_wake, 1)
   end
-  return lists
+  if redis.call('EXISTS', held) == 0 then
+    redis.call('SREM', prefix .. @key_holding, pattern)
+  end
+end
+
+-- The tasks an earlier version held in lists, up to `batch` of each pattern, are let out
+-- oldest first, each given a place in that order: the next fetch holds them by rank.
+local function let_out_unranked(batch)
+  for _, pattern in ipairs(redis.call('SMEMBERS', prefix .. @key_holding_unranked)) do
+    local list = prefix .. @key_held_unranked .. pattern
+    local ids = redis.call('RPOP', list, batch) or {}
+    if redis.call('EXISTS', list) == 0 then
+      redis.call('SREM', prefix .. @key_holding_unranked, pattern)
+    end
+    if #ids > 0 then
+      local first = redis.call('INCRBY', prefix .. @key_held_places, #ids) - #ids
+      local out = 0
+      for i = #ids, 1, -1 do  -- the newest first: each goes to the head, the oldest last
+        if let_out(ids[i], int_text(first + i)) then
+          out = out + 1
+        end
+      end
+      wake(prefix .. @key_wake, out)
+    end
+  end
+end
+
+-- Held task `id` (held for `pattern`, `place` its hash's) leaves its hold for good:
+-- cancelled or deleted.
+local function drop_hold(id, pattern, place)
+  local gone = place and
+      redis.call('ZREM', prefix .. @key_held .. pattern, held_member(place, id)) or 0
+  if gone == 0 then
+    gone = redis.call('LREM', prefix .. @key_held_unranked .. pattern, 1, id)
+  end
+  if gone > 0 then
+    redis.call('DECR', prefix .. @key_waiting)
+  end
+end
+
+-- The keys of the tasks held back, the sorted sets then an earlier version's lists, each
+-- in the order of their patterns (the same on every call, so that pages of them hold
+-- still): they count as pending.
+local function held_keys()
+  local ranked, unranked = {}, {}
+  for _, found in ipairs({{ranked, @key_holding, @key_held},
+                          {unranked, @key_holding_unranked, @key_held_unranked}}) do
+    local patterns = redis.call('SMEMBERS', prefix .. found[2])
+    table.sort(patterns)
+    for i, pattern in ipairs(patterns) do
+      found[1][i] = prefix .. found[3] .. pattern
+    end
+  end
+  return ranked, unranked
 end
 
 -- An attempt of task `id`, of type `task_type`, stops running: it gives back its route
 -- slot (`slot`; '' when it held none), and for each route it is covered by that holds
--- tasks back, the longest held may start again (its limit is checked anew when it does).
+-- tasks back, the best held may start again (its limit is checked anew when it does).
 local holding_patterns = nil
 local function release_limits(id, task_type, slot)
   if slot ~= '' then

@@ -18,7 +18,7 @@ if ARGV[@mode] == 'attempt' then
   return 1
 end
 local key = task_key(id)
-local f = redis.call('HMGET', key, 'state', 'held', 'ordk', 'ow', 'batch', 'pri')
+local f = redis.call('HMGET', key, 'state', 'held', 'ordk', 'ow', 'batch', 'pri', 'hc')
 local state = f[1]
 if not state then
   return ''
@@ -41,8 +41,7 @@ end
 if state == 'aggregating' then
   leave_group(id)
 elseif f[2] then  -- held back by a route limit
-  redis.call('LREM', prefix .. @key_held .. f[2], 1, id)
-  redis.call('DECR', prefix .. @key_waiting)
+  drop_hold(id, f[2], f[7])
 elseif f[3] and redis.call('LINDEX', prefix .. @key_ordering .. f[3], 0) ~= id then
   -- waiting behind its ordering key: end_cancelled takes it out of the key's list
 else

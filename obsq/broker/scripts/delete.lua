@@ -1,8 +1,8 @@
 -- Delete tasks with everything kept for them (data, progress): one task by id
 -- in any state but running (obsq delete), or a batch of one state's tasks (obsq purge,
 -- repeated by the caller until the state is empty).
--- A task held back by a route limit leaves its held list (purging pending takes the held
--- tasks too: they count as pending), and one with an ordering key lets the next of its key
+-- A task held back by a route limit leaves its hold (purging pending takes the held tasks
+-- too: they count as pending), and one with an ordering key lets the next of its key
 -- run (a purge takes that one in a later step). A unique lock stays until its unique_for
 -- ends, and a deleted task's id is not remembered: an operator's delete frees it.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
@@ -14,11 +14,9 @@ local sets = {pending = KEYS[@k_pending], scheduled = KEYS[@k_scheduled],
 
 local function forget(id)
   local key = task_key(id)
-  local f = redis.call('HMGET', key, 'held', 'ordk')
+  local f = redis.call('HMGET', key, 'held', 'ordk', 'hc')
   if f[1] then
-    if redis.call('LREM', prefix .. @key_held .. f[1], 1, id) > 0 then
-      redis.call('DECR', prefix .. @key_waiting)
-    end
+    drop_hold(id, f[1], f[3])
   end
   release_successor(id, f[2] or '', now)
   notify_done(id, 'dead', 'deleted by an operator')  -- clients waiting in result()
@@ -52,10 +50,12 @@ local key = sets[ARGV[@mode]]
 local batch = tonumber(ARGV[@batch])
 local ids
 -- pending and the lists of the other priorities, then the tasks held back by a route limit
--- (they count as pending); forget() takes a held one out of its list
-local held_keys = key == KEYS[@k_pending] and held_lists() or {}
+-- (they count as pending): those of a sorted set taken out of it here, those of an earlier
+-- version's list by forget()
+local ranked, unranked = {}, {}
 local levels = key == KEYS[@k_pending] and level_lists(key) or {}
 if key == KEYS[@k_pending] then
+  ranked, unranked = held_keys()
   ids = redis.call('RPOP', key, batch) or {}
   for _, level in ipairs(levels) do
     if #ids < batch then
@@ -64,7 +64,16 @@ if key == KEYS[@k_pending] then
       end
     end
   end
-  for _, held in ipairs(held_keys) do
+  for _, held in ipairs(ranked) do
+    if #ids < batch then
+      local popped = redis.call('ZPOPMIN', held, batch - #ids)
+      for i = 1, #popped, 2 do
+        ids[#ids + 1] = held_id(popped[i])
+        redis.call('DECR', prefix .. @key_waiting)
+      end
+    end
+  end
+  for _, held in ipairs(unranked) do
     if #ids < batch then
       for _, id in ipairs(redis.call('LRANGE', held, -(batch - #ids), -1)) do
         ids[#ids + 1] = id
@@ -87,7 +96,10 @@ if key == KEYS[@k_pending] then
   for _, list in ipairs(levels) do
     left = left + redis.call('LLEN', list)
   end
-  for _, held in ipairs(held_keys) do
+  for _, held in ipairs(ranked) do
+    left = left + redis.call('ZCARD', held)
+  end
+  for _, held in ipairs(unranked) do
     left = left + redis.call('LLEN', held)
   end
 else

@@ -10,6 +10,11 @@ if redis.call('EXISTS', KEYS[@k_paused]) == 1 then
 end
 local now = now_ms()
 
+-- The rank of a task of priority `p` due since `due` (ms, as the hash keeps it).
+local function rank(due, p)
+  return (tonumber(due) or now) - p * tonumber(ARGV[@aging])
+end
+
 -- With tasks of priorities other than 0 (their levels named in `levels`): up to `count`
 -- ids, the best ranked first, and the rank of the best task left (nil: none). A task of priority p pending
 -- for w ms ranks as p + w / aging_ms, so a lower priority is never starved: it ages into
@@ -19,14 +24,13 @@ local now = now_ms()
 -- lower, so a run ends at the first whose rank passes that head's (found by halving the
 -- run, from the most still wanted).
 local function by_rank(levels, count, floor)
-  local aging = tonumber(ARGV[@aging])
-  local function rank(id, p)
-    return (tonumber(redis.call('HGET', task_key(id), 'due')) or now) - p * aging
+  local function ranked(id, p)
+    return rank(redis.call('HGET', task_key(id), 'due'), p)
   end
   local function head(list, p)
     local id = redis.call('LINDEX', list, -1)
     if id then
-      return {list, p, rank(id, p)}
+      return {list, p, ranked(id, p)}
     end
   end
   local function before(a, b)
@@ -51,7 +55,7 @@ local function by_rank(levels, count, floor)
     local second = entries[2]
     while second and take > 1 do
       local id = redis.call('LINDEX', e[1], -take)
-      if id and before({e[1], e[2], rank(id, e[2])}, second) then
+      if id and before({e[1], e[2], ranked(id, e[2])}, second) then
         break
       end
       take = math.floor(take / 2)
@@ -111,17 +115,19 @@ local function best(entries, task_type)
   return found
 end
 
--- Why `id` may not start now ('concurrency' or 'rate'), after setting it aside; else nil,
--- and the route slot it takes ('' for none).
-local function limited(id, task_type, reserved)
+-- Why task `id` (`f`: its hash's fields, as read below) may not start now ('concurrency'
+-- or 'rate'), after setting it aside; else nil, and the route slot it takes ('' for none).
+local function limited(id, f)
+  local task_type, reserved = f[1], tonumber(f[10])
   local mine, route = best(limits.l, task_type), best(limits.g, task_type)
-  if mine and mine[2] <= 0 then
-    hold(id, mine[1])
-    return 'concurrency'
-  end
-  if route and route[2] > 0 and
+  local held_for = mine and mine[2] <= 0 and mine[1]
+  if not held_for and route and route[2] > 0 and
       redis.call('SCARD', prefix .. @key_running .. route[1]) >= route[2] then
-    hold(id, route[1])
+    held_for = route[1]
+  end
+  if held_for then
+    local p = f[14] and string.match(f[14], '^[1-9]$')  -- as level_list reads it
+    hold_back(id, held_for, rank(f[6], tonumber(p) or 0), f[11])
     return 'concurrency'
   end
   if route and route[3] > 0 and not (reserved and reserved <= now) then
@@ -166,7 +172,7 @@ for _, id in ipairs(ids) do
     push_pending(KEYS[@k_pending], id, true, f[14])
     returned = returned + 1
   elseif limits then
-    why, slot = limited(id, f[1], tonumber(f[10]))
+    why, slot = limited(id, f)
     if why and not (why == 'concurrency' and f[11]) then
       -- counted once per hold: a task the forwarder let out to look again is not new
       local h = #held

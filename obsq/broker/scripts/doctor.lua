@@ -7,15 +7,18 @@
 --       returns {length, {id, problem, what was found}, ...}
 --   'zset': the same for a zset, by rank (a `completed` id past its retention may have
 --       lost its hash: not reported)
+--   'held': the same for a sorted set of held tasks, its members ('<place>:<id>') reported
 --   'lease': attempts whose lease ended over `grace` ago ('expired', owner), with no owner
 --       ('unowned') or no task hash ('missing'); returns {length, {id, problem, owner}, ...}
 --   'owners': attempts of the active hash without a lease; {cursor, {id, ...}}
 --   'ord': the tasks waiting for the given ordering keys (all but the first of each)
---   'counters': {waiting, held, grouped, in groups, in batches, {held pattern, ...}}
+--   'counters': {waiting, held, grouped, in groups, in batches, {pattern of a sorted set of
+--       held tasks, ...}, {pattern of an earlier version's list of them, ...}}
 --   'drop': remove the given ids without a task hash from the list or zset (`kind`
---       'list'; 'held', which counts them out of `waiting`; 'ord', an ordering key's list,
---       whose next task is let out as when a task of the key ends; 'zset'; or 'lease',
---       which drops their active entries too); returns how many went
+--       'list'; 'held', members of a sorted set of held tasks, and 'held_list', ids of an
+--       earlier version's list, both counted out of `waiting`; 'ord', an ordering key's
+--       list, whose next task is let out as when a task of the key ends; 'zset'; or
+--       'lease', which drops their active entries too); returns how many went
 --   'settle': set the counter to `wanted` if it still reads `expected`; 1 if it did
 --   'levels': the priorities whose pending list holds tasks and is not named in `levels`
 --       (no worker would fetch them); with `mark`, names them there
@@ -33,7 +36,7 @@ local function check(id, state, field, value)
   return nil
 end
 
-if step == 'list' or step == 'zset' then
+if step == 'list' or step == 'zset' or step == 'held' then
   local offset, count = tonumber(ARGV[@offset]), tonumber(ARGV[@count])
   local ids, length
   if step == 'list' then
@@ -46,7 +49,11 @@ if step == 'list' or step == 'zset' then
   local out = {length}
   local now = ARGV[@state] == 'completed' and now_ms()
   for _, id in ipairs(ids) do
-    local problem = check(id, ARGV[@state], ARGV[@field], ARGV[@value])
+    local problem = check(step == 'held' and held_id(id) or id, ARGV[@state], ARGV[@field],
+                          ARGV[@value])
+    if problem then
+      problem[1] = id
+    end
     -- a completed task's hash expires a minute after its retention, and the janitor takes
     -- its id out of `completed` when a worker runs: an id past its retention is no damage
     if problem and not (now and problem[2] == 'missing'
@@ -89,10 +96,15 @@ elseif step == 'ord' then
   return waiting
 elseif step == 'counters' then
   local patterns = redis.call('SMEMBERS', prefix .. @key_holding)
+  local unranked = redis.call('SMEMBERS', prefix .. @key_holding_unranked)
   table.sort(patterns)
+  table.sort(unranked)
   local held = 0
   for _, pattern in ipairs(patterns) do
-    held = held + redis.call('LLEN', prefix .. @key_held .. pattern)
+    held = held + redis.call('ZCARD', prefix .. @key_held .. pattern)
+  end
+  for _, pattern in ipairs(unranked) do
+    held = held + redis.call('LLEN', prefix .. @key_held_unranked .. pattern)
   end
   local in_groups = 0
   for _, task_type in ipairs(redis.call('SMEMBERS', KEYS[@k_group_types])) do
@@ -111,22 +123,25 @@ elseif step == 'counters' then
   end
   return {tonumber(redis.call('GET', prefix .. @key_waiting)) or 0, held,
           tonumber(redis.call('GET', prefix .. @key_grouped)) or 0, in_groups, in_batches,
-          patterns}
+          patterns, unranked}
 elseif step == 'drop' then
   local now, kind, dropped = now_ms(), ARGV[@kind], 0
   for i = @ids, #ARGV do
     local id = ARGV[i]
-    if redis.call('EXISTS', task_key(id)) == 0 then
+    if redis.call('EXISTS', task_key(kind == 'held' and held_id(id) or id)) == 0 then
       if kind == 'ord' then
         local before = redis.call('LLEN', KEYS[@k_key])
         release_successor(id, string.sub(KEYS[@k_key], #prefix + #@key_ordering + 1), now)
         dropped = dropped + before - redis.call('LLEN', KEYS[@k_key])
-      elseif kind == 'list' or kind == 'held' then
-        local n = redis.call('LREM', KEYS[@k_key], 0, id)
-        if kind == 'held' and n > 0 then
+      elseif kind == 'held' or kind == 'held_list' then
+        local n = kind == 'held' and redis.call('ZREM', KEYS[@k_key], id) or
+            redis.call('LREM', KEYS[@k_key], 0, id)
+        if n > 0 then
           redis.call('DECRBY', prefix .. @key_waiting, n)
         end
         dropped = dropped + n
+      elseif kind == 'list' then
+        dropped = dropped + redis.call('LREM', KEYS[@k_key], 0, id)
       else
         dropped = dropped + redis.call('ZREM', KEYS[@k_key], id)
         if kind == 'lease' then

@@ -1,6 +1,7 @@
 -- Move due tasks from the scheduled or retry set to pending; for the scheduled set, also let
--- the longest-held task of each route out (its limit is checked again when it is taken), so
--- that no held task waits for good on a completion that never comes (its worker died).
+-- the best held task of each route out (its limit is checked again when it is taken), so
+-- that no held task waits for good on a completion that never comes (its worker died), and
+-- `batch` of each list an earlier version held tasks in, to be held anew by rank.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', KEYS[@k_by_state], '-inf', now, 'WITHSCORES', 'LIMIT', 0, ARGV[@batch])
@@ -21,6 +22,7 @@ if ARGV[@scheduled] == '1' then
   for _, pattern in ipairs(redis.call('SMEMBERS', prefix .. @key_holding)) do
     unhold(pattern)
   end
+  let_out_unranked(tonumber(ARGV[@batch]))
 end
 local next_due = redis.call('ZRANGE', KEYS[@k_by_state], 0, 0, 'WITHSCORES')
 if next_due[2] then

@@ -2,30 +2,38 @@
 -- size of the state: it reads a window by rank (LRANGE/ZRANGE) and looks at no more than
 -- `cap` ids, so a page of a queue of millions costs what a page of ten does. By `order`:
 -- 'list', oldest first from the right end of each list of pending tasks, the highest
--- priority first, then of each list of held tasks, then the tasks waiting behind their
--- ordering key by when they were enqueued; 'head', oldest first from the left end of a
--- group; 'asc' or 'desc' by score.
+-- priority first, then the held tasks of each route pattern in the order they would be let
+-- out, then the tasks waiting behind their ordering key by when they were enqueued; 'head',
+-- oldest first from the left end of a group; 'asc' or 'desc' by score.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 local order, offset, limit, want, cap = ARGV[@order], tonumber(ARGV[@offset]), tonumber(ARGV[@limit]),
     ARGV[@pattern], tonumber(ARGV[@cap])
 local source = KEYS[@k_group] or KEYS[@k_by_state]
 -- pending is read as one list made of the lists of priorities above 0, highest first, the
--- pending list, the lists of the tasks held back by a route limit, each oldest first, and
--- last the sorted set of those waiting behind their ordering key (they count as pending)
-local segments, lengths = {source}, {}
+-- pending list, the sorted sets of the tasks held back by a route limit, each best first,
+-- an earlier version's lists of them, each oldest first, and last the sorted set of those
+-- waiting behind their ordering key (they count as pending); `sorted` names the sets, and
+-- `members` those of held tasks, whose members are not bare ids
+local segments, lengths, sorted, members = {source}, {}, {}, {}
 local waiting = prefix .. @key_ordering_waiting
 if order == 'list' then
   segments = level_lists(source)
   segments[#segments + 1] = source
-  for _, held in ipairs(held_lists()) do
+  local ranked, unranked = held_keys()
+  for _, held in ipairs(ranked) do
+    segments[#segments + 1] = held
+    sorted[held], members[held] = true, true
+  end
+  for _, held in ipairs(unranked) do
     segments[#segments + 1] = held
   end
   segments[#segments + 1] = waiting
+  sorted[waiting] = true
 end
 local total = 0
 if order == 'list' or order == 'head' then
   for i, key in ipairs(segments) do
-    lengths[i] = key == waiting and redis.call('ZCARD', key) or redis.call('LLEN', key)
+    lengths[i] = sorted[key] and redis.call('ZCARD', key) or redis.call('LLEN', key)
     total = total + lengths[i]
   end
 else
@@ -54,9 +62,9 @@ local function window(start, n)
         skip = skip - lengths[s]
       else
         local take = math.min(n - #ids, lengths[s] - skip)
-        if key == waiting then
-          for _, id in ipairs(redis.call('ZRANGE', key, skip, skip + take - 1)) do
-            ids[#ids + 1] = id
+        if sorted[key] then
+          for _, member in ipairs(redis.call('ZRANGE', key, skip, skip + take - 1)) do
+            ids[#ids + 1] = members[key] and held_id(member) or member
             scores[#scores + 1] = ''
           end
         else
