@@ -135,15 +135,23 @@ class BrokerTimeout(BrokerError):
     OBSQ_CALL_TIMEOUT): Redis is stopped, overloaded or out of reach. Whether a write sent
     before the deadline happened is unknown: Redis may still run it when it wakes up, so
     retry an enqueue with the same task_id (a DuplicateTask then means it is there). A call
-    that only reads (READ_ONLY_CALLS) wrote nothing and is simply made again."""
+    that only reads (READ_ONLY_CALLS) wrote nothing and is simply made again. A worker's
+    calls have the deadline too (`worker`), and its loops try them again."""
 
-    def __init__(self, operation: str, timeout: float, url: str) -> None:
+    def __init__(self, operation: str, timeout: float, url: str, *, worker: bool = False
+                 ) -> None:
         self.timeout = timeout
-        advice = "" if operation in READ_ONLY_CALLS else (
-            "; a write it carried may still happen: retry an enqueue with the same task_id")
-        super().__init__(operation, TimeoutError(f"no answer within {timeout:g} s"), (
-            f"Redis at {url} did not answer {operation!r} within the call deadline of "
-            f"{timeout:g} s (Client(call_timeout=...), OBSQ_CALL_TIMEOUT){advice}"))
+        if worker:
+            said = (f"within {timeout:g} s (the worker's call deadline, OBSQ_CALL_TIMEOUT; "
+                    "a blocking wait gets its own length on top)")
+        else:
+            said = (f"within the call deadline of {timeout:g} s (Client(call_timeout=...), "
+                    "OBSQ_CALL_TIMEOUT)")
+            if operation not in READ_ONLY_CALLS:
+                said += "; a write it carried may still happen: retry an enqueue with the " \
+                    "same task_id"
+        super().__init__(operation, TimeoutError(f"no answer within {timeout:g} s"),
+                         f"Redis at {url} did not answer {operation!r} {said}")
 
 
 def denied_by_acl(cause: BaseException | str) -> bool:

@@ -62,7 +62,8 @@ CONNECT_TIMEOUT = 5.0
 # The deadline of each call a Client or SyncClient makes (enqueue, publish, info, cancel...;
 # not the wait of result(timeout=)): a Redis that does not answer within it (stopped, or
 # behind a stuck proxy) fails the call with BrokerTimeout instead of holding a web app's
-# request. Client(call_timeout=...) or OBSQ_CALL_TIMEOUT changes it.
+# request. Client(call_timeout=...) or OBSQ_CALL_TIMEOUT changes it; a worker's calls have
+# it too (WorkerSettings.call_timeout), a blocking wait its own length on top.
 CALL_TIMEOUT = 5.0
 # TLS to Redis (rediss://): the CA that signed the server's certificate, and this client's
 # certificate and key where Redis asks for one (tls-auth-clients), as files. The URL's query
@@ -295,6 +296,10 @@ class WorkerSettings(EnvSettings):
     lock_ttl: float = 5.0
     wait_timeout: float = 2.0
     settle_timeout: float = 5.0  # how long a stopping worker keeps trying to record outcomes
+    # Every Redis call of the worker ends within this (a blocking wait: its wait on top), or
+    # fails with BrokerTimeout on a connection then closed, and is tried again on a fresh
+    # one: a connection a NAT or load balancer dropped silently gets no answer, ever.
+    call_timeout: float = CALL_TIMEOUT
     # Task groups: the aggregator loop's longest sleep (it wakes sooner when a group is
     # due), and how long a claimed batch is its worker's before another may take it.
     aggregate_interval: float = 1.0
@@ -342,8 +347,9 @@ class WorkerSettings(EnvSettings):
         if self.max_recoveries < 0:
             raise ConfigurationError("max_recoveries must not be negative")
         for name in ("heartbeat_interval", "forward_interval", "recover_interval", "lock_ttl",
-                     "janitor_interval", "wait_timeout", "dead_max_age", "progress_ttl",
-                     "policy_check_interval", "aggregate_interval", "dedup_window", "stuck_limit",
+                     "janitor_interval", "wait_timeout", "call_timeout", "dead_max_age",
+                     "progress_ttl", "policy_check_interval", "aggregate_interval",
+                     "dedup_window", "stuck_limit",
                      "aggregate_lease", "unknown_type_max_age", "blocked_loop_warning",
                      "blocked_loop_limit", "priority_aging"):
             if not getattr(self, name) > 0:

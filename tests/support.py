@@ -1,5 +1,6 @@
 """Helpers for test modules (fixtures are in conftest.py): waiting, the short intervals of
-test workers, `obsq` subprocesses, and a few reads of Redis."""
+test workers, `obsq` subprocesses, a few reads of Redis, and a proxy to Redis that stops
+forwarding while its connections stay open."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -271,3 +274,80 @@ def partitioned_events(app: obsq.App) -> None:
         if task.payload == "bad":
             raise obsq.SkipRetry("bad event")
         return "ok"
+
+
+class StallingProxy:
+    """A TCP proxy to the Redis of `url`, on a thread and event loop of its own, that can
+    stop forwarding while every connection stays open (`stall()`), as a NAT, conntrack or
+    load balancer that forgot its connections does: each side's bytes are taken (the
+    proxy's kernel acknowledges them, so TCP keepalive sees nothing wrong) and dropped, and
+    no reply comes. `resume()` forwards again; what was dropped stays dropped, so a request
+    sent meanwhile never gets its reply. New connections are taken while stalled too. `url`
+    is the proxied Redis's URL, credentials and database kept; use as a context manager."""
+
+    def __init__(self, url: str) -> None:
+        self._target = urlsplit(url)
+        self.stalled = False
+        self._loop = asyncio.new_event_loop()
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="stalling-proxy",
+                                        daemon=True)
+
+    def __enter__(self) -> StallingProxy:
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(asyncio.start_server(
+            self._serve, "127.0.0.1", 0), self._loop).result(10)
+        port = self._server.sockets[0].getsockname()[1]
+        netloc = self._target.netloc.rpartition("@")
+        self.url = self._target._replace(
+            netloc=f"{netloc[0]}{netloc[1]}127.0.0.1:{port}").geturl()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    def stall(self) -> None:
+        self.stalled = True
+
+    def resume(self) -> None:
+        self.stalled = False
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                     ) -> None:
+        connection = asyncio.current_task()
+        assert connection is not None
+        self._connections.add(connection)
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection(
+                self._target.hostname, self._target.port)
+            try:
+                await asyncio.gather(self._forward(reader, upstream_writer),
+                                     self._forward(upstream_reader, writer))
+            finally:
+                upstream_writer.close()
+        except (OSError, asyncio.CancelledError):
+            pass  # a side closed, or the proxy: the other goes too
+        finally:
+            writer.close()
+            self._connections.discard(connection)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                       ) -> None:
+        try:
+            while data := await reader.read(65536):
+                if not self.stalled:
+                    writer.write(data)
+                    await writer.drain()
+        finally:
+            writer.close()
+
+    async def _close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for connection in list(self._connections):
+            connection.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)

@@ -13,7 +13,10 @@ the runner only: redis-py's major version is pinned in pyproject while they do.
 
 Deadlines: a web app's request must not wait for ever on a Redis that was stopped (SIGSTOP,
 a frozen VM) or sits behind a stuck proxy, where the kernel still accepts the bytes and TCP
-keepalive sees nothing wrong. On the event loop a call that outlives its deadline is
+keepalive sees nothing wrong; nor may a worker whose connections a NAT or load balancer
+dropped silently (their replies never come) wait for ever, so a broker given a
+`call_timeout` (a worker's) bounds every call it makes, a blocking wait by its wait plus
+that deadline. On the event loop a call that outlives its deadline is
 cancelled, wherever it waits (pool checkout, connect, a round trip): no socket timeout,
 which redis-py turns into a task per command, and no timer per call either
 (asyncio.timeout cost an enqueue 13 µs of its 45 µs of CPU; this costs 0.6 µs): the calls
@@ -89,7 +92,8 @@ class RedisCalls:
                  on_error: Callable[[str, BaseException], None] = lambda operation, exc: None,
                  memory_share: float = ENQUEUE_MEMORY_SHARE, durable_replicas: int = 0,
                  priority_aging: float = 60.0, dedup_window: float = DEDUP_WINDOW,
-                 dedup_max_ids: int = DEDUP_MAX_IDS) -> None:
+                 dedup_max_ids: int = DEDUP_MAX_IDS, call_timeout: float | None = None,
+                 loop_blocked: Callable[[], float] | None = None) -> None:
         """Its callers' settings are given here, never written later: `on_error`, told of
         each failed call (a Worker gives its App's Redis-error hooks, a Client its own: a
         guarded registry, so that hooks added later count and one that raises changes
@@ -97,7 +101,10 @@ class RedisCalls:
         `durable_replicas`, the replicas each enqueue waits for (WAIT, not on a Cluster);
         `priority_aging`, the seconds a pending task waits to rank one priority higher;
         `dedup_window` and `dedup_max_ids`, how long a deleted task's producer-chosen id
-        is remembered, and how many per queue."""
+        is remembered, and how many per queue; `call_timeout`, the deadline of each of its
+        calls (None: none, as a Client's broker, whose calls the Client bounds itself),
+        not counting the time the event loop stood blocked (`loop_blocked()`: that time so
+        far), when the reply may have come and waited for the loop."""
         if not 0 < memory_share <= 1:
             raise ConfigurationError(f"memory_share must be above 0 and at most 1, got "
                                      f"{memory_share!r}")
@@ -131,6 +138,8 @@ class RedisCalls:
         self.event_keys = EventKeys(namespace)
         self._queue_keys: dict[str, QueueKeys] = {}
         self.on_error = on_error
+        self.deadlines = None if call_timeout is None else Deadlines(
+            loop_blocked, seconds=call_timeout, error=self.timed_out)
 
     def keys(self, queue: str) -> QueueKeys:
         keys = self._queue_keys.get(queue)
@@ -167,14 +176,25 @@ class RedisCalls:
 
     def timed_out(self, operation: str, timeout: float) -> BrokerTimeout:
         """A call that got no answer within its deadline (Deadlines), reported like any
-        failure."""
-        error = BrokerTimeout(operation, timeout, self.safe_url)
+        failure; a broker with a deadline of its own is a worker's."""
+        error = BrokerTimeout(operation, timeout, self.safe_url,
+                              worker=self.deadlines is not None)
         self.on_error(operation, error)
         return error
 
-    async def _guard(self, operation: str, call: Awaitable[Any]) -> Any:
+    def _within(self, operation: str, call: Awaitable[T], wait: float = 0.0) -> Awaitable[T]:
+        """`call` within the broker's call deadline, if it has one, and `wait` more for a
+        call that blocks in Redis that long (BLPOP); past it the call is cancelled, which
+        closes its connection, and BrokerTimeout is raised."""
+        if self.deadlines is None:
+            return call
+        return self.deadlines.run(operation, call,
+                                  self.deadlines.seconds + wait if wait else None)
+
+    async def _guard(self, operation: str, call: Awaitable[Any], wait: float = 0.0) -> Any:
+        """`call`, within its deadline (`_within`); a failure raised as BrokerError."""
         try:
-            return await call
+            return await self._within(operation, call, wait)
         except (RedisError, OSError) as exc:
             raise self.failed(operation, exc) from exc
 
@@ -182,7 +202,8 @@ class RedisCalls:
         """BLPOP on keys that may live in different Cluster slots (one BLPOP each there, the
         first answer wins): (key, value), or None after `timeout`."""
         if not self.is_cluster or len(keys) == 1:
-            return await self._guard(operation, self.redis.blpop(keys, timeout=timeout))
+            return await self._guard(operation, self.redis.blpop(keys, timeout=timeout),
+                                     wait=timeout)
         waits = [asyncio.ensure_future(self._blpop_any(operation, [k], timeout)) for k in keys]
         try:
             done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -227,7 +248,8 @@ class RedisCalls:
         call (the writes are then on the master only, and a failover may lose them)."""
         wait = ("WAIT", self.durable_replicas, max(int(self.durable_timeout * 1000), 1))
         try:
-            replies = await self.runner.calls([(SCRIPTS[name], keys, args)], after=wait)
+            replies = await self._within(name, self.runner.calls(
+                [(SCRIPTS[name], keys, args)], after=wait), wait=self.durable_timeout)
             first_error(replies)
         except (RedisError, OSError) as exc:
             raise self.failed(name, exc) from exc
@@ -246,7 +268,8 @@ class RedisCalls:
         if len(calls) == 1:
             return [await self._script(*calls[0])]
         try:
-            results = await self.runner.calls([(SCRIPTS[n], k, a) for n, k, a in calls])
+            results = await self._within(calls[0][0], self.runner.calls(
+                [(SCRIPTS[n], k, a) for n, k, a in calls]))
             first_error(results)
             return results
         except (RedisError, OSError) as exc:
@@ -518,10 +541,11 @@ def uncancel(task: asyncio.Task[Any]) -> int:
 
 
 class Deadlines:
-    """The deadlines of calls awaited on one event loop (`run`): a producer's Redis calls
-    (a Client's, `seconds` and `error` given here) and the attempts of async handlers and
-    process-pool children (their timeouts, given with each), not counting the time the loop
-    stood blocked meanwhile (`blocked()`: that time so far, the worker's LoopMonitor).
+    """The deadlines of calls awaited on one event loop (`run`): the Redis calls of a
+    producer or of a worker's broker (`seconds` and `error` given here) and the attempts of
+    async handlers and process-pool children (their timeouts, given with each), not
+    counting the time the loop stood blocked meanwhile (`blocked()`: that time so far, the
+    worker's LoopMonitor).
 
     Calls of one length fall due in the order they started, so one timer per length, armed
     for the first of them, watches them all; when it fires it cancels those past due and is

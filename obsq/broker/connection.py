@@ -6,6 +6,10 @@ connection broke must not run twice. Callers retry at their own level.
 A dead server or network is detected by TCP keepalive and TCP_USER_TIMEOUT within about
 ten seconds, not by a socket timeout: redis-py wraps every send in `asyncio.wait_for`
 when a socket timeout is set, which costs a task per command (a third of a round trip).
+Neither sees a connection that a NAT, conntrack or load balancer dropped silently while a
+proxy's kernel still acknowledges every byte: no reply ever comes. The calls' own deadlines
+do (calls.py: one timer per length of deadline on the event loop; `call_timeout` below, a
+socket timeout, on a blocking client).
 
 Connections come from a blocking pool: a burst of concurrent calls (2,000 enqueues of a
 busy web app, 1,000 handlers publishing progress) waits for a free connection instead of

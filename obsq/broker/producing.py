@@ -135,7 +135,7 @@ class Producing(RedisCalls):
         pipe.blpop(inboxes, timeout=timeout)
         for inbox in inboxes:  # whatever else waits, in the same round trip
             pipe.lpop(inbox, INBOX_BATCH)
-        first, *rest = await self._guard("read_inbox", pipe.execute())
+        first, *rest = await self._guard("read_inbox", pipe.execute(), wait=timeout)
         messages = [(queue_of[first[0]], first[1])] if first else []
         for queue, more in zip(queues, rest):
             messages += ((queue, m) for m in more or ())

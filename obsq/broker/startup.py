@@ -35,7 +35,18 @@ class StartupChecks(RedisCalls):
     _start_policy: str | None = None
 
     async def check(self) -> str:
-        """Fail at start with one clear error for a wrong URL, password or Redis version."""
+        """Fail at start with one clear error for a wrong URL, password or Redis version; a
+        Redis that does not answer within the broker's call deadline (a connection a network
+        drops silently) is one that may answer later."""
+        if self.deadlines is None:
+            return await self._check()
+        return await self.deadlines.run("check", self._check(), error=self._no_answer)
+
+    def _no_answer(self, operation: str, seconds: float) -> StartupError:
+        return StartupError(f"cannot reach Redis at {self.safe_url}: no answer within "
+                            f"{seconds:g} s", unreachable=True)
+
+    async def _check(self) -> str:
         try:
             version = await self._version()
         except (RedisError, RedisClusterException, OSError) as exc:  # the last: no node
@@ -98,11 +109,13 @@ class StartupChecks(RedisCalls):
         try:
             if not self._config_denied:
                 try:
-                    return worst_policy(await self.redis.config_get("maxmemory-policy"),
-                                         "maxmemory-policy")
+                    return worst_policy(await self._within(
+                        "memory_policy", self.redis.config_get("maxmemory-policy")),
+                        "maxmemory-policy")
                 except ResponseError:
                     self._config_denied = True
-            return worst_policy(await self.redis.info("memory"), "maxmemory_policy")
+            return worst_policy(await self._within(
+                "memory_policy", self.redis.info("memory")), "maxmemory_policy")
         except ResponseError:
             return None
         except (RedisError, OSError) as exc:  # the first call of a Client: say where

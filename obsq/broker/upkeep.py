@@ -148,7 +148,7 @@ class Upkeep(RedisCalls):
         of a Cluster, the node fullest against its limit (enqueues are refused per node).
         None when the Redis user may not run INFO."""
         try:
-            info = await self.redis.info("memory")
+            info = await self._within("memory_usage", self.redis.info("memory"))
         except ResponseError:  # INFO denied to the user: nothing to report, no failure
             return None
         except (RedisError, OSError) as exc:

@@ -109,7 +109,7 @@ class Working(RedisCalls):
         name, keys, args = self._dequeue_call(queue, count, worker_id, lease_seconds, limits)
         asked_at = time.monotonic()
         woken, fetched = await self._guard("wait_for_work", self.runner.calls(
-            [(SCRIPTS[name], keys, args)], before=("BLPOP", *wake, timeout)))
+            [(SCRIPTS[name], keys, args)], before=("BLPOP", *wake, timeout)), wait=timeout)
         if isinstance(woken, Exception):
             raise self.failed("wait_for_work", woken)
         if isinstance(fetched, Exception):

@@ -12,7 +12,9 @@ are short the worker holds up to twice its slots (a prefetch buffer) and fetches
 whole batch fits. Idle: one BLPOP on the queues' wake lists, with the dequeue of the first
 queue queued behind it on the same connection, so a task arrives in the round trip that
 wakes the worker; a stop ends the wait through the worker's own wake list, so nothing the
-fetch took is stranded.
+fetch took is stranded. Every call ends within its deadline (the wait's: its length plus the
+call deadline), so a connection the network dropped silently costs a retry on a fresh one,
+and each round is marked (`FetchProgress`) for the watchdog and the probes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import orjson
 from obsq.app import App, PatternTable
 from obsq.background import RedisRetry
 from obsq.broker import Broker, Fetched
+from obsq.engine.liveness import FetchProgress
 from obsq.engine.settlement import Settler, attempt_of
 from obsq.errors import BrokerError
 from obsq.names import SEPARATOR, count_in_name, partition_names, queue_of, share
@@ -52,14 +55,15 @@ TIMER_SLACK = 0.005
 class Fetcher:
     def __init__(self, broker: Broker, settler: Settler, worker_id: str, slots: Slots, *,
                  served: ServedQueues, strict_priority: bool, lease_seconds: float,
-                 wait_timeout: float,
+                 wait_timeout: float, progress: FetchProgress,
                  give_back: Callable[[list[Task]], Awaitable[None]]) -> None:
         """`slots` is what the fetcher asks (`Slots`, below): how many tasks to fetch now
         (0: wait for `slots.freed`) and how many an idle wait may take, the route limits
         each fetch applies, the tasks stuck in its buffer (handed to `give_back`); it takes
         what came, and `slots.stopped` ends the loop. `served`: the queues, their weights
-        and their partitions (`ServedQueues`, below)."""
+        and their partitions (`ServedQueues`, below); `progress`: marked at each round."""
         self.give_back = give_back
+        self.progress = progress
         self.broker = broker
         self.settler = settler
         self.worker_id = worker_id
@@ -133,9 +137,17 @@ class Fetcher:
 
     async def run(self) -> None:
         """Fetch until the worker stops; Redis errors are retried with backoff."""
+        try:
+            await self._rounds()
+        finally:
+            self.progress.ended()
+
+    async def _rounds(self) -> None:
         retry = RedisRetry("fetching tasks")
         slots = self.slots
+        came_round = self.progress.came_round
         while not slots.stopped.is_set():
+            came_round()
             try:
                 stuck = slots.stuck()
                 if stuck:

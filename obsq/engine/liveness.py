@@ -14,31 +14,40 @@ and reads the namespace's data-set token with each heartbeat: a token gone or ch
 Redis lost its data, said as an error once per loss; the heartbeat registers the queues and
 subscriptions again, so the worker carries on. It also tells the worker whether its claims
 were in doubt (a silence long enough for them to be taken over, such as a SIGSTOP), so that
-a task fetched before it is checked in Redis before its handler starts.
+a task fetched before it is checked in Redis before its handler starts. Its calls end within
+a deadline short enough that a beat lost on a connection the network dropped silently is
+sent again on a fresh one before the worker's key expires; and an attempt whose end has not
+reached Redis within a lease is no longer extended, so that a settle that cannot get
+through does not hold its task (and its flow) for as long as the worker lives.
 
 The loop monitor watches for handlers that block the event loop: how late the loop runs
 (its lag, for the metric and the liveness probe), a watchdog thread that names the blocking
 handler and logs where it blocks, and the time the loop stood blocked, which handler
-timeouts do not count (a handler awaiting I/O has not overrun its timeout because another
-held the loop; one that blocks the loop itself cannot be interrupted, and once it returns
-its work is done).
+timeouts and Redis calls' deadlines do not count (a handler awaiting I/O has not overrun its
+timeout because another held the loop; one that blocks the loop itself cannot be
+interrupted, and once it returns its work is done). The same watchdog watches the fetch
+loop come round (`FetchProgress`): every call it makes ends within its deadline, so one
+that has not come round for longer than its longest call and a retry's pause is stuck, and
+the worker, ready as it may look, takes no task.
 
 Health: liveness judges the process alone (its event loop runs, or has not been blocked
-longer than the limit; its heartbeat thread comes round; not every slot stuck too long): a
-restart would fix what it fails on. Redis belongs to readiness: a Redis outage restarting
-every worker at once would only add a restart storm to it. Each check is one small function
-of WorkerHealth returning the reason it fails, or None; add one to LIVENESS or READINESS."""
+longer than the limit; its heartbeat thread and fetch loop come round; not every slot stuck
+too long): a restart would fix what it fails on. Redis belongs to readiness: a Redis outage
+restarting every worker at once would only add a restart storm to it. Each check is one
+small function of WorkerHealth returning the reason it fails, or None; add one to LIVENESS
+or READINESS."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import math
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +57,7 @@ from obsq.broker import Attempt, Broker
 from obsq.broker.keeping import BlockingKeeping
 from obsq.broker.startup import eviction_problem
 from obsq.errors import BrokerError
-from obsq.settings import SAFE_MEMORY_POLICY, WorkerSettings
+from obsq.settings import REDIS_RETRY_MAX, SAFE_MEMORY_POLICY, WorkerSettings
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
@@ -61,22 +70,24 @@ class Liveness:
                  claims: Claims, *, describe: Callable[[], dict[str, Any]],
                  running: Callable[[asyncio.Task[Any]], Task | None],
                  memory_policy: str | None, subscriptions: Sequence[tuple[str, str, str]],
-                 lag_hooks: Hooks[[float]], data_lost_hooks: Hooks[[]]) -> None:
-        """`running(asyncio task)`: the obsq Task it runs, if any."""
+                 fetching: FetchProgress, lag_hooks: Hooks[[float]],
+                 fetch_hooks: Hooks[[float]], data_lost_hooks: Hooks[[]]) -> None:
+        """`running(asyncio task)`: the obsq Task it runs, if any; `fetching`: the fetch
+        loop's rounds."""
         s = self.settings = settings
         self.broker = broker
         self.worker_id = worker_id
         self.running = running
         self.monitor = LoopMonitor(asyncio.get_running_loop())
+        self.fetching = fetching
         self.heartbeat = Heartbeat(
-            # a call Redis leaves unanswered fails after the TTL, so a stop never hangs on it
-            BlockingKeeping(broker, call_timeout=s.heartbeat_ttl), worker_id, describe, claims,
-            interval=s.heartbeat_interval, ttl=s.heartbeat_ttl, lease_seconds=s.lease_seconds,
-            policy_interval=s.policy_check_interval, memory_policy=memory_policy,
-            subscriptions=subscriptions, subscription_ttl=s.subscription_ttl,
-            data_lost_hooks=data_lost_hooks)
+            BlockingKeeping(broker, call_timeout=heartbeat_call_timeout(s)), worker_id,
+            describe, claims, interval=s.heartbeat_interval, ttl=s.heartbeat_ttl,
+            lease_seconds=s.lease_seconds, policy_interval=s.policy_check_interval,
+            memory_policy=memory_policy, subscriptions=subscriptions,
+            subscription_ttl=s.subscription_ttl, data_lost_hooks=data_lost_hooks)
         self.watchdog = LoopWatchdog(self.monitor, s.blocked_loop_warning,
-                                     self._handler_on_loop, lag_hooks)
+                                     self._handler_on_loop, lag_hooks, fetching, fetch_hooks)
 
     async def start(self) -> None:
         """Beat once (registering the subscriptions before the worker serves; a Redis that
@@ -101,6 +112,7 @@ class Liveness:
             heartbeat_age=silent, redis_ok=heartbeat.retry.failures == 0,
             redis_answers=silent < 2 * s.heartbeat_interval, loop_lag=self.monitor.lag(),
             loop_limit=s.blocked_loop_limit, heartbeat_stalled=heartbeat.stalled_for(),
+            fetch_silent=self.fetching.silent(), fetch_limit=self.fetching.limit,
             slots=s.concurrency, stuck_limit=s.stuck_limit, **worker)
 
     def in_doubt(self, task: Task) -> bool:
@@ -128,6 +140,14 @@ class Liveness:
         return None if task is None else f"task {task.id} ({task.type}) of queue {task.queue}"
 
 
+def heartbeat_call_timeout(s: WorkerSettings) -> float:
+    """The deadline of each call of the heartbeat thread: the worker's call deadline, at
+    most half the time between a beat and the expiry of the worker's key, so that a beat
+    lost on a connection the network dropped silently is sent again on a fresh one in time
+    (and a stop never hangs on an unanswered call)."""
+    return min(s.call_timeout, (s.heartbeat_ttl - s.heartbeat_interval) / 2)
+
+
 log = logging.getLogger("obsq")
 
 
@@ -137,8 +157,8 @@ log = logging.getLogger("obsq")
 class Claims:
     """The attempts a worker holds (buffered, running, or being settled), shared with its
     heartbeat thread. An attempt whose end is being recorded is `ending`: its lease is
-    still extended, but a lease the extension finds gone was ended by the worker itself
-    (the settle reached Redis first), not lost.
+    still extended (for a lease at most: Heartbeat.extend), but a lease the extension finds
+    gone was ended by the worker itself (the settle reached Redis first), not lost.
 
     Only the worker's event loop changes them, and the heartbeat thread only reads: each
     change is one dict or set operation, atomic under the GIL, and the thread iterates a
@@ -162,11 +182,20 @@ class Claims:
             del self._held[key]
             self._ending.discard(key)
 
-    def by_queue(self) -> dict[str, list[Attempt]]:
+    def by_queue(self, leaving_out: Collection[tuple[str, str, int]] = ()
+                 ) -> dict[str, list[Attempt]]:
+        """The attempts held, but those of `leaving_out` (queue, id, fence)."""
         attempts: dict[str, list[Attempt]] = {}
         for (queue, task_id), fence in self._held.copy().items():
-            attempts.setdefault(queue, []).append(Attempt(task_id, fence))
+            if (queue, task_id, fence) not in leaving_out:
+                attempts.setdefault(queue, []).append(Attempt(task_id, fence))
         return attempts
+
+    def ending_now(self) -> set[tuple[str, str, int]]:
+        """(queue, id, fence) of the attempts whose end is being recorded."""
+        held = self._held.copy()
+        return {(queue, task_id, held[queue, task_id]) for queue, task_id
+                in self._ending.copy() if (queue, task_id) in held}
 
     def really_lost(self, queue: str, ids: Sequence[str], sent: Sequence[Attempt]
                     ) -> list[str]:
@@ -213,6 +242,10 @@ class Heartbeat:
         self.calling = False  # inside a Redis call (which a hung Redis may hold)
         self._dataset = b""
         self._data_lost = False  # since the last extension: lost leases are said as such
+        # the ends under way the extensions saw (queue, id, fence), and since when; those
+        # seen for a lease or more are extended no more (said once)
+        self._ends_seen: dict[tuple[str, str, int], float] = {}
+        self._overdue: set[tuple[str, str, int]] = set()
         self._policy_read_at = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -291,7 +324,20 @@ class Heartbeat:
                 log.warning("event subscriptions not renewed: %s", exc)
 
     def extend(self) -> None:
-        attempts = self.claims.by_queue()
+        """Extend the leases held; an attempt whose end has not reached Redis within a lease
+        is left to lapse (said once), and the recoverer takes its task back: a settle that
+        cannot get through must not hold its task, and its flow, for as long as the worker
+        lives."""
+        now, seen = time.monotonic(), self._ends_seen
+        self._ends_seen = {end: seen.get(end, now) for end in self.claims.ending_now()}
+        overdue = {end for end, since in self._ends_seen.items()
+                   if now - since >= self.lease_seconds}
+        for queue, task_id, _ in overdue - self._overdue:
+            log.warning("task %s of queue %s ended and its end has not reached Redis for "
+                        "%g s (a lease): its lease is no longer extended, so it runs again "
+                        "once the lease runs out", task_id, queue, self.lease_seconds)
+        self._overdue = overdue
+        attempts = self.claims.by_queue(leaving_out=overdue)
         lost = self.calls.extend(attempts, self.lease_seconds, self.worker_id) if attempts \
             else {}
         why = ("Redis lost its data" if self._data_lost
@@ -386,21 +432,55 @@ class LoopMonitor:
         self._handle = self.loop.call_at(self._due, self._tick)
 
 
+class FetchProgress:
+    """When the fetch loop last came round, marked by the loop at each round and read from
+    any thread. Every call it makes ends within its deadline, so a round lasts at most its
+    longest call (the blocking wait plus the call deadline) and the pause after a failure:
+    `limit`. One that has not come round for longer is stuck (or Redis timed out several
+    calls of one round, which readiness says anyway)."""
+
+    def __init__(self, wait_timeout: float, call_timeout: float) -> None:
+        self.limit = wait_timeout + call_timeout + REDIS_RETRY_MAX
+        self.at = 0.0  # the last round's start (monotonic); 0: the loop does not run
+
+    def came_round(self) -> None:
+        self.at = time.monotonic()
+
+    def ended(self) -> None:
+        self.at = 0.0
+
+    def silent(self) -> float:
+        """Seconds since the loop last came round; 0 while it does not run."""
+        at = self.at
+        return time.monotonic() - at if at else 0.0
+
+    def stalled(self) -> float:
+        """Seconds it has been silent past its limit; 0 while it comes round."""
+        return max(self.silent() - self.limit, 0.0)
+
+
 class LoopWatchdog:
     """A thread that looks at the loop's lag twice a second: past `warn_after` it logs the
     handler running on the loop (`running()`: who it is, or None) and the loop thread's
-    stack, once per blocking; and it tells `lag_hooks` each lag it reads (the metric)."""
+    stack, once per blocking; and it tells `lag_hooks` each lag it reads (the metric). It
+    looks at the fetch loop too (`fetching`): one stalled past its limit is logged once, its
+    round again once more, and `fetch_hooks` are told each stall it reads."""
 
     def __init__(self, monitor: LoopMonitor, warn_after: float,
                  running: Callable[[], str | None],
-                 lag_hooks: Hooks[[float]] | None = None) -> None:
+                 lag_hooks: Hooks[[float]] | None = None,
+                 fetching: FetchProgress | None = None,
+                 fetch_hooks: Hooks[[float]] | None = None) -> None:
         self.monitor = monitor
         self.warn_after = warn_after
         self.running = running
         self.lag_hooks = Hooks("loop-lag hook") if lag_hooks is None else lag_hooks
+        self.fetching = fetching
+        self.fetch_hooks = Hooks("fetch-stall hook") if fetch_hooks is None else fetch_hooks
         self.period = min(0.5, warn_after / 2)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._fetch_silent = 0.0  # the longest silence of the fetch loop warned about; 0: none
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="obsq-loop-watchdog",
@@ -425,6 +505,23 @@ class LoopWatchdog:
                 longest = 0.0
             elif lag >= self.warn_after:
                 longest = max(longest, lag)
+            if self.fetching is not None:
+                self._watch_fetching(self.fetching, lag)
+
+    def _watch_fetching(self, fetching: FetchProgress, lag: float) -> None:
+        stalled, silent = fetching.stalled(), fetching.silent()
+        self.fetch_hooks(stalled)
+        if stalled and not self._fetch_silent:
+            log.warning("the fetch loop has not come round for %.0f s (a round lasts %g s at "
+                        "most: the blocking wait, the call deadline and a retry's pause)%s: "
+                        "this worker takes no task until it does", silent, fetching.limit,
+                        ", the event loop blocked" if lag >= BLOCKED_AT_LEAST else "")
+        if stalled:
+            self._fetch_silent = max(self._fetch_silent, silent)
+        elif self._fetch_silent:
+            log.warning("the fetch loop comes round again after %.0f s or more",
+                        self._fetch_silent)
+            self._fetch_silent = 0.0
 
     def _warn(self, lag: float) -> None:
         frame = sys._current_frames().get(self.monitor.thread_id)
@@ -454,6 +551,8 @@ class WorkerHealth:
     loop_limit: float = 60.0  # liveness fails once loop_lag passes this
     heartbeat_stalled: float = 0.0  # seconds the heartbeat thread has not come round
     #                                 (inf: it died); a Redis call under way is not counted
+    fetch_silent: float = 0.0  # seconds since the fetch loop came round (0: not running)
+    fetch_limit: float = math.inf  # the longest a round lasts (FetchProgress.limit)
     # Plain handlers that overran their timeout and still hold their slots, how
     # long the longest-stuck of them has been stuck (obsq/engine/pools), and the limits
     stuck_slots: int = 0
@@ -477,6 +576,24 @@ def heartbeat_thread_stuck(h: WorkerHealth) -> str | None:
         return "the heartbeat thread has died"
     if h.heartbeat_stalled > h.loop_limit:
         return f"the heartbeat thread has not come round for {h.heartbeat_stalled:.0f} s"
+    return None
+
+
+def fetch_loop_stalled(h: WorkerHealth) -> str | None:
+    """Its every call has a deadline: a fetch loop that does not come round is stuck
+    elsewhere (or the event loop is blocked), and the worker takes no task."""
+    if h.fetch_silent > h.fetch_limit:
+        return (f"the fetch loop has not come round for {h.fetch_silent:.0f} s (a round "
+                f"lasts {h.fetch_limit:g} s at most)"
+                + (": the event loop is blocked" if h.loop_lag >= BLOCKED_AT_LEAST else ""))
+    return None
+
+
+def fetch_loop_stuck(h: WorkerHealth) -> str | None:
+    """Stalled for longer than the loop's blocking limit: only a restart frees it."""
+    if h.fetch_silent > h.fetch_limit + h.loop_limit:
+        return (f"the fetch loop has not come round for {h.fetch_silent:.0f} s (limit "
+                f"{h.fetch_limit + h.loop_limit:g} s)")
     return None
 
 
@@ -511,8 +628,9 @@ def redis_away(h: WorkerHealth) -> str | None:
     return None
 
 
-LIVENESS: list[Check] = [loop_blocked, heartbeat_thread_stuck, stuck_too_long]
-READINESS: list[Check] = [not_serving, redis_away, every_slot_stuck]
+LIVENESS: list[Check] = [loop_blocked, heartbeat_thread_stuck, fetch_loop_stuck,
+                         stuck_too_long]
+READINESS: list[Check] = [not_serving, redis_away, every_slot_stuck, fetch_loop_stalled]
 
 
 def first_problem(health: WorkerHealth, checks: list[Check]) -> str | None:

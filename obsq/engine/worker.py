@@ -34,7 +34,7 @@ from obsq.engine.eventloop import described
 from obsq.engine.execution import Executor, Verdict
 from obsq.engine.fetching import BUFFER_HOLD, Fetcher, RouteLimits, ServedQueues, Slots
 from obsq.engine.flows import FlowLoop
-from obsq.engine.liveness import Claims, Liveness, WorkerHealth
+from obsq.engine.liveness import Claims, FetchProgress, Liveness, WorkerHealth
 from obsq.engine.maintenance import Forwarder, Janitor, Recoverer
 from obsq.engine.settlement import Settler
 from obsq.engine.throughput import ThroughputCounter
@@ -85,7 +85,8 @@ class Worker:
                              on_error=app.redis_error_hooks,  # the App's: later hooks count
                              dedup_window=settings.dedup_window,
                              dedup_max_ids=settings.dedup_max_ids,
-                             priority_aging=settings.priority_aging)
+                             priority_aging=settings.priority_aging,
+                             call_timeout=settings.call_timeout, loop_blocked=self._loop_blocked)
         self.served = ServedQueues(self.broker, self.queues, app.partitions)
         self.limits = RouteLimits(app, settings.route_concurrency)
         self.slots = Slots(self.concurrency, self.broker, self.id, run=self._process,
@@ -96,8 +97,11 @@ class Worker:
         self._aggregation: AggregationLoop | None = None  # stopped first when draining
         self.claims = Claims()  # the attempts it holds, which its heartbeat thread extends
         self._liveness: Liveness | None = None
-        # told the event loop's lag twice a second, and of each loss of Redis's data (metrics)
+        self.fetching = FetchProgress(settings.wait_timeout, settings.call_timeout)
+        # told the event loop's lag and how long the fetch loop is stalled twice a second,
+        # and of each loss of Redis's data (metrics)
         self.loop_lag_hooks: Hooks[[float]] = Hooks("loop-lag hook")
+        self.fetch_stall_hooks: Hooks[[float]] = Hooks("fetch-stall hook")
         self.data_lost_hooks: Hooks[[]] = Hooks("data-lost hook")
 
     # -- public ---------------------------------------------------------------------------
@@ -125,7 +129,8 @@ class Worker:
             self.broker, self.id, s, self.claims, describe=self.describe,
             running=self.slots.running.get, memory_policy=policy,
             subscriptions=[(sub.event, sub.name, sub.queue) for sub in self.subscriptions],
-            lag_hooks=self.loop_lag_hooks, data_lost_hooks=self.data_lost_hooks)
+            fetching=self.fetching, lag_hooks=self.loop_lag_hooks,
+            fetch_hooks=self.fetch_stall_hooks, data_lost_hooks=self.data_lost_hooks)
         self.executor = Executor(self.app, self.concurrency, self._update_state, pool=s.pool,
                                  on_stuck=self._stuck_changed,
                                  loop_blocked=liveness.monitor.blocked)
@@ -164,14 +169,22 @@ class Worker:
         warn_if_not_the_apps("worker", self.namespace, self.app.namespace)
         fetcher = Fetcher(self.broker, self.settler, self.id, self.slots, served=self.served,
                           strict_priority=s.strict_priority, lease_seconds=s.lease_seconds,
-                          wait_timeout=s.wait_timeout, give_back=self._give_back)
+                          wait_timeout=s.wait_timeout, progress=self.fetching,
+                          give_back=self._give_back)
         return asyncio.create_task(fetcher.run(), name="obsq-fetch")
+
+    def _loop_blocked(self) -> float:
+        """Seconds the event loop has stood blocked (by a handler) since the worker started,
+        which its Redis calls' deadlines do not count."""
+        return self._liveness.monitor.blocked() if self._liveness is not None else 0.0
 
     async def _reach_redis(self) -> str | None:
         """Check Redis and register the queues served; its memory policy. A Redis that does
         not answer yet (pods started together, a restart under way, a reset halfway) is
         tried again with backoff, each try said, the worker alive and not ready meanwhile;
-        a wrong URL, password, version or ACL rule fails at once, as a stop signal does."""
+        a wrong URL, password, version or ACL rule fails at once, as a stop signal does. A
+        Redis that takes the connection and answers nothing (a network dropping it
+        silently) is one that does not answer yet, each try ending at the call deadline."""
         tries = 0
         while True:
             try:

@@ -147,6 +147,11 @@ class Metrics:
             "obsq_worker_event_loop_lag_seconds", "How long the worker's event loop has "
             "been blocked now (a handler calling blocking code in an async def); 0 while it "
             "runs", multiprocess_mode="livemax")
+        self.fetch_stalled = Gauge(
+            "obsq_worker_fetch_stalled_seconds", "How long the worker's fetch loop has gone "
+            "without coming round past the longest a round lasts (its blocking wait, the call "
+            "deadline and a retry's pause): it takes no task meanwhile; 0 while it comes round",
+            multiprocess_mode="livemax")
         self.data_lost = Counter(
             "obsq_redis_data_lost", "Times a worker found that Redis had lost its data "
             "(restarted without persistence, or flushed)")
@@ -324,10 +329,12 @@ def start_at_zero(app: App, queues: Iterable[str], *, worker: bool = True) -> No
 
 
 def watch_worker(worker: Worker) -> None:
-    """The worker's own gauges and counters: its event loop's lag, Redis's data losses."""
+    """The worker's own gauges and counters: its event loop's lag, its fetch loop's stall,
+    Redis's data losses."""
     m = get_metrics()
     m.data_lost.inc(0)
     worker.loop_lag_hooks.append(m.loop_lag.set)
+    worker.fetch_stall_hooks.append(m.fetch_stalled.set)
     worker.data_lost_hooks.append(m.data_lost.inc)
 
 

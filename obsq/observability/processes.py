@@ -35,10 +35,11 @@ Serving = Callable[[HealthServer], None]  # told the endpoint once it listens
 def serve_worker(worker: Worker, host: str, port: int, *, queue_metrics: bool = True
                  ) -> HealthServer:
     """The endpoint of `worker` (call it on the worker's event loop; port 0: a free one).
-    /healthz judges the process alone (obsq/engine/liveness.py LIVENESS: its event loop not blocked
-    past the limit, its heartbeat thread coming round); /readyz: started, not draining,
-    Redis answering (READINESS). `queue_metrics`: with the queue-wide gauges of its queues
-    (off where an `obsq exporter` publishes them for the installation)."""
+    /healthz judges the process alone (obsq/engine/liveness.py LIVENESS: its event loop not
+    blocked past the limit, its heartbeat thread and fetch loop coming round); /readyz:
+    started, not draining, Redis answering, the fetch loop coming round (READINESS).
+    `queue_metrics`: with the queue-wide gauges of its queues (off where an `obsq exporter`
+    publishes them for the installation)."""
     loop = asyncio.get_running_loop()
     collectors = [QueueCollector(worker.broker, loop, list(worker.queues),
                                  loop_lag=lambda: worker.health().loop_lag)
