@@ -125,6 +125,15 @@ class BrokerError(ObsqError):
         else:
             super().__init__(f"Redis call {operation!r} failed: {cause}")
 
+    def during(self, call: str) -> BrokerError:
+        """This failure named by the call the user made (`enqueue`), not by the step of it
+        that failed (`partition_counts`): the same class, cause and flags."""
+        named = type(self).__new__(type(self))
+        named.__dict__.update(self.__dict__)
+        named.operation = call
+        named.args = (str(self).replace(repr(self.operation), repr(call), 1),)
+        return named
+
 
 READ_ONLY_CALLS = frozenset({"task_info", "memory_policy", "watch", "find_queue",
                              "read_inbox", "schedules", "partition_counts"})

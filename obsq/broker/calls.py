@@ -558,10 +558,13 @@ class Deadlines:
     connection, so a late reply is never read as the answer to the next call."""
 
     def __init__(self, blocked: Callable[[], float] | None = None, *, seconds: float = 0.0,
-                 error: TimedOut | None = None) -> None:
+                 error: TimedOut | None = None, user_calls: bool = False) -> None:
+        """`user_calls`: the calls run are the user's (a Client's): a BrokerError of a step
+        within one (reading partition counts within an enqueue) is named by the call."""
         self._blocked = blocked
         self.seconds = seconds  # of a call given no length of its own
         self.error = error  # makes the error of a call given no error of its own
+        self.user_calls = user_calls
         # by length, in start order: call key -> (its task, start, blocked time then,
         # cancellations asked of it before)
         self._running: dict[float, dict[int, tuple[asyncio.Task[Any], float, float, int]]] = {}
@@ -596,6 +599,10 @@ class Deadlines:
             if key in self._expired and uncancel(task) <= running.get(key, _NONE)[3]:
                 raise (error or self.error)(name, seconds) from None  # type: ignore[misc]
             raise  # cancelled from outside (too)
+        except BrokerError as exc:
+            if self.user_calls and exc.operation != name:
+                raise exc.during(name) from exc.__cause__
+            raise
         finally:
             running.pop(key, None)
             if self._expired:

@@ -96,7 +96,8 @@ class Client:
             raise ConfigurationError("a Client given a broker takes its durable_replicas and "
                                      "memory_share: give them to the Broker")
         self.broker = broker
-        self.deadlines = Deadlines(seconds=self.call_timeout, error=self.broker.timed_out)
+        self.deadlines = Deadlines(seconds=self.call_timeout, error=self.broker.timed_out,
+                                   user_calls=True)
         self.allow_eviction = env_flag("OBSQ_ALLOW_EVICTION") if allow_eviction is None \
             else allow_eviction
         self.results = ResultWaiter(self.broker, self.deadlines)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from obsq.app import ProducerHook
 from obsq.broker.blocking import BlockingProducer
+from obsq.errors import BrokerError
 from obsq.flow import Chain, Chord, FlowInfo
 from obsq.producer.client import Client
 from obsq.producer.enqueue import ProducerChain, is_sync_safe, unless_duplicate
@@ -64,7 +65,12 @@ class SyncClient:
         if self._client.waits_for_replicas or not all(map(is_sync_safe, (*app_hooks, *hooks))):
             return self._run(self._client.enqueue_many(jobs))
         messages = self._client.prepare(jobs)
-        return _run_now(self._chain(app_hooks, hooks)(messages)) if messages else []
+        try:
+            return _run_now(self._chain(app_hooks, hooks)(messages)) if messages else []
+        except BrokerError as exc:  # named by the user's call, as the Client's are
+            if exc.operation == "enqueue":
+                raise
+            raise exc.during("enqueue") from exc.__cause__
 
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
         """The innermost layer of the enqueues made in the caller's thread, the Client's

@@ -123,3 +123,28 @@ async def _stats(client: obsq.Client) -> dict[str, int]:
             return await depth(client.broker)
         except obsq.BrokerError:
             await asyncio.sleep(0.05)  # a connection killed by the test
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["Client", "SyncClient"])
+async def test_a_producer_error_names_the_call_the_user_made(sync: bool, namespace,
+                                                             private_redis) -> None:
+    """Not the step of it that failed: an enqueue to a queue new to the Client reads its
+    partition count before it writes."""
+    client = (obsq.SyncClient if sync else obsq.Client)(private_redis.url, namespace,
+                                                        call_timeout=2)
+
+    async def enqueue(queue: str) -> object:
+        enqueued = client.enqueue("t", 1, queue=queue)
+        return enqueued if sync else await enqueued
+
+    try:
+        await enqueue("first")
+        private_redis.stop()
+        with pytest.raises(obsq.BrokerError) as caught:
+            await enqueue("second")
+        assert caught.value.operation == "enqueue", caught.value
+        assert str(caught.value).startswith("Redis call 'enqueue' failed"), caught.value
+    finally:
+        closed = client.close()
+        if not sync:
+            await closed
