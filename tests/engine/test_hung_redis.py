@@ -138,14 +138,14 @@ def test_a_new_queue_whose_count_is_known_ends_on_a_stopped_redis(namespace,
                                                                   private_redis) -> None:
     """The App declares the queue's partitions, so its first enqueue reads nothing before
     it registers the queue: the registration, shared by the SyncClient's and the Client's
-    enqueues, ends within the deadline too."""
+    enqueues, ends within the deadline too, named by the call the user made."""
     app = obsq.App(namespace=namespace)
     app.queue("declared", partitions=2)
     client = obsq.SyncClient(private_redis.url, namespace, app=app, call_timeout=1)
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
         client.enqueue("t", "first")  # the memory policy asked, the script loaded
-        with stopped(private_redis), pytest.raises(obsq.BrokerTimeout, match="'register'"):
+        with stopped(private_redis), pytest.raises(obsq.BrokerTimeout, match="'enqueue'"):
             pool.submit(client.enqueue, "t", "x", queue="declared").result(GUARD)
         assert client.enqueue("t", "after", queue="declared").partition.startswith("declared")
     finally:
