@@ -176,7 +176,7 @@ LAYOUTS: dict[str, Layout] = {
     "claim_batches": Layout("owner lease plan"),
     "claim_fire": Layout("name digest expected following fire claim missed"),
     "cleanup": Layout("dead_age dead_count batch window max_ids"),
-    "confirm_fire": Layout("name claim fire outcome"),
+    "confirm_fire": Layout("name claim fire outcome count"),
     "delete": modes("mode", id="id", other="batch"),
     "dequeue": Layout("lease count worker limits aging ahead floor"),
     "doctor": modes("step", list="offset count state field value",

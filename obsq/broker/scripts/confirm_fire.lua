@@ -1,10 +1,10 @@
 -- prelude: (none)
--- End a claimed fire: its task is enqueued ('fired': the entry's last fire and count move
--- on), it came too late to be enqueued again ('missed'), or the claim was not readable
--- ('dropped'). Only the claim as it was made ends it, so of two schedulers finishing the
--- same fire one counts it.
+-- End a claim of `count` fires: their tasks are enqueued ('fired': the entry's last fire
+-- moves on to `fire`, the latest, and its count by `count`), they came too late to be
+-- enqueued again ('missed'), or the claim was not readable ('dropped'). Only the claim as it
+-- was made ends it, so of two schedulers finishing the same fires one counts them.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
--- ARGV: now, name, claim, fire (ms), outcome
+-- ARGV: now, name, claim, fire (ms), outcome, count
 -- Returns 1 when this call ended the claim, else 0.
 if redis.call('HGET', KEYS[1], ARGV[@name]) ~= ARGV[@claim] then
   return 0
@@ -14,12 +14,12 @@ if ARGV[@outcome] == 'dropped' or redis.call('HEXISTS', KEYS[2], ARGV[@name]) ==
   return 1
 end
 if ARGV[@outcome] == 'missed' then
-  redis.call('HINCRBY', KEYS[4], 'missed:' .. ARGV[@name], 1)
+  redis.call('HINCRBY', KEYS[4], 'missed:' .. ARGV[@name], ARGV[@count])
   return 1
 end
 local last = tonumber(redis.call('HGET', KEYS[3], ARGV[@name]) or '0') or 0
 if tonumber(ARGV[@fire]) > last then
   redis.call('HSET', KEYS[3], ARGV[@name], ARGV[@fire])
 end
-redis.call('HINCRBY', KEYS[4], 'fires:' .. ARGV[@name], 1)
+redis.call('HINCRBY', KEYS[4], 'fires:' .. ARGV[@name], ARGV[@count])
 return 1
