@@ -71,6 +71,11 @@ class BackgroundLoop:
         """Do one round; return the seconds until the next (None: the interval)."""
         raise NotImplementedError
 
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The asyncio task that runs it, from start() to stop()."""
+        return self._task
+
     def start(self) -> None:
         self._stopping.clear()
         self._task = asyncio.create_task(self._run(), name=f"obsq-{self.name}")

@@ -75,9 +75,11 @@ class ManualClock(Clock):
     def monotonic(self) -> float:
         return self._ms / 1000
 
-    def next_wake(self) -> int | None:
-        """The soonest moment a sleeper waits for (ms); None when none sleeps."""
-        return min((due for due, _ in self._sleepers.values()), default=None)
+    def next_wake(self, besides: asyncio.Task | None = None) -> int | None:
+        """The soonest moment a sleeper waits for (ms), of those but the task `besides`;
+        None when none sleeps."""
+        return min((due for due, task in self._sleepers.values()
+                    if besides is None or task is not besides), default=None)
 
     def sleeping(self) -> int:
         return len(self._sleepers)

@@ -37,8 +37,9 @@ class TaskTooLarge(ObsqError, ValueError):
     """A producer's payload or headers exceed their limit; nothing was written."""
 
 
-class UnknownTaskType(ObsqError):
-    """No route matches the task's type; retried, as a newer worker may know it."""
+class UnknownTaskType(ObsqError, ValueError):
+    """No route matches the task's type. A worker hands the task on, as a newer worker may
+    know it; a Client given the App refuses it at enqueue, writing nothing (a typo)."""
 
 
 class TaskTimeout(ObsqError):

@@ -12,9 +12,13 @@ keywords go to the Environment:
     @pytest.mark.obsq_app(myproject.tasks.app, concurrency=4)
     async def test_signup_sends_the_welcome_email(obsq_env): ...
 
+    @pytest.mark.obsq_app(myproject.tasks.app, schedules=False)  # no scheduler runs
+    async def test_the_invoice_retries_until_the_bank_answers(obsq_env): ...
+
 One private redis-server serves the whole session (`obsq_redis_url`; set OBSQ_TESTING_REDIS_URL
 to use a Redis of your own), and each test gets a namespace of its own on it, removed at its
-end. `obsq_env` is an async fixture: it needs pytest-asyncio (or anyio's plugin)."""
+end, where the App runs as if it were its own. `obsq_env` is an async fixture: it needs
+pytest-asyncio (or anyio's plugin)."""
 
 from __future__ import annotations
 

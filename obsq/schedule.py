@@ -68,6 +68,14 @@ def fire_text(ms: int) -> str:
     return when.isoformat(timespec="milliseconds" if ms % 1000 else "seconds")[:-6] + "Z"
 
 
+def fires_text(fires: tuple[int, ...]) -> str:
+    """Claimed fires as a log names them: "the fire of <time>", or "the <n> fires of <first>
+    to <last>"."""
+    if len(fires) == 1:
+        return f"the fire of {fire_text(fires[0])}"
+    return f"the {len(fires)} fires of {fire_text(fires[0])} to {fire_text(fires[-1])}"
+
+
 @dataclass(frozen=True)
 class Plan:
     """What a scheduler does for an entry whose next fire is due: count `missed` fires
@@ -315,15 +323,21 @@ class ScheduleInfo:
                    _firing_at(firing))
 
 
-def parse_claim(raw: bytes) -> tuple[int, bytes]:
-    """A claimed fire as stored: (fire time in ms, the definition it runs)."""
-    fire, _, definition = raw.partition(b" ")
-    return int(fire), definition
+def claim_text(fires: tuple[int, ...], definition: bytes) -> bytes:
+    """Claimed fires as stored: "<fire ms>[,<fire ms>...] <definition>"."""
+    return b"%s %s" % (b",".join(b"%d" % fire for fire in fires), definition)
+
+
+def parse_claim(raw: bytes) -> tuple[tuple[int, ...], bytes]:
+    """Claimed fires as stored: (their times in ms, oldest first, the definition they run);
+    ValueError when it is not a claim."""
+    fires, _, definition = raw.partition(b" ")
+    return tuple(int(fire) for fire in fires.split(b",")), definition
 
 
 def _firing_at(raw: bytes | None) -> datetime | None:
     try:
-        return timestamp_to_datetime(parse_claim(raw)[0]) if raw else None
+        return timestamp_to_datetime(parse_claim(raw)[0][0]) if raw else None
     except ValueError:
         return None
 

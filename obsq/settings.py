@@ -110,11 +110,13 @@ METRICS_QUEUE_LIMIT = 100
 LOOP_TIMEOUT = 1.5
 PING_INTERVAL = 2.0
 # Schedules: names short enough to make task ids of ("<name>@<fire time>"), the shortest
-# interval, entries a scheduler reads per round, fires it counts one by one after an outage
-# (past that it jumps to the last one), and entries a listing shows.
+# interval, entries a scheduler reads per round, fires of one entry due at once (a scheduler
+# that woke late, obsq.testing's clock) claimed and enqueued together, fires it counts one by
+# one after an outage (past that it jumps to the last one), and entries a listing shows.
 SCHEDULE_NAME_MAX = 100
 SCHEDULE_MIN_EVERY = 0.1
 SCHEDULE_DUE_BATCH = 100
+SCHEDULE_FIRE_BATCH = ENQUEUE_BATCH
 SCHEDULE_COUNT_LIMIT = 10_000
 SCHEDULES_SHOWN = 1000
 BYTES_SHOWN = 48  # of a bytes payload, shown in base64 by the tools and the console

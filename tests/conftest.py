@@ -214,6 +214,17 @@ async def client(redis_url: str, namespace: str, app: obsq.App) -> AsyncIterator
 
 
 @pytest.fixture
+async def client_without_app(redis_url: str, namespace: str
+                             ) -> AsyncIterator[obsq.Client]:
+    """A producer of the test's namespace without its App, as another service's: it enqueues
+    any type, where `client` refuses one the App has no handler for. For the tests of a
+    worker meeting a type it cannot run."""
+    c = obsq.Client(redis_url, namespace=namespace)
+    yield c
+    await c.close()
+
+
+@pytest.fixture
 def raw_redis(admin_redis_url: str) -> Iterator[redis.Redis]:
     r = sync_redis(admin_redis_url)
     yield r

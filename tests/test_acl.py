@@ -226,8 +226,10 @@ async def test_the_engine_runs_as_a_user_restricted_to_the_rule(
              "--queues", "lost", "--http-port", "-1", "--no-metrics", "--no-tracing"],
             env, ROOT, tmp_path / "killed-worker.log")
         try:
-            sleeper = await client.enqueue("sleep", {"first": 60, "then": 0}, queue="lost",
-                                           retention=60)
+            # a type of the other App (tests.engine.apps): enqueued by a Client without this one
+            async with obsq.Client(url, namespace) as other_apps_client:
+                sleeper = await other_apps_client.enqueue("sleep", {"first": 60, "then": 0},
+                                                          queue="lost", retention=60)
             await wait_until(lambda: _state(client, sleeper.id, "active"), timeout=30)
             doomed_worker.signal(signal.SIGKILL)
             doomed_worker.wait()

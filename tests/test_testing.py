@@ -5,11 +5,14 @@ example does not show (a lease that ends, a usage error)."""
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 import os
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from importlib.metadata import entry_points
 
 import pytest
@@ -124,3 +127,155 @@ async def test_a_frequent_schedule_logs_its_first_fire_and_an_hourly_count_at_in
     assert len(ticks) >= 180 and len(fires) == len(ticks)
     assert [r.levelno for r in fires].count(logging.INFO) == 1  # the first
     assert len(counts) == 3 and all(r.levelno == logging.INFO for r in counts)
+
+
+PLAIN_TESTS = """\
+import obsq
+import pytest
+
+app = obsq.App()
+runs = []
+
+
+@app.task("job")
+async def job(task):
+    runs.append(task.id)
+
+
+app.periodic("@every 1m", "job")
+
+
+@pytest.fixture
+def obsq_app():
+    return app
+
+
+async def test_plain(obsq_env):
+    await obsq_env.client.enqueue("job")
+    await obsq_env.advance(60)
+    assert len(runs) == 2
+
+
+@pytest.mark.obsq_app(app, schedules=False)
+async def test_without_schedules(obsq_env):
+    runs.clear()
+    await obsq_env.advance(3600)
+    assert runs == [] and obsq_env.scheduler is None
+"""
+
+
+def run_plain_test(tmp_path, name: str) -> subprocess.CompletedProcess[str]:
+    """One test of PLAIN_TESTS, in a project of its own, its WARNING lines and above shown
+    as they are logged."""
+    (tmp_path / "test_plain.py").write_text(PLAIN_TESTS)
+    result = run_pytest(f"{tmp_path / 'test_plain.py'}::{name}", "--rootdir", str(tmp_path),
+                        "-o", "asyncio_mode=auto", "-o", "log_cli=true",
+                        "--log-cli-level=WARNING")
+    assert result.returncode == 0 and "1 passed" in result.stdout, \
+        result.stdout + result.stderr
+    return result
+
+
+def test_a_plain_obsq_env_test_logs_no_warning(tmp_path) -> None:
+    """The fixture runs the App in a namespace of the test's own, where its Client writes
+    too: nothing is mismatched, so nothing is warned of, from the worker's start to the
+    environment's end."""
+    result = run_plain_test(tmp_path, "test_plain")
+    warned = [line for line in result.stdout.splitlines() if line.startswith(
+        ("WARNING", "ERROR", "CRITICAL"))]
+    assert warned == [], result.stdout
+
+
+def test_the_marker_turns_schedules_off(tmp_path) -> None:
+    run_plain_test(tmp_path, "test_without_schedules")
+
+
+async def test_a_worker_told_another_namespace_than_its_apps_still_says_so(
+        namespace: str, start_worker, caplog: pytest.LogCaptureFixture) -> None:
+    """The environment's App runs in the environment's namespace; a worker whose namespace
+    is not its App's is warned of as before."""
+    with caplog.at_level(logging.WARNING, logger="obsq"):
+        await start_worker(obsq.App("elsewhere"), namespace=namespace)
+    assert f"worker serves namespace {namespace!r} (--namespace or OBSQ_NAMESPACE), not " \
+           "its App's 'elsewhere'" in caplog.text
+
+
+async def test_schedules_off_fire_nothing(redis_url: str, namespace: str) -> None:
+    ticking = obsq.App(namespace)
+    runs: list[str] = []
+
+    @ticking.task("tick")
+    async def tick(task: obsq.Task) -> None:
+        runs.append(task.id)
+
+    ticking.periodic("@every 1m", "tick")
+    async with Environment(ticking, redis_url=redis_url, namespace=namespace,
+                           schedules=False) as env:
+        await env.client.schedule("added", "@every 1m", "tick")
+        await env.client.enqueue("tick", delay=7200)
+        await env.advance(7200)
+        assert env.scheduler is None
+        assert runs != [] and all("@" not in task_id for task_id in runs)  # the delayed one
+
+
+async def test_a_day_of_a_frequent_schedule_takes_seconds_and_fires_every_time(
+        redis_url: str, namespace: str) -> None:
+    """Fires that are all the clock waits for are caught up many at a time (as a scheduler
+    whose round came late within missed_after), not one step, claim and enqueue each: a
+    day of `@every 5s` took 142-160 s (python tests/bench/testing_day.py measures it). Each
+    fire is enqueued once under its own id, none counted missed, an entry of
+    missed="skip" too."""
+    ticking = obsq.App(namespace)
+    fires: collections.Counter[str] = collections.Counter()
+
+    @ticking.task("tick")
+    async def tick(task: obsq.Task) -> None:
+        fires[task.headers["obsq-schedule"]] += 1
+
+    ticking.periodic("@every 5s", "tick", name="often")
+    ticking.periodic("@every 1m", "tick", name="minutely", missed="skip")
+    async with Environment(ticking, redis_url=redis_url, namespace=namespace) as env:
+        hooked: collections.Counter[tuple[str, str]] = collections.Counter()
+        batches: list[int] = []  # fires told to the hooks at once
+        assert env.scheduler is not None
+
+        @env.scheduler.on_fire
+        def count(entry: str, outcome: str, n: int) -> None:
+            hooked[(entry, outcome)] += n
+            batches.append(n)
+
+        await env.advance(timedelta(days=1))
+        listed = {s.name: s for s in await env.client.schedules()}
+    assert fires == {"often": 17_280, "minutely": 1440}
+    assert hooked == {("often", "fired"): 17_280, ("minutely", "fired"): 1440}
+    assert [(s.fire_count, s.missed_count) for s in listed.values()] == [(17_280, 0),
+                                                                         (1440, 0)]
+    assert len(batches) < 200, len(batches)  # not a step, a claim and an enqueue a fire
+
+
+async def test_fires_run_at_their_own_moment_while_anything_else_is_due(
+        redis_url: str, namespace: str) -> None:
+    """A fire whose task leaves a delayed task behind keeps the clock stepping fire by
+    fire: each follow-up runs two seconds after its fire, as in production."""
+    ticking = obsq.App(namespace)
+    at: dict[str, list[float]] = {"tick": [], "follow-up": []}
+    running: list[Environment] = []
+
+    @ticking.task("tick")
+    async def tick(task: obsq.Task) -> None:
+        at["tick"].append(running[0].clock.time())
+        await running[0].client.enqueue("follow-up", delay=2)
+
+    @ticking.task("follow-up")
+    async def follow_up(task: obsq.Task) -> None:
+        at["follow-up"].append(running[0].clock.time())
+
+    ticking.periodic("@every 5s", "tick")
+    async with Environment(ticking, redis_url=redis_url, namespace=namespace) as env:
+        running.append(env)
+        await env.advance(600)
+    assert len(at["tick"]) == 120 and len(at["follow-up"]) == 119  # the last one at 602 s
+    assert {b - a for a, b in itertools.pairwise(at["tick"])} == {5.0}
+    assert [b - a for a, b in zip(at["tick"], at["follow-up"])] == [2.0] * 119
+
+

@@ -10,6 +10,7 @@ from typing import Any
 
 from obsq.broker.calls import RedisCalls
 from obsq.broker.wire import argv, as_text
+from obsq.schedule import parse_claim
 
 # A queue's lists and zsets of task ids, by the state their tasks' hashes must name ('':
 # any; running tasks keep the state they were fetched in).
@@ -106,9 +107,9 @@ class Checking(RedisCalls):
         return {w for w, a in zip(worker_ids, alive) if a}
 
     async def firing_claims(self) -> dict[str, int]:
-        """{schedule entry: the fire (ms) claimed and not confirmed}."""
+        """{schedule entry: the first fire (ms) claimed and not confirmed}."""
         raw = await self._guard("doctor", self.redis.hgetall(self.schedule_keys.firing))
-        return {as_text(k): int(as_text(v).split(" ", 1)[0] or 0) for k, v in raw.items()}
+        return {as_text(k): parse_claim(v)[0][0] for k, v in raw.items()}
 
     async def lapsed_subscriptions(self, now_ms: int) -> dict[str, list[str]]:
         """{event: subscriptions ('<subscriber> <queue>') lapsed by `now_ms`}."""

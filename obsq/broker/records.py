@@ -94,7 +94,7 @@ class DueFires(NamedTuple):
     version: int  # of the entries: changes when one is added, changed or removed
     soonest_ms: float | None  # the next fire after now (inf: only parked entries)
     due: list[tuple[str, float]]  # (name, next fire) of the entries due; 0: not picked up
-    firing: dict[str, bytes]  # name -> claim ("<fire ms> <definition>") not confirmed
+    firing: dict[str, bytes]  # name -> claim ("<fire ms>[,...] <definition>") not confirmed
 
 
 class ScheduleRecord(NamedTuple):

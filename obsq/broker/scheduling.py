@@ -52,22 +52,24 @@ class Scheduling(RedisCalls):
     async def claim_fire(self, name: str, digest: str, expected: float, following: float,
                          fire: int = 0, claim: bytes = b"", missed: int = 0) -> bool:
         """Move the entry's next fire from `expected` to `following` (inf: parked) and
-        claim `fire` (0: none), counting `missed` fires; False when it was not `expected`,
-        the definition's SHA-1 is not `digest`, or a fire of the entry is still claimed."""
+        claim the fires from `fire` on that `claim` names (0: none), counting `missed` fires;
+        False when it was not `expected`, the definition's SHA-1 is not `digest`, or a fire
+        of the entry is still claimed."""
         s = self.schedule_keys
         return bool(await self._script(
             "claim_fire", (s.entries, s.next, s.firing, s.counts),
             argv("claim_fire", name=name, digest=digest, expected=_score(expected),
                  following=_score(following), fire=fire, claim=claim, missed=missed)))
 
-    async def confirm_fire(self, name: str, claim: bytes, fire: int, outcome: str) -> bool:
-        """End a claim: 'fired' (its task is enqueued), 'missed' or 'dropped'; False when
-        another scheduler ended it first."""
+    async def confirm_fire(self, name: str, claim: bytes, fire: int, outcome: str,
+                           count: int) -> bool:
+        """End a claim of `count` fires, `fire` the latest: 'fired' (their tasks are
+        enqueued), 'missed' or 'dropped'; False when another scheduler ended it first."""
         s = self.schedule_keys
         return bool(await self._script("confirm_fire",
                                        (s.firing, s.entries, s.last, s.counts),
                                        argv("confirm_fire", name=name, claim=claim, fire=fire,
-                                            outcome=outcome)))
+                                            outcome=outcome, count=count)))
 
     async def wait_schedule_change(self, timeout: float) -> bool:
         """Block until an entry is added, changed or removed (True) or `timeout` passes."""

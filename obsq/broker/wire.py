@@ -207,16 +207,17 @@ LAYOUTS: dict[str, Layout] = {
                          "digest "  # SHA-1 of the entry's definition
                          "expected "  # ms
                          "following "  # ms, or '+inf' to park an entry that is not valid
-                         "fire "  # ms; 0: none
-                         "claim "  # "<fire> <definition>"
+                         "fire "  # ms, the first claimed; 0: none
+                         "claim "  # "<fire>[,<fire>...] <definition>"
                          "missed"),
     "cleanup": Layout("dead_age "
                       "dead_count "  # how many dead and cancelled tasks are kept
                       "batch window "
                       "max_ids"),  # how many forgotten ids are remembered at most
     "confirm_fire": Layout("name claim "
-                           "fire "  # ms
-                           "outcome"),  # 'fired', 'missed' or 'dropped'
+                           "fire "  # ms: the latest fire of the claim
+                           "outcome "  # 'fired', 'missed' or 'dropped'
+                           "count"),  # how many fires the claim holds
     "defer_unknown": Layout("worker id fence "
                             "shortest longest "  # ms: the bounds of the delay
                             "max_age error type slot ordering"),

@@ -5,10 +5,11 @@ another takes over within 1.5 lock TTLs when it dies.
 
 Each fire is claimed in Redis (the entry's next fire moves on from the value read, once),
 its task enqueued through the scheduler's Client (producer hooks, tracing and enqueue
-metrics apply) under an id made of the fire time, and the claim confirmed. A claim left
-unconfirmed by a scheduler that died is finished by the next one under the same id, which
-Redis refuses twice; fire tasks are kept at least `missed_after` after they end, so that
-refusal holds even for a task that already ran.
+metrics apply) under an id made of the fire time, and the claim confirmed; fires of one
+entry due together (a round that came late) are claimed, enqueued and confirmed as one
+batch. A claim left unconfirmed by a scheduler that died is finished by the next one under
+the same ids, which Redis refuses twice; fire tasks are kept at least `missed_after` after
+they end, so that refusal holds even for a task that already ran.
 
 The lock holder blocks on Redis until its next fire or until an entry changes: entries
 added or removed at run time are picked up at once, with no polling.
@@ -31,17 +32,19 @@ from obsq._version import __version__
 from obsq.app import App, Hooks
 from obsq.background import LockedLoop, on_stop_signals
 from obsq.clock import Clock
-from obsq.errors import BrokerError, DuplicateTask
+from obsq.errors import BrokerError
 from obsq.names import warn_if_not_the_apps
 from obsq.producer.client import Client
-from obsq.schedule import Schedule, fire_text, parse_claim
+from obsq.schedule import Schedule, claim_text, fire_text, fires_text, parse_claim
 from obsq.settings import (
     DEFAULT_REDIS_URL,
     SCHEDULE_DUE_BATCH,
+    SCHEDULE_FIRE_BATCH,
     SCHEDULER_WAIT_SLACK,
     STOP_WAIT,
     SchedulerSettings,
 )
+from obsq.task import Job, TaskInfo
 
 log = logging.getLogger("obsq")
 
@@ -67,8 +70,9 @@ class SchedulerLoop(LockedLoop):
         self.version = -1  # of the entries last read
         self.holding = False  # the lock, in the last round
         # fires said at INFO: an entry's first, then a count an hour (each at DEBUG): an
-        # `@every 5s` entry would otherwise write 17,000 lines a day
-        self._fires_since: dict[str, tuple[int, float]] = {}  # entry -> (fires, since)
+        # `@every 5s` entry would otherwise write 17,000 lines a day. Entry -> (fires, since:
+        # a fire time in seconds)
+        self._fires_since: dict[str, tuple[int, float]] = {}
 
     async def tick(self) -> float | None:
         self.holding = False
@@ -180,88 +184,101 @@ class SchedulerLoop(LockedLoop):
         expected: float = next_ms
         if plan.missed or plan.catch_up is not None:
             following = plan.fires[0] if plan.fires else plan.following
-            if not await self._claim(entry, expected, following, plan.catch_up, plan.missed):
+            caught_up = () if plan.catch_up is None else (plan.catch_up,)
+            if not await self._claim(entry, expected, following, caught_up, plan.missed):
                 return INF
             expected = following
-        for i, fire in enumerate(plan.fires):
-            following = plan.fires[i + 1] if i + 1 < len(plan.fires) else plan.following
-            if not await self._claim(entry, expected, following, fire):
+        fires = plan.fires  # due together (a late round): claimed and enqueued in batches
+        for start in range(0, len(fires), SCHEDULE_FIRE_BATCH):
+            end = start + SCHEDULE_FIRE_BATCH
+            following = fires[end] if end < len(fires) else plan.following
+            if not await self._claim(entry, expected, following, fires[start:end]):
                 return INF  # another scheduler moved it on, or it changed
             expected = following
         return plan.following
 
     async def _claim(self, entry: Schedule, expected: float, following: float,
-                     fire: int | None, missed: int = 0) -> bool:
-        """Claim `fire` (None: only move the next fire on, counting `missed` fires), then
-        enqueue it and confirm the claim."""
-        claim = b"%d %s" % (fire, entry.encoded()) if fire is not None else b""
+                     fires: tuple[int, ...], missed: int = 0) -> bool:
+        """Claim `fires` (none: only move the next fire on, counting `missed` fires), then
+        enqueue them and confirm the claim."""
+        claim = claim_text(fires, entry.encoded()) if fires else b""
         if not await self.broker.claim_fire(entry.name, entry.digest, expected, following,
-                                            fire or 0, claim, missed):
+                                            fires[0] if fires else 0, claim, missed):
             self.version = -1  # moved on or changed meanwhile: read the entries again
             return False
         if missed:
             log.warning("schedule %s missed %d fire(s) while no scheduler ran (missed=%s)",
                         entry.name, missed, entry.missed)
             self._report(entry.name, "missed", missed)
-        if fire is not None:
-            await self._fire(entry, fire, claim)
+        if fires:
+            await self._fire(entry, fires, claim)
         return True
 
-    async def _fire(self, entry: Schedule, fire: int, claim: bytes) -> None:
+    async def _fire(self, entry: Schedule, fires: tuple[int, ...], claim: bytes) -> None:
+        """Enqueue the tasks of claimed fires in one batch, then confirm the claim."""
+        jobs = [Job(entry.task_type, entry.payload,
+                    **entry.enqueue_options(fire, min_retention=self.missed_after))
+                for fire in fires]
         try:
-            info = await self.client.enqueue(
-                entry.task_type, entry.payload,
-                **entry.enqueue_options(fire, min_retention=self.missed_after))
-            self._said_fire(entry.name, f"fired ({fire_text(fire)}) as task {info.id} in "
-                                        f"queue {info.queue}")
-        except DuplicateTask:
-            log.info("schedule %s: the fire of %s was enqueued already", entry.name,
-                     fire_text(fire))
-        except ValueError as exc:  # refused by its route (a payload over its limit): each
-            log.error("schedule %s: the fire of %s was not enqueued: %s", entry.name,
-                      fire_text(fire), exc)  # fire says so, and the others go on
-            await self.broker.confirm_fire(entry.name, claim, fire, "dropped")
+            infos = await self.client.enqueue_many(jobs)
+        except ValueError as exc:  # refused (a payload over its route's limit, a type with
+            # no handler): each claim says so, and the other entries go on
+            log.error("schedule %s: %s was not enqueued: %s", entry.name, fires_text(fires),
+                      exc)
+            await self.broker.confirm_fire(entry.name, claim, fires[-1], "dropped", len(fires))
             return
-        if await self.broker.confirm_fire(entry.name, claim, fire, "fired"):
-            self._report(entry.name, "fired", 1)
+        for fire, info in zip(fires, infos):
+            if info.duplicate:
+                log.info("schedule %s: the fire of %s was enqueued already", entry.name,
+                         fire_text(fire))
+            else:
+                self._said_fire(entry.name, fire, info)
+        if await self.broker.confirm_fire(entry.name, claim, fires[-1], "fired", len(fires)):
+            self._report(entry.name, "fired", len(fires))
 
-    def _said_fire(self, name: str, what: str) -> None:
-        now = self.clock.monotonic()
-        fires, since = self._fires_since.get(name, (-1, now))
+    def _said_fire(self, name: str, fire: int, info: TaskInfo) -> None:
+        """An entry's first fire at INFO, the others at DEBUG with a count an hour at INFO;
+        the hour is of fire times, so fires enqueued together count where they belong."""
+        at = fire / 1000
+        fires, since = self._fires_since.get(name, (-1, at))
         if fires < 0:
-            log.info("schedule %s %s; its later fires are logged at DEBUG, with a count "
-                     "an hour", name, what)
-            self._fires_since[name] = (0, now)
+            log.info("schedule %s fired (%s) as task %s in queue %s; its later fires are "
+                     "logged at DEBUG, with a count an hour", name, fire_text(fire), info.id,
+                     info.queue)
+            self._fires_since[name] = (0, at)
             return
-        log.debug("schedule %s %s", name, what)
-        if now - since >= FIRES_SUMMARY_EVERY:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("schedule %s fired (%s) as task %s in queue %s", name, fire_text(fire),
+                      info.id, info.queue)
+        if at - since >= FIRES_SUMMARY_EVERY:
             log.info("schedule %s fired %d time(s) in the last %.0f minutes", name, fires + 1,
-                     (now - since) / 60)
-            self._fires_since[name] = (0, now)
+                     (at - since) / 60)
+            self._fires_since[name] = (0, at)
         else:
             self._fires_since[name] = (fires + 1, since)
 
     async def _finish(self, name: str, claim: bytes, now_ms: int) -> None:
         """A claim left unconfirmed: its scheduler died (or lost the lock) between the
-        claim and the confirmation. Enqueued again under its id while that is safe."""
+        claim and the confirmation. Enqueued again under the fires' ids while that is safe:
+        the latest fire, no later than the claim, not more than `missed_after` ago."""
         try:
-            fire, definition = parse_claim(claim)
+            fires, definition = parse_claim(claim)
             entry = Schedule.decode(name, definition)
         except ValueError as exc:
             log.error("schedule %s: a claimed fire in Redis is not readable (%s); dropped",
                       name, exc)
-            await self.broker.confirm_fire(name, claim, 0, "dropped")
+            await self.broker.confirm_fire(name, claim, 0, "dropped", 0)
             return
-        if now_ms - fire > self.missed_after * 1000:
-            log.warning("schedule %s: the fire of %s was claimed by a scheduler that did not "
-                        "confirm it, more than %g s ago; counted missed, not enqueued again "
-                        "(its task may have run)", name, fire_text(fire), self.missed_after)
-            if await self.broker.confirm_fire(name, claim, fire, "missed"):
-                self._report(name, "missed", 1)
+        if now_ms - fires[-1] > self.missed_after * 1000:
+            log.warning("schedule %s: %s was claimed by a scheduler that did not confirm it, "
+                        "more than %g s ago; counted missed, not enqueued again (its task may "
+                        "have run)", name, fires_text(fires), self.missed_after)
+            if await self.broker.confirm_fire(name, claim, fires[-1], "missed", len(fires)):
+                self._report(name, "missed", len(fires))
             return
-        log.info("schedule %s: finishing the fire of %s, which a scheduler claimed and did "
-                 "not confirm", name, fire_text(fire))
-        await self._fire(entry, fire, claim)
+        log.info("schedule %s: finishing %s, which a scheduler claimed and did not confirm",
+                 name, fires_text(fires))
+        await self._fire(entry, fires, claim)
 
 
 class Scheduler:

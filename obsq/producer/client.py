@@ -65,7 +65,9 @@ class Client:
                  memory_share: float | None = None, call_timeout: float | None = None,
                  clock: Clock | None = None) -> None:
         """`app` supplies the namespace (unless `namespace` is given), each route's default
-        queue, max_retry and timeout, and its producer hooks (the outermost). The first
+        queue, max_retry and timeout, and its producer hooks (the outermost); a type it has
+        no handler for (a grouped type: no aggregator) is refused (UnknownTaskType), unless
+        it has no handler at all. Without it any type is enqueued. The first
         enqueue refuses a Redis whose maxmemory-policy may evict task data (ConfigurationError)
         unless `allow_eviction` (None: OBSQ_ALLOW_EVICTION) says to accept it.
 
@@ -143,9 +145,10 @@ class Client:
                       ordering_key: str | None = None, group: str | None = None,
                       priority: int | None = None) -> Any:
         """Enqueue one task. Raises DuplicateTask when its id, or its type and payload
-        within `unique_for` seconds, is taken; ValueError/TypeError for bad options.
-        Tasks sharing an `ordering_key` run one at a time, in the order they were
-        enqueued, across all workers (each queue keeps its own order). `priority` (0 to 9,
+        within `unique_for` seconds, is taken; ValueError/TypeError for bad options,
+        UnknownTaskType (a ValueError) for a type the Client's App has no handler for.
+        Tasks sharing an `ordering_key` run one at a time, in the order they were enqueued,
+        across all workers (each queue keeps its own order). `priority` (0 to 9,
         default 0 or the route's): higher runs first within its queue. A task given a
         `group` waits in it (state `aggregating`) for the aggregator of its type
         (app.aggregate), and takes no option but queue, task_id and headers. The enqueues
@@ -168,24 +171,25 @@ class Client:
 
     @deadline("enqueue")
     async def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
-        """Enqueue many tasks in few round trips, every job checked before anything is written.
-        A duplicate is no error here: its TaskInfo has `duplicate=True` and the holder's id."""
+        """Enqueue many tasks in few round trips, every job checked before anything is written
+        (one UnknownTaskType names every type the App has no handler for). A duplicate is
+        no error here: its TaskInfo has `duplicate=True` and the holder's id."""
         return await self._write(jobs)
 
-    def _write(self, jobs: Sequence[Job], warn: bool = True) -> Awaitable[list[TaskInfo]]:
-        """The jobs checked and encoded now (`warn`: of a type the App cannot run), then
-        through the producer hooks to `_store`."""
-        messages = self.step.prepare(jobs, self.broker.clock.time(), warn)
+    def _write(self, jobs: Sequence[Job], check_types: bool = True
+               ) -> Awaitable[list[TaskInfo]]:
+        """The jobs checked and encoded now (`check_types`: refused when of a type the App
+        cannot run), then through the producer hooks to `_store`."""
+        messages = self.step.prepare(jobs, self.broker.clock.time(), check_types)
         if not messages:
             return _no_infos()
         return self._chain(self._app_hooks, self.hooks)(messages)
 
-    def prepare(self, jobs: Sequence[Job], warn: bool = True, group: bool = False
-                ) -> list[TaskMessage]:
+    def prepare(self, jobs: Sequence[Job], group: bool = False) -> list[TaskMessage]:
         """An enqueue's first step, whichever transport writes it (this Client's or the
-        SyncClient's): the jobs checked and encoded now, then (`warn`) an unhandled type
-        said (EnqueueStep.prepare)."""
-        return self.step.prepare(jobs, self.broker.clock.time(), warn, group)
+        SyncClient's): the jobs checked and encoded now, a type the App cannot run refused
+        (EnqueueStep.prepare)."""
+        return self.step.prepare(jobs, self.broker.clock.time(), group=group)
 
     async def plan(self, messages: list[TaskMessage], group: str = "") -> EnqueuePlan:
         """Each message placed in its queue's partition (the counts not known read from
@@ -282,8 +286,9 @@ class Client:
                 log.warning("event %r of namespace %r has no live subscriber: nothing "
                             "delivered", event, self.namespace)
             return []
+        # the subscribers registered in Redis are served by their workers' Apps, not this one
         return await self._write(event_jobs(event, payload, subscribers, event_id, headers),
-                                 warn=False)
+                                 check_types=False)
 
     async def _warn_if_unserved(self, queues: set[str]) -> None:
         try:

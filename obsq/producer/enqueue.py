@@ -14,40 +14,38 @@ concurrent calls sharing round trips (`EnqueueCoalescer`, `QueueRegistry`)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
-from obsq.app import App, CallNextProducer, Hooks, ProducerHook
+from obsq.app import CATCH_ALL, App, CallNextProducer, Hooks, ProducerHook, is_prefix
 from obsq.broker import Broker, Enqueued
-from obsq.errors import DuplicateTask
+from obsq.errors import DuplicateTask, UnknownTaskType
 from obsq.names import SEPARATOR, choose, partition_names, placement_key, queue_of
 from obsq.task import Job, TaskInfo, TaskMessage, build_message
 
-log = logging.getLogger("obsq")
-
 
 class EnqueueStep:
-    """A producer's enqueue without its Redis calls: `app` gives each route's defaults,
-    `refusal_hooks` (the producer's, after the App's) hear of each job refused."""
+    """A producer's enqueue without its Redis calls: `app` gives each route's defaults and
+    the types it runs, `refusal_hooks` (the producer's, after the App's) hear of each job
+    refused."""
 
     def __init__(self, app: App | None, placement: Placement,
                  refusal_hooks: Hooks[[Job, Exception]]) -> None:
         self.app = app
         self.placement = placement
         self.refusal_hooks = refusal_hooks
-        self._unhandled: set[str] = set()  # types the App has no handler for, warned of
 
-    def prepare(self, jobs: Sequence[Job], now: float, warn: bool = True,
+    def prepare(self, jobs: Sequence[Job], now: float, check_types: bool = True,
                 group: bool = False) -> list[TaskMessage]:
-        """The jobs checked and encoded at `now` (ValueError or TypeError for the first
-        refused, told to the refusal hooks), then (`warn`) a type the App cannot run said;
-        `group`: grouped tasks, whose aggregator runs, not a handler."""
+        """The jobs checked and encoded at `now`: ValueError or TypeError for the first
+        refused, then (`check_types`) UnknownTaskType naming every type the App cannot run;
+        each refusal told to the refusal hooks. `group`: grouped tasks, whose aggregator
+        runs, not a handler."""
         messages = [self._message(job, now) for job in jobs]
-        if warn:
-            self._warn_if_unhandled(jobs, group)
+        if check_types and self.app is not None:
+            self._refuse_unknown_types(self.app, jobs, group)
         return messages
 
     def to_read(self, messages: Iterable[TaskMessage]) -> list[str]:
@@ -86,24 +84,54 @@ class EnqueueStep:
             self.refusal_hooks(job, exc)
             raise
 
-    def _warn_if_unhandled(self, jobs: Sequence[Job], group: bool) -> None:
-        """A typo in a type shows otherwise only as tasks handed on for a day, or grouped tasks
-        waiting for good: said once per type, where the producer's App registers handlers."""
-        app = self.app
-        if app is None or not app.routes:
+    def _refuse_unknown_types(self, app: App, jobs: Sequence[Job], group: bool) -> None:
+        """A typo in a type would show only as tasks handed on for a day (a flow's step
+        waiting with them), or grouped tasks waiting for good: the jobs are refused whole,
+        before anything is written, when the App runs none of their type. Registered means
+        routed (`app.route`, prefixes and '*' too), or for grouped tasks aggregated; an App
+        with no handler at all is only a producer's (its namespace, its hooks) and refuses
+        nothing."""
+        find = app.aggregation if group else app.route
+        unknown: list[str] = []
+        for job in jobs:  # a loop: most enqueues find none (a comprehension is a call)
+            if find(job.type) is None and job.type not in unknown:
+                unknown.append(job.type)
+        if not unknown or not app.routes:
             return
+        error = UnknownTaskType(unknown_types_text(app, unknown, group))
         for job in jobs:
-            if job.type in self._unhandled:
-                continue
-            if group:  # the aggregated task is what runs: the grouped type needs no handler
-                missing = ("aggregator (app.aggregate)" if app.aggregation(job.type) is None
-                           else "")
-            else:
-                missing = "handler" if app.route(job.type) is None else ""
-            if missing:
-                self._unhandled.add(job.type)
-                log.warning("task type %r has no %s in the App of this Client: its tasks "
-                            "wait or fail until a worker's App has one", job.type, missing)
+            if job.type in unknown:
+                app.refusal_hooks(job, error)
+                self.refusal_hooks(job, error)
+        raise error
+
+
+def unknown_types_text(app: App, types: list[str], group: bool) -> str:
+    """What a Client with the App says of types it runs none of: each type, with the
+    registered type closest to it when one is close."""
+    if group:
+        what, patterns = "aggregator (app.aggregate)", [a.pattern for a in app.aggregations]
+    else:
+        what, patterns = "handler (app.task)", [r.pattern for r in app.routes]
+    named = []
+    for task_type in types:
+        close = closest_type(task_type, patterns)
+        named.append(f"{task_type!r}" + (f" (did you mean {close!r}?)" if close else ""))
+    listed = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
+    return (f"task type{'s' if len(named) > 1 else ''} {listed} "
+            f"{'has' if len(named) == 1 else 'have'} no {what} in the App of this Client: "
+            "nothing was enqueued")
+
+
+def closest_type(task_type: str, patterns: Iterable[str]) -> str | None:
+    """The registered type most like `task_type`, if one is close: an exact pattern, or a
+    type a prefix pattern covers (the prefix in place of as many leading characters)."""
+    import difflib  # here, not at the top: only a refused type needs it
+
+    candidates = [p + task_type[len(p):] if is_prefix(p) else p
+                  for p in patterns if p != CATCH_ALL]
+    found = difflib.get_close_matches(task_type, candidates, n=1)
+    return found[0] if found else None
 
 
 class EnqueuePlan:

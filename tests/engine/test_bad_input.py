@@ -72,15 +72,17 @@ async def test_a_tampered_payload_goes_to_dead_while_others_run(app, client, sta
     await wait_until(lambda: "after" in ran)
 
 
-async def test_an_unknown_task_type_spends_no_retry(app, client, start_worker) -> None:
-    """A worker with no handler for a type hands its tasks on (tests/engine/
-    test_rolling_deploys.py has the rest); one it knows runs beside them."""
+async def test_an_unknown_task_type_spends_no_retry(app, client, client_without_app,
+                                                    start_worker) -> None:
+    """A worker with no handler for a type (enqueued by a producer without its App) hands
+    its tasks on (tests/engine/test_rolling_deploys.py has the rest); one it knows runs
+    beside them."""
     @app.task("known")
     async def known(task: obsq.Task):
         return "ok"
 
     await start_worker()
-    info = await client.enqueue("unknown:type", max_retry=1, retention=60)
+    info = await client_without_app.enqueue("unknown:type", max_retry=1, retention=60)
     handed_on = await wait_until(lambda: _in_state(client, info.id, "scheduled"))
     assert handed_on.error == "UnknownTaskType: no handler is registered for task type " \
                               "'unknown:type'"
@@ -90,35 +92,109 @@ async def test_an_unknown_task_type_spends_no_retry(app, client, start_worker) -
     assert (await client.info(info.id)).retry_count == 0
 
 
-async def test_a_type_the_apps_client_cannot_handle_is_warned_of_once(app, client, caplog
-                                                                       ) -> None:
+async def test_a_type_the_apps_client_cannot_run_is_refused_before_anything_is_written(
+        app, client, redis_url, raw_redis, namespace) -> None:
+    """A typo would otherwise wait a day handed on (a flow's step with it, the flow
+    running) or wait in its group for good: a Client with the App refuses it whole, in a
+    single enqueue, a batch, a flow, a grouped enqueue and the SyncClient's enqueues,
+    naming each type and the closest registered one; its refusal hooks hear of it."""
     @app.task("known")
     async def known(task: obsq.Task):
         pass
 
+    @app.task("report:")
+    async def report(task: obsq.Task):
+        pass
+
     app.aggregate("ingest", lambda group, tasks: ("known", len(tasks)), max_size=10)
-    for _ in range(2):
-        await client.enqueue("knwon", 1)  # a typo
-        await client.enqueue_many([obsq.Job("knwon", 2), obsq.Job("known", 3)])
-        await client.enqueue("other", 1, group="g")  # no aggregator covers it
-        await client.enqueue("ingest", 1, group="g")
-    warned = [r.getMessage() for r in caplog.records if "in the App of this Client" in
-              r.getMessage()]
-    assert len(warned) == 2
-    assert "'knwon' has no handler" in warned[0]
-    assert "'other' has no aggregator" in warned[1]
+    refused: list[tuple[str, str]] = []
+    client.on_refusal(lambda job, error: refused.append((job.type, type(error).__name__)))
+
+    with pytest.raises(obsq.UnknownTaskType) as single:
+        await client.enqueue("knwon", 1)
+    assert str(single.value) == ("task type 'knwon' (did you mean 'known'?) has no handler "
+                                 "(app.task) in the App of this Client: nothing was enqueued")
+    assert isinstance(single.value, ValueError)
+    with pytest.raises(obsq.UnknownTaskType, match=r"task types 'reprot:pdf' \(did you mean "
+                       r"'report:pdf'\?\), 'zebra' and 'knwon' \(did you mean 'known'\?\) "
+                       r"have no handler"):
+        await client.enqueue_many([obsq.Job("known", 1), obsq.Job("reprot:pdf", 2),
+                                   obsq.Job("report:csv", 3), obsq.Job("zebra", 4),
+                                   obsq.Job("knwon", 5), obsq.Job("zebra", 6)])
+    with pytest.raises(obsq.UnknownTaskType, match=r"'knwon' .* no handler"):
+        await client.enqueue(obsq.chain(obsq.Job("known"), obsq.Job("knwon")))
+    with pytest.raises(obsq.UnknownTaskType, match=r"'ingets' .*did you mean 'ingest'.* no "
+                       r"aggregator \(app.aggregate\)"):
+        await client.enqueue("ingets", 1, group="g")
+    with obsq.SyncClient(redis_url, namespace, app=app) as sync, \
+            pytest.raises(obsq.UnknownTaskType, match="'knwon'"):
+        sync.enqueue("knwon", 1)
+    assert namespace_keys(raw_redis, namespace) == []
+    assert refused == [("knwon", "UnknownTaskType"), ("reprot:pdf", "UnknownTaskType"),
+                       ("zebra", "UnknownTaskType"), ("knwon", "UnknownTaskType"),
+                       ("zebra", "UnknownTaskType"), ("knwon", "UnknownTaskType"),
+                       ("ingets", "UnknownTaskType")]
+
+    # what the App routes, by a prefix too, and what its aggregators cover is enqueued
+    await client.enqueue_many([obsq.Job("known", 1), obsq.Job("report:pdf", 2)])
+    await client.enqueue("ingest", 1, group="g")
+    await client.enqueue(obsq.chain(obsq.Job("known"), obsq.Job("report:csv")))
+
+
+async def test_the_scheduler_and_the_aggregator_are_refused_a_type_their_app_cannot_run(
+        app, client, start_worker, start_scheduler, raw_redis, namespace, caplog) -> None:
+    """They enqueue through a Client of their App: a schedule entry's fire is logged as not
+    enqueued, an aggregator's task fails its batch (tried again later); nothing is
+    written."""
+    caplog.set_level(logging.INFO, "obsq")
+
+    @app.task("fine")
+    async def fine(task: obsq.Task):
+        pass
+
+    app.periodic("@every 0.2s", "fnie")
+    app.aggregate("ingest", lambda group, tasks: ("fnie", len(tasks)), max_size=2)
+    for n in range(2):
+        await client.enqueue("ingest", n, group="g")
+    await start_worker()
+    await start_scheduler()
+    await wait_until(lambda: any(
+        "schedule fnie: the fire of" in m and "was not enqueued: task type 'fnie' (did you "
+        "mean 'fine'?) has no handler" in m for m in caplog.messages))
+    await wait_until(lambda: any(
+        "aggregator of 'ingest' failed for group 'g'" in m and "UnknownTaskType: task type "
+        "'fnie'" in m for m in caplog.messages))
+    assert [k for k in raw_redis.scan_iter(f"{namespace}:{{default}}:t:*")
+            if raw_redis.hget(k, "type") == b"fnie"] == []
+
+
+async def test_only_the_app_that_runs_handlers_refuses_types(app, client, client_without_app,
+                                                             redis_url, namespace) -> None:
+    """A Client without an App, or with an App of no handler (a producer's: its namespace
+    and hooks), enqueues any type; an App routing '*' runs every type."""
+    await client.enqueue("anything", 1)  # the test's App has no handler yet
+    await client_without_app.enqueue("anything", 1)
+    with obsq.SyncClient(redis_url, namespace) as sync:
+        sync.enqueue("anything", 1)
+
+    @app.task("*")
+    async def every(task: obsq.Task):
+        pass
+
+    await client.enqueue_many([obsq.Job("anything", 1), obsq.Job("else", 2)])
 
 
 @pytest.mark.parametrize("task_type", ["", None])
-async def test_a_bad_task_type_is_refused_before_any_warning(app, client, caplog,
-                                                            task_type) -> None:
+async def test_a_bad_task_type_is_refused_before_its_handler_is_looked_for(
+        app, client, caplog, task_type) -> None:
     @app.task("known")
     async def known(task: obsq.Task):
         pass
 
     for group in (None, "g"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError) as refused:
             await client.enqueue(task_type, 1, group=group)
+        assert not isinstance(refused.value, obsq.UnknownTaskType)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 

@@ -98,7 +98,7 @@ async def test_damage_is_named_then_repaired(app, client, start_worker, obsq_cli
     second = await client.enqueue("ledger", 2, ordering_key="acct:9")
     raw_redis.lrem(prefix + "pending", 0, first.id)
     raw_redis.delete(prefix + "t:" + first.id)
-    orphan = await client.enqueue("nobody-runs-this", queue="idle")
+    orphan = await client.enqueue("ledger", queue="idle")
     idle = f"{namespace}:{{idle}}:"
     raw_redis.lrem(idle + "pending", 0, orphan.id)
     raw_redis.zadd(idle + "lease", {orphan.id: 1})
@@ -197,16 +197,17 @@ async def test_repair_counts_a_recovery_against_the_workers_max_recoveries(
 
 
 async def test_work_no_worker_takes_is_a_notice_and_fails_only_strict(
-        app, client, start_worker, obsq_cli) -> None:
+        app, client, client_without_app, start_worker, obsq_cli) -> None:
     """Every invariant holds, yet work waits: a queue no live worker serves, and a type no
-    worker handles, handed on. Both are notices: exit 0, or 1 with --strict."""
+    worker handles (enqueued without the App), handed on. Both are notices: exit 0, or 1
+    with --strict."""
     @app.task("known")
     async def known(task: obsq.Task):
         pass
 
     await start_worker()  # serves the default queue, without a handler for "ghost"
     await client.enqueue("known", queue="nobody")
-    ghost = await client.enqueue("ghost")
+    ghost = await client_without_app.enqueue("ghost")
     await wait_until(lambda: _handed_on(client, ghost.id))
     code, out = await obsq_cli("doctor")
     assert code == 0, out

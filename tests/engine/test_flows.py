@@ -284,10 +284,10 @@ async def test_result_waits_for_the_running_step_instead_of_polling(
 
 
 async def test_a_flows_id_stands_for_it_where_a_tasks_does(
-        app, client, start_worker, obsq_cli, redis_url, caplog) -> None:
+        app, client, start_worker, obsq_cli, redis_url) -> None:
     """info, result, cancel and delete take a flow's id (the Client's, the SyncClient's and
-    the CLI's task commands); a step of an unhandled type is warned of; a running member
-    shows as running; a flow's ResultTimeout names the flow."""
+    the CLI's task commands); a running member shows as running; a flow's ResultTimeout
+    names the flow."""
     held = asyncio.Semaphore(0)
 
     @app.task("hold")
@@ -296,10 +296,8 @@ async def test_a_flows_id_stands_for_it_where_a_tasks_does(
         await asyncio.sleep(60)
 
     await start_worker(concurrency=4)
-    with caplog.at_level("WARNING", logger="obsq"):
-        stuck = await client.enqueue(chain(Job("hold", queue="idle"), Job("hodl")))
-    assert "'hodl' has no handler in the App of this Client" in caplog.text
-    assert (await client.info(stuck.id)).steps[1].type == "hodl"
+    stuck = await client.enqueue(chain(Job("hold", queue="idle"), Job("hold")))
+    assert [s.queue for s in (await client.info(stuck.id)).steps] == ["idle", "default"]
     with pytest.raises(obsq.ResultTimeout, match=f"flow {stuck.id} did not finish"):
         await client.result(stuck.id, timeout=0.2)
     code, output = await obsq_cli("task", stuck.id)

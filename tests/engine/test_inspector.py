@@ -109,6 +109,10 @@ async def test_delete_and_purge(app, client, start_worker, inspector: Inspector,
         running.set()
         await release.wait()
 
+    @app.task("t")
+    async def t(task):  # never run: no worker serves its queue
+        pass
+
     waiting = await client.enqueue("t", 1, unique_for=600)
     scheduled = await client.enqueue("t", 2, delay=600)
     assert await inspector.delete(waiting.id) == "pending"

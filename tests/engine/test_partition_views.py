@@ -122,6 +122,7 @@ async def test_repairs_of_the_queue_act_on_every_partition(
 async def test_groups_of_the_queue_come_from_every_partition(
         app, client, inspector: Inspector) -> None:
     partitioned_events(app)
+    app.aggregate("ev:g", lambda group, tasks: ("ev:a", len(tasks)))  # no worker runs it
     for n in range(8):
         for _ in range(n % 3 + 1):
             await client.enqueue("ev:g", n, group=f"g{n}", queue="events")
@@ -170,7 +171,7 @@ async def _processed(inspector: Inspector, n: int) -> Any:
 async def test_cli_shows_one_row_and_the_breakdown(app, client, obsq_cli) -> None:
     partitioned_events(app)
     await _enqueue_mix(client)
-    await client.enqueue("plain", 1, queue="other")
+    await client.enqueue("ev:a", 1, queue="other")
 
     code, out = await obsq_cli("queues", "--json")
     assert code == 0
@@ -242,7 +243,7 @@ async def test_queue_gauges_sum_the_partitions(app, client, broker, namespace,
 
     partitioned_events(app)
     await _enqueue_mix(client)
-    await client.enqueue("plain", 1, queue="other")
+    await client.enqueue("ev:a", 1, queue="other")
     raw_redis.hset(f"{namespace}:partitions", "events", 3)  # as its workers write it
     loop = asyncio.get_running_loop()
     for source in (["events", "other"], broker.queues):  # a worker's names, the exporter's

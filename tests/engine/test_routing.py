@@ -57,7 +57,8 @@ async def test_the_matching_route_runs_end_to_end(app, client, start_worker) -> 
     }
 
 
-async def test_middleware_is_an_onion_and_sees_exceptions(app, client, start_worker) -> None:
+async def test_middleware_is_an_onion_and_sees_exceptions(app, client, client_without_app,
+                                                          start_worker) -> None:
     calls: list[str] = []
     seen: list[str] = []
 
@@ -102,9 +103,10 @@ async def test_middleware_is_an_onion_and_sees_exceptions(app, client, start_wor
     assert calls == ["outer-in boom", "inner-in boom", "handler boom", "outer-out boom"]
     assert seen == ["outer saw RuntimeError: kaput"]
 
-    # an unknown type never enters the chain: the worker hands it on for another
+    # an unknown type (from a producer without the App) never enters the chain: the worker
+    # hands it on for another
     calls.clear()
-    unknown = await client.enqueue("nobody-handles-this", max_retry=0)
+    unknown = await client_without_app.enqueue("nobody-handles-this", max_retry=0)
     await wait_until(lambda: _state_is(client, unknown.id, "scheduled"), what="handed on")
     assert calls == []
 

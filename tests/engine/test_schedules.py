@@ -233,6 +233,45 @@ async def test_claims_alone_keep_each_fire_once(app, redis_url, namespace, enque
     assert listed.fire_count == len(fires)
 
 
+async def test_fires_due_together_are_claimed_and_enqueued_as_one_batch(
+        app, redis_url, namespace, monkeypatch) -> None:
+    """A round that comes late (within missed_after) finds several fires of an entry due:
+    one claim, one enqueue of their tasks, each under its own id. A claim whose enqueue
+    failed (Redis away) is finished whole in a later round, each fire once."""
+    clock = ManualClock()
+    batches: list[list[obsq.TaskInfo]] = []
+
+    @app.use_producer
+    async def record(messages, call_next):
+        infos = await call_next(messages)
+        batches.append(infos)
+        return infos
+
+    async def redis_away(jobs):
+        raise obsq.BrokerError("enqueue", ConnectionError("Connection refused"))
+
+    async with obsq.Client(redis_url, namespace, app=app, clock=clock) as client:
+        await client.schedule("busy", "@every 1s", "tick")
+        loop = SchedulerLoop(client, {}, "scheduler", SchedulerSettings(lock_ttl=1.0,
+                                                                        missed_after=10))
+        await loop.work()  # picks the entry up: its first fire within a second
+        clock.set(clock.now_ms + 5000)
+        await loop.work()
+        assert [len(b) for b in batches] == [5]
+        clock.set(clock.now_ms + 3000)
+        with monkeypatch.context() as patched:
+            patched.setattr(client, "enqueue_many", redis_away)
+            with pytest.raises(obsq.BrokerError):
+                await loop.work()  # three fires claimed, their enqueue failed
+        await loop.work()
+        listed = {s.name: s for s in await client.schedules()}["busy"]
+    assert [len(b) for b in batches] == [5, 3]
+    fires = [_fire_time(i) for b in batches for i in b]
+    assert not any(i.duplicate for b in batches for i in b)
+    assert {b - a for a, b in itertools.pairwise(fires)} == {1000}
+    assert (listed.fire_count, listed.missed_count) == (8, 0)
+
+
 async def test_the_inspector_shows_every_entry(client, start_env, redis_url,
                                                namespace, app, enqueued) -> None:
     app.periodic("@every 0.5s", "tick", name="ticker", missed="skip")

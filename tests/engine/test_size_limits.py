@@ -96,6 +96,9 @@ async def test_a_fire_over_its_route_limit_is_logged_not_enqueued(
     @app.task("tiny", max_payload=10)
     async def tiny(task: obsq.Task) -> None: ...
 
+    @app.task("fine")
+    async def fine(task: obsq.Task) -> None: ...
+
     app.periodic("@every 0.2s", "tiny", "x" * 100)
     app.periodic("@every 0.2s", "fine", "ok")
     await start_scheduler(app)

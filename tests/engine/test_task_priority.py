@@ -76,6 +76,10 @@ async def test_route_and_job_priorities(app, client, broker) -> None:
     async def urgent(task: obsq.Task) -> None:
         pass
 
+    @app.task("plain")
+    async def plain(task: obsq.Task) -> None:
+        pass
+
     infos = await client.enqueue_many([obsq.Job("urgent", 1), obsq.Job("urgent", 2, priority=3),
                                        obsq.Job("plain", 3)])
     assert [i.priority for i in infos] == [8, 3, 0]

@@ -163,8 +163,8 @@ def _rfc3339(text: str) -> float:
 # --- the test -----------------------------------------------------------------------------
 
 async def test_every_dashboard_query_and_alert_returns_data(
-        app, client, redis_url, namespace, raw_redis, start_worker, start_scheduler,
-        prometheus):
+        app, client, client_without_app, redis_url, namespace, raw_redis, start_worker,
+        start_scheduler, prometheus):
     if prometheus_binary() is None:  # before the workload, not after it
         missing_tool("prometheus is not on PATH (apt-get install prometheus)")
     main, side, away = f"e2e-{namespace}", f"e2e-side-{namespace}", f"e2e-away-{namespace}"
@@ -310,9 +310,9 @@ async def test_every_dashboard_query_and_alert_returns_data(
         await until_counted(n, "obsq_redis_data_lost_total")
 
     async def hand_on_an_unknown_type(n: int) -> None:
-        """A task no handler knows: handed on, and again every few seconds from then on
-        (wave 1's too), so the count reaches at least n."""
-        await client.enqueue(f"unknown:{n}", queue=main)
+        """A task no handler knows (from a producer without the App): handed on, and again
+        every few seconds from then on (wave 1's too), so the count reaches at least n."""
+        await client_without_app.enqueue(f"unknown:{n}", queue=main)
 
         async def handed_on() -> bool:
             return await scraped("obsq_tasks_unknown_type_total", queue=main,

@@ -61,7 +61,10 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
     await client.enqueue("doomed", {})
     for i in range(3):
         await client.enqueue("easy", {"i": i}, retention=600)
-    await client.enqueue("mystery", {}, queue=main, max_retry=0)  # no route: handed on
+    # no route: handed on; enqueued by a producer without the App, as the App's refuses it
+    stranger = instrument_client(obsq.Client(redis_url, namespace=namespace))
+    await stranger.enqueue("mystery", {}, queue=main, max_retry=0)
+    await stranger.close()
     await client.enqueue("later", {})
     await client.enqueue("easy", {"i": 9}, delay=3600)  # stays scheduled
     jobs = [obsq.Job("easy", {"dup": 1}, task_id=f"dup-{namespace}", delay=3600)] * 2

@@ -287,6 +287,8 @@ async def test_grouped_tasks_and_subscribers_show(app, client, console,
     async def billing(task: obsq.Task) -> None:
         return None
 
+    app.aggregate("rows:", lambda group, tasks: ("rows:sum", len(tasks)), max_delay=600,
+                  grace_period=600)
     await start_worker(queues="mail")
     workers = (await console.get("/workers")).text
     assert "events: order.created@billing" in workers

@@ -1,8 +1,9 @@
--- Claim the next fire of an entry for one scheduler: the entry's next fire moves from
--- `expected` to `following` and, when `fire` is given, the fire is recorded as claimed,
--- with the definition it runs, until confirm_fire. Refused when another scheduler moved the
--- entry on, its definition changed or went, or a fire of it is still claimed: so each fire
--- is claimed once, whatever the lock did. `missed` fires are counted.
+-- Claim the next fires of an entry for one scheduler: the entry's next fire moves from
+-- `expected` to `following` and, when `fire` (the first claimed) is given, the fires are
+-- recorded as claimed, with the definition they run, until confirm_fire. Refused when
+-- another scheduler moved the entry on, its definition changed or went, or a fire of it is
+-- still claimed: so each fire is claimed once, whatever the lock did. `missed` fires are
+-- counted.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- Returns 1 when claimed, else 0.
 local definition = redis.call('HGET', KEYS[@k_entries], ARGV[@name])
