@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support import ROOT
 
-from obsq.broker.calls import SCRIPTS
+from obsq.broker.scripts import scripts
 
 PACKAGE = ROOT / "obsq"
 # The layers, top first (DESIGN.md section 2 draws them): a module imports only modules of
@@ -117,7 +117,7 @@ def test_every_script_is_loaded_with_the_prelude_helpers_it_calls() -> None:
     calls."""
     prelude = "".join(p.read_text() for p in (PACKAGE / "broker" / "scripts").glob("_*.lua"))
     helpers = set(re.findall(r"^local function (\w+)", prelude, re.M))
-    for name, script in SCRIPTS.items():
+    for name, script in scripts().items():
         code = re.sub(r"--.*", "", script.source)
         defined = {h: code.find(f"local function {h}(") for h in helpers}
         called = {h: found.start() for h in helpers
