@@ -112,3 +112,21 @@ def test_the_classifiers_name_the_pythons_ci_runs_the_suite_on() -> None:
     supported = f"Python {tested[0]} to {tested[-1]}"
     for page in ("README.md", "docs/guides/getting-started.md"):
         assert supported in " ".join((ROOT / page).read_text().split()), page
+
+
+# What exporting spans needs, and what it brings (gRPC, protobuf): the otlp extra's only.
+EXPORTING = {"opentelemetry-sdk", "opentelemetry-exporter-otlp", "opentelemetry-instrumentation",
+             "grpcio", "protobuf"}
+
+
+def test_a_plain_install_makes_spans_and_the_otlp_extra_exports_them(
+        wheel: zipfile.ZipFile) -> None:
+    """A web service that only enqueues installs the OpenTelemetry API alone; the SDK, its
+    exporters and gRPC come with `obsq[otlp]`."""
+    requirements = [Requirement(r) for r in _metadata(wheel).get_all("Requires-Dist")]
+    plain = {r.name for r in requirements if r.marker is None}
+    assert "opentelemetry-api" in plain
+    assert plain & EXPORTING == set()
+    otlp = {r.name for r in requirements
+            if r.marker is not None and r.marker.evaluate({"extra": "otlp"})}
+    assert EXPORTING - {"grpcio", "protobuf"} <= otlp
