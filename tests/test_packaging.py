@@ -20,6 +20,8 @@ import pytest
 from packaging.requirements import Requirement
 from support import PYPROJECT, ROOT, missing_tool
 
+from obsq._version import __version__
+
 BACKEND = ROOT / ".cache" / "build-backend"
 
 
@@ -141,3 +143,12 @@ def test_the_tests_docs_and_benchmarks_are_groups_not_published_extras(
     named = re.search(r'^EXTRAS="(.+)"$', ci, re.MULTILINE)
     assert named and set(named.group(1).split(",")) == extras
     assert re.search(r'pip install -q "pip>=25\.1"', ci)  # --group: pip 25.1 or newer
+
+
+def test_the_version_is_written_once(wheel: zipfile.ZipFile) -> None:
+    """pyproject.toml reads it from obsq/_version.py, which the code imports."""
+    assert "version" not in PYPROJECT["project"]
+    assert PYPROJECT["project"]["dynamic"] == ["version"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "obsq._version.__version__"}
+    assert _metadata(wheel)["Version"] == __version__
