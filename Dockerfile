@@ -28,10 +28,12 @@ ENV PIP_NO_CACHE_DIR=1 \
 # copying a list there ties that stage's layer cache to the wheels' contents.
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
-# The dependencies, built from pyproject.toml and an empty package: only a change of
-# pyproject.toml rebuilds this layer and the one that installs them.
-RUN mkdir obsq && touch obsq/__init__.py \
-    && pip wheel --wheel-dir /wheels/dependencies ".[ui,uvloop]" \
+# The dependencies, built from pyproject.toml and an empty package with its version (which
+# pyproject.toml reads): only a change of either rebuilds this layer and the one that
+# installs them. The extras: OTLP export (tracing.enabled), the console, uvloop.
+COPY obsq/_version.py obsq/
+RUN touch obsq/__init__.py \
+    && pip wheel --wheel-dir /wheels/dependencies ".[otlp,ui,uvloop]" \
     && rm -rf obsq build obsq.egg-info /wheels/dependencies/obsq-*.whl \
     && sha256sum /wheels/dependencies/*.whl \
         | awk '{ print $2 " --hash=sha256:" $1 }' > /wheels/dependencies.txt

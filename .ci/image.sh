@@ -9,7 +9,7 @@
 #   python:${PYTHON_VERSION}-slim, is replaced (build argument BASE_IMAGE) by a Debian
 #   bookworm root filesystem with Debian's Python 3.11, made by mmdebstrap once per
 #   machine and kept in podman's image store under a tag that names its recipe.
-# - Build: tagged obsq:<version of pyproject.toml>, the chart's default image and tag.
+# - Build: tagged obsq:<version of obsq/_version.py>, the chart's default image and tag.
 # - Smoke test: `podman run` is refused on these machines, so tests/image/Dockerfile, a
 #   build stage FROM the new image, runs tests/image/smoke.py as the image's user
 #   against a private redis-server on the host (network host).
@@ -107,8 +107,8 @@ else
 fi
 
 # --- build -------------------------------------------------------------------------------
-VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n 1)"
-[ -n "$VERSION" ] || { log "no version in pyproject.toml"; exit 1; }
+VERSION="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' obsq/_version.py)"
+[ -n "$VERSION" ] || { log "no version in obsq/_version.py"; exit 1; }
 IMAGE="localhost/obsq:$VERSION"
 BUILD_STAGE="localhost/obsq-build:$VERSION"
 

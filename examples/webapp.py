@@ -1,7 +1,7 @@
 """A FastAPI app that enqueues tasks: the trace of a request runs from its HTTP server
 span through `send {queue}` to the worker's `process {queue}`.
 
-    pip install fastapi uvicorn opentelemetry-instrumentation-fastapi
+    pip install 'obsq[otlp]' fastapi uvicorn opentelemetry-instrumentation-fastapi
     uvicorn examples.webapp:app --port 8000
     curl -X POST 'localhost:8000/reports/monthly?month=2026-11'
 """

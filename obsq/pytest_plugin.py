@@ -18,19 +18,24 @@ keywords go to the Environment:
 One private redis-server serves the whole session (`obsq_redis_url`; set OBSQ_TESTING_REDIS_URL
 to use a Redis of your own), and each test gets a namespace of its own on it, removed at its
 end, where the App runs as if it were its own. `obsq_env` is an async fixture: it needs
-pytest-asyncio (or anyio's plugin)."""
+pytest-asyncio (or anyio's plugin).
+
+pytest loads this module into every test run of a project that installs obsq: obsq.testing,
+and with it the rest of obsq, is imported by the fixtures when a test asks for them, so a
+run that uses none pays nothing for it (the package root imports nothing at import)."""
 
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from obsq.app import App
-from obsq.testing import Environment, private_redis
+if TYPE_CHECKING:
+    from obsq.app import App
+    from obsq.testing import Environment
 
 try:
     from pytest_asyncio import fixture as async_fixture
@@ -51,6 +56,8 @@ def obsq_redis_url() -> Iterator[str]:
     if given:
         yield given
         return
+    from obsq.testing import private_redis
+
     server = private_redis()
     try:
         yield server.url
@@ -77,5 +84,7 @@ async def obsq_env(request: pytest.FixtureRequest, obsq_app: App, obsq_redis_url
     marker = request.node.get_closest_marker("obsq_app")
     options: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
     options.setdefault("namespace", f"t{uuid.uuid4().hex[:12]}")
+    from obsq.testing import Environment
+
     async with Environment(obsq_app, redis_url=obsq_redis_url, **options) as env:
         yield env

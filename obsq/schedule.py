@@ -16,11 +16,11 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 import orjson
-from croniter import CroniterBadDateError, croniter
 
 from obsq.names import validate_name
 from obsq.settings import (
@@ -114,7 +114,7 @@ class Schedule:
             raise ValueError(f"spec must be a cron spec or '@every <interval>', "
                              f"got {self.spec!r}")
         every = parse_every(self.spec)
-        if every is None and not croniter.is_valid(self.spec):
+        if every is None and not _cron().croniter.is_valid(self.spec):
             raise ValueError(f"{self.spec!r} is neither a cron spec nor '@every <interval>'")
         validate_name("task type", self.task_type)
         if self.missed not in MISSED_POLICIES:
@@ -129,7 +129,7 @@ class Schedule:
         if not every:
             try:
                 self.next_after(int(datetime.now(UTC).timestamp() * 1000))
-            except CroniterBadDateError:
+            except _cron().CroniterBadDateError:
                 raise ValueError(f"{self.spec!r} never fires") from None
 
     # -- stored form ------------------------------------------------------------------------
@@ -168,22 +168,22 @@ class Schedule:
         """The first fire strictly after `ms`."""
         if self._every_ms:
             return ms + self._every_ms
-        times = croniter(self.spec, datetime.fromtimestamp(ms / 1000, self._zone))
+        times = _cron().croniter(self.spec, datetime.fromtimestamp(ms / 1000, self._zone))
         for _ in range(REPEATED_HOUR_SKIPS):
             when = times.get_next(datetime)
             fire = round(when.timestamp() * 1000)
             if fire > ms and not self._second_pass(when):
                 return fire
-        raise CroniterBadDateError(f"{self.spec!r}: no fire after {fire_text(ms)}")
+        raise _cron().CroniterBadDateError(f"{self.spec!r}: no fire after {fire_text(ms)}")
 
     def _previous(self, ms: int) -> int:
         """The last cron fire at or before `ms`."""
-        times = croniter(self.spec, datetime.fromtimestamp((ms + 1) / 1000, self._zone))
+        times = _cron().croniter(self.spec, datetime.fromtimestamp((ms + 1) / 1000, self._zone))
         for _ in range(REPEATED_HOUR_SKIPS):
             when = times.get_prev(datetime)
             if not self._second_pass(when):
                 return round(when.timestamp() * 1000)
-        raise CroniterBadDateError(f"{self.spec!r}: no fire before {fire_text(ms)}")
+        raise _cron().CroniterBadDateError(f"{self.spec!r}: no fire before {fire_text(ms)}")
 
     def _second_pass(self, when: datetime) -> bool:
         """Whether `when` is the second pass through a wall-clock time the clocks repeat
@@ -250,6 +250,14 @@ class Schedule:
         return hashlib.sha1(self.encoded()).hexdigest()
 
 
+def _cron() -> ModuleType:
+    """croniter, imported when a cron spec is first read: a process that reads none (a
+    producer that defines no schedule) loads neither it nor dateutil."""
+    import croniter
+
+    return croniter
+
+
 def _zone(name: str) -> ZoneInfo:
     if not isinstance(name, str) or not name:
         raise ValueError(f"timezone must be an IANA name such as 'Europe/Paris', got {name!r}")
@@ -261,7 +269,7 @@ def _zone(name: str) -> ZoneInfo:
 
 
 def _every_hour(spec: str) -> bool:
-    hours = croniter(spec).expanded[1]
+    hours = _cron().croniter(spec).expanded[1]
     return hours == ["*"] or len(hours) == 24
 
 

@@ -191,7 +191,7 @@ async def browser() -> AsyncIterator[Any]:
     try:
         from playwright.async_api import async_playwright
     except ImportError:
-        missing_tool("playwright is not installed (pip install -e '.[test]')")
+        missing_tool("playwright is not installed (pip install --group test)")
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if not path:
         missing_tool("chromium is not installed (apt-get install chromium)")

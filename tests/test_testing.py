@@ -46,6 +46,17 @@ def test_the_example_test_file_passes() -> None:
     assert "5 passed" in result.stdout
 
 
+def test_the_plugin_loads_nothing_of_obsq_until_a_test_asks_for_its_fixtures() -> None:
+    """pytest loads the plugin into every test run of a project that installs obsq."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, obsq.pytest_plugin; print(sorted(m for m in "
+         "sys.modules if m.startswith(('obsq', 'redis', 'opentelemetry'))))"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+        text=True, timeout=60)
+    assert loaded.stdout.strip() == "['obsq', 'obsq._version', 'obsq.pytest_plugin']", (
+        loaded.stderr)
+
+
 def test_without_an_app_the_fixture_says_how_to_give_one(tmp_path) -> None:
     (tmp_path / "test_x.py").write_text("async def test_x(obsq_env):\n    pass\n")
     result = run_pytest(str(tmp_path / "test_x.py"), "--rootdir", str(tmp_path))

@@ -11,9 +11,9 @@ import re
 import pytest
 from support import ROOT
 
-from obsq.broker.calls import SCRIPTS
 from obsq.broker.keys import KEY_NAMES, TASK_STATES
 from obsq.broker.records import FetchedTask
+from obsq.broker.scripts import scripts
 from obsq.broker.wire import (
     LAYOUTS,
     REPLIES,
@@ -36,8 +36,8 @@ BY_NUMBER = re.compile(r"ARGV\[\s*\d|ARGV\[\s*i\s*[-+]\s*\d|#ARGV\s*[<>=~]+\s*\d
 def test_every_script_has_a_layout_and_loads_with_it() -> None:
     assert set(LAYOUTS) == set(BODIES)
     assert set(REPLIES) <= set(BODIES)
-    assert set(SCRIPTS) == set(BODIES)
-    assert not [name for name, s in SCRIPTS.items() if "@" in COMMENT.sub("", s.source)]
+    assert set(scripts()) == set(BODIES)
+    assert not [name for name, s in scripts().items() if "@" in COMMENT.sub("", s.source)]
 
 
 @pytest.mark.parametrize("name", sorted(BODIES))

@@ -25,10 +25,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from obsq.broker.calls import SCRIPTS, BlockingRunner, RedisCalls, ScriptCall
+from obsq.broker.calls import BlockingRunner, RedisCalls, ScriptCall
 from obsq.broker.connection import create_client
 from obsq.broker.producing import Producing, enqueue_statuses
 from obsq.broker.records import Enqueued
+from obsq.broker.scripts import scripts
 from obsq.errors import BrokerError
 from obsq.names import stored_count
 from obsq.settings import ENQUEUE_BATCH
@@ -54,7 +55,7 @@ class BlockingCalls:
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
-            return self.runner.call(SCRIPTS[name], keys, args)
+            return self.runner.call(scripts()[name], keys, args)
         except (RedisError, OSError) as exc:
             raise self._failure(name, exc) from exc
 

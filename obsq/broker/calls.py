@@ -53,7 +53,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from obsq.broker.connection import create_client, kept_connection
 from obsq.broker.diagnosis import acl_advice, hint, reason, safe
 from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
-from obsq.broker.scripts import Script, load_scripts
+from obsq.broker.scripts import Script, script_names, scripts
 from obsq.broker.wire import argv
 from obsq.clock import REDIS_CLOCK, Clock
 from obsq.errors import BrokerError, BrokerTimeout, ConfigurationError, denied_by_acl
@@ -70,7 +70,6 @@ from obsq.settings import (
 log = logging.getLogger("obsq")
 
 ScriptCall = tuple[str, Sequence[str], Sequence[Any]]  # script name, keys, arguments
-SCRIPTS = load_scripts()
 # Every `operation` a failed call is reported under (the label of obsq_redis_errors_total):
 # the scripts, and the plain commands and calls named here, so that metrics can start each
 # at 0.
@@ -82,7 +81,7 @@ COMMANDS = ("dataset", "delete_namespace", "deregister", "find_queue", "flow_del
             "still_held",
             "task_info",
             "wait_for_work", "wait_schedule_change", "workers")
-OPERATIONS = tuple(sorted({*SCRIPTS, *COMMANDS}))
+OPERATIONS = tuple(sorted({*script_names(), *COMMANDS}))
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)  # said as "cannot reach"
 
 
@@ -231,7 +230,7 @@ class RedisCalls:
             "register", counts.items(), kind="hash"))
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._guard(name, self.runner.call(SCRIPTS[name], keys, args))
+        return await self._guard(name, self.runner.call(scripts()[name], keys, args))
 
     async def _producer_script(self, name: str, keys: Sequence[str], args: Sequence[Any]
                                ) -> Any:
@@ -239,7 +238,7 @@ class RedisCalls:
         the pool; with `durable_replicas`, followed by WAIT (_script_replicated)."""
         if self.durable_replicas:
             return await self._script_replicated(name, keys, args)
-        return await self._guard(name, self.runner.call_kept(SCRIPTS[name], keys, args))
+        return await self._guard(name, self.runner.call_kept(scripts()[name], keys, args))
 
     async def _script_replicated(self, name: str, keys: Sequence[str], args: Sequence[Any]
                                  ) -> Any:
@@ -249,7 +248,7 @@ class RedisCalls:
         wait = ("WAIT", self.durable_replicas, max(int(self.durable_timeout * 1000), 1))
         try:
             replies = await self._within(name, self.runner.calls(
-                [(SCRIPTS[name], keys, args)], after=wait), wait=self.durable_timeout)
+                [(scripts()[name], keys, args)], after=wait), wait=self.durable_timeout)
             first_error(replies)
         except (RedisError, OSError) as exc:
             raise self.failed(name, exc) from exc
@@ -269,7 +268,7 @@ class RedisCalls:
             return [await self._script(*calls[0])]
         try:
             results = await self._within(calls[0][0], self.runner.calls(
-                [(SCRIPTS[n], k, a) for n, k, a in calls]))
+                [(scripts()[n], k, a) for n, k, a in calls]))
             first_error(results)
             return results
         except (RedisError, OSError) as exc:

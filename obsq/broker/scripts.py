@@ -1,8 +1,10 @@
 """Lua scripts, one file per state change, each with the prelude definitions it uses; how
-they are called is calls.py's."""
+they are called is calls.py's. They are prepared at the first call (`scripts()`), not at
+import: a process that imports obsq and never calls Redis pays nothing for them."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from importlib import resources
@@ -67,28 +69,47 @@ def _prelude_blocks(prelude: str) -> list[tuple[str, str]]:
     return blocks
 
 
+_WORD = re.compile(r"\w+")
+
+
+def _words(code: str) -> set[str]:
+    return set(_WORD.findall(_COMMENT.sub("", code)))
+
+
 def _prelude_for(body: str, blocks: list[tuple[str, str]]) -> str:
     """Only the definitions `body` uses, and the ones those use: Redis runs a script's
     prelude on every call, and all of it costs an enqueue several µs of server time."""
-    uses = _COMMENT.sub("", body)
+    uses = _words(body)
     needed = []
     for name, text in reversed(blocks):  # a definition uses only the ones above it
-        if re.search(rf"\b{name}\b", uses):
+        if name in uses:
             needed.append(text)
-            uses += _COMMENT.sub("", text)
+            uses |= _words(text)
     return "\n".join(reversed(needed))
 
 
+def script_names() -> list[str]:
+    """The scripts' names, from their files (the `_` files are the prelude)."""
+    return sorted(p.name[:-4] for p in SCRIPT_DIR.iterdir()
+                  if p.name.endswith(".lua") and not p.name.startswith("_"))
+
+
 def load_scripts() -> dict[str, Script]:
+    """Every script, prepared now: the prelude's constants and the definitions it uses,
+    its own constants (wire.py's layout)."""
     preludes = sorted((p for p in SCRIPT_DIR.iterdir() if p.name.startswith("_")),
                       key=lambda p: p.name)  # _prelude.lua, then the ones built on it
     blocks = _prelude_blocks(_Constants("\n".join(p.read_text() for p in preludes)).substitute(
         KEY_CONSTANTS, LUA_SLICE=LUA_SLICE, WAKE_CAP=WAKE_CAP, INBOX_TTL=INBOX_TTL,
         MEMORY_LOOK_MS=MEMORY_LOOK_MS, FULL_NOTE=FULL_NOTE, FULL_ERROR_BYTES=FULL_ERROR_BYTES))
-    scripts = {}
-    for path in SCRIPT_DIR.iterdir():
-        if path.name.endswith(".lua") and not path.name.startswith("_"):
-            name, body = path.name[:-4], path.read_text()
-            body = _Constants(body).substitute(KEY_CONSTANTS, **constants(name))  # wire.py
-            scripts[name] = Script(name, _prelude_for(body, blocks) + "\n" + body)
-    return scripts
+    prepared = {}
+    for name in script_names():
+        body = (SCRIPT_DIR / f"{name}.lua").read_text()
+        body = _Constants(body).substitute(KEY_CONSTANTS, **constants(name))  # wire.py
+        prepared[name] = Script(name, _prelude_for(body, blocks) + "\n" + body)
+    return prepared
+
+
+# The scripts by name, prepared at the first call (a hit costs a call of C code, no Python
+# frame, on an enqueue's path)
+scripts = functools.cache(load_scripts)

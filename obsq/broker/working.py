@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 
-from obsq.broker.calls import SCRIPTS, RedisCalls, ScriptCall
+from obsq.broker.calls import RedisCalls, ScriptCall
 from obsq.broker.records import Attempt, Completions, Fetched, FetchedTask
-from obsq.broker.scripts import FULL_ERROR_BYTES, FULL_NOTE, FULL_TEXT_HOLD
+from obsq.broker.scripts import FULL_ERROR_BYTES, FULL_NOTE, FULL_TEXT_HOLD, scripts
 from obsq.broker.wire import REPLIES, argv, as_count, as_text
 from obsq.names import SEPARATOR
 from obsq.settings import ATTEMPTS_PER_CALL
@@ -109,7 +109,7 @@ class Working(RedisCalls):
         name, keys, args = self._dequeue_call(queue, count, worker_id, lease_seconds, limits)
         asked_at = time.monotonic()
         woken, fetched = await self._guard("wait_for_work", self.runner.calls(
-            [(SCRIPTS[name], keys, args)], before=("BLPOP", *wake, timeout)), wait=timeout)
+            [(scripts()[name], keys, args)], before=("BLPOP", *wake, timeout)), wait=timeout)
         if isinstance(woken, Exception):
             raise self.failed("wait_for_work", woken)
         if isinstance(fetched, Exception):

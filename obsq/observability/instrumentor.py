@@ -5,6 +5,9 @@ enqueue counts, with no change to the application's code, as it does for Celery 
 redis-py. Workers (`obsq worker`) trace themselves.
 
 In code: `ObsqInstrumentor().instrument()` before the Clients are made.
+
+Its base class is opentelemetry-instrumentation's, which the `otlp` extra brings (as does
+any set-up that has `opentelemetry-instrument`); a plain install of obsq has the API only.
 """
 
 from __future__ import annotations
@@ -12,11 +15,15 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
-    BaseInstrumentor,
-)
-from opentelemetry.instrumentation.utils import unwrap
-from wrapt import wrap_function_wrapper
+try:
+    from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
+        BaseInstrumentor,
+    )
+    from opentelemetry.instrumentation.utils import unwrap
+    from wrapt import wrap_function_wrapper
+except ImportError as exc:
+    raise ImportError(f"obsq's instrumentor needs opentelemetry-instrumentation ({exc}): "
+                      "pip install 'obsq[otlp]'") from exc
 
 from obsq.observability.instrument import instrument_client
 from obsq.producer.client import Client

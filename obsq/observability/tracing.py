@@ -14,12 +14,16 @@ attribute). A failure sets `error.type` and the status, whose description is the
 
 Exporting: `setup_tracing()` installs an SDK TracerProvider with a batch OTLP exporter
 when `OTEL_*` variables ask for one, unless the application already set a provider; OTLP
-over HTTP goes through fastotel's native span processor when OBSQ_FASTOTEL=true.
+over HTTP goes through fastotel's native span processor when OBSQ_FASTOTEL=true. The SDK
+and the exporters come with the `otlp` extra (a plain install has the API alone): asked to
+export without them, it logs a warning that says how to install them (`missing_for_export`,
+which `obsq doctor` reports too), never dropping the spans unsaid.
 """
 
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import logging
 import os
 from collections.abc import Callable
@@ -231,13 +235,63 @@ def _origin_links(origins: list[dict[str, str]]) -> list[Link]:
 
 EXPORTER_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
                 "OTEL_TRACES_EXPORTER")
+OTLP_EXTRA = "pip install 'obsq[otlp]'"
 _provider: Any = None
+
+
+def requested_exporters() -> list[str]:
+    """The span exporters the `OTEL_*` variables ask for: none when no exporter variable is
+    set, when OTEL_SDK_DISABLED is true or OTEL_TRACES_EXPORTER is none."""
+    env = os.environ
+    if not any(env.get(name) for name in EXPORTER_ENV):
+        return []
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return []
+    exporters = [e.strip() for e in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
+    return [e for e in exporters if e and e != "none"]
+
+
+def _protocol() -> str:
+    """OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, http/protobuf by default."""
+    return (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a package above it is missing
+        return False
+
+
+def missing_for_export() -> str | None:
+    """What the `OTEL_*` variables ask to export spans with that is not installed, said with
+    the variable that asks and how to install it; None when nothing is missing or nothing
+    is asked. obsq's plain install makes spans with the OpenTelemetry API alone."""
+    exporters = requested_exporters()
+    if not exporters:
+        return None
+    needed = ["opentelemetry.sdk.trace"]
+    if "otlp" in exporters:
+        protocol = _protocol()
+        if protocol == "grpc":
+            needed.append("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
+        elif protocol == "http/protobuf" and not env_flag("OBSQ_FASTOTEL"):
+            needed.append("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    missing = [module for module in needed if not _installed(module)]
+    if not missing:
+        return None
+    asking = next(name for name in EXPORTER_ENV if os.environ.get(name))
+    return (f"tracing: {asking} asks for spans to be exported ({', '.join(exporters)}), but "
+            f"the OpenTelemetry SDK or its exporter is not installed (no module "
+            f"{', '.join(missing)}): no span is exported; {OTLP_EXTRA}")
 
 
 def setup_tracing(service_name: str = "obsq-worker") -> bool:
     """Export spans as the standard `OTEL_*` variables say; returns True if it set up a
     provider. Nothing happens when no exporter variable is set, when OTEL_SDK_DISABLED is
-    true or OTEL_TRACES_EXPORTER is none, or when the application set its own provider.
+    true or OTEL_TRACES_EXPORTER is none, or when the application set its own provider;
+    a warning says so when the SDK or the exporter is not installed (the otlp extra).
 
     The SDK reads the details itself: OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES (the
     service name defaults to `service_name`), OTEL_TRACES_SAMPLER(_ARG), OTEL_BSP_*, and
@@ -245,22 +299,21 @@ def setup_tracing(service_name: str = "obsq-worker") -> bool:
     OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL picks `http/protobuf` (the default, port 4318) or
     `grpc` (port 4317)."""
     global _provider
-    env = os.environ
-    if not any(env.get(name) for name in EXPORTER_ENV):
-        return False
-    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
-        return False
-    exporters = [e.strip() for e in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
-    exporters = [e for e in exporters if e and e != "none"]
+    exporters = requested_exporters()
     if not exporters:
         return False
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         log.info("tracing: the application set its own tracer provider; obsq uses it")
         return False
+    missing = missing_for_export()
+    if missing:
+        log.warning(missing)
+        return False
 
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 
+    env = os.environ
     named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get(
         "OTEL_RESOURCE_ATTRIBUTES", "")
     resource = Resource.create({} if named else {"service.name": service_name})
@@ -295,8 +348,7 @@ def _processor(name: str) -> Any:
     if name != "otlp":
         raise ConfigurationError(f"OTEL_TRACES_EXPORTER={name!r}: obsq supports otlp, console "
                                  "or none")
-    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
+    protocol = _protocol()
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     elif protocol == "http/protobuf":

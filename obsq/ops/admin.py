@@ -99,7 +99,8 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
     doctor = looking("doctor", "check the namespace's invariants (counters, ids with no task, "
                      "orphaned attempts); exit 1 naming each problem. Work that waits while "
                      "they hold (a queue no worker serves, types no worker handles) is a "
-                     "notice, exit 0")
+                     "notice, exit 0, and so are OTEL_* variables here that ask to export "
+                     "spans with no exporter installed")
     doctor.add_argument("--repair", action="store_true", help="mend what can be mended "
                         "safely, say what was done, and check again")
     doctor.add_argument("--strict", action="store_true", help="exit 1 on a notice too")
@@ -352,6 +353,11 @@ async def doctor(inspector: Inspector, args: argparse.Namespace, out: Output) ->
         repairs, found = found.repairs, await healer.diagnose()
         found.repairs = repairs
     notices = await stalls(inspector)
+    from obsq.observability.tracing import missing_for_export
+
+    unexported = missing_for_export()  # the OTEL_* variables here, as a worker here reads them
+    if unexported:
+        notices.append(unexported)
     if found.problems or (notices and args.strict):
         out.status = 1
     if out.as_json:

@@ -1,7 +1,7 @@
 """obsq's chaos suite: each scenario breaks something real (workers, Redis, its memory,
 its clock) under load and counts what was lost.
 
-    pip install -e '.[test]'                           # what the harness imports
+    pip install -e . --group test                      # what the harness imports
     python tests/chaos/run.py                          # every scenario, long version
     python tests/chaos/run.py --quick                  # every scenario, short version
     python tests/chaos/run.py --scenario failover      # one of them

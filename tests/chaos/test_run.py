@@ -18,12 +18,12 @@ def test_the_help_says_all_the_runner_does() -> None:
     out = subprocess.run([sys.executable, str(RUN), "--help"], capture_output=True,
                          text=True, timeout=60, env=obsq_env())
     assert out.returncode == 0, out.stderr
-    for text in ("its memory,\nits clock) under load", "pip install -e '.[test]'",
+    for text in ("its memory,\nits clock) under load", "pip install -e . --group test",
                  "python tests/chaos/run.py --quick ", "(tests/chaos/test_chaos.py).",
                  "--quick"):
         assert text in out.stdout, text
     page = (ROOT / "docs" / "guides" / "durability.md").read_text()
-    assert "pip install -e '.[test]'" in page and "--quick" in page
+    assert "pip install -e . --group test" in page and "--quick" in page
 
 
 def test_the_scenarios_run_the_newest_redis_server_on_path(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The image and the chart agree. `.ci/image.sh` builds the Dockerfile as
-`obsq:<version of pyproject.toml>`, and the chart's default image is `obsq` with the tag
-`appVersion`: every version written down is pyproject.toml's, and the image's user is the
-chart's. Building and smoke-testing the image itself is `.ci/image.sh`'s job."""
+`obsq:<version of obsq/_version.py>`, and the chart's default image is `obsq` with the tag
+`appVersion`: every version written down is obsq's, and the image's user is the chart's.
+Building and smoke-testing the image itself is `.ci/image.sh`'s job."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ DOCKERFILE = ROOT / "Dockerfile"
 SMOKE_DOCKERFILE = ROOT / "tests" / "image" / "Dockerfile"
 
 
-def pyproject_version() -> str:
-    """Read as .ci/image.sh reads it: the first `version = "..."` line."""
-    match = re.search(r'^version = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.M)
-    assert match, "no version in pyproject.toml"
+def source_version() -> str:
+    """Read as .ci/image.sh reads it: the `__version__ = "..."` line of obsq/_version.py."""
+    match = re.search(r'^__version__ = "(.*)"$', (ROOT / "obsq" / "_version.py").read_text(),
+                      re.M)
+    assert match, "no version in obsq/_version.py"
     return match.group(1)
 
 
@@ -34,8 +35,8 @@ def values() -> dict:
     return yaml.safe_load((CHART / "values.yaml").read_text())
 
 
-def test_every_version_is_the_pyproject_version() -> None:
-    version = pyproject_version()
+def test_every_version_is_obsqs_version() -> None:
+    version = source_version()
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == version
     assert obsq.__version__ == version
@@ -54,7 +55,7 @@ def test_chart_default_image_is_the_one_ci_builds() -> None:
 def test_rendered_image_is_repository_and_app_version(helm: str) -> None:
     render = helm_template(helm)
     (worker,) = render.one("Deployment", "-worker")["spec"]["template"]["spec"]["containers"]
-    assert worker["image"] == f"{values()['image']['repository']}:{pyproject_version()}"
+    assert worker["image"] == f"{values()['image']['repository']}:{source_version()}"
 
 
 def test_image_user_is_the_charts_user() -> None:

@@ -142,7 +142,7 @@ def test_dashboards_are_up_to_date_with_the_generator(tmp_path: Path) -> None:
     if sys.version_info < (3, 11):  # what CI runs on newer Pythons checks the dashboards
         pytest.skip("every release of grafana-foundation-sdk needs Python 3.11 or newer")
     if importlib.util.find_spec("grafana_foundation_sdk") is None:
-        missing("grafana-foundation-sdk is not installed (pip install -e '.[test]')")
+        missing("grafana-foundation-sdk is not installed (pip install --group test)")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "dashboards" / "generate.py"), str(tmp_path)],
         capture_output=True,

@@ -34,13 +34,14 @@ NAMESPACE = f"obsq-smoke-{uuid.uuid4().hex[:12]}"
 APP = "smoke_tasks:app"
 UID = 10001
 TIMEOUT = 30.0
-# obsq's extras for its own tests and benchmarks: their distributions stay out of the
-# image unless something the image runs needs them too.
-NOT_SHIPPED_EXTRAS = frozenset({"test", "bench"})
+# obsq's extra for a project's own tests (obsq's own needs are dependency groups, which the
+# package does not carry): its distributions stay out of the image unless something the
+# image runs needs them too.
+NOT_SHIPPED_EXTRAS = frozenset({"testing"})
 # What the base image brings to install packages with.
 BASE_DISTRIBUTIONS = frozenset({"pip", "setuptools", "wheel"})
 # Loaded by obsq only when tracing is configured, for OTEL_EXPORTER_OTLP_PROTOCOL grpc
-# and http/protobuf.
+# and http/protobuf (the otlp extra, which the image installs).
 TRACE_EXPORTERS = ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
                    "opentelemetry.exporter.otlp.proto.http.trace_exporter")
 

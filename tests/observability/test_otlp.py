@@ -72,7 +72,7 @@ async def test_one_trace_across_processes(protocol, fastotel, otlp_receiver, red
     (tmp_path / "otlp_app.py").write_text(APP)
     (tmp_path / "producer.py").write_text(PRODUCER)
     base = {"OBSQ_REDIS_URL": redis_url, "OBSQ_NAMESPACE": namespace,
-            "OBSQ_FASTOTEL": fastotel}  # true: fastotel must be installed (the test extra)
+            "OBSQ_FASTOTEL": fastotel}  # true: fastotel must be installed (the fasttrace extra)
     worker = ObsqProcess(["worker", "otlp_app:app", "--concurrency", "4", "--http-port", "-1"],
                         obsq_env(**base, **otel_env(receiver, "test-worker")), tmp_path,
                         tmp_path / "worker.log")
@@ -188,7 +188,7 @@ def test_otlp_over_http_goes_through_fastotel_only_when_asked():
         import os, sys
         from obsq.errors import ConfigurationError
         from obsq.observability.tracing import _processor
-        import fastotel  # installed (the test extra)
+        import fastotel  # installed (the fasttrace extra)
         assert type(_processor("otlp")).__name__ == "BatchSpanProcessor"  # unset: the SDK's
         os.environ["OBSQ_FASTOTEL"] = ""  # empty: as if unset
         assert type(_processor("otlp")).__name__ == "BatchSpanProcessor"
