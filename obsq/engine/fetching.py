@@ -75,6 +75,7 @@ class Fetcher:
         # partition -> (the rank of its best task left, ms; inf: none; when it was told)
         self._ahead: dict[str, tuple[float, float]] = {}
         self._refresh_at = time.monotonic() + REFRESH  # the worker's start looked just now
+        self.came_round = time.monotonic()  # when the loop last began a round
 
     def queue_order(self) -> list[str]:
         """The partitions to fetch from, in order. Queues: strict, by weight; weighted, a
@@ -131,11 +132,21 @@ class Fetcher:
             self._ahead[queue] = (math.inf if fetched.ahead_ms is None else fetched.ahead_ms,
                                   time.monotonic())
 
+    def stalled_for(self) -> float:
+        """Seconds the loop has not begun a round beyond its longest wait (an idle wait on
+        Redis, `wait_timeout`); 0 while it turns, and once the worker stops. Read by the
+        heartbeat thread: a worker whose heartbeat goes on while this grows serves nothing
+        (a hung call, a blocked event loop, the loop ended)."""
+        if self.slots.stopped.is_set():
+            return 0.0
+        return max(time.monotonic() - self.came_round - self.wait_timeout, 0.0)
+
     async def run(self) -> None:
         """Fetch until the worker stops; Redis errors are retried with backoff."""
         retry = RedisRetry("fetching tasks")
         slots = self.slots
         while not slots.stopped.is_set():
+            self.came_round = time.monotonic()
             try:
                 stuck = slots.stuck()
                 if stuck:

@@ -96,6 +96,7 @@ class Worker:
         self._aggregation: AggregationLoop | None = None  # stopped first when draining
         self.claims = Claims()  # the attempts it holds, which its heartbeat thread extends
         self._liveness: Liveness | None = None
+        self._fetcher: Fetcher | None = None
         # told the event loop's lag twice a second, and of each loss of Redis's data (metrics)
         self.loop_lag_hooks: Hooks[[float]] = Hooks("loop-lag hook")
         self.data_lost_hooks: Hooks[[]] = Hooks("data-lost hook")
@@ -162,10 +163,11 @@ class Worker:
                      for q, w in self.queues.items()),
                  self.concurrency, described(s.loop), self.namespace, self.broker.safe_url)
         warn_if_not_the_apps("worker", self.namespace, self.app.namespace)
-        fetcher = Fetcher(self.broker, self.settler, self.id, self.slots, served=self.served,
-                          strict_priority=s.strict_priority, lease_seconds=s.lease_seconds,
-                          wait_timeout=s.wait_timeout, give_back=self._give_back)
-        return asyncio.create_task(fetcher.run(), name="obsq-fetch")
+        self._fetcher = Fetcher(self.broker, self.settler, self.id, self.slots,
+                                served=self.served, strict_priority=s.strict_priority,
+                                lease_seconds=s.lease_seconds, wait_timeout=s.wait_timeout,
+                                give_back=self._give_back)
+        return asyncio.create_task(self._fetcher.run(), name="obsq-fetch")
 
     async def _reach_redis(self) -> str | None:
         """Check Redis and register the queues served; its memory policy. A Redis that does
@@ -207,7 +209,9 @@ class Worker:
         self.slots.stopped.set()
 
     def describe(self) -> dict[str, Any]:
-        """What the heartbeat publishes in Redis, and the endpoint's status shows."""
+        """What the heartbeat publishes in Redis, and the endpoint's status shows; `stalled`:
+        the seconds its event loop and its fetch loop stand still now (0 while they run),
+        which `obsq doctor` reports when the heartbeat goes on regardless."""
         return {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": self.queues, "served": self.served.names,
                 "partitions": self.served.declared,
@@ -217,7 +221,11 @@ class Worker:
                 "subscriptions": [sub.task_type for sub in self.subscriptions],
                 "pool": self.settings.pool, "stuck": self.health().stuck_slots,
                 "maxmemory_policy": (self._liveness.heartbeat.memory_policy
-                                     if self._liveness else None)}
+                                     if self._liveness else None),
+                "stalled": {"event_loop": round(self._liveness.monitor.lag(), 1)
+                            if self._liveness else 0.0,
+                            "fetch_loop": round(self._fetcher.stalled_for(), 1)
+                            if self._fetcher else 0.0}}
 
     def health(self) -> WorkerHealth:
         """How the worker is; safe to call from another thread (the HTTP endpoint's)."""

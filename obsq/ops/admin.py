@@ -351,7 +351,7 @@ async def doctor(inspector: Inspector, args: argparse.Namespace, out: Output) ->
         await healer.repair(found)
         repairs, found = found.repairs, await healer.diagnose()
         found.repairs = repairs
-    notices = await stalls(inspector)
+    notices = await healer.set_aside(found.queues) + await stalls(inspector)
     if found.problems or (notices and args.strict):
         out.status = 1
     if out.as_json:

@@ -31,7 +31,8 @@ local function hold(id, pattern)
   redis.call('INCR', prefix .. @key_waiting)
 end
 
--- The task held longest for `pattern` goes back to the head of pending.
+-- The task held longest for `pattern` goes back to the head of pending; one whose key holds
+-- no hash is set aside instead (set_aside): its id and why are returned.
 local function unhold(pattern)
   local held = prefix .. @key_held .. pattern
   local id = redis.call('RPOP', held)
@@ -43,7 +44,9 @@ local function unhold(pattern)
     redis.call('SREM', prefix .. @key_holding, pattern)
   end
   redis.call('DECR', prefix .. @key_waiting)
-  redis.call('HDEL', task_key(id), 'held')
+  if type(redis.pcall('HDEL', task_key(id), 'held')) == 'table' then  -- an error
+    return id, task_aside(id, @key_held .. pattern, now_ms())
+  end
   push_pending(prefix .. @key_pending, id, true)
   wake(prefix .. @key_wake, 1)
 end
@@ -110,7 +113,8 @@ local function release_successor(id, key, now)
   redis.call('DECR', prefix .. @key_waiting)
   redis.call('ZREM', prefix .. @key_ordering_waiting, next_id)
   local next_key = task_key(next_id)
-  local due = tonumber(redis.call('HGET', next_key, 'due')) or now
+  local due = tonumber(redis.pcall('HGET', next_key, 'due')) or now  -- no hash: the dequeue
+  -- sets it aside
   if due > now then
     redis.call('HSET', next_key, 'state', 'scheduled')
     redis.call('ZADD', prefix .. @key_scheduled, due, next_id)
