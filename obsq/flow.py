@@ -176,7 +176,7 @@ def unreadable_field(f: dict[bytes, bytes]) -> str | None:
                 [int(n) for n in value.split()]
             elif kind == "m":
                 decode_message(value)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             return f"field {field} is {value[:40]!r}, which does not read: {exc!r}"
     return None
 
@@ -193,7 +193,11 @@ def encode_message(m: TaskMessage) -> bytes:
 
 
 def decode_message(raw: bytes) -> TaskMessage:
+    """encode_message's task; ValueError, KeyError or TypeError for what is not one."""
     d = orjson.loads(raw)
+    if not all(isinstance(d[name], str) for name in ("id", "type", "queue", "payload")) or \
+            not isinstance(d["headers"], dict):
+        raise ValueError("not a step's task")
     payload = base64.b64decode(d["payload"]) if d["binary"] else d["payload"].encode()
     return TaskMessage(
         id=d["id"], type=d["type"], queue=d["queue"], payload=payload, headers=d["headers"],

@@ -19,9 +19,9 @@ from obsq.app import Hooks
 from obsq.background import BackgroundLoop
 from obsq.broker import Broker
 from obsq.engine.execution import Verdict
-from obsq.errors import BrokerError
+from obsq.errors import BrokerError, UnreadableRecord
 from obsq.flow import FLOW_BATCH, FLOW_SWEEP_INTERVAL, previous_value, step_of
-from obsq.producer.flow_steps import UNREADABLE, record_ends, relaunch, set_aside
+from obsq.producer.flow_steps import record_ends, relaunch, set_aside
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
@@ -108,7 +108,7 @@ class FlowLoop(BackgroundLoop):
                 continue
             try:
                 state = await relaunch(self.broker, flow_id)
-            except UNREADABLE as exc:
+            except UnreadableRecord as exc:
                 await set_aside(self.broker, flow_id, exc)
                 continue
             if not state:

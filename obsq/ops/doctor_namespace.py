@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 from obsq.broker.wire import EndEntry
 from obsq.flow import FlowInfo, unreadable_field
 from obsq.inspection.partition_view import readable
-from obsq.producer.flow_steps import UNREADABLE
 
 if TYPE_CHECKING:
     from obsq.broker import Broker
@@ -64,7 +63,7 @@ async def check_flows(broker: Broker, queues: list[str]
         why = unreadable_field(fields)
         try:
             info = FlowInfo.from_record(flow_id, fields, results) if not why else None
-        except UNREADABLE as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             why = f"its record does not read: {exc!r}"
         if why or info is None:
             unreadable.append((flow_id, why or "its record is gone"))

@@ -32,9 +32,6 @@ if TYPE_CHECKING:
     from obsq.task import TaskMessage
 
 log = logging.getLogger("obsq")
-# What reading a flow's record raises when a field does not parse (a step's task, a step
-# number), beside the broker's UnreadableRecord
-UNREADABLE = (UnreadableRecord, ValueError, KeyError, TypeError, AttributeError)
 
 
 async def set_aside(broker: Broker, flow_id: str | bytes, why: object) -> None:
@@ -63,9 +60,11 @@ async def launch(broker: Broker, flow_id: str, steps: Sequence[tuple[int, bytes]
 
 
 def _step_task(step: int, stored: bytes) -> TaskMessage:
+    """The task a flow keeps for a step; UnreadableRecord naming the field when it does not
+    decode into one."""
     try:
         return decode_message(stored)
-    except UNREADABLE as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise UnreadableRecord(f"field m:{step} (the task of step {step}) does not decode: "
                                f"{exc!r}") from None
 
@@ -85,7 +84,7 @@ async def record_ends(broker: Broker, entries: Sequence[bytes]) -> list[str]:
         try:
             state, done, launches = await broker.flow_steps_ended(flow_id, ends)
             await launch(broker, flow_id, launches)
-        except UNREADABLE as exc:
+        except UnreadableRecord as exc:
             await set_aside(broker, flow_id, exc)
             continue
         if done:
@@ -95,7 +94,7 @@ async def record_ends(broker: Broker, entries: Sequence[bytes]) -> list[str]:
 
 async def relaunch(broker: Broker, flow_id: str) -> str:
     """Launch the steps a flow left launching (its producer or a worker died before it
-    enqueued them); the flow's state ('' when it is gone after its end). One of UNREADABLE
+    enqueued them); the flow's state ('' when it is gone after its end). UnreadableRecord
     when the flow cannot be moved on."""
     state, launches = await broker.flow_launching(flow_id)
     await launch(broker, flow_id, launches)
