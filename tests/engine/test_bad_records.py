@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 from support import wait_until
@@ -159,23 +159,50 @@ async def test_each_sweep_sets_aside_what_it_cannot_read(
     _said_once(caplog, "not-a-hash", "junk")
 
 
+async def _between_good_flows(client: obsq.Client,
+                              plant: Callable[[], Awaitable[obsq.FlowInfo]]
+                              ) -> tuple[list[obsq.FlowInfo], obsq.FlowInfo]:
+    """GOOD chains of two steps (payloads n, then GOOD + n), the planted flow in the
+    middle: (the good flows, the planted one)."""
+    def chains(numbers: range) -> list[obsq.Flow]:
+        return [chain(Job("good", n), Job("good", GOOD + n)) for n in numbers]
+
+    flows = [await client.enqueue(f) for f in chains(range(GOOD // 2))]
+    planted = await plant()
+    return flows + [await client.enqueue(f) for f in chains(range(GOOD // 2, GOOD))], planted
+
+
+async def _each_flow_ran_once(client: obsq.Client, flows: list[obsq.FlowInfo],
+                              ran: collections.Counter[object]) -> None:
+    await asyncio.wait_for(asyncio.gather(*(client.result(f) for f in flows)), RUN_WITHIN)
+    await asyncio.sleep(0.5)
+    steps = {n for n in ran if isinstance(n, int)}
+    assert steps == set(range(2 * GOOD)) and {ran[n] for n in steps} == {1}, ran
+
+
 async def test_a_malformed_flow_costs_only_itself(app, client, start_worker, raw_redis,
                                                   namespace, caplog, monkeypatch) -> None:
     """One flow whose record does not parse, and an index entry that is no flow id, broke
     the sweep of every flow (an ERROR each second): a flow whose producer died before it
     launched its first steps never launched."""
-    _good_tasks(app)
+    ran = _good_tasks(app)
     g = GlobalKeys(namespace)
     left_launching = await _left_launching(client, monkeypatch)
-    unreadable = await client.enqueue(chain(Job("good", "never"), Job("good", "never")))
-    bad = FlowKeys(namespace, unreadable.id)
-    raw_redis.hset(bad.flow, "m:1", "{not json")
-    raw_redis.hset(bad.flow, "s:1", "l")
-    raw_redis.sadd(bad.launching, 1)
-    for flow_id in (unreadable.id, b"\xff\xfe not a flow id", left_launching):
-        raw_redis.zadd(g.flows, {flow_id: 1})
-        raw_redis.zadd(g.flow_look, {flow_id: 0})  # all due at once, the bad ones first
+
+    async def plant() -> obsq.FlowInfo:
+        unreadable = await client.enqueue(chain(Job("good", "never"), Job("good", "never")))
+        bad = FlowKeys(namespace, unreadable.id)
+        raw_redis.hset(bad.flow, "m:1", "{not json")
+        raw_redis.hset(bad.flow, "s:1", "l")
+        raw_redis.sadd(bad.launching, 1)
+        for flow_id in (unreadable.id, b"\xff\xfe not a flow id", left_launching):
+            raw_redis.zadd(g.flows, {flow_id: 1})
+            raw_redis.zadd(g.flow_look, {flow_id: 0})  # all due at once, the bad ones first
+        return unreadable
+
+    flows, unreadable = await _between_good_flows(client, plant)
     await start_worker()
+    await _each_flow_ran_once(client, flows, ran)
     assert await client.result(obsq.FlowInfo(left_launching, "running", [], 1),
                                timeout=RUN_WITHIN) is None
     junk = await wait_until(lambda: raw_redis.hlen(g.flow_junk) == 2 and raw_redis.hgetall(
@@ -199,21 +226,25 @@ async def _left_launching(client: obsq.Client, monkeypatch: pytest.MonkeyPatch) 
     return flow_id
 
 
-async def test_a_flow_field_that_does_not_parse_blocks_no_other_flow(
+async def test_a_flow_field_that_does_not_parse_sets_its_flow_aside(
         app, client, start_worker, raw_redis, namespace, caplog) -> None:
-    """Recording a step's end failed in its flow's script, which left every end of that
-    queue's flow inbox unrecorded: no other flow moved on."""
-    _good_tasks(app)
-    bad = await client.enqueue(chain(Job("good", "a"), Job("good", "b")))
-    raw_redis.hset(FlowKeys(namespace, bad.id).flow, "left:1", "x")
-    good = [await client.enqueue(chain(Job("good", n), Job("good", n + 100)))
-            for n in range(5)]
+    """Recording a step's end failed halfway in its flow's script, held up the queue's flow
+    inbox until a retry passed over the half-recorded end, and left the flow stuck for good,
+    unsaid. Now the flow is set aside and said once, and no other flow waits."""
+    ran = _good_tasks(app)
+
+    async def plant() -> obsq.FlowInfo:
+        bad = await client.enqueue(chain(Job("good", "a"), Job("good", "b")))
+        raw_redis.hset(FlowKeys(namespace, bad.id).flow, "left:1", "x")
+        return bad
+
+    flows, bad = await _between_good_flows(client, plant)
     await start_worker()
-    for flow in good:
-        assert await client.result(flow, timeout=RUN_WITHIN) is None
+    await _each_flow_ran_once(client, flows, ran)
     g = GlobalKeys(namespace)
     await wait_until(lambda: raw_redis.hexists(g.flow_junk, bad.id), what="set aside")
     assert "left:1" in _junk(raw_redis, g.flow_junk, bad.id)
+    assert ran["b"] == 0  # its later step never runs
     _said_once(caplog, bad.id, "junk")
 
 
