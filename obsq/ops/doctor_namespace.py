@@ -28,13 +28,13 @@ FlowProblem = tuple[str, list[str], list["str | bytes"], list[str]]
 
 async def check_flows(broker: Broker, queues: list[str]
                       ) -> tuple[list[FlowProblem], list[str]]:
-    """The flows: (problems, notes).
-    A flow that cannot be moved on (its record unreadable, a field that does not parse, or
-    gone though it had not ended: deleted outside obsq) is a problem, --repair sets it
-    aside; so is a running flow's enqueued step whose task is gone with no end waiting in
-    its queue's flow inbox (it can never end: --repair records it dead, which fails the
-    flow). Ends waiting in flow inboxes, steps left launching and index entries of flows
-    gone after their end are information (the workers' FlowLoop mends them)."""
+    """The flows' problems and notes. A flow that cannot be moved on (its record
+    unreadable, a field that does not parse, or gone though it had not ended: deleted
+    outside obsq) is a problem, --repair sets it aside; so is a running flow's enqueued
+    step whose task is gone with no end waiting in its queue's flow inbox (it can never
+    end: --repair records it dead, which fails the flow). Ends waiting in flow inboxes,
+    steps left launching and index entries of flows gone after their end are information
+    (the workers' FlowLoop mends them)."""
     waiting: set[str] = set()
     notes = []
     for queue in queues:
@@ -60,13 +60,15 @@ async def check_flows(broker: Broker, queues: list[str]
         if summary is None or summary.state != "running":
             continue
         fields, results = await broker.flow_record(flow_id)
+        if not fields:  # ended and gone since
+            continue
         why = unreadable_field(fields)
         try:
-            info = FlowInfo.from_record(flow_id, fields, results) if not why else None
+            info = FlowInfo.from_record(flow_id, fields, results)
         except (ValueError, KeyError, TypeError) as exc:
-            why = f"its record does not read: {exc!r}"
-        if why or info is None:
-            unreadable.append((flow_id, why or "its record is gone"))
+            why = why or f"its record does not read: {exc!r}"
+        if why:
+            unreadable.append((flow_id, why))
             continue
         launching += sum(s.state == "launching" for s in info.steps)
         enqueued = [s for s in info.steps if s.state == "enqueued" and s.id not in waiting]
