@@ -33,6 +33,11 @@ class PayloadError(ObsqError):
     """The stored payload does not decode; retrying cannot help."""
 
 
+class UnreadableRecord(ObsqError):
+    """A record in Redis does not read as what its place says it is (written or deleted
+    outside obsq): the task ends dead, or the flow is set aside, alone, with this as why."""
+
+
 class TaskTooLarge(ObsqError, ValueError):
     """A producer's payload or headers exceed their limit; nothing was written."""
 

@@ -157,6 +157,30 @@ def stored_fields(steps: list[Step], messages: list[TaskMessage], last: int,
     return fields
 
 
+# The fields of a flow's hash that hold a number, and those that hold steps' numbers
+NUMBER_FIELDS = ("nodes", "tail", "ret", "ndone", "failed", "cur", "left")
+STEPS_FIELDS = ("d", "k")
+
+
+def unreadable_field(f: dict[bytes, bytes]) -> str | None:
+    """What of a flow's hash does not read as stored_fields wrote it and the scripts and
+    workers read it (`obsq doctor`), else None: a number, a list of steps, or a step's task
+    that does not decode."""
+    for name, value in f.items():
+        field = name.decode(errors="replace")
+        kind = field.partition(":")[0]
+        try:
+            if kind in NUMBER_FIELDS:
+                int(value)
+            elif kind in STEPS_FIELDS:
+                [int(n) for n in value.split()]
+            elif kind == "m":
+                decode_message(value)
+        except (ValueError, KeyError, TypeError) as exc:
+            return f"field {field} is {value[:40]!r}, which does not read: {exc!r}"
+    return None
+
+
 def encode_message(m: TaskMessage) -> bytes:
     """A step's task as the flow keeps it until it is enqueued."""
     return orjson.dumps({
@@ -169,7 +193,11 @@ def encode_message(m: TaskMessage) -> bytes:
 
 
 def decode_message(raw: bytes) -> TaskMessage:
+    """encode_message's task; ValueError, KeyError or TypeError for what is not one."""
     d = orjson.loads(raw)
+    if not all(isinstance(d[name], str) for name in ("id", "type", "queue", "payload")) or \
+            not isinstance(d["headers"], dict):
+        raise ValueError("not a step's task")
     payload = base64.b64decode(d["payload"]) if d["binary"] else d["payload"].encode()
     return TaskMessage(
         id=d["id"], type=d["type"], queue=d["queue"], payload=payload, headers=d["headers"],

@@ -207,6 +207,9 @@ class AttemptState:
     fetched_at: float | None = None  # when it entered the buffer (monotonic), while it waits
     own_limit: str | None = None  # the worker's own route limit it counts under, while it runs
     counted: bool = False  # the throughput counter counted its outcome
+    # why it could not be built from what Redis keeps (a stored option that is not a
+    # number): it ends dead without its handler running
+    unreadable: Exception | None = None
 
 
 class Task:

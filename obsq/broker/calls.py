@@ -54,7 +54,7 @@ from obsq.broker.connection import create_client, kept_connection
 from obsq.broker.diagnosis import acl_advice, hint, reason, safe
 from obsq.broker.keys import EventKeys, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.broker.scripts import Script, script_names, scripts
-from obsq.broker.wire import argv
+from obsq.broker.wire import REPLIES, argv, as_text
 from obsq.clock import REDIS_CLOCK, Clock
 from obsq.errors import BrokerError, BrokerTimeout, ConfigurationError, denied_by_acl
 from obsq.names import is_seconds, seconds_rule
@@ -231,6 +231,15 @@ class RedisCalls:
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return await self._guard(name, self.runner.call(scripts()[name], keys, args))
+
+    @staticmethod
+    def said_aside(queue: str, script: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Say each record the script set aside in the queue's junk (set_aside): once, as
+        the script took it out of the place where it was found."""
+        for row in REPLIES[script].rows_of("aside", rows):
+            log.warning("queue %s: set %s aside in the queue's junk: %s; the rest goes on "
+                        "(`obsq doctor` lists the junk)", queue, as_text(row.name),
+                        as_text(row.why or b""))
 
     async def _producer_script(self, name: str, keys: Sequence[str], args: Sequence[Any]
                                ) -> Any:

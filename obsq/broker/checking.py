@@ -1,7 +1,8 @@
 """What `obsq doctor` (obsq/ops/doctor.py) asks of Redis: one bounded step of a queue's
 invariants per call of doctor.lua (a window of a list or zset, of the leases, of the active
-hash, the counters against what they count), the ordering-key lists found by SCAN, and the
-repairs that re-check what they mend in the same script."""
+hash, of the stored options, the counters against what they count, the junk set aside),
+the ordering-key lists found by SCAN, and the repairs that re-check what they mend in the
+same script."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from obsq.broker.calls import RedisCalls
-from obsq.broker.wire import argv, as_text
+from obsq.broker.wire import argv, as_count, as_text
 from obsq.schedule import parse_claim
 
 # A queue's lists and zsets of task ids, by the state their tasks' hashes must name ('':
@@ -45,12 +46,54 @@ class Checking(RedisCalls):
         return reply[0], [_finding(r) for r in reply[1:]]
 
     async def check_owners(self, queue: str, cursor: str, count: int
-                           ) -> tuple[str, list[str]]:
-        """(next cursor, '0' at the end; ids in the active hash without a lease)."""
+                           ) -> tuple[str, list[tuple[str, str]]]:
+        """(next cursor, '0' at the end; the attempts in the active hash without a lease, as
+        (id, "<fence>:<worker>"))."""
         k = self.keys(queue)
-        reply = await self._script("doctor", (k.lease, k.active),
-                                   argv("doctor", step="owners", cursor=cursor, count=count))
-        return as_text(reply[0]), [as_text(i) for i in reply[1:]]
+        cursor_raw, *pairs = await self._script("doctor", (k.lease, k.active), argv(
+            "doctor", step="owners", cursor=cursor, count=count))
+        return as_text(cursor_raw), [(as_text(i), as_text(o))
+                                     for i, o in zip(pairs[::2], pairs[1::2])]
+
+    async def lease_unleased(self, queue: str, ids: Sequence[str]) -> int:
+        """Give the attempts of the active hash among `ids` that still have no lease one
+        that ended, for the recoverer's path to take back; how many."""
+        k = self.keys(queue)
+        return await self._script("doctor", (k.lease, k.active),
+                                  argv("doctor", step="unleased", attempts=ids)) if ids else 0
+
+    async def stored_options(self, queue: str, key: str, offset: int, count: int
+                             ) -> tuple[int, list[tuple[str, bytes]]]:
+        """(length of the queue's list `key`, (id, stored options) of those among `count`
+        ids from `offset` that have options)."""
+        length, *pairs = await self._script("doctor", (self.keys(queue).pending, key), argv(
+            "doctor", step="options", offset=offset, count=count))
+        return length, [(as_text(i), o) for i, o in zip(pairs[::2], pairs[1::2])]
+
+    async def bury(self, queue: str, ids: Sequence[str], why: str) -> int:
+        """End the tasks among `ids` still in a pending list dead, with `why`."""
+        return await self._script("doctor", (self.keys(queue).pending,),
+                                  argv("doctor", step="bury", why=why, ids=ids)) if ids else 0
+
+    async def set_aside(self, queue: str, key: str, kind: str, ids: Sequence[str]) -> int:
+        """Set aside in the queue's junk the ids among `ids` whose key holds no hash, out of
+        the queue's list or zset `key` (its kind as drop_missing's)."""
+        if not ids:
+            return 0
+        return await self._script("doctor", (self.keys(queue).pending, key),
+                                  argv("doctor", step="aside", kind=kind, ids=ids))
+
+    async def junk(self, queue: str, cursor: str, count: int
+                   ) -> tuple[str, list[tuple[str, int, str]]]:
+        """A step of the queue's junk: (next cursor, '0' at the end; [(the record's key
+        name in the queue, when it was set aside (ms), why)])."""
+        cursor_raw, *pairs = await self._script("doctor", (self.keys(queue).pending,), argv(
+            "doctor", step="junk", cursor=cursor, count=count))
+        found = []
+        for name, value in zip(pairs[::2], pairs[1::2]):
+            at, _, why = as_text(value).partition(" ")
+            found.append((as_text(name), as_count(at.encode()), why))
+        return as_text(cursor_raw), found
 
     async def ordering_keys(self, queue: str, count: int) -> list[str]:
         """The ordering keys with a list in the queue (SCAN in steps of `count`)."""
@@ -84,12 +127,14 @@ class Checking(RedisCalls):
         return await self._script("doctor", (self.keys(queue).pending, key),
                                   argv("doctor", step="drop", kind=kind, ids=ids))
 
-    async def unmarked_levels(self, queue: str, mark: bool = False) -> list[str]:
-        """The priorities whose pending list holds tasks while `levels` does not name them
-        (no worker would fetch those); `mark`: name them."""
-        reply = await self._script("doctor", (self.keys(queue).pending,),
-                                   argv("doctor", step="levels", mark="1" if mark else "0"))
-        return [as_text(level) for level in reply]
+    async def check_levels(self, queue: str, mend: bool = False
+                           ) -> tuple[list[str], list[str]]:
+        """(the priorities whose pending list holds tasks while `levels` does not name them:
+        no worker would fetch those; the members of `levels` that are not 1 to 9); `mend`:
+        name the first, set the others aside as a fetch does."""
+        unmarked, strays = await self._script("doctor", (self.keys(queue).pending,), argv(
+            "doctor", step="levels", mark="1" if mend else "0"))
+        return [as_text(p) for p in unmarked], [as_text(p) for p in strays]
 
     async def settle_counter(self, counter: str, expected: int, value: int) -> bool:
         """Set a counter to `value` if it still reads `expected`."""

@@ -41,6 +41,9 @@ KEY_NAMES = {
     "inbox": "inbox:",  # list of watched tasks' ends for a client
     "unique": "unique:",  # a unique task's digest -> its id, for its unique_for
     "memory_budget": "memok",  # enqueue's budget below the producers' share (above_share)
+    # hash: a record a script could not read (a task's key holding no hash, a pending list
+    # of no priority), by its key's name in the queue -> "<ms> <why>" (set_aside)
+    "junk": "junk",
     # route limits and ordering keys (_prelude_limits.lua)
     "running": "running:",  # set of a route slot's running ids
     "rate": "rate:",  # a route slot's rate window
@@ -77,6 +80,7 @@ KEY_NAMES = {
     "flow": "flow",
     "results": "res",
     "launching": "launching",
+    "flow_ended": "ended",
     # the events' ("<ns>:{events}:"); EventKeys says what each holds
     "subscribed": "subscribed",
     "subscribers": "sub:",
@@ -108,6 +112,7 @@ class QueueKeys:
         "fence",
         "group_types",
         "grouped",
+        "junk",
         "lease",
         "levels",
         "paused",
@@ -144,6 +149,7 @@ class QueueKeys:
         self.grouped = prefix + KEY_NAMES["grouped"]
         self.batches = prefix + KEY_NAMES["batches"]
         self.waiting = prefix + KEY_NAMES["waiting"]
+        self.junk = prefix + KEY_NAMES["junk"]
 
     def pending_of(self, priority: int) -> str:
         """The list of the pending tasks of a priority."""
@@ -182,8 +188,8 @@ class QueueKeys:
 
 
 class GlobalKeys:
-    __slots__ = ("dataset", "flow_look", "flows", "namespace", "partitions", "queues",
-                 "workers")
+    __slots__ = ("dataset", "flow_junk", "flow_look", "flows", "namespace", "partitions",
+                 "queues", "workers")
 
     def __init__(self, namespace: str) -> None:
         self.namespace = namespace
@@ -198,6 +204,9 @@ class GlobalKeys:
         # written, and -> when the flow sweep looks at it next (ms)
         self.flows = f"{namespace}:{{flows}}:index"
         self.flow_look = f"{namespace}:{{flows}}:look"
+        # hash flow id -> "<ms> <why>": the flows whose record could not be read, or was
+        # gone while they ran, set aside (flow_index.lua)
+        self.flow_junk = f"{namespace}:{{flows}}:flowjunk"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.namespace}:worker:{worker_id}"  # hash describing a live worker
@@ -237,7 +246,7 @@ class FlowKeys:
     a step's end and decides the next (scripts/_prelude_flows.lua). A queue named
     "flow:<id>" would share it: flow ids are 32 random hex digits."""
 
-    __slots__ = ("flow", "launching", "results")
+    __slots__ = ("ended", "flow", "launching", "results")
 
     def __init__(self, namespace: str, flow_id: str) -> None:
         prefix = f"{namespace}:{{flow:{flow_id}}}:"
@@ -247,6 +256,9 @@ class FlowKeys:
         self.results = prefix + KEY_NAMES["results"]
         # set of steps decided and not yet enqueued
         self.launching = prefix + KEY_NAMES["launching"]
+        # exists from the flow's end until an hour past its keys (end_flow): a flow gone
+        # without it did not end, its record was deleted
+        self.ended = prefix + KEY_NAMES["flow_ended"]
 
 
 class EventKeys:

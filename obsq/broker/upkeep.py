@@ -78,6 +78,8 @@ class Upkeep(RedisCalls):
             "recover", (k.lease, k.pending, k.dead, k.wake, k.active),
             argv("recover", max_recoveries=max_recoveries, batch=batch, cursor=cursor,
                  lost=lost_workers)))
+        if r.aside:
+            self.said_aside(queue, "recover", r.aside)
         return (r.requeued, r.killed,
                 r.cursor.decode() if isinstance(r.cursor, bytes) else str(r.cursor),
                 int(r.ends_in) / 1000 if int(r.ends_in) >= 0 else None)
@@ -94,19 +96,27 @@ class Upkeep(RedisCalls):
             calls.append(("forward", (k.by_state(state), k.pending, k.wake),
                           argv("forward", batch=batch, scheduled=1 if state == "scheduled" else 0)))
         shape = REPLIES["forward"]
-        return [(r.moved, int(r.next_due) / 1000 if int(r.next_due) >= 0 else None)
-                for r in map(shape.head_of, await self._scripts(calls))]
+        swept = []
+        for (queue, _), r in zip(sets, map(shape.head_of, await self._scripts(calls))):
+            if r.aside:
+                self.said_aside(queue, "forward", r.aside)
+            swept.append((r.moved, int(r.next_due) / 1000 if int(r.next_due) >= 0 else None))
+        return swept
 
     async def cleanup(self, queue: str, dead_max_age: float, dead_max_count: int,
                       batch: int) -> int:
-        """Delete the tasks past their retention or dead limits and forget the remembered
-        ids past the dedup window or count -> entries removed (a full batch: call again)."""
+        """Delete the tasks past their retention or dead limits, forget the remembered
+        ids past the dedup window or count, and delete the junk as old as the dead tasks
+        deleted -> entries removed (a full batch: call again)."""
         k = self.keys(queue)
-        return await self._script("cleanup", (k.completed, k.dead, k.cancelled, k.ended),
-                                  argv("cleanup", dead_age=int(dead_max_age * 1000),
-                                       dead_count=dead_max_count, batch=batch,
-                                       window=int(self.dedup_window * 1000),
-                                       max_ids=self.dedup_max_ids))
+        r = REPLIES["cleanup"].head_of(await self._script(
+            "cleanup", (k.completed, k.dead, k.cancelled, k.ended),
+            argv("cleanup", dead_age=int(dead_max_age * 1000), dead_count=dead_max_count,
+                 batch=batch, window=int(self.dedup_window * 1000),
+                 max_ids=self.dedup_max_ids)))
+        if r.aside:
+            self.said_aside(queue, "cleanup", r.aside)
+        return r.deleted
 
     async def try_lock(self, name: str, owner: str, ttl: float) -> bool:
         """Take or keep a short lock so one process at a time runs a sweep."""

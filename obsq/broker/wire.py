@@ -239,9 +239,10 @@ LAYOUTS: dict[str, Layout] = {
     "doctor": modes("step", list="offset count state field value",
                     zset="offset count state field value",
                     held="offset count state field value", lease="offset count grace",
-                    owners="cursor count", ord="keys...", counters="",
-                    drop="kind ids...", settle="expected wanted",
-                    levels="mark"),  # mark: '1' to name them
+                    owners="cursor count", options="offset count", junk="cursor count",
+                    ord="keys...", counters="", drop="kind ids...", aside="kind ids...",
+                    unleased="attempts...", bury="why ids...", settle="expected wanted",
+                    levels="mark"),  # mark: '1' to mend them
     "due_fires": Layout("limit"),
     "end_batch": Layout("batch fence "
                         "outcome "  # 'done' or 'failed'
@@ -265,6 +266,8 @@ LAYOUTS: dict[str, Layout] = {
                         due="until count",  # until: ms
                         page="offset count",
                         set="to ids...",  # to: the ids' next look, ms
+                        junk="id why",  # set it aside
+                        junked="cursor count",  # a step of the flows set aside
                         remove="gone..."),
     "flow_launched": Layout("steps..."),
     "flow_previous": Layout("step"),
@@ -343,7 +346,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "flow_cancel": ("flow results launching",),
     "flow_create": ("flow launching",),
     "flow_ends": ("flow_inbox",),
-    "flow_index": ("flows flow_look",),
+    "flow_index": ("flows flow_look flow_junk",),
     "flow_launched": ("flow launching",),
     "flow_previous": ("flow results",),
     "flow_state": ("flow results",),
@@ -399,18 +402,23 @@ def key_constants(script: str) -> dict[str, int]:
 # as '').
 DEQUEUE_TASK = ("id", "fence", "type", "payload", "headers", "options", "retried", "due_ms",
                 "id_chosen", "ordering_key", "waited", "slot", "binary", "suspect", "priority")
+# The records a script set aside in its queue's junk (set_aside, _prelude.lua): each one's
+# key name in the queue and why.
+ASIDE = ("name", "why")
 REPLIES: dict[str, Reply] = {
     "claim_batches": Reply(("wait",  # until the next group or batch is due; -1: none
                             "batches"), rows={
         "batches": ("id", "type", "group", "fence", "failures", "tasks"),
         "tasks": ("id", "payload", "headers", "binary")}),
+    "cleanup": Reply(("deleted", "aside"), rows={"aside": ASIDE}),
     "delete": Reply(("deleted", "left")),  # of a purge step (an id's returns its state)
     "dequeue": Reply(("now", "dropped",  # ids whose hash was gone
                       "count",
                       # the rank of the best task left (due - priority * aging), '' when
                       # none is left or it was not asked for
-                      "ahead"), DEQUEUE_TASK, count_in="count",
-                     tail=("type", "why")),  # a task held back: 'concurrency' or 'rate'
+                      "ahead", "aside"), DEQUEUE_TASK, count_in="count",
+                     tail=("type", "why"),  # a task held back: 'concurrency' or 'rate'
+                     rows={"aside": ASIDE}),
     # the refused tasks only: a task's position in the batch (1-based), and 'id' or
     # 'unique:<id of the task holding the digest>'
     "enqueue": Reply((), ("position", "refusal")),
@@ -430,11 +438,16 @@ REPLIES: dict[str, Reply] = {
                          "failed", "error", "steps", "completed", "written", "ended",
                          "current",  # the step launched last, '' for none
                          "current_queue",
-                         "result")),  # the last step's
+                         "result",  # the last step's
+                         # why a flow gone or unreadable is a fault (flow_trouble), or ''
+                         "trouble")),
     "flow_step": Reply(("state",  # '' when the flow is gone
                         # a flag: this call ended the flow, or is the first to record a
                         # step's end since its Client cancelled it
-                        "ended"),
+                        "ended",
+                        # why the flow cannot be moved on (gone before it ended, a key
+                        # holding no hash, a field that does not parse), or ''
+                        "trouble"),
                        ("step", "task")),  # each step to launch, with its task
     "groups": Reply(("now", "total", "next_offset",  # -1: none
                      "batch_total", "next_batch",  # -1: none
@@ -445,7 +458,8 @@ REPLIES: dict[str, Reply] = {
                           "batches": ("id", "claim_end", "type", "group", "ids", "owner",
                                       "failures", "error")}),
     "forward": Reply(("moved",
-                      "next_due")),  # until the set's next task is due; -1: it is empty
+                      "next_due",  # until the set's next task is due; -1: it is empty
+                      "aside"), rows={"aside": ASIDE}),
     "page": Reply(("total", "next_offset"),  # -1: none
                   ("id", "score", "type", "retried", "enqueued", "due", "done",
                    "error", "payload",  # their heads
@@ -454,7 +468,8 @@ REPLIES: dict[str, Reply] = {
                    "priority")),  # '' for 0
     "recover": Reply(("requeued", "killed",
                       "cursor",  # the next, '0' at the end
-                      "ends_in")),  # until the next lease ends; -1: none
+                      "ends_in",  # until the next lease ends; -1: none
+                      "aside"), rows={"aside": ASIDE}),
     "revive": Reply(("moved", "left"),  # left in the set
                     ("missing",)),  # the ids given that were not in the set
     "schedules": Reply(("now",), ("name", "next", "definition",

@@ -85,6 +85,9 @@ class Working(RedisCalls):
             log.warning("%d id(s) in queue %s had no task data (deleted outside obsq); "
                         "skipped", reply[1], queue)
         shape = REPLIES["dequeue"]
+        aside = reply[shape.head.index("aside")]
+        if aside:
+            self.said_aside(queue, "dequeue", aside)
         end = len(shape.head) + reply[shape.head.index("count")] * len(shape.item)
         tasks = [_read_task(reply, i) for i in range(len(shape.head), end, len(shape.item))]
         held = tuple((as_text(t), as_text(why)) for t, why in shape.tail_of(reply))

@@ -19,7 +19,7 @@ from obsq.broker import FetchedTask
 from obsq.broker.calls import Deadlines
 from obsq.engine.pools import make_pool
 from obsq.engine.pools.base import UnsentResult, handler_traceback, raised_at, timed_out
-from obsq.errors import PayloadError, Retry, SkipRetry, UnknownTaskType
+from obsq.errors import PayloadError, Retry, SkipRetry, UnknownTaskType, UnreadableRecord
 from obsq.flow import FLOW_HEADER
 from obsq.names import queue_of
 from obsq.settings import BACKOFF_BASE, BACKOFF_CAP, DEFAULT_MAX_RETRY, DEFAULT_TIMEOUT
@@ -70,6 +70,28 @@ def default_backoff(retry_count: int) -> float:
 SUCCEEDED = Verdict("success")  # the common verdict, shared (verdicts are not changed)
 
 
+def stored_options(raw: bytes) -> dict[str, Any]:
+    """The options kept in a task's hash (JSON: max_retry, timeout, retention). A blob that
+    is not a JSON object reads as none, and a max_retry or timeout of the wrong kind as
+    absent: the route's defaults stand in. A retention that is not a number of seconds
+    raises UnreadableRecord naming it: a guess would drop a result the producer asked to
+    keep, or keep one it did not."""
+    try:
+        opts = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(opts, dict):
+        return {}
+    retention = opts.get("retention")
+    if retention is not None:
+        try:
+            opts["retention"] = float(retention)
+        except (TypeError, ValueError):
+            raise UnreadableRecord(f"stored option 'retention' is {retention!r}, not a "
+                                   "number of seconds") from None
+    return opts
+
+
 class Executor:
     def __init__(self, app: App, concurrency: int,
                  update_state: Callable[[Task, Any], Coroutine[Any, Any, None]], *,
@@ -87,15 +109,15 @@ class Executor:
     def build_task(self, queue: str, raw: FetchedTask, redis_now_ms: int,
                    asked_at: float) -> Task:
         """`queue`: where it was fetched, a queue or one of its partitions; `asked_at`: when
-        its fetch was asked (monotonic)."""
+        its fetch was asked (monotonic). A task whose stored options cannot be read is
+        built without them, and ends dead unrun (`AttemptState.unreadable`)."""
         route = self.app.route(raw.type)
         kept_in, queue = queue, queue_of(queue)
+        unreadable = None
         try:
-            opts = orjson.loads(raw.options) if raw.options else {}
-        except orjson.JSONDecodeError:
-            opts = {}  # a tampered option blob: fall back to the route's defaults
-        if not isinstance(opts, dict):
-            opts = {}
+            opts = stored_options(raw.options)
+        except UnreadableRecord as exc:
+            opts, unreadable = {}, exc
         max_retry = opts.get("max_retry")
         timeout = opts.get("timeout")
         return Task(
@@ -106,19 +128,23 @@ class Executor:
             binary=raw.binary, priority=raw.priority,
             attempt=AttemptState(fence=raw.fence, slot=raw.slot, id_chosen=raw.id_chosen,
                                  suspect=raw.suspect, asked_at=asked_at,
-                                 flow_step=FLOW_HEADER_KEY in raw.headers),
+                                 flow_step=FLOW_HEADER_KEY in raw.headers,
+                                 unreadable=unreadable),
             max_retry=max_retry if isinstance(max_retry, int) else
             (route.max_retry if route and route.max_retry is not None else DEFAULT_MAX_RETRY),
             timeout=timeout if isinstance(timeout, (int, float)) and timeout > 0 else
             (route.timeout if route and route.timeout else DEFAULT_TIMEOUT),
-            retention=float(opts.get("retention") or 0),
+            retention=opts.get("retention") or 0.0,
             wait_seconds=max(redis_now_ms - raw.due_ms, 0) / 1000 if raw.due_ms else 0.0,
             update_state=self.update_state)
 
     async def run(self, task: Task) -> Verdict:
         """Run the attempt; every exception becomes a verdict, cancellation propagates. A
         task of a type with no route never enters the chain: it is handed on to a worker
-        that knows the type (a newer version, in a rolling deploy), no retry spent."""
+        that knows the type (a newer version, in a rolling deploy), no retry spent; one
+        that could not be built ends dead unrun."""
+        if task._attempt.unreadable is not None:
+            return Verdict("dead", error=task._attempt.unreadable)
         if self.app.route(task.type) is None:
             return Verdict("handed_on", error=UnknownTaskType(
                 f"no handler is registered for task type {task.type!r}"))

@@ -4,7 +4,8 @@ launches what follows (obsq/producer/flow_steps.py), at once when this worker en
 FLOW_SWEEP_INTERVAL for the ends of every queue (those of a killed worker, of a step
 cancelled or deleted by an operator), in the one worker holding the sweep's lock. The sweep
 also launches the first steps of flows whose producer died before it enqueued them, and
-forgets the index entries of flows gone."""
+forgets the index entries of flows gone after their end; a flow it cannot move on costs
+only itself (obsq/producer/flow_steps.py sets it aside)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from obsq.app import Hooks
 from obsq.background import BackgroundLoop
 from obsq.broker import Broker
 from obsq.engine.execution import Verdict
-from obsq.errors import BrokerError
+from obsq.errors import BrokerError, UnreadableRecord
 from obsq.flow import FLOW_BATCH, FLOW_SWEEP_INTERVAL, previous_value, step_of
-from obsq.producer.flow_steps import record_ends, relaunch
+from obsq.producer.flow_steps import record_ends, relaunch, set_aside
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
@@ -96,11 +97,20 @@ class FlowLoop(BackgroundLoop):
                 return
 
     async def sweep(self) -> None:
-        """The flows due a look: launch what they left launching, look again later."""
+        """The flows due a look: launch what they left launching, look again later. A flow
+        that cannot be moved on, and an index entry that is no flow id, are set aside."""
         now = self.broker.clock.time()
         for raw in await self.broker.index_flows("due", int(now * 1000), FLOW_BATCH):
-            flow_id = raw.decode()
-            state = await relaunch(self.broker, flow_id)
+            try:
+                flow_id = raw.decode()
+            except UnicodeDecodeError:
+                await set_aside(self.broker, raw, "not a flow id (its bytes are no text)")
+                continue
+            try:
+                state = await relaunch(self.broker, flow_id)
+            except UnreadableRecord as exc:
+                await set_aside(self.broker, flow_id, exc)
+                continue
             if not state:
                 await self.broker.index_flows("remove", flow_id)
             else:

@@ -1,7 +1,9 @@
 """Maintenance sweeps that keep the queues healthy whichever workers come and go: the
 forwarder (due scheduled and retried tasks -> pending), the recoverer (tasks of lost workers
-and expired leases -> pending) and the janitor (retention). Every worker runs them; a short
-lock per sweep lets one process at a time do the work."""
+and expired leases -> pending) and the janitor (retention, and what was set aside as junk).
+Every worker runs them; a short lock per sweep lets one process at a time do the work. A
+record a sweep cannot read (a task's key holding no hash) costs only itself: its script sets
+it aside in the queue's junk and names it, and the broker says so once (`said_aside`)."""
 
 from __future__ import annotations
 
@@ -47,6 +49,24 @@ class Janitor(LockedLoop):
             while deleted >= SWEEP_BATCH:
                 deleted = await self.broker.cleanup(queue, self.dead_max_age,
                                                     self.dead_max_count, SWEEP_BATCH)
+        await self._forget_flows_set_aside()
+
+    async def _forget_flows_set_aside(self) -> None:
+        """The flows set aside as long ago as the dead tasks deleted go, with their keys (a
+        queue's junk goes in cleanup)."""
+        until = (self.clock.time() - self.dead_max_age) * 1000
+        cursor = "0"
+        while True:
+            cursor, found = await self.broker.flows_set_aside(cursor, SWEEP_BATCH)
+            for flow_id, at, _ in found:
+                if at >= until:
+                    continue
+                try:
+                    await self.broker.delete_flow(flow_id.decode())
+                except UnicodeDecodeError:  # no flow's id: no keys of its own
+                    await self.broker.index_flows("remove", flow_id)
+            if cursor == "0":
+                return
 
 
 log = logging.getLogger("obsq")

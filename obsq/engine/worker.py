@@ -220,7 +220,9 @@ class Worker:
         self.slots.stopped.set()
 
     def describe(self) -> dict[str, Any]:
-        """What the heartbeat publishes in Redis, and the endpoint's status shows."""
+        """What the heartbeat publishes in Redis, and the endpoint's status shows; `stalled`:
+        the seconds its event loop and its fetch loop stand still now (0 while they run),
+        which `obsq doctor` reports when the heartbeat goes on regardless."""
         return {"id": self.id, "host": socket.gethostname(), "pid": os.getpid(),
                 "queues": self.queues, "served": self.served.names,
                 "partitions": self.served.declared,
@@ -230,7 +232,10 @@ class Worker:
                 "subscriptions": [sub.task_type for sub in self.subscriptions],
                 "pool": self.settings.pool, "stuck": self.health().stuck_slots,
                 "maxmemory_policy": (self._liveness.heartbeat.memory_policy
-                                     if self._liveness else None)}
+                                     if self._liveness else None),
+                "stalled": {"event_loop": round(self._liveness.monitor.lag(), 1)
+                            if self._liveness else 0.0,
+                            "fetch_loop": round(self.fetching.stalled(), 1)}}
 
     def health(self) -> WorkerHealth:
         """How the worker is; safe to call from another thread (the HTTP endpoint's)."""

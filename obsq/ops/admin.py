@@ -97,12 +97,14 @@ def add_commands(command: Command, handler: Callable[[argparse.Namespace], int])
     groups.add_argument("--app", metavar="MODULE:APP",
                         help="the App, to show when each group is due by its aggregator")
     doctor = looking("doctor", "check the namespace's invariants (counters, ids with no task, "
-                     "orphaned attempts); exit 1 naming each problem. Work that waits while "
-                     "they hold (a queue no worker serves, types no worker handles) is a "
-                     "notice, exit 0, and so are OTEL_* variables here that ask to export "
-                     "spans with no exporter installed")
+                     "records that cannot be read, orphaned attempts, flows that cannot move "
+                     "on, workers whose loops stand still); exit 1 naming each problem. Work "
+                     "that waits while they hold (a queue no worker serves, types no worker "
+                     "handles), what was set aside as junk, and OTEL_* variables here that ask "
+                     "to export spans with no exporter installed are notices, exit 0")
     doctor.add_argument("--repair", action="store_true", help="mend what can be mended "
-                        "safely, say what was done, and check again")
+                        "safely (set aside what cannot be read), say what was done, and "
+                        "check again")
     doctor.add_argument("--strict", action="store_true", help="exit 1 on a notice too")
     looking("workers", "live workers: host, pid, queues, busy slots, last heartbeat")
     looking("schedules", "schedule entries: spec, timezone, missed policy, next and last fire")
@@ -352,7 +354,7 @@ async def doctor(inspector: Inspector, args: argparse.Namespace, out: Output) ->
         await healer.repair(found)
         repairs, found = found.repairs, await healer.diagnose()
         found.repairs = repairs
-    notices = await stalls(inspector)
+    notices = await healer.set_aside(found.queues) + await stalls(inspector)
     from obsq.observability.tracing import missing_for_export
 
     unexported = missing_for_export()  # the OTEL_* variables here, as a worker here reads them

@@ -1,16 +1,18 @@
 """`obsq doctor`: a namespace's invariants checked queue by queue (each partition of a
 partitioned queue as a queue: it has every key of one; it is named after its queue), in
 bounded steps, and what of them can be mended safely. What it checks, per queue: every id
-of `pending`, the leases and the state zsets has a task hash whose state is that of the
-key it sits in (and of `pending:<p>`, whose priority is p, each named in `levels` while it
-holds tasks); every id a route limit holds (in a sorted set, or an earlier version's list)
-or of an ordering key's list has a task naming that pattern or key; `waiting` counts the
-held tasks and those behind the first of each ordering key; `grouped` counts the tasks in
-groups and in batches; no attempt is in `active` without a lease, nor holds a lease that
-ended long ago while its worker is lost.
-Per namespace: no running flow waits for a step whose task is gone; as information (the
-engine mends these by itself): schedule fires claimed and not confirmed, lapsed
-subscriptions, flow steps' ends not yet recorded and steps left launching.
+of `pending`, the leases and the state zsets has a task hash (not a key of another type)
+whose state is that of the key it sits in (and of `pending:<p>`, whose priority is p, each
+named in `levels` while it holds tasks, and `levels` names only priorities 1 to 9); the
+options stored with each pending task read as a worker reads them; every id a route limit
+holds (in a sorted set, or an earlier version's list) or of an ordering key's list has a
+task naming that pattern or key; `waiting` counts the held tasks and those behind the first
+of each ordering key; `grouped` counts the tasks in groups and in batches; no attempt is in
+`active` without a lease, nor holds a lease that ended long ago while its worker is lost.
+Per namespace: the flows and the live workers (obsq/ops/doctor_namespace.py); as
+information (the engine mends these by itself): schedule fires claimed and not confirmed,
+lapsed subscriptions, flow steps' ends not yet recorded and steps left launching; as
+notices, what the workers and --repair set aside.
 
 States the engine repairs within its sweep intervals (a lease that just ended, a lost
 worker's attempts before the recoverer's next pass) are not problems: an attempt counts as
@@ -21,20 +23,20 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from obsq.broker import Broker
 from obsq.broker.checking import ID_KEYS, Finding
 from obsq.broker.wire import EndEntry
-from obsq.errors import UnknownTaskType
-from obsq.flow import FlowInfo
+from obsq.engine.execution import stored_options
+from obsq.errors import UnknownTaskType, UnreadableRecord
 from obsq.inspection.inspector import Inspector
 from obsq.inspection.partition_view import readable
+from obsq.ops.doctor_namespace import EXAMPLES, STEP, aside_notices, check_flows, stalled_workers
 from obsq.producer.flow_steps import record_ends
 from obsq.settings import WorkerSettings
 from obsq.task import PRIORITIES
 
-STEP = 1000  # ids per script call: bounds how long one step holds Redis
-EXAMPLES = 5  # ids named per problem
 ORPHAN_GRACE = 60.0  # seconds past a lease's end before a lost worker's attempt is reported
 HANDED_ON_SAMPLE = 200  # scheduled tasks of a queue read for those handed on
 
@@ -47,10 +49,13 @@ class Problem:
     what: str
     count: int
     examples: list[str]
-    repair: str = ""  # what --repair does: drop, recover, count, mark ('': nothing safe)
+    # what --repair does: drop, aside, recover, unleased, bury, count, mark, unlevel, fail,
+    # flow_aside ('': nothing safe)
+    repair: str = ""
     key: str = ""  # the list or zset the ids are in, and its kind ('lease' for the leases)
     kind: str = ""
-    ids: list[str] = field(default_factory=list, repr=False)  # every id found, for repair
+    ids: list[Any] = field(default_factory=list, repr=False)  # every id found, for repair
+    whys: list[str] = field(default_factory=list, repr=False)  # each one's, to record
 
     def line(self) -> str:
         shown = ", ".join(self.examples)
@@ -103,63 +108,20 @@ class Doctor:
         problems: list[Problem] = []
         for queue in queues:
             problems += await self.examine(queue)
-        lost, notes = await self.flows(queues)
-        return Diagnosis(self.broker.namespace, queues, problems + lost,
-                         await self.notes() + notes)
+        found, notes = await check_flows(self.broker, queues)
+        problems += [Problem("flows", what, len(ids), examples,
+                             "flow_aside" if whys else "fail", ids=ids, whys=whys)
+                     for what, examples, ids, whys in found]
+        stalled, said = await stalled_workers(self.broker)
+        if stalled:
+            problems.append(Problem("workers", "live workers whose event loop or fetch loop "
+                                    "stands still (they serve nothing)", len(stalled),
+                                    said[:EXAMPLES], ids=stalled))
+        return Diagnosis(self.broker.namespace, queues, problems, await self.notes() + notes)
 
-    async def flows(self, queues: list[str]) -> tuple[list[Problem], list[str]]:
-        """The flows: a running flow's enqueued step whose task is gone with no end waiting
-        in its queue's flow inbox can never end (a problem; --repair records it dead, which
-        fails the flow); ends waiting in flow inboxes, steps left launching and index entries
-        of flows gone are information (the workers' FlowLoop mends them)."""
-        waiting: set[str] = set()
-        notes = []
-        for queue in queues:
-            entries = await self.broker.flow_ends(queue, STEP)
-            waiting |= {EndEntry.read(e).id for e in entries}
-            if entries:
-                notes.append(f"{readable(queue)}: {len(entries)} flow step end(s) not yet "
-                             "recorded in "
-                             "their flow (a worker's FlowLoop records them)")
-        gone, launching, suspects = 0, 0, []
-        for flow_id in await self._flow_ids():
-            summary = await self.broker.flow_state(flow_id)  # its steps only when running
-            info = await self._flow(flow_id) if summary and summary.state == "running" else None
-            if summary is None:
-                gone += 1
-            if info is None or info.state != "running":
-                continue
-            launching += sum(s.state == "launching" for s in info.steps)
-            enqueued = [s for s in info.steps if s.state == "enqueued" and s.id not in waiting]
-            found = await self.broker.tasks_exist([(s.queue, s.id) for s in enqueued])
-            suspects += [(flow_id, s) for s, there in zip(enqueued, found) if not there]
-        lost = []
-        for flow_id, step in suspects:  # read again: its end may have been recorded since
-            info = await self._flow(flow_id)
-            if info is not None and info.state == "running" and \
-                    info.steps[step.index].state == "enqueued" and \
-                    not (await self.broker.tasks_exist([(step.queue, step.id)]))[0]:
-                lost.append(step.id)
-        notes += [f"{gone} flow(s) indexed and gone (the flow sweep forgets them)"] if gone \
-            else []
-        notes += [f"{launching} flow step(s) launching (the flow sweep enqueues them)"] \
-            if launching else []
-        problems = [Problem("flows", "steps of running flows whose task is gone (the flow "
-                            "cannot end)", len(lost), lost[:EXAMPLES], "fail", ids=lost)] \
-            if lost else []
-        return problems, notes
-
-    async def _flow_ids(self) -> list[str]:
-        ids: list[str] = []
-        while True:
-            total, page = await self.broker.flow_page(len(ids), STEP)
-            ids += page
-            if not page or len(ids) >= total:
-                return ids
-
-    async def _flow(self, flow_id: str) -> FlowInfo | None:
-        fields, results = await self.broker.flow_record(flow_id)
-        return FlowInfo.from_record(flow_id, fields, results) if fields else None
+    async def set_aside(self, queues: list[str]) -> list[str]:
+        """Notices of what the workers and --repair set aside (doctor_namespace.aside_notices)."""
+        return await aside_notices(self.broker, queues)
 
     async def examine(self, queue: str) -> list[Problem]:
         """The problems of one queue."""
@@ -173,21 +135,59 @@ class Doctor:
         for priority in PRIORITIES[1:]:  # the pending lists of the other priorities
             await self._ids(queue, k.pending_of(priority), "list", f"pending:{priority}",
                             "pending", found, "pri", str(priority))
+        unmarked, strays = await self.broker.check_levels(queue)
         found.add("priorities whose pending list is not named in levels (not fetched)",
-                  await self.broker.unmarked_levels(queue), "mark")
-        cursor = "0"
-        while True:
-            cursor, unleased = await self.broker.check_owners(queue, cursor, STEP)
-            found.add("attempts in active without a lease", unleased)
-            if cursor == "0":
-                break
+                  unmarked, "mark")
+        found.add("priorities named in levels that are not 1 to 9 (each fetch set them "
+                  "aside; before, every fetch failed)", strays, "unlevel")
+        for priority in PRIORITIES:
+            await self._options(queue, k.pending_of(priority), found)
+        await self._unleased(queue, found)
         await self._counters(queue, found)
         return found.problems()
 
+    async def _options(self, queue: str, key: str, found: _Findings) -> None:
+        """Pending tasks whose stored options a worker cannot read: it would end them dead
+        at once, with the error --repair records (the worker's own)."""
+        offset = 0
+        while True:
+            length, page = await self.broker.stored_options(queue, key, offset, STEP)
+            for task_id, options in page:
+                try:
+                    stored_options(options)
+                except UnreadableRecord as exc:
+                    found.add("pending tasks whose stored options a worker cannot read (it "
+                              "ends them dead unrun)", [task_id], "bury", key,
+                              shown=[f"{task_id}: {exc}"],
+                              whys=[f"{type(exc).__name__}: {exc}"])
+            offset += STEP
+            if offset >= length:
+                return
+
+    async def _unleased(self, queue: str, found: _Findings) -> None:
+        """Attempts in `active` without a lease: a live worker's next extension writes its
+        lease again; a lost worker's is taken back by --repair as the recoverer would."""
+        cursor, unleased = "0", []
+        while True:
+            cursor, page = await self.broker.check_owners(queue, cursor, STEP)
+            unleased += page
+            if cursor == "0":
+                break
+        live = await self.broker.live_workers(sorted({o.split(":", 1)[-1]
+                                                      for _, o in unleased}))
+        found.add("attempts in active without a lease, of workers that are gone",
+                  [i for i, o in unleased if o.split(":", 1)[-1] not in live], "unleased")
+        found.add("attempts in active without a lease, of live workers (their next lease "
+                  "extension writes it again)",
+                  [i for i, o in unleased if o.split(":", 1)[-1] in live])
+
     async def repair(self, diagnosis: Diagnosis) -> None:
         """Mend what can be mended safely, then count again: drop ids with no task behind
-        them, take orphaned attempts back through the recoverer's path, set counters to
-        what they count (last, as dropping a held id changes what `waiting` should be)."""
+        them, set aside what cannot be read (records that are not task hashes, priority
+        levels that are not 1 to 9, flows that cannot be moved on), end tasks whose options
+        cannot be read dead, take orphaned attempts and those without a lease back through
+        the recoverer's path, set counters to what they count (last, as dropping a held id
+        changes what `waiting` should be)."""
         for problem in diagnosis.problems:
             where = readable(problem.queue)
             if problem.repair == "drop":
@@ -195,21 +195,46 @@ class Doctor:
                                                    problem.ids)
                 diagnosis.repairs.append(f"{where}: dropped {n} id(s) with no task "
                                          f"from {problem.key}")
+            elif problem.repair == "aside":
+                n = await self.broker.set_aside(problem.queue, problem.key, problem.kind,
+                                                problem.ids)
+                diagnosis.repairs.append(f"{where}: set {n} record(s) that are not task "
+                                         f"hashes aside from {problem.key} in the queue's junk")
+            elif problem.repair == "bury":
+                n = 0
+                for why in sorted(set(problem.whys)):
+                    n += await self.broker.bury(problem.queue, [
+                        i for i, w in zip(problem.ids, problem.whys) if w == why], why)
+                diagnosis.repairs.append(f"{where}: ended {n} task(s) whose stored options "
+                                         "cannot be read dead, as a worker does")
             elif problem.repair == "fail":
                 await record_ends(self.broker, [
                     EndEntry(task_id, "dead", b"its task was gone (obsq doctor --repair)"
                              ).written() for task_id in problem.ids])
                 diagnosis.repairs.append(f"flows: recorded {len(problem.ids)} step(s) whose "
                                          "task was gone as dead, failing their flow")
-            elif problem.repair == "mark":
-                await self.broker.unmarked_levels(problem.queue, mark=True)
-                diagnosis.repairs.append(f"{where}: named priorities {problem.ids} "
-                                         "in levels")
+            elif problem.repair == "flow_aside":
+                for flow_id, why in zip(problem.ids, problem.whys):
+                    await self.broker.set_flow_aside(flow_id, why)
+                diagnosis.repairs.append(f"flows: set {len(problem.ids)} flow(s) that cannot "
+                                         "be moved on aside")
+            elif problem.repair in ("mark", "unlevel"):
+                await self.broker.check_levels(problem.queue, mend=True)
+                diagnosis.repairs.append(
+                    f"{where}: named priorities {problem.ids} in levels"
+                    if problem.repair == "mark" else f"{where}: set the pending lists of "
+                    f"priorities {problem.ids} aside in the queue's junk")
             elif problem.repair == "recover":
                 n = await self._recover(problem.queue)
                 diagnosis.repairs.append(f"{where}: took back {n} orphaned "
                                          "attempt(s) to pending (or dead past max_recoveries)")
-        for queue in sorted({p.queue for p in diagnosis.problems if p.repair != "fail"}):
+            elif problem.repair == "unleased":
+                await self.broker.lease_unleased(problem.queue, problem.ids)
+                n = await self._recover(problem.queue)
+                diagnosis.repairs.append(f"{where}: took back {n} attempt(s) without a lease "
+                                         "to pending, as the recoverer does")
+        for queue in sorted({p.queue for p in diagnosis.problems
+                             if p.repair not in ("", "fail", "flow_aside")}):
             diagnosis.repairs += await self._recount(queue)
 
     async def notes(self) -> list[str]:
@@ -315,13 +340,13 @@ class _Findings:
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
-        self.found: dict[tuple[str, str, str, str], list[tuple[str, str]]] = {}
+        self.found: dict[tuple[str, str, str, str], list[tuple[str, str, str]]] = {}
         self.counts: dict[str, int] = {}
 
     def add(self, what: str, ids: list[str], repair: str = "", key: str = "", kind: str = "",
-            shown: list[str] | None = None) -> None:
+            shown: list[str] | None = None, whys: list[str] | None = None) -> None:
         into = self.found.setdefault((what, repair, key, kind), [])
-        into += zip(ids, shown or ids)
+        into += zip(ids, shown or ids, whys or [""] * len(ids))
 
     def count(self, what: str, off_by: int) -> None:
         self.counts[what] = off_by
@@ -334,6 +359,10 @@ class _Findings:
             ids = [i for i, _, _ in fs]
             if problem == "missing":
                 self.add(f"ids with no task in {name}", ids, "drop", key, kind)
+            elif problem == "unreadable":
+                self.add(f"records in {name} that are not task hashes (a worker sets them "
+                         "aside)", ids, "aside", key, kind,
+                         shown=[f"{i}={s}" for i, _, s in fs])
             elif problem == "unowned":
                 self.add(f"leases in {name} with no attempt in active", ids)
             else:  # a state, or the field naming the list's pattern or key
@@ -342,8 +371,10 @@ class _Findings:
                          shown=[f"{i}={s or '(none)'}" for i, _, s in fs])
 
     def problems(self) -> list[Problem]:
-        found = [Problem(self.queue, what, len(pairs), [s for _, s in pairs[:EXAMPLES]],
-                         repair, key, kind, [i for i, _ in pairs])
-                 for (what, repair, key, kind), pairs in self.found.items() if pairs]
+        found = [Problem(self.queue, what, len(entries),
+                         [s for _, s, _ in entries[:EXAMPLES]], repair, key, kind,
+                         [i for i, _, _ in entries],
+                         [w for _, _, w in entries] if repair == "bury" else [])
+                 for (what, repair, key, kind), entries in self.found.items() if entries]
         return found + [Problem(self.queue, what, n, [], "count")
                         for what, n in self.counts.items()]

@@ -11,6 +11,8 @@ import time
 from support import wait_until
 
 import obsq
+from obsq import Job, chain
+from obsq.broker import FlowKeys, GlobalKeys, QueueKeys
 
 
 def _app_tasks(app: obsq.App, seen: list[int]) -> None:
@@ -240,3 +242,117 @@ async def test_a_completed_id_past_its_retention_without_its_task_is_no_damage(
     raw_redis.zadd(completed, {"kept-for-an-hour": (time.time() + 3600) * 1000})
     code, out = await obsq_cli("doctor")
     assert code == 1 and "kept-for-an-hour" in out, out
+
+
+async def test_records_that_cannot_be_read_are_named_and_set_aside(
+        client, obsq_cli, raw_redis, namespace) -> None:
+    """Each kind of malformed record a fault-injection run planted, with no worker to meet
+    it: doctor names each (it saw none, and stopped on a string where a task hash belongs
+    with a traceback), --repair sets each aside as a worker would, and what was set aside
+    stays a notice."""
+    k = QueueKeys(namespace, "default")
+    g = GlobalKeys(namespace)
+    await client.enqueue("t", 1)
+    raw_redis.set(k.task("in-pending"), "a string")
+    raw_redis.lpush(k.pending, "in-pending")
+    raw_redis.set(k.task("in-retry"), "a string")
+    raw_redis.zadd(k.retry, {"in-retry": 1})
+    raw_redis.sadd(k.levels, "x")
+    raw_redis.lpush(k.pending + ":x", "stray")
+    unbuildable = await client.enqueue("t", 2)
+    raw_redis.hset(k.task(unbuildable.id), "opts", '{"retention": "x"}')
+    unleased = await client.enqueue("t", 3)
+    raw_redis.lrem(k.pending, 0, unleased.id)
+    raw_redis.hset(k.active, unleased.id, "5:a-worker-gone")
+    malformed = await client.enqueue(chain(Job("t", 4), Job("t", 5)))
+    raw_redis.hset(FlowKeys(namespace, malformed.id).flow, "left:1", "x")
+    deleted = await client.enqueue(chain(Job("t", 6), Job("t", 7)))
+    raw_redis.delete(FlowKeys(namespace, deleted.id).flow)
+    raw_redis.zadd(g.flows, {b"\xff not a flow id": 1})
+
+    code, out = await obsq_cli("doctor")
+    assert code == 1 and "Traceback" not in out, out
+    lines = out.splitlines()
+    for expected in (
+            "default: records in pending that are not task hashes (a worker sets them aside): "
+            "1 (e.g. in-pending=string)",
+            "default: records in retry that are not task hashes (a worker sets them aside): 1 "
+            "(e.g. in-retry=string)",
+            "default: priorities named in levels that are not 1 to 9 (each fetch set them "
+            "aside; before, every fetch failed): 1 (e.g. x)",
+            "default: pending tasks whose stored options a worker cannot read (it ends them "
+            f"dead unrun): 1 (e.g. {unbuildable.id}: stored option 'retention' is 'x', not a "
+            "number of seconds)",
+            "default: attempts in active without a lease, of workers that are gone: 1 "
+            f"(e.g. {unleased.id})"):
+        assert expected in lines, out
+    [flows] = [line for line in lines if line.startswith("flows: flows that cannot be moved")]
+    assert flows.startswith("flows: flows that cannot be moved on (their later steps never "
+                            "run): 3"), flows
+    assert f"{malformed.id}: field left:1" in out and "not a flow id" in out, out
+    assert f"{deleted.id}: its record is gone though it had not ended (deleted outside obsq)" \
+        in out, out
+
+    code, out = await obsq_cli("doctor", "--repair")
+    assert code == 0, out
+    for expected in ("repaired default: set 1 record(s) that are not task hashes aside from "
+                     f"{k.pending} in the queue's junk",
+                     "repaired default: set the pending lists of priorities ['x'] aside in the "
+                     "queue's junk",
+                     "repaired default: ended 1 task(s) whose stored options cannot be read "
+                     "dead, as a worker does",
+                     "repaired default: took back 1 attempt(s) without a lease to pending, as "
+                     "the recoverer does",
+                     "repaired flows: set 3 flow(s) that cannot be moved on aside"):
+        assert expected in out, out
+    assert "notice: default: 3 record(s) set aside in the queue's junk" in out, out
+    assert "notice: flows: 3 flow(s) set aside" in out, out
+    assert {n.decode() for n in raw_redis.hkeys(k.junk)} == {"t:in-pending", "t:in-retry",
+                                                             "pending:x"}
+    assert raw_redis.get(k.task("in-pending")) == b"a string"  # kept to be looked at
+    dead = await client.info(unbuildable.id)
+    assert dead.state == "dead" and "retention" in dead.error, dead
+    assert raw_redis.lrange(k.pending, 0, -1)[-1] == unleased.id.encode()  # first in line
+    assert not raw_redis.hexists(k.active, unleased.id)
+    code, out = await obsq_cli("doctor")
+    assert code == 0 and "no problems, 3 notice(s)" in out, out  # and no worker serves
+    code, out = await obsq_cli("doctor", "--strict")
+    assert code == 1, out
+
+
+async def test_a_worker_whose_fetch_loop_stands_still_is_named(
+        start_worker, obsq_cli, monkeypatch) -> None:
+    """Its heartbeat goes on from its own thread while its fetch loop hangs in a call that
+    never returns: doctor said "no problems"."""
+    monkeypatch.setattr("obsq.ops.doctor_namespace.STALL_LIMIT", 1.0)
+    worker = await start_worker()
+
+    async def hangs(*args: object, **kwargs: object) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(worker.broker, "wait_and_dequeue", hangs)
+    monkeypatch.setattr(worker.broker, "dequeue", hangs)
+    await wait_until(lambda: _stalled(worker.broker, "fetch_loop"), timeout=10,
+                     what="its heartbeat says the fetch loop stands still")
+    code, out = await obsq_cli("doctor")
+    assert code == 1, out
+    assert (f"workers: live workers whose event loop or fetch loop stands still (they serve "
+            f"nothing): 1 (e.g. {worker.id} (fetch loop still for") in out, out
+
+
+async def test_a_worker_whose_event_loop_is_blocked_is_named(
+        client, broker, spawn_worker, obsq_cli, monkeypatch) -> None:
+    """A handler blocking the event loop (a sync call in an async def): the heartbeat
+    thread keeps the worker alive, and doctor names it while the loop stands still."""
+    monkeypatch.setattr("obsq.ops.doctor_namespace.STALL_LIMIT", 1.0)
+    spawn_worker()
+    await wait_until(lambda: broker.workers(), timeout=20, what="the worker started")
+    await client.enqueue("block", {"seconds": 8})
+    await wait_until(lambda: _stalled(broker, "event_loop"), timeout=10,
+                     what="its heartbeat says the event loop stands still")
+    code, out = await obsq_cli("doctor")
+    assert code == 1 and "(event loop still for" in out, out
+
+
+async def _stalled(broker, loop: str) -> bool:
+    return any((w.get("stalled") or {}).get(loop, 0) >= 1.5 for w in await broker.workers())

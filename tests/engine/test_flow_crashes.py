@@ -107,7 +107,7 @@ async def test_a_producer_killed_before_enqueueing_the_first_steps(
         ran.append(task.id)
         return 1
 
-    async def killed(*args: object) -> None:
+    async def killed(*args: object, **kwargs: object) -> None:
         raise asyncio.CancelledError
 
     monkeypatch.setattr("obsq.producer.flow_client.launch", killed)

@@ -9,7 +9,7 @@ import asyncio
 from support import depth, wait_until
 
 import obsq
-from obsq.broker import Broker, GlobalKeys, QueueKeys
+from obsq.broker import Broker, FlowKeys, GlobalKeys, QueueKeys
 from obsq.clock import ManualClock
 from obsq.engine.maintenance import Forwarder
 
@@ -114,3 +114,30 @@ async def test_a_lock_is_taken_by_one_owner_at_a_time(broker: Broker) -> None:
     assert await broker.try_lock("sweep", "b", 0.1)
     await wait_until(lambda: broker.try_lock("sweep", "a", 5), timeout=5)  # b's lapsed
 
+
+
+async def test_the_janitor_deletes_the_junk_with_the_dead_tasks_keeping(
+        app, start_env, raw_redis, namespace) -> None:
+    """What the workers set aside (a queue's junk, the flows set aside) is kept as long as
+    the dead tasks, then deleted with its records; a junk entry naming no record of the
+    kinds set aside goes alone."""
+    env = await start_env(dead_max_age=3600)
+    k, g = QueueKeys(namespace, "default"), GlobalKeys(namespace)
+    await env.client.enqueue("t", delay=7200)  # the queue exists
+    now = int(env.client.broker.clock.time() * 1000)
+    raw_redis.set(k.task("old"), "a string")
+    raw_redis.set(k.task("new"), "a string")
+    raw_redis.rpush(k.pending + ":x", "stray")
+    raw_redis.rpush(k.prefix + "held:x", "by hand")
+    raw_redis.hset(k.junk, mapping={"t:old": f"{now} why", "pending:x": f"{now} why",
+                                    "held:x": f"{now} by hand", "t:new": f"{now + 60_000} why"})
+    flow = FlowKeys(namespace, "0" * 32)
+    raw_redis.set(flow.flow, "a string")
+    raw_redis.hset(g.flow_junk, mapping={"0" * 32: f"{now} why", b"\xff": f"{now} why"})
+    await env.advance(3599)
+    assert raw_redis.hlen(k.junk) == 4 and raw_redis.hlen(g.flow_junk) == 2
+    await env.advance(2)
+    assert raw_redis.hkeys(k.junk) == [b"t:new"] and raw_redis.exists(k.task("new"))
+    assert not raw_redis.exists(k.task("old"), k.pending + ":x", flow.flow)
+    assert raw_redis.exists(k.prefix + "held:x")  # named by hand: no record set aside
+    assert not raw_redis.hlen(g.flow_junk)

@@ -38,6 +38,28 @@ local function int_text(n)
   return string.format('%d', n)
 end
 
+-- A record a script cannot read as its place says it is (a task id whose key holds no hash,
+-- a pending list of no priority) is set aside in the queue's `junk` hash: its key's name in
+-- the queue -> when (ms) and why, the record itself left as found for an operator to read.
+-- The script goes on without it and names it in its reply, for its caller to say once;
+-- `obsq doctor` lists the junk, and the janitor deletes it with its records once it is as
+-- old as the dead tasks it deletes. Returns why.
+local function set_aside(name, why, now)
+  redis.call('HSET', prefix .. @key_junk, name, int_text(now) .. ' ' .. why)
+  return why
+end
+
+-- Task `id`, found in the queue's `where` (a key's name), set aside if its key holds
+-- something other than a hash (`kind`: its TYPE, when known): why, else nil.
+local function task_aside(id, where, now, kind)
+  kind = kind or redis.call('TYPE', task_key(id)).ok
+  if kind == 'hash' or kind == 'none' then
+    return nil
+  end
+  return set_aside(@key_task .. id, 'its record is a ' .. kind .. ', not a task hash (found in '
+                   .. where .. ')', now)
+end
+
 -- Lua's unpack() fails near 8,000 values, so lists of any length go to Redis in slices.
 -- SLICE is even: (score, member) and (field, value) pairs are never split.
 local SLICE = @LUA_SLICE
@@ -135,6 +157,15 @@ local function level_list(pending_key, priority)
   return pending_key
 end
 
+-- A member of `levels` that is not 1 to 9 (written by hand) names no list a fetch can rank:
+-- it leaves `levels`, and its list is set aside. Returns the list's name and why.
+local function level_aside(level, now)
+  redis.call('SREM', prefix .. @key_levels, level)
+  local name = @key_pending .. ':' .. level
+  return name, set_aside(name, "a pending list of priority '" .. level ..
+                         "', which is not 1 to 9 (named in levels): not fetched", now)
+end
+
 -- The priority lists that may hold tasks, highest first (`pending` not among them).
 local function level_lists(pending_key)
   local levels = redis.call('SMEMBERS', prefix .. @key_levels)
@@ -146,10 +177,14 @@ local function level_lists(pending_key)
 end
 
 -- Task `id` joins the pending list of its priority (nil: read from its hash; false: 0): at
--- the head when `first` (it was handed back unfinished), else at the tail.
+-- the head when `first` (it was handed back unfinished), else at the tail. A key holding
+-- no hash reads as priority 0: the dequeue sets it aside.
 local function push_pending(pending_key, id, first, priority)
   if priority == nil then
-    priority = redis.call('HGET', task_key(id), 'pri')
+    priority = redis.pcall('HGET', task_key(id), 'pri')
+    if type(priority) ~= 'string' then
+      priority = false
+    end
   end
   local list = level_list(pending_key, priority)
   if list ~= pending_key then

@@ -61,10 +61,15 @@ end
 -- though, when that ranks before it: a task let out before it and not taken yet (an
 -- attempt's end and a forwarder's pass may each let one out before a fetch). False when
 -- there is nothing to run: its hash deleted by hand, or cancelled by an earlier version
--- (which counted it out of `waiting` itself, and leaves it in its sorted set).
+-- (which counted it out of `waiting` itself, and leaves it in its sorted set); then also
+-- why, when its key holds no hash: it is set aside (task_aside).
 local function let_out(id, place)
   local key = task_key(id)
-  local f = redis.call('HMGET', key, 'state', 'pri', 'due', 'hc')
+  local f = redis.pcall('HMGET', key, 'state', 'pri', 'due', 'hc')
+  if f.err then
+    redis.call('DECR', prefix .. @key_waiting)
+    return false, task_aside(id, @key_held, now_ms())
+  end
   if f[1] == 'cancelled' then
     return false
   end
@@ -94,13 +99,20 @@ local function let_out(id, place)
   return true
 end
 
--- The best task held for `pattern` (the lowest rank, then the first held) is let out.
-local function unhold(pattern)
+-- The best task held for `pattern` (the lowest rank, then the first held) is let out;
+-- `said(id, why)`, when given, is told of each one set aside on the way.
+local function unhold(pattern, said)
   local held = prefix .. @key_held .. pattern
-  local best
+  local best, out, why
   repeat
     best = redis.call('ZPOPMIN', held)[1]
-  until not best or let_out(held_id(best))
+    if best then
+      out, why = let_out(held_id(best))
+      if why and said then
+        said(held_id(best), why)
+      end
+    end
+  until not best or out
   if best then
     wake(prefix .. @key_wake, 1)
   end
@@ -210,7 +222,8 @@ local function release_successor(id, key, now)
   redis.call('DECR', prefix .. @key_waiting)
   redis.call('ZREM', prefix .. @key_ordering_waiting, next_id)
   local next_key = task_key(next_id)
-  local due = tonumber(redis.call('HGET', next_key, 'due')) or now
+  local due = tonumber(redis.pcall('HGET', next_key, 'due')) or now  -- no hash: the dequeue
+  -- sets it aside
   if due > now then
     redis.call('HSET', next_key, 'state', 'scheduled')
     redis.call('ZADD', prefix .. @key_scheduled, due, next_id)

@@ -3,16 +3,24 @@
 -- instead, and a suspect after the first goes back to the head of the queue. A bytes
 -- payload is kept in field 'bin', where a worker that predates them finds no payload and
 -- fails the task instead of misreading it.
+-- A record it cannot read costs only itself: a popped id whose key holds no hash, and a
+-- priority in `levels` that is not 1 to 9, are set aside (set_aside) and named in the
+-- reply; the read of each task is protected (pcall), which costs no more Redis calls.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- The pop comes first, so a Redis at maxmemory lets the script finish.
+local aside = {}
 if redis.call('EXISTS', KEYS[@k_paused]) == 1 then
-  return {[@r_now] = 0, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = ''}
+  return {[@r_now] = 0, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = '', [@r_aside] = aside}
 end
 local now = now_ms()
 
 -- The rank of a task of priority `p` due since `due` (ms, as the hash keeps it).
 local function rank(due, p)
   return (tonumber(due) or now) - p * tonumber(ARGV[@aging])
+end
+
+local function said_aside(name, why)
+  aside[#aside + 1] = {[@r_aside_name] = name, [@r_aside_why] = why}
 end
 
 -- With tasks of priorities other than 0 (their levels named in `levels`): up to `count`
@@ -24,8 +32,8 @@ end
 -- lower, so a run ends at the first whose rank passes that head's (found by halving the
 -- run, from the most still wanted).
 local function by_rank(levels, count, floor)
-  local function ranked(id, p)
-    return rank(redis.call('HGET', task_key(id), 'due'), p)
+  local function ranked(id, p)  -- a key holding no hash ranks as due now: the pop sets it aside
+    return rank(redis.pcall('HGET', task_key(id), 'due'), p)
   end
   local function head(list, p)
     local id = redis.call('LINDEX', list, -1)
@@ -38,11 +46,15 @@ local function by_rank(levels, count, floor)
   end
   local entries = {head(KEYS[@k_pending], 0)}
   for _, level in ipairs(levels) do
-    local entry = head(KEYS[@k_pending] .. ':' .. level, tonumber(level))
-    if entry then
-      entries[#entries + 1] = entry
+    if string.match(level, '^[1-9]$') then
+      local entry = head(KEYS[@k_pending] .. ':' .. level, tonumber(level))
+      if entry then
+        entries[#entries + 1] = entry
+      else
+        redis.call('SREM', prefix .. @key_levels, level)
+      end
     else
-      redis.call('SREM', prefix .. @key_levels, level)
+      said_aside(level_aside(level, now))
     end
   end
   if floor then  -- a list of no tasks, ranked at the floor: the run ends on reaching it
@@ -92,11 +104,12 @@ else
   ids, left = by_rank(levels, tonumber(ARGV[@count]), floor)
 end
 if not ids and left then  -- none ranks before the floor: the tasks wait for their turn
-  return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = int_text(left)}
+  return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = int_text(left),
+          [@r_aside] = aside}
 end
 if not ids then
   redis.call('DEL', KEYS[@k_wake])
-  return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = ''}
+  return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = '', [@r_aside] = aside}
 end
 local limits = ARGV[@limits] ~= '' and cjson.decode(ARGV[@limits]) or nil
 
@@ -159,10 +172,13 @@ local expires = int_text(now + tonumber(ARGV[@lease]))
 local leases, owners, tasks, held = {}, {}, {}, {}
 local dropped, suspects, returned = 0, 0, 0
 for _, id in ipairs(ids) do
-  local f = redis.call('HMGET', task_key(id), 'type', 'payload', 'headers', 'opts', 'retried',
-                       'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin', 'sus', 'pri')
+  local f = redis.pcall('HMGET', task_key(id), 'type', 'payload', 'headers', 'opts', 'retried',
+                        'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin', 'sus', 'pri')
   local why, slot = nil, ''
-  if not f[1] then
+  if f.err then  -- its key holds no hash
+    why = task_aside(id, @key_pending, now)
+    said_aside(@key_task .. id, why)
+  elseif not f[1] then
     dropped = dropped + 1  -- its hash was deleted behind obsq's back: nothing left to run
     why = 'gone'
   elseif f[13] and suspects > 0 then
@@ -223,13 +239,14 @@ out[@r_now] = now
 out[@r_dropped] = dropped
 out[@r_count] = #tasks / @r_stride
 out[@r_ahead] = ''
+out[@r_aside] = aside
 if ARGV[@ahead] == '1' then
   if left then
     out[@r_ahead] = int_text(left)
   elseif #levels == 0 then
     local id = redis.call('LINDEX', KEYS[@k_pending], -1)
     if id then
-      out[@r_ahead] = int_text(tonumber(redis.call('HGET', task_key(id), 'due')) or now)
+      out[@r_ahead] = int_text(tonumber(redis.pcall('HGET', task_key(id), 'due')) or now)
     end
   end
 end

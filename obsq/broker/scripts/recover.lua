@@ -7,7 +7,8 @@
 -- an attempt that ran alone counts against max_recoveries, so only a task that kills its
 -- worker by itself ends in dead.
 -- With lost workers, one call scans `batch` entries of the active hash from `cursor`; the
--- caller calls again with the returned cursor until it is '0'.
+-- caller calls again with the returned cursor until it is '0'. A task whose key holds no
+-- hash is set aside (set_aside) and named in the reply.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 local now = now_ms()
 local max_recoveries = tonumber(ARGV[@max_recoveries])
@@ -27,14 +28,17 @@ if #ARGV >= @lost then
 else
   ids = redis.call('ZRANGEBYSCORE', KEYS[@k_lease], '-inf', now, 'LIMIT', 0, ARGV[@batch])
 end
-local requeued, killed = 0, 0
+local requeued, killed, aside = 0, 0, {}
 for _, id in ipairs(ids) do
   local owner = redis.call('HGET', KEYS[@k_active], id)
   redis.call('ZREM', KEYS[@k_lease], id)
   redis.call('HDEL', KEYS[@k_active], id)
   local key = task_key(id)
-  local f = redis.call('HMGET', key, 'type', 'slot', 'ordk', 'iso')
-  if f[1] then
+  local f = redis.pcall('HMGET', key, 'type', 'slot', 'ordk', 'iso')
+  if f.err then
+    aside[#aside + 1] = {[@r_aside_name] = @key_task .. id,
+                         [@r_aside_why] = task_aside(id, @key_lease, now)}
+  elseif f[1] then
     release_limits(id, f[1], f[2] or '')
     local alone = f[4] and owner and string.match(owner, '^([^:]*):') == f[4]
     if cancel_requested(id) then
@@ -60,4 +64,5 @@ end
 wake(KEYS[@k_wake], requeued)
 local next_end = redis.call('ZRANGE', KEYS[@k_lease], 0, 0, 'WITHSCORES')
 return {[@r_requeued] = requeued, [@r_killed] = killed, [@r_cursor] = cursor,
-        [@r_ends_in] = next_end[2] and math.max(tonumber(next_end[2]) - now, 0) or -1}
+        [@r_ends_in] = next_end[2] and math.max(tonumber(next_end[2]) - now, 0) or -1,
+        [@r_aside] = aside}
