@@ -168,6 +168,9 @@ class Claims:
     def __init__(self) -> None:
         self._held: dict[tuple[str, str], int] = {}  # (queue, id) -> fence
         self._ending: set[tuple[str, str]] = set()
+        # when the heartbeat last found that Redis lost its data (monotonic; 0: never): an
+        # attempt fetched before it whose end Redis refuses was lost with it, not taken over
+        self.data_lost_at = 0.0
 
     def took(self, queue: str, task_id: str, fence: int) -> None:
         self._ending.discard((queue, task_id))  # first: an older attempt's end is not this
@@ -357,6 +360,7 @@ class Heartbeat:
         if not known:  # the first token this worker reads
             return
         self._data_lost = True
+        self.claims.data_lost_at = time.monotonic()
         log.error("Redis at %s lost its data (restarted without persistence, or flushed): "
                   "the tasks, schedules and results it held are gone; this worker registers "
                   "its queues and subscriptions again and carries on",

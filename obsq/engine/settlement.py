@@ -224,7 +224,11 @@ class Settler:
         """Log what needs saying of how Redis took the verdict, tell the outcome hooks;
         the final outcome."""
         outcome = {True: verdict.outcome, False: "lease_lost", None: "unrecorded"}[recorded]
-        if recorded is False:
+        if recorded is False and self.claims.data_lost_at >= task._attempt.asked_at:
+            log.warning("task %s (%s) finished after Redis lost its data (restarted empty, or "
+                        "flushed) while it ran: its %s was not recorded", task.id, task.type,
+                        verdict.outcome)
+        elif recorded is False:
             log.warning("task %s (%s) finished after its lease was taken over; its %s was "
                         "refused", task.id, task.type, verdict.outcome)
         elif recorded and verdict.outcome == "cancelled":

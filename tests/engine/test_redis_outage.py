@@ -148,3 +148,29 @@ async def test_a_producer_error_names_the_call_the_user_made(sync: bool, namespa
         closed = client.close()
         if not sync:
             await closed
+
+
+async def test_an_end_refused_because_redis_lost_its_data_says_so(
+        app, namespace, private_redis, start_worker, caplog) -> None:
+    """Not that its lease was taken over: the task is gone with the rest of Redis's data."""
+    release = asyncio.Event()
+    lost: list[bool] = []
+
+    @app.task("t")
+    async def handler(task: obsq.Task) -> None:
+        await release.wait()
+
+    client = obsq.Client(private_redis.url, namespace, app=app)
+    try:
+        worker = await start_worker(redis_url=private_redis.url)
+        worker.data_lost_hooks.append(lambda: lost.append(True))
+        info = await client.enqueue("t")
+        await wait_until(lambda: worker.slots.busy, what="the task running")
+        redis.Redis.from_url(private_redis.url).flushall()
+        await wait_until(lambda: lost, timeout=10, what="the heartbeat finding the loss")
+        release.set()
+        await wait_until(lambda: f"task {info.id} (t) finished after Redis lost its data"
+                         in caplog.text, timeout=10)
+        assert "taken over" not in caplog.text
+    finally:
+        await client.close()
