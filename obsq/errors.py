@@ -133,7 +133,10 @@ class BrokerError(ObsqError):
 
     def during(self, call: str) -> BrokerError:
         """This failure named by the call the user made (`enqueue`), not by the step of it
-        that failed (`partition_counts`): the same class, cause and flags."""
+        that failed (`partition_counts`): the same class, cause and flags (itself when it
+        names that call already)."""
+        if call == self.operation:
+            return self
         named = type(self).__new__(type(self))
         named.__dict__.update(self.__dict__)
         named.operation = call

@@ -608,7 +608,7 @@ class Deadlines:
                 raise (error or self.error)(name, seconds) from None  # type: ignore[misc]
             raise  # cancelled from outside (too)
         except BrokerError as exc:
-            if self.user_calls and exc.operation != name:
+            if self.user_calls:
                 raise exc.during(name) from exc.__cause__
             raise
         finally:

@@ -68,8 +68,6 @@ class SyncClient:
         try:
             return _run_now(self._chain(app_hooks, hooks)(messages)) if messages else []
         except BrokerError as exc:  # named by the user's call, as the Client's are
-            if exc.operation == "enqueue":
-                raise
             raise exc.during("enqueue") from exc.__cause__
 
     async def _store(self, messages: list[TaskMessage]) -> list[TaskInfo]:
