@@ -153,15 +153,16 @@ class BrokerTimeout(BrokerError):
     OBSQ_CALL_TIMEOUT): Redis is stopped, overloaded or out of reach. Whether a write sent
     before the deadline happened is unknown: Redis may still run it when it wakes up, so
     retry an enqueue with the same task_id (a DuplicateTask then means it is there). A call
-    that only reads (READ_ONLY_CALLS) wrote nothing and is simply made again. A worker's
-    calls have the deadline too (`worker`), and its loops try them again."""
+    that only reads (READ_ONLY_CALLS) wrote nothing and is simply made again. The calls of
+    a worker and of a scheduler have the deadline too (`worker`), and their loops try them
+    again."""
 
     def __init__(self, operation: str, timeout: float, url: str, *, worker: bool = False
                  ) -> None:
         self.timeout = timeout
         if worker:
-            said = (f"within {timeout:g} s (the worker's call deadline, OBSQ_CALL_TIMEOUT; "
-                    "a blocking wait gets its own length on top)")
+            said = (f"within {timeout:g} s (the call deadline of workers and schedulers, "
+                    "OBSQ_CALL_TIMEOUT; a blocking wait gets its own length on top)")
         else:
             said = (f"within the call deadline of {timeout:g} s (Client(call_timeout=...), "
                     "OBSQ_CALL_TIMEOUT)")

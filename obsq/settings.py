@@ -378,11 +378,15 @@ class SchedulerSettings(EnvSettings):
     lock_ttl: float = 5.0
     missed_after: float = 15.0
     allow_eviction: bool = False  # as a worker's: accept a Redis that may evict task data
+    # As a worker's: each Redis call ends within this (its wait for a change: the wait on
+    # top), so a connection the network dropped silently costs a retry, not every fire.
+    call_timeout: float = CALL_TIMEOUT
 
     def __post_init__(self) -> None:
         self.check_times()
-        if not self.lock_ttl > 0:
-            raise ConfigurationError(f"lock_ttl must be positive, got {self.lock_ttl}")
+        for name in ("lock_ttl", "call_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigurationError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.missed_after >= 1.5 * self.lock_ttl:
             raise ConfigurationError(
                 f"missed_after ({self.missed_after}) must be at least 1.5 times lock_ttl "

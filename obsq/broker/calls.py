@@ -101,7 +101,8 @@ class RedisCalls:
         `priority_aging`, the seconds a pending task waits to rank one priority higher;
         `dedup_window` and `dedup_max_ids`, how long a deleted task's producer-chosen id
         is remembered, and how many per queue; `call_timeout`, the deadline of each of its
-        calls (None: none, as a Client's broker, whose calls the Client bounds itself),
+        calls (a worker's, a scheduler's; None: none, as the broker a Client makes, whose
+        calls the Client bounds itself),
         not counting the time the event loop stood blocked (`loop_blocked()`: that time so
         far), when the reply may have come and waited for the loop."""
         if not 0 < memory_share <= 1:
@@ -175,7 +176,7 @@ class RedisCalls:
 
     def timed_out(self, operation: str, timeout: float) -> BrokerTimeout:
         """A call that got no answer within its deadline (Deadlines), reported like any
-        failure; a broker with a deadline of its own is a worker's."""
+        failure; a broker with a deadline of its own is a worker's or a scheduler's."""
         error = BrokerTimeout(operation, timeout, self.safe_url,
                               worker=self.deadlines is not None)
         self.on_error(operation, error)

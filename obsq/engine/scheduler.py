@@ -31,6 +31,7 @@ from typing import Any
 from obsq._version import __version__
 from obsq.app import App, Hooks
 from obsq.background import LockedLoop, on_stop_signals
+from obsq.broker import Broker
 from obsq.clock import Clock
 from obsq.errors import BrokerError
 from obsq.names import warn_if_not_the_apps
@@ -289,8 +290,15 @@ class Scheduler:
         self.app = app
         self.handle_signals = handle_signals
         self.settings = settings or SchedulerSettings()
-        self.client = Client(redis_url, namespace or app.namespace, app=app,
-                             allow_eviction=self.settings.allow_eviction, clock=clock)
+        namespace = namespace or app.namespace
+        # its own calls (the lock, the due fires, the wait for a change) have a deadline,
+        # as a worker's; its Client hears of their failures through the broker's hooks
+        broker = Broker(redis_url, namespace, clock=clock,
+                        on_error=Hooks("Redis-error hook"),
+                        call_timeout=self.settings.call_timeout)
+        self.client = Client(namespace=namespace, app=app, broker=broker,
+                             allow_eviction=self.settings.allow_eviction,
+                             call_timeout=self.settings.call_timeout)
         self.loop = SchedulerLoop(self.client, app.schedules,
                                   f"scheduler-{id(self):x}-{time.time_ns()}", self.settings)
         self.started_at = 0.0

@@ -80,14 +80,18 @@ class Client:
         `call_timeout` (None: OBSQ_CALL_TIMEOUT, else 5 s): each call (but result's wait)
         that Redis does not answer within it fails with BrokerTimeout. `clock`: what its
         scripts and `eta`s count time by (None: Redis's clock; obsq.testing's is manual).
-        `broker`: one made already, which keeps its own durable_replicas and memory_share."""
+        `broker`: one made already, which keeps its own durable_replicas and memory_share
+        and reports its failed calls to its own `on_error`: the Client's redis_error_hooks
+        when that is a Hooks registry (a Scheduler's broker, made with a call deadline of
+        its own), so that hooks added to the Client later hear of them too."""
         namespace = namespace or (app.namespace if app is not None else DEFAULT_NAMESPACE)
         self.namespace = validate_namespace(namespace)
         self.call_timeout = call_timeout_of(call_timeout)
         self.app = app
-        # told of each failed Redis call of the broker it makes (a broker given is its
-        # maker's, who hears of its failures)
-        self.redis_error_hooks: Hooks[[str, BaseException]] = Hooks("Redis-error hook")
+        # told of each failed Redis call of its broker (instrument_client counts them)
+        self.redis_error_hooks: Hooks[[str, BaseException]] = (
+            broker.on_error if broker is not None and isinstance(broker.on_error, Hooks)
+            else Hooks("Redis-error hook"))
         if broker is None:
             broker = Broker(redis_url, self.namespace, clock=clock,
                             on_error=self.redis_error_hooks,

@@ -240,3 +240,43 @@ async def test_a_client_call_ends_within_its_deadline_on_a_dropped_connection(
             assert (await client.enqueue("t", "after", task_id="after")).id == "after"
         finally:
             await client.close()
+
+
+async def test_a_scheduler_fires_on_after_its_connections_were_dropped_silently(
+        app, namespace, redis_url) -> None:
+    """The scheduler's calls (its lock, its reads of the due fires, its wait for a change)
+    have a deadline as a worker's do, and their failures reach its Client's Redis-error
+    hooks (the metrics): without it the call under way when the network dropped waited for
+    ever, and no fire came after the network was back."""
+    from obsq.engine.scheduler import Scheduler
+    from obsq.settings import SchedulerSettings
+
+    @app.task("tick")
+    async def tick(task: obsq.Task) -> None:
+        pass
+
+    app.periodic("@every 0.5s", "tick", name="ticker")
+    fired: list[float] = []
+    with StallingProxy(redis_url) as proxy:
+        scheduler = Scheduler(app, proxy.url, namespace, handle_signals=False,
+                              settings=SchedulerSettings(lock_ttl=3.0, call_timeout=1.0))
+        scheduler.on_fire(lambda entry, outcome, count: fired.append(time.monotonic())
+                          if outcome == "fired" else None)
+        timeouts: list[str] = []  # the Client's hooks hear of its broker's failed calls
+        scheduler.client.redis_error_hooks.append(
+            lambda operation, exc: isinstance(exc, obsq.BrokerTimeout)
+            and timeouts.append(operation))
+        run = asyncio.create_task(scheduler.run())
+        try:
+            await wait_until(lambda: len(fired) >= 2, timeout=10, what="the first fires")
+            proxy.stall()
+            await asyncio.sleep(STALL)
+            proxy.resume()
+            resumed_at = time.monotonic()
+            await wait_until(lambda: fired[-1] > resumed_at, timeout=10,
+                             what="a fire after the network came back")
+            await wait_until(lambda: scheduler.ready() is None, timeout=5, what="ready again")
+            assert {"lock", "due_fires", "wait_schedule_change"} & set(timeouts), timeouts
+        finally:
+            scheduler.stop()
+            await asyncio.wait_for(run, 30)
