@@ -297,6 +297,9 @@ LAYOUTS: dict[str, Layout] = {
     "register": modes("kind", set="members...", zset="*(score member)",
                       hash="*(field value)"),
     "release_batches": Layout("owner *(id fence)"),
+    "release_unheld": Layout("worker batch "
+                             "cursor "  # of the active hash: '0' to start
+                             "*(id fence)"),  # the attempts the worker holds in the queue
     "retry": Layout("worker id fence delay error traceback type slot share"),
     "revive": Layout("reset "  # '1' to start the retry count afresh
                      "batch "
@@ -364,6 +367,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "recover": ("lease pending dead wake active",),
     "register": ("queues|partitions|workers",),
     "release_batches": ("batches",),
+    "release_unheld": ("lease pending wake active",),
     "retry": ("lease retry pending wake active",),
     "revive": ("by_state pending wake",),
     "schedule": ("entries next version changes",),
@@ -470,6 +474,9 @@ REPLIES: dict[str, Reply] = {
                       "cursor",  # the next, '0' at the end
                       "ends_in",  # until the next lease ends; -1: none
                       "aside"), rows={"aside": ASIDE}),
+    "release_unheld": Reply(("released",
+                             "cursor",  # the next, '0' at the end
+                             "aside"), rows={"aside": ASIDE}),
     "revive": Reply(("moved", "left"),  # left in the set
                     ("missing",)),  # the ids given that were not in the set
     "schedules": Reply(("now",), ("name", "next", "definition",

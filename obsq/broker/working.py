@@ -233,6 +233,27 @@ class Working(RedisCalls):
             calls.append(("hand_back", (k.lease, k.pending, k.wake, k.active), args))
         return [bool(x) for reply in await self._scripts(calls) for x in reply][::-1]
 
+    async def release_unheld(self, queue: str, held: Sequence[Attempt], worker_id: str,
+                             batch: int) -> int:
+        """Hand back to pending the tasks leased to the worker in `queue` that are not among
+        the attempts it holds (`held`): those of a fetch whose reply it never read
+        (release_unheld.lua) -> how many. Called from the fetch loop only, before its
+        next fetch, so that no fetch still under way is among them."""
+        k = self.keys(queue)
+        pairs = [(a.task_id, a.fence) for a in held]
+        released, cursor = 0, "0"
+        while True:
+            r = REPLIES["release_unheld"].head_of(await self._script(
+                "release_unheld", (k.lease, k.pending, k.wake, k.active),
+                argv("release_unheld", pairs, worker=worker_id, batch=batch,
+                     cursor=cursor)))
+            if r.aside:
+                self.said_aside(queue, "release_unheld", r.aside)
+            released += as_count(r.released)
+            cursor = as_text(r.cursor)
+            if cursor == "0":
+                return released
+
     def extend_calls(self, attempts: dict[str, list[Attempt]], lease_seconds: float,
                       worker_id: str) -> tuple[list[ScriptCall], list[str]]:
         """The calls that extend leases ({queue: attempts}), and the queue of each call."""

@@ -39,7 +39,14 @@ from obsq.engine.liveness import FetchProgress
 from obsq.engine.settlement import Settler, attempt_of
 from obsq.errors import BrokerError
 from obsq.names import SEPARATOR, count_in_name, partition_names, queue_of, share
-from obsq.settings import ACK_LINGER, MAX_FETCH, PREFETCH_BELOW_SECONDS, REDIS_RETRY_MAX, STOP_WAIT
+from obsq.settings import (
+    ACK_LINGER,
+    MAX_FETCH,
+    PREFETCH_BELOW_SECONDS,
+    REDIS_RETRY_MAX,
+    STOP_WAIT,
+    SWEEP_BATCH,
+)
 from obsq.task import Task
 
 if TYPE_CHECKING:
@@ -79,6 +86,9 @@ class Fetcher:
         # partition -> (the rank of its best task left, ms; inf: none; when it was told)
         self._ahead: dict[str, tuple[float, float]] = {}
         self._refresh_at = time.monotonic() + REFRESH  # the worker's start looked just now
+        # queues a fetch of which failed: Redis may have run it and leased tasks to this
+        # worker whose reply never came; handed back before the next fetch (_hand_back_unread)
+        self._unread: set[str] = set()
 
     def queue_order(self) -> list[str]:
         """The partitions to fetch from, in order. Queues: strict, by weight; weighted, a
@@ -149,6 +159,8 @@ class Fetcher:
         while not slots.stopped.is_set():
             came_round()
             try:
+                if self._unread:
+                    await self._hand_back_unread()
                 stuck = slots.stuck()
                 if stuck:
                     await self.give_back(stuck)
@@ -177,9 +189,14 @@ class Fetcher:
 
     async def _fetch(self, queue: str, count: int) -> int:
         """Take up to `count` tasks of `queue`; the completions gathered so far ride along."""
-        fetched = await self.settler.acks.ride(lambda completions, resent: self.broker.dequeue(
-            queue, count, self.worker_id, self.lease_seconds, completions, resent,
-            self.slots.limits(count_in_name(queue)), self._floor(queue)))
+        try:
+            fetched = await self.settler.acks.ride(
+                lambda completions, resent: self.broker.dequeue(
+                    queue, count, self.worker_id, self.lease_seconds, completions, resent,
+                    self.slots.limits(count_in_name(queue)), self._floor(queue)))
+        except BrokerError:
+            self._unread.add(queue)
+            raise
         self.slots.take(queue, fetched)
         self._told(queue, fetched)
         return len(fetched.tasks)
@@ -224,11 +241,29 @@ class Fetcher:
             if not waiter.done():
                 waiter.cancel()
             raise
+        except BrokerError:
+            self._unread.add(first)  # its dequeue rode the wait
+            raise
         slots.take(first, fetched)
         self._told(first, fetched)
         if woken and not fetched.tasks:
             self._woken = woken
         await asyncio.sleep(0)  # let the handlers just started begin before the next fetch
+
+    async def _hand_back_unread(self) -> None:
+        """A fetch failed (its deadline fired, its connection dropped) after Redis may have
+        run it: the tasks it leased to this worker would wait for their lease to run out.
+        Once Redis answers again, before the next fetch (none is under way, so every task
+        this worker has read is among its claims), those it does not hold go back to the
+        head of their queue."""
+        held = self.settler.claims.by_queue()
+        for queue in sorted(self._unread):
+            released = await self.broker.release_unheld(queue, held.get(queue, []),
+                                                        self.worker_id, SWEEP_BATCH)
+            self._unread.discard(queue)
+            if released:
+                log.info("worker %s handed %d task(s) back to queue %s that a fetch took "
+                         "whose reply was lost", self.worker_id, released, queue)
 
     async def _interrupt(self, waiter: asyncio.Future[Any]) -> None:
         if self.broker.is_cluster:
