@@ -109,6 +109,8 @@ async def drained_once(held, tmp_path, sig: signal.Signals) -> None:
     log = supervisor.log()
     assert code == 0, log
     assert log.count(f"received {sig.name}: draining") == 2, log
+    assert f"received {sig.name}: stopping 2 worker processes (a second signal stops them " \
+        "at once" in log, log
     assert "stop now" not in log and "processes now" not in log and "handed" not in log, log
     assert log.count("stopped: 2 task(s) processed") == 2, log
     for info in infos:  # each finished, in its first and only run

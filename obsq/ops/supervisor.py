@@ -144,7 +144,8 @@ class Supervisor:
                     with contextlib.suppress(OSError):
                         os.write(child.lifeline, STOP_NOW)
             return
-        log.info("received %s: stopping %d worker processes", name, len(self.children))
+        log.info("received %s: stopping %d worker processes (a second signal stops them at "
+                 "once, handing their running tasks back)", name, len(self.children))
         self._stopping = True
         for child in self.children:
             if child.alive:
