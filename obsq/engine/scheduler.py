@@ -293,8 +293,8 @@ class Scheduler:
         namespace = namespace or app.namespace
         # its own calls (the lock, the due fires, the wait for a change) have a deadline,
         # as a worker's; its Client hears of their failures through the broker's hooks
-        broker = Broker(redis_url, namespace, clock=clock,
-                        on_error=Hooks("Redis-error hook"),
+        errors: Hooks[[str, BaseException]] = Hooks("Redis-error hook")
+        broker = Broker(redis_url, namespace, clock=clock, on_error=errors,
                         call_timeout=self.settings.call_timeout)
         self.client = Client(namespace=namespace, app=app, broker=broker,
                              allow_eviction=self.settings.allow_eviction,
