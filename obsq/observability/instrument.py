@@ -41,7 +41,10 @@ def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
         from obsq.observability.metrics import TaskMetrics, set_concurrency, start_at_zero
 
         if "metrics" not in done:
-            m = TaskMetrics(app=app, exemplars=tracing or "tracing" in done)
+            from obsq.observability.otel_metrics import messaging_meters
+
+            m = TaskMetrics(app=app, exemplars=tracing or "tracing" in done,
+                            meters=messaging_meters())
             app.middleware.insert(1 if "tracing" in done else 0, m.middleware)
             app.on_outcome(m.on_outcome)
             app.on_aggregation(m.on_aggregation)
@@ -90,7 +93,9 @@ def _instrument_producers(hooks: list[Any], app: App | None, done: set[str], *,
 
         if app is not None:
             start_at_zero(app, {r.queue or DEFAULT_QUEUE for r in app.routes}, worker=False)
-        counting = EnqueueMetrics(app)
+        from obsq.observability.otel_metrics import messaging_meters
+
+        counting = EnqueueMetrics(app, meters=messaging_meters())
         hooks.insert(0, counting.hook)
         done.add("enqueued")
     if tracing and "send" not in done:

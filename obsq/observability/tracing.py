@@ -301,7 +301,7 @@ def _protocol() -> str:
             or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
 
 
-def _installed(module: str) -> bool:
+def installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
     except ImportError:  # a package above it is missing
@@ -322,7 +322,7 @@ def missing_for_export() -> str | None:
             needed.append("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
         elif protocol == "http/protobuf" and not env_flag("OBSQ_FASTOTEL"):
             needed.append("opentelemetry.exporter.otlp.proto.http.trace_exporter")
-    missing = [module for module in needed if not _installed(module)]
+    missing = [module for module in needed if not installed(module)]
     if not missing:
         return None
     asking = next(name for name in EXPORTER_ENV if os.environ.get(name))
@@ -354,14 +354,10 @@ def setup_tracing(service_name: str = "obsq-worker") -> bool:
         log.warning(missing)
         return False
 
-    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 
-    env = os.environ
-    named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get(
-        "OTEL_RESOURCE_ATTRIBUTES", "")
-    resource = Resource.create({} if named else {"service.name": service_name})
-    provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
+    made = resource(service_name)
+    provider = TracerProvider(resource=made)  # the sampler comes from OTEL_TRACES_SAMPLER
     processors = [_processor(name) for name in exporters]
     for processor in processors:
         provider.add_span_processor(processor)
@@ -372,9 +368,20 @@ def setup_tracing(service_name: str = "obsq-worker") -> bool:
     _provider = provider
     atexit.register(shutdown_tracing)
     log.info("tracing: exporting spans (%s) as service %s, through %s", ", ".join(exporters),
-             resource.attributes.get("service.name"),
+             made.attributes.get("service.name"),
              ", ".join(type(p).__module__.split(".")[0] for p in processors))
     return True
+
+
+def resource(service_name: str) -> Any:
+    """The SDK's Resource from OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, the service
+    named `service_name` unless they name it (spans and pushed metrics share it)."""
+    from opentelemetry.sdk.resources import Resource
+
+    env = os.environ
+    named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get(
+        "OTEL_RESOURCE_ATTRIBUTES", "")
+    return Resource.create({} if named else {"service.name": service_name})
 
 
 def _processor(name: str) -> Any:
