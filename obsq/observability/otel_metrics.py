@@ -48,6 +48,7 @@ log = logging.getLogger("obsq")
 
 EXPORTER_ENV = "OTEL_METRICS_EXPORTER"
 Attributes = dict[str, str]
+Key = tuple[str, str, str]  # (messaging.operation.name, destination, error.type), "" if none
 _provider: Any = None
 _meters: MessagingMeters | None = None
 
@@ -159,8 +160,10 @@ def messaging_meters() -> MessagingMeters | None:
 
 
 class MessagingMeters:
-    """The conventions' instruments, with their attribute sets made once per queue (and
-    error type) and kept."""
+    """The conventions' instruments. The counters are counted here, a dict increment a
+    task, and observed by the SDK when it pushes (its own `add` costs a task as much as a
+    no-op handler's whole run); the histograms are recorded as they come. Attribute sets
+    are made once per queue (and error type) and kept."""
 
     def __init__(self, meter: metrics.Meter | None = None) -> None:
         meter = meter or metrics.get_meter("obsq", __version__, schema_url=SCHEMA_URL)
@@ -168,22 +171,27 @@ class MessagingMeters:
         self.process_duration = meter.create_histogram(
             "messaging.process.duration", unit="s", description="Duration of processing "
             "operation (a handler run)", explicit_bucket_boundaries_advisory=BUCKETS)
-        self.consumed = meter.create_counter(
-            "messaging.client.consumed.messages", unit="{message}",
-            description="Number of messages that were delivered to the application")
-        self.sent = meter.create_counter(
-            "messaging.client.sent.messages", unit="{message}",
-            description="Number of messages producer attempted to send to the broker")
         self.operation_duration = meter.create_histogram(
             "messaging.client.operation.duration", unit="s", description="Duration of "
             "messaging operation initiated by a producer or consumer client",
             explicit_bucket_boundaries_advisory=BUCKETS)
-        self._attributes: dict[tuple[str, str, str], Attributes] = {}
+        self._consumed: dict[Key, int] = {}
+        self._sent: dict[Key, int] = {}
+        meter.create_observable_counter(
+            "messaging.client.consumed.messages", [self._observer(self._consumed)],
+            unit="{message}", description="Number of messages that were delivered to the "
+            "application")
+        meter.create_observable_counter(
+            "messaging.client.sent.messages", [self._observer(self._sent)],
+            unit="{message}", description="Number of messages producer attempted to send to "
+            "the broker")
+        self._attributes: dict[Key, Attributes] = {}
 
-    def attributes(self, operation: str, queue: str, error: str = "") -> Attributes:
-        key = (operation, queue, error)
+    def attributes(self, key: Key) -> Attributes:
+        """The attribute set of (operation, queue, error type)."""
         made = self._attributes.get(key)
         if made is None:
+            operation, queue, error = key
             made = {"messaging.system": SYSTEM, "messaging.operation.name": operation}
             if queue:
                 made["messaging.destination.name"] = queue
@@ -193,27 +201,35 @@ class MessagingMeters:
                 self._attributes[key] = made
         return made
 
+    def _observer(self, counts: dict[Key, int]) -> Any:
+        def observe(options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+            # list(): one step under the GIL, while the event loop's thread counts on
+            return [metrics.Observation(n, self.attributes(key))
+                    for key, n in list(counts.items())]
+        return observe
+
     def started(self, queue: str) -> None:
         """A worker took a task of `queue` to run."""
-        self.consumed.add(1, self.attributes("process", queue))
+        key = ("process", queue, "")
+        self._consumed[key] = self._consumed.get(key, 0) + 1
 
     def processed(self, queue: str, seconds: float, error: BaseException | None) -> None:
         """A handler run of `seconds` ended, raising `error` or not."""
         self.process_duration.record(seconds, self.attributes(
-            "process", queue, error_type(error) if error is not None else ""))
+            ("process", queue, error_type(error) if error is not None else "")))
 
     def sent_messages(self, messages: list[TaskMessage], seconds: float,
                       error: BaseException | None) -> None:
         """One producer call wrote `messages`, or failed with `error`, in `seconds` (a
         duplicate that Redis already had counts as sent)."""
         failed = error_type(error) if error is not None else ""
-        counts: dict[str, int] = {}
+        queues: set[str] = set()
         for m in messages:
-            counts[m.queue] = counts.get(m.queue, 0) + 1
-        for queue, count in counts.items():
-            self.sent.add(count, self.attributes("send", queue, failed))
+            key = ("send", m.queue, failed)
+            self._sent[key] = self._sent.get(key, 0) + 1
+            queues.add(m.queue)
         self.operation_duration.record(seconds, self.attributes(
-            "send", next(iter(counts)) if len(counts) == 1 else "", failed))
+            ("send", queues.pop() if len(queues) == 1 else "", failed)))
 
     def observe_queues(self, collector: QueueCollector) -> None:
         """The collector's queue-wide gauges as OTel gauges (one read serves a scrape and a
