@@ -58,7 +58,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from obsq.observability import (
         configure_logging,
         run_worker,
+        setup_otel_metrics,
         setup_tracing,
+        shutdown_otel_metrics,
         shutdown_tracing,
     )
 
@@ -90,6 +92,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     if settings.tracing:
         setup_tracing()
+    if settings.metrics:
+        setup_otel_metrics()
     from obsq.engine.worker import Worker
 
     supervised = args.supervisor_fd is not None  # a child of `--processes N`
@@ -108,6 +112,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
                       settings.loop)
     finally:
         shutdown_tracing()
+        shutdown_otel_metrics()
     return 0
 
 
@@ -116,7 +121,9 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     from obsq.observability import (
         configure_logging,
         run_scheduler,
+        setup_otel_metrics,
         setup_tracing,
+        shutdown_otel_metrics,
         shutdown_tracing,
     )
 
@@ -125,7 +132,8 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     # OBSQ_LOCK_TTL, OBSQ_MISSED_AFTER, OBSQ_ALLOW_EVICTION
     settings = SchedulerSettings.from_env(allow_eviction=args.allow_eviction)
     app = load_app(args.app)
-    setup_tracing()
+    setup_tracing("obsq-scheduler")
+    setup_otel_metrics("obsq-scheduler")
     namespace = args.namespace or os.environ.get("OBSQ_NAMESPACE")  # else the App's, as a worker
     try:
         asyncio.run(run_scheduler(Scheduler(app, _redis_url(args), namespace=namespace,
@@ -134,17 +142,27 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
                                   http_host=os.environ.get("OBSQ_HTTP_HOST", "0.0.0.0")))
     finally:
         shutdown_tracing()
+        shutdown_otel_metrics()
     return 0
 
 
 def cmd_exporter(args: argparse.Namespace) -> int:
-    from obsq.observability import configure_logging, run_exporter
+    from obsq.observability import (
+        configure_logging,
+        run_exporter,
+        setup_otel_metrics,
+        shutdown_otel_metrics,
+    )
 
     configure_logging(os.environ.get("OBSQ_LOG_FORMAT", "text"),
                       os.environ.get("OBSQ_LOG_LEVEL", "INFO"))
     port = _http_port(args, EXPORTER_HTTP_PORT)
-    asyncio.run(run_exporter(_redis_url(args), _namespace(args), port,
-                             host=os.environ.get("OBSQ_HTTP_HOST", "0.0.0.0")))
+    setup_otel_metrics("obsq-exporter")
+    try:
+        asyncio.run(run_exporter(_redis_url(args), _namespace(args), port,
+                                 host=os.environ.get("OBSQ_HTTP_HOST", "0.0.0.0")))
+    finally:
+        shutdown_otel_metrics()
     return 0
 
 

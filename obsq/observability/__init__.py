@@ -6,11 +6,13 @@ middleware, outcome/recovery/Redis-error hooks and producer hooks, and the Clien
 - `instrument_client(client)`: the same producer side for one Client (one without an App);
 - `run_worker(worker, http_port=...)`, `run_scheduler(...)`, `run_exporter(...)`: a
   process with the instrumentation and its /metrics, /healthz, /readyz and / endpoint;
-- `configure_logging(fmt, level)`, `setup_tracing()`, `shutdown_tracing()`.
+- `configure_logging(fmt, level)`, `setup_tracing()`, `shutdown_tracing()`;
+- `setup_otel_metrics()`, `shutdown_otel_metrics()`: the messaging metrics pushed over
+  OTLP when OTEL_METRICS_EXPORTER asks (Prometheus's /metrics serves them whatever).
 
-Modules: metrics, collector (queue gauges read from Redis), tracing, logs, probes, http,
-processes. prometheus-client and the OpenTelemetry SDK are imported when first needed, not
-by `import obsq`.
+Modules: metrics, enqueue_metrics, otel_metrics, collector (queue gauges read from Redis),
+tracing, logs, probes, http, processes. prometheus-client and the OpenTelemetry SDK are
+imported when first needed, not by `import obsq`.
 """
 
 from __future__ import annotations
@@ -42,6 +44,18 @@ def shutdown_tracing() -> None:
     shutdown_tracing()
 
 
+def setup_otel_metrics(service_name: str = "obsq-worker") -> bool:
+    from obsq.observability.otel_metrics import setup_otel_metrics
+
+    return setup_otel_metrics(service_name)
+
+
+def shutdown_otel_metrics() -> None:
+    from obsq.observability.otel_metrics import shutdown_otel_metrics
+
+    shutdown_otel_metrics()
+
+
 async def run_worker(worker: Worker, **options: Any) -> None:
     """See obsq.observability.processes.run_worker."""
     from obsq.observability.processes import run_worker
@@ -64,4 +78,5 @@ async def run_exporter(redis_url: str, namespace: str, port: int, **options: Any
 
 
 __all__ = ["configure_logging", "instrument_app", "instrument_client", "run_exporter",
-           "run_scheduler", "run_worker", "setup_tracing", "shutdown_tracing"]
+           "run_scheduler", "run_worker", "setup_otel_metrics", "setup_tracing",
+           "shutdown_otel_metrics", "shutdown_tracing"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from obsq.app import App
 from obsq.errors import BrokerError, ConfigurationError, TaskTooLarge
@@ -19,6 +20,9 @@ from obsq.observability.metrics import LABEL_CACHE_LIMIT, OTHER, Metrics, get_me
 from obsq.producer.enqueue import sync_safe
 from obsq.settings import DEFAULT_QUEUE, METRICS_QUEUE_LIMIT
 from obsq.task import Job, TaskInfo, TaskMessage
+
+if TYPE_CHECKING:
+    from obsq.observability.otel_metrics import MessagingMeters
 
 QUEUE_LIMIT_ENV = "OBSQ_METRICS_QUEUES"
 
@@ -73,8 +77,12 @@ class EnqueueMetrics:
     """The producer hook of a Client: counts the tasks Redis accepted, and those refused by
     reason (the Client's checks tell `on_refusal`; the rest pass through the hook)."""
 
-    def __init__(self, app: App | None, m: Metrics | None = None) -> None:
+    def __init__(self, app: App | None, m: Metrics | None = None,
+                 meters: MessagingMeters | None = None) -> None:
+        """`meters`: the OpenTelemetry instruments the same counts also go to (with each
+        call's duration), when metrics are pushed over OTLP."""
         self.m = m or get_metrics()
+        self.meters = meters
         self.app = app
         if app is not None:
             _queue_labels().known.update(r.queue or DEFAULT_QUEUE for r in app.routes)
@@ -101,14 +109,21 @@ class EnqueueMetrics:
     @sync_safe  # awaits only call_next: a SyncClient runs it in its caller's thread
     async def hook(self, messages: list[TaskMessage],
                    call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
+        meters = self.meters
+        start = time.perf_counter() if meters is not None else 0.0
         try:
             infos = await call_next(messages)
-        except BrokerError as exc:
-            reason = ("out_of_memory" if exc.out_of_memory else "permission_denied"
-                      if exc.permission_denied else "redis_error")
-            for m in messages:
-                self._refused(m.queue, m.type, reason)
+        except BaseException as exc:
+            if isinstance(exc, BrokerError):
+                reason = ("out_of_memory" if exc.out_of_memory else "permission_denied"
+                          if exc.permission_denied else "redis_error")
+                for m in messages:
+                    self._refused(m.queue, m.type, reason)
+            if meters is not None:
+                meters.sent_messages(messages, time.perf_counter() - start, exc)
             raise
+        if meters is not None:
+            meters.sent_messages(messages, time.perf_counter() - start, None)
         for info in infos:
             if info.duplicate:
                 self._refused(info.queue, info.type, "duplicate")

@@ -41,7 +41,10 @@ def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
         from obsq.observability.metrics import TaskMetrics, set_concurrency, start_at_zero
 
         if "metrics" not in done:
-            m = TaskMetrics(app=app, exemplars=tracing or "tracing" in done)
+            from obsq.observability.otel_metrics import messaging_meters
+
+            m = TaskMetrics(app=app, exemplars=tracing or "tracing" in done,
+                            meters=messaging_meters())
             app.middleware.insert(1 if "tracing" in done else 0, m.middleware)
             app.on_outcome(m.on_outcome)
             app.on_aggregation(m.on_aggregation)
@@ -70,7 +73,7 @@ def instrument_client(client: Client) -> Client:
     if client not in _clients:
         _clients[client] = set(_apps.get(client.app, ())) if client.app is not None else set()
     counting = _instrument_producers(client.hooks, client.app, _clients[client],
-                                     metrics=True, tracing=True, client=client)
+                                     metrics=True, tracing=True)
     if counting is not None:
         client.redis_error_hooks.append(counting.on_redis_error)
         client.on_refusal(counting.on_refusal)
@@ -78,12 +81,11 @@ def instrument_client(client: Client) -> Client:
 
 
 def _instrument_producers(hooks: list[Any], app: App | None, done: set[str], *,
-                          metrics: bool, tracing: bool, client: Client | None = None) -> Any:
+                          metrics: bool, tracing: bool) -> Any:
     """Put the producer hooks that `done` lacks first in `hooks` (the send span before the
     count); returns the enqueue counter it added, if any. Nothing of tracing is
     added with tracing off: a worker run with --no-tracing puts no trace context in the
-    tasks its handlers enqueue, even where a tracer provider is set. `client`: the one
-    Client the hooks are for, whose Redis and id its spans name."""
+    tasks its handlers enqueue, even where a tracer provider is set."""
     counting = None
     if metrics and "enqueued" not in done:
         from obsq.observability.enqueue_metrics import EnqueueMetrics
@@ -91,14 +93,14 @@ def _instrument_producers(hooks: list[Any], app: App | None, done: set[str], *,
 
         if app is not None:
             start_at_zero(app, {r.queue or DEFAULT_QUEUE for r in app.routes}, worker=False)
-        counting = EnqueueMetrics(app)
+        from obsq.observability.otel_metrics import messaging_meters
+
+        counting = EnqueueMetrics(app, meters=messaging_meters())
         hooks.insert(0, counting.hook)
         done.add("enqueued")
     if tracing and "send" not in done:
-        from obsq.observability.tracing import SendTracing, connection_attributes
+        from obsq.observability.tracing import SendTracing
 
-        attributes = (connection_attributes(client.broker.url, client.results.client_id)
-                      if client is not None else {})
-        hooks.insert(0, SendTracing(attributes=attributes).hook)
+        hooks.insert(0, SendTracing())  # made for each Client it runs for: obsq_for_client
         done.add("send")
     return counting

@@ -44,6 +44,7 @@ from obsq.task import Task
 
 if TYPE_CHECKING:
     from obsq.engine.worker import Worker
+    from obsq.observability.otel_metrics import MessagingMeters
 
 # From 5 ms to 10 minutes: handlers and queueing delays of a task queue span seconds to
 # minutes, unlike the sub-second buckets of an HTTP server.
@@ -184,10 +185,12 @@ class TaskMetrics:
     """The middleware and hooks that one App gets."""
 
     def __init__(self, m: Metrics | None = None, app: App | None = None, *,
-                 exemplars: bool = True) -> None:
+                 exemplars: bool = True, meters: MessagingMeters | None = None) -> None:
         """`exemplars`: trace ids on the histograms, looked up per task (off when the App's
-        tasks are not traced: there is no trace to point to)."""
+        tasks are not traced: there is no trace to point to). `meters`: the OpenTelemetry
+        instruments the same timings also go to, when metrics are pushed over OTLP."""
         self.m = m or get_metrics()
+        self.meters = meters
         self.subscriptions = app.subscriptions if app is not None else {}
         self._running: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._outcomes: dict[tuple[str, str, str], Any] = {}
@@ -208,12 +211,22 @@ class TaskMetrics:
         task.context[RAN_KEY] = True
         wait.observe(task.wait_seconds, exemplar)
         in_progress.inc()
+        meters = self.meters
+        if meters is not None:
+            meters.started(task.queue)
+        failure: BaseException | None = None
         start = time.perf_counter()
         try:
             return await call_next(task)
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
-            duration.observe(time.perf_counter() - start, exemplar)
+            took = time.perf_counter() - start
+            duration.observe(took, exemplar)
             in_progress.dec()
+            if meters is not None:
+                meters.processed(task.queue, took, failure)
 
     def on_outcome(self, task: Task, outcome: str, error: BaseException | None) -> None:
         """Count each handler run once: not a prefetched task handed back before it ran,

@@ -44,6 +44,7 @@ def serve_worker(worker: Worker, host: str, port: int, *, queue_metrics: bool = 
     collectors = [QueueCollector(worker.broker, loop, list(worker.queues),
                                  loop_lag=lambda: worker.health().loop_lag)
                   ] if queue_metrics else []
+    _push_queue_gauges(collectors)
     registry = endpoint_registry(*collectors)
 
     def status() -> dict[str, Any]:
@@ -112,6 +113,16 @@ async def run_worker(worker: Worker, *, http_port: int | None = None,
             await asyncio.to_thread(server.close)
 
 
+def _push_queue_gauges(collectors: list[QueueCollector]) -> None:
+    """The queue-wide gauges pushed over OTLP too, when OTEL_METRICS_EXPORTER asks."""
+    from obsq.observability.otel_metrics import messaging_meters
+
+    meters = messaging_meters()
+    if meters is not None:
+        for collector in collectors:
+            meters.observe_queues(collector)
+
+
 def trace_handler_process(app: App) -> None:
     """In a child process of the process pool: export its spans as the worker does, and
     put the trace context into the tasks its handlers enqueue through Clients of the App
@@ -167,8 +178,9 @@ async def run_exporter(redis_url: str, namespace: str, port: int, *,
     await broker.check_memory_policy(refuse=False)  # it loses nothing itself: it warns
     loop = asyncio.get_running_loop()
     watch = RedisWatch(broker)
-    registry = endpoint_registry(QueueCollector(broker, loop, broker.queues),
-                                 include_process=False)
+    collector = QueueCollector(broker, loop, broker.queues)
+    _push_queue_gauges([collector])
+    registry = endpoint_registry(collector, include_process=False)
     started = time.time()
 
     def status() -> dict[str, Any]:

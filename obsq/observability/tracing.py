@@ -3,14 +3,18 @@
 Producer: a `send {queue}` PRODUCER span for one message, a child of the caller's context,
 whose W3C `traceparent`/`tracestate`/`baggage` go into the message's headers through the
 global propagator; a batch (`enqueue_many`, a published event's copies) gets a `create
-{queue}` span per message (the context each message carries) and one `send` span linked to
-them with `messaging.batch.message_count`. Worker: a `process {queue}` CONSUMER span around
-the middleware and handler, linked to the message's creation context and its child, or in a
-new trace when `OBSQ_TRACE_LINK=true` (or `link=True`) and for each copy of a published
-event (every subscriber's work is a trace of its own). The process span stays open until
-the outcome hook reports how Redis recorded the attempt, so it covers the settle; that hook
-ends it whatever the outcome (retry and dead become span events, and the final outcome an
-attribute). A failure sets `error.type` and the status, whose description is the message.
+{queue}` PRODUCER span per message (the context each message carries) and one `send` CLIENT
+span linked to them with `messaging.batch.message_count`; with create spans off
+(OBSQ_TRACE_CREATE_SPANS=false) a batch is one `send` PRODUCER span whose context every
+message carries. Each Client's spans name its Redis (`server.address`, `server.port`) and
+its id (`messaging.client.id`), whether instrumented itself or through its App. Worker: a
+`process {queue}` CONSUMER span around the middleware and handler, linked to the message's
+creation context and its child, or in a new trace when `OBSQ_TRACE_LINK=true` (or
+`link=True`) and for each copy of a published event (every subscriber's work is a trace of
+its own). The process span stays open until the outcome hook reports how Redis recorded the
+attempt, so it covers the settle; that hook ends it whatever the outcome (retry and dead
+become span events, and the final outcome an attribute). A failure sets `error.type` and the
+status, whose description is the message.
 
 Exporting: `setup_tracing()` installs an SDK TracerProvider with a batch OTLP exporter
 when `OTEL_*` variables ask for one, unless the application already set a provider; OTLP
@@ -26,8 +30,9 @@ import atexit
 import importlib.util
 import logging
 import os
+import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context
@@ -36,10 +41,13 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from obsq._version import __version__
 from obsq.errors import ConfigurationError
-from obsq.producer.enqueue import sync_safe
+from obsq.names import partition_index
 from obsq.producer.fanout import EVENT_HEADER
 from obsq.settings import env_flag
 from obsq.task import Task, TaskInfo, TaskMessage
+
+if TYPE_CHECKING:
+    from obsq.producer.client import Client
 
 log = logging.getLogger("obsq")
 
@@ -47,13 +55,17 @@ SYSTEM = "obsq"
 SPAN_KEY = "obsq.span"  # where the process span waits in task.context for the outcome
 RECORDED_KEY = "obsq.span.error"
 LINK_ENV = "OBSQ_TRACE_LINK"
+CREATE_SPANS_ENV = "OBSQ_TRACE_CREATE_SPANS"
+# The version of the OpenTelemetry semantic conventions the spans and metrics follow
+# (messaging.operation.type `send`, messaging.client.id, the messaging metrics' names).
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
 MAX_LINKS = 128  # the SDK keeps 128 links a span by default
 DEFAULT_PORT = 6379
 
 
 def _tracer() -> trace.Tracer:
     # A proxy until a provider is set; it then resolves once and stays cheap.
-    return trace.get_tracer("obsq", __version__)
+    return trace.get_tracer("obsq", __version__, schema_url=SCHEMA_URL)
 
 
 def error_type(exc: BaseException) -> str:
@@ -114,7 +126,7 @@ class TaskTracing:
         name = self._names.get(task.queue)
         if name is None:
             name = self._names[task.queue] = f"process {task.queue}"
-        span = self.tracer.start_span(name, parent, SpanKind.CONSUMER, {
+        attributes = {
             "messaging.system": SYSTEM,
             "messaging.operation.name": "process",
             "messaging.operation.type": "process",
@@ -123,7 +135,12 @@ class TaskTracing:
             "obsq.task.type": task.type,
             "obsq.task.retry_count": task.retry_count,
             **self.attributes,
-        }, links)
+        }
+        if task.partition:
+            placed = partition_index(task.partition)
+            if placed is not None:
+                attributes["messaging.destination.partition.id"] = str(placed[0])
+        span = self.tracer.start_span(name, parent, SpanKind.CONSUMER, attributes, links)
         task.context[SPAN_KEY] = span
         token = otel_context.attach(trace.set_span_in_context(span, parent))
         try:
@@ -152,13 +169,32 @@ class SendTracing:
     """The producer hook of a Client: one `send {queue}` span for one message, whose
     context the message carries; for a batch, a `create {queue}` span per message (the
     context it carries) and one `send` span linked to them, with the batch's size, as the
-    messaging conventions describe a batch. `attributes`: the Client's
-    (connection_attributes), on every span."""
+    messaging conventions describe a batch (`create_spans`: default OBSQ_TRACE_CREATE_SPANS,
+    on; off, a batch's messages carry its `send` span's context). `attributes`: the
+    Client's (connection_attributes), on every span. An App's instance is made again for
+    each Client built with it (`obsq_for_client`), so that every span names its Client."""
+
+    obsq_sync_safe = True  # awaits only call_next: a SyncClient runs it in its caller's thread
 
     def __init__(self, tracer: trace.Tracer | None = None,
-                 attributes: dict[str, Any] | None = None) -> None:
+                 attributes: dict[str, Any] | None = None,
+                 create_spans: bool | None = None) -> None:
         self.tracer = tracer or _tracer()
         self.attributes = dict(attributes or {})
+        self.create_spans = env_flag(CREATE_SPANS_ENV, default=True) if create_spans is None \
+            else create_spans
+        self._clients: weakref.WeakKeyDictionary[Client, SendTracing] = \
+            weakref.WeakKeyDictionary()
+
+    def obsq_for_client(self, client: Client) -> SendTracing:
+        """This hook for one Client: its spans name the Client's Redis and id."""
+        made = self._clients.get(client)
+        if made is None:
+            made = self._clients[client] = SendTracing(self.tracer, {
+                **self.attributes,
+                **connection_attributes(client.broker.url, client.results.client_id)},
+                self.create_spans)
+        return made
 
     def _message_span(self, operation: str, m: TaskMessage, parent: otel_context.Context
                       ) -> trace.Span:
@@ -176,6 +212,8 @@ class SendTracing:
 
     def _batch_span(self, messages: list[TaskMessage], creates: list[trace.Span],
                     parent: otel_context.Context) -> trace.Span:
+        """The batch's `send` span: a CLIENT span linked to the create spans whose contexts
+        the messages carry, or without them the PRODUCER span whose context they carry."""
         queues = {m.queue for m in messages}
         attributes = {"messaging.system": SYSTEM, "messaging.operation.name": "send",
                       "messaging.operation.type": "send",
@@ -184,18 +222,24 @@ class SendTracing:
         if len(queues) == 1:
             name = f"send {messages[0].queue}"
             attributes["messaging.destination.name"] = messages[0].queue
+        if not creates:
+            span = self.tracer.start_span(name, parent, SpanKind.PRODUCER, attributes)
+            carried = trace.set_span_in_context(span, parent)
+            for m in messages:
+                propagate.inject(m.headers, carried)
+            return span
         links = [Link(c.get_span_context()) for c in creates[:MAX_LINKS]]
-        return self.tracer.start_span(name, parent, SpanKind.PRODUCER, attributes, links)
+        return self.tracer.start_span(name, parent, SpanKind.CLIENT, attributes, links)
 
-    @sync_safe  # awaits only call_next: a SyncClient runs it in its caller's thread
-    async def hook(self, messages: list[TaskMessage],
-                   call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
+    async def __call__(self, messages: list[TaskMessage],
+                       call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
         parent = otel_context.get_current()
         if len(messages) == 1:
             send = self._message_span("send", messages[0], parent)
             creates = [send]
         else:
-            creates = [self._message_span("create", m, parent) for m in messages]
+            creates = [self._message_span("create", m, parent) for m in messages] \
+                if self.create_spans else []
             send = self._batch_span(messages, creates, parent)
         try:
             infos = await call_next(messages)
@@ -257,7 +301,7 @@ def _protocol() -> str:
             or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
 
 
-def _installed(module: str) -> bool:
+def installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
     except ImportError:  # a package above it is missing
@@ -278,7 +322,7 @@ def missing_for_export() -> str | None:
             needed.append("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
         elif protocol == "http/protobuf" and not env_flag("OBSQ_FASTOTEL"):
             needed.append("opentelemetry.exporter.otlp.proto.http.trace_exporter")
-    missing = [module for module in needed if not _installed(module)]
+    missing = [module for module in needed if not installed(module)]
     if not missing:
         return None
     asking = next(name for name in EXPORTER_ENV if os.environ.get(name))
@@ -310,14 +354,10 @@ def setup_tracing(service_name: str = "obsq-worker") -> bool:
         log.warning(missing)
         return False
 
-    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
 
-    env = os.environ
-    named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get(
-        "OTEL_RESOURCE_ATTRIBUTES", "")
-    resource = Resource.create({} if named else {"service.name": service_name})
-    provider = TracerProvider(resource=resource)  # the sampler comes from OTEL_TRACES_SAMPLER
+    made = resource(service_name)
+    provider = TracerProvider(resource=made)  # the sampler comes from OTEL_TRACES_SAMPLER
     processors = [_processor(name) for name in exporters]
     for processor in processors:
         provider.add_span_processor(processor)
@@ -328,9 +368,20 @@ def setup_tracing(service_name: str = "obsq-worker") -> bool:
     _provider = provider
     atexit.register(shutdown_tracing)
     log.info("tracing: exporting spans (%s) as service %s, through %s", ", ".join(exporters),
-             resource.attributes.get("service.name"),
+             made.attributes.get("service.name"),
              ", ".join(type(p).__module__.split(".")[0] for p in processors))
     return True
+
+
+def resource(service_name: str) -> Any:
+    """The SDK's Resource from OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES, the service
+    named `service_name` unless they name it (spans and pushed metrics share it)."""
+    from opentelemetry.sdk.resources import Resource
+
+    env = os.environ
+    named = env.get("OTEL_SERVICE_NAME") or "service.name=" in env.get(
+        "OTEL_RESOURCE_ATTRIBUTES", "")
+    return Resource.create({} if named else {"service.name": service_name})
 
 
 def _processor(name: str) -> Any:

@@ -355,11 +355,10 @@ async def doctor(inspector: Inspector, args: argparse.Namespace, out: Output) ->
         repairs, found = found.repairs, await healer.diagnose()
         found.repairs = repairs
     notices = await healer.set_aside(found.queues) + await stalls(inspector)
-    from obsq.observability.tracing import missing_for_export
+    from obsq.observability import otel_metrics, tracing
 
-    unexported = missing_for_export()  # the OTEL_* variables here, as a worker here reads them
-    if unexported:
-        notices.append(unexported)
+    # the OTEL_* variables here, as a worker here reads them
+    notices += filter(None, (tracing.missing_for_export(), otel_metrics.missing_for_export()))
     if found.problems or (notices and args.strict):
         out.status = 1
     if out.as_json:

@@ -119,7 +119,7 @@ class Client:
         self._unheard: set[str] = set()  # events published with no subscriber, warned of
         self._looked: set[str] = set()  # queues looked at for a live worker serving them
         self._checks: set[asyncio.Future[None]] = set()
-        self._chain = ProducerChain(self._store)
+        self._chain = ProducerChain(self._store, self)
         self.flows = ClientFlows(self)  # enqueue, info, result, cancel, delete of a flow
 
     def use(self, hook: ProducerHook) -> ProducerHook:
@@ -269,7 +269,7 @@ class Client:
             return [info_after_grouping(m, status)]
 
         messages = self.prepare([job], group=True)
-        info = (await ProducerChain(store)(*self.producer_hooks)(messages))[0]
+        info = (await ProducerChain(store, self)(*self.producer_hooks)(messages))[0]
         if info.duplicate:
             raise DuplicateTask(f"task id {info.id!r} is taken", info.id)
         return info

@@ -293,10 +293,13 @@ def is_sync_safe(hook: ProducerHook) -> bool:
 
 class ProducerChain:
     """Producer hooks (an App's, then a Client's: the first is the outermost) around an
-    innermost write, composed again only when hooks were added."""
+    innermost write, composed again only when hooks were added. A hook with an
+    `obsq_for_client(client)` method (an App's send spans, which name each Client's Redis)
+    is replaced by what it returns for `client`, the Client the chain writes for."""
 
-    def __init__(self, innermost: CallNextProducer) -> None:
+    def __init__(self, innermost: CallNextProducer, client: Any = None) -> None:
         self.innermost = innermost
+        self.client = client
         self._built: tuple[int, int] = (-1, -1)  # the hook counts `_call` was built of
         self._call: CallNextProducer = innermost
 
@@ -305,6 +308,9 @@ class ProducerChain:
         if self._built != (len(app_hooks), len(hooks)):
             call = self.innermost
             for hook in reversed([*app_hooks, *hooks]):
+                for_client = getattr(hook, "obsq_for_client", None)
+                if for_client is not None and self.client is not None:
+                    hook = for_client(self.client)
                 call = _bind(hook, call)
             self._call, self._built = call, (len(app_hooks), len(hooks))
         return self._call

@@ -106,7 +106,7 @@ class ClientFlows:
                                                 for n in first], continuing=False)
             return [info_after_enqueue(m, Enqueued(True)) for m in checked]
 
-        await ProducerChain(store)(*self.client.producer_hooks)(messages)
+        await ProducerChain(store, self.client)(*self.client.producer_hooks)(messages)
         return await self.info(flow_id, running=False)
 
     async def named(self, task_id: str, queue: str | None) -> bool:

@@ -43,7 +43,7 @@ class SyncClient:
         self._thread.start()
         self._client: Client = self._run(_make_client(redis_url, namespace, options))
         self._producer = BlockingProducer(self._client.broker, self._client.call_timeout)
-        self._chain = ProducerChain(self._store)
+        self._chain = ProducerChain(self._store, self._client)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         context = contextvars.copy_context()

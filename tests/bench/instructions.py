@@ -21,6 +21,7 @@ to its shutdown, while the worker runs as usual: what the scripts cost Redis per
     python tests/bench/instructions.py --loop asyncio --what io
     python tests/bench/instructions.py --what enqueue --tree ../other
     python tests/bench/instructions.py --what limited --side redis
+    python tests/bench/instructions.py --metrics both       # + Prometheus and OTel metrics
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ async def job(task):
 worker = obsq.Worker(app, redis_url=url, queues={"default": 1}, concurrency=10,
                      handle_signals=False, forward_interval=3600, recover_interval=3600,
                      janitor_interval=3600)
+if os.environ.get("BENCH_METRICS"):
+    import obsq.observability
+    if os.environ.get("OTEL_METRICS_EXPORTER"):
+        assert obsq.observability.setup_otel_metrics()
+    obsq.observability.instrument_app(app, metrics=True, tracing=False, concurrency=10,
+                                      queues=["default"])
 run(worker.run(), os.environ.get("OBSQ_LOOP", "auto"))
 """
 
@@ -104,9 +111,15 @@ def fill(url: str, n: int) -> None:
 
 
 DRAINS = ("noop", "io", "limited")
+# --metrics: the worker's App uninstrumented, with Prometheus's metrics, or with them and the
+# OTel messaging metrics too (pushed every hour to nowhere: the recording is what counts)
+METRICS = {"none": {}, "prometheus": {"BENCH_METRICS": "1"},
+           "both": {"BENCH_METRICS": "1", "OTEL_METRICS_EXPORTER": "otlp",
+                    "OTEL_METRIC_EXPORT_INTERVAL": "3600000",
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}}
 
 
-def count(tree: Path, url: str, n: int, what: str, loop: str) -> int:
+def count(tree: Path, url: str, n: int, what: str, loop: str, metrics: str) -> int:
     if what in DRAINS:
         fill(url, n)
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,7 +127,7 @@ def count(tree: Path, url: str, n: int, what: str, loop: str) -> int:
         # OBSQ_CALL_TIMEOUT: a producer's call under valgrind, fifty times slower on a busy
         # host, may outlive the default 5 s deadline (BrokerTimeout): an hour here
         env = {**os.environ, "PYTHONPATH": str(tree), "OBSQ_LOOP": loop,
-               "OBSQ_CALL_TIMEOUT": "3600"}
+               "OBSQ_CALL_TIMEOUT": "3600", **METRICS[metrics]}
         code = WORKER if what in DRAINS else PRODUCER
         # run in the scratch directory: `-c` puts the working directory first on the path
         subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
@@ -178,6 +191,9 @@ def main() -> None:
     parser.add_argument("--what", choices=[*DRAINS, "enqueue", "enqueue-concurrent",
                                            "enqueue-many"], default="noop")
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
+    parser.add_argument("--metrics", choices=list(METRICS), default="none",
+                        help="a drain's worker without metrics (default), with Prometheus's, "
+                        "or with the OTel messaging metrics recorded too")
     parser.add_argument("--side", choices=["worker", "redis"], default="worker",
                         help="whose instructions: the worker's (or producer's), or Redis's")
     args = parser.parse_args()
@@ -191,11 +207,12 @@ def main() -> None:
                      for n in (small, large))
     else:
         with RedisServer(binary) as server:
-            few = count(tree, server.url, small, args.what, args.loop)
+            few = count(tree, server.url, small, args.what, args.loop, args.metrics)
             server.flush()
-            many = count(tree, server.url, large, args.what, args.loop)
+            many = count(tree, server.url, large, args.what, args.loop, args.metrics)
     per_task = (many - few) / (large - small)
-    print(f"{tree} ({args.what}, {args.loop}, {args.side}): {per_task:,.0f} "
+    print(f"{tree} ({args.what}, {args.loop}, {args.side}, metrics {args.metrics}): "
+          f"{per_task:,.0f} "
           f"instructions per task ({few:,} for {small}, {many:,} for {large})")
 
 

@@ -243,30 +243,41 @@ def _any_value(v: Any) -> Any:
 
 
 class HttpReceiver(SpanStore):
-    """POST /v1/traces with an ExportTraceServiceRequest (protobuf, maybe gzip)."""
+    """POST /v1/traces with an ExportTraceServiceRequest and /v1/metrics with an
+    ExportMetricsServiceRequest (protobuf, maybe gzip); the metrics' data points are kept in
+    `points`, flattened to dicts."""
 
     protocol = "http/protobuf"
 
     def __init__(self) -> None:
         super().__init__()
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+            ExportMetricsServiceRequest,
+            ExportMetricsServiceResponse,
+        )
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
             ExportTraceServiceRequest,
             ExportTraceServiceResponse,
         )
 
-        store = self
+        self.points: list[dict[str, Any]] = []
+        paths = {"/v1/traces": (ExportTraceServiceRequest, ExportTraceServiceResponse,
+                                self.add),
+                 "/v1/metrics": (ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+                                 self.add_metrics)}
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
-                if self.path != "/v1/traces":
+                if self.path not in paths:
                     self.send_response(404)
                     self.end_headers()
                     return
-                store.add(ExportTraceServiceRequest.FromString(body))
-                reply = ExportTraceServiceResponse().SerializeToString()
+                request, response, add = paths[self.path]
+                add(request.FromString(body))
+                reply = response().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(reply)))
@@ -281,6 +292,34 @@ class HttpReceiver(SpanStore):
         self.port = self._server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def add_metrics(self, request: Any) -> None:
+        points = []
+        for resource_metrics in request.resource_metrics:
+            resource = {a.key: _any_value(a.value) for a in resource_metrics.resource.attributes}
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    kind = metric.WhichOneof("data")
+                    for p in getattr(metric, kind).data_points:
+                        point = {"name": metric.name, "unit": metric.unit, "kind": kind,
+                                 "service": resource.get("service.name"),
+                                 "schema_url": scope_metrics.schema_url,
+                                 "attributes": {a.key: _any_value(a.value)
+                                                for a in p.attributes}}
+                        if kind == "histogram":
+                            point.update(count=p.count, sum=p.sum)
+                        else:
+                            point["value"] = p.as_double if p.HasField("as_double") \
+                                else p.as_int
+                        points.append(point)
+        with self._lock:
+            self.points.extend(points)
+
+    def metric(self, name: str, **attributes: Any) -> list[dict[str, Any]]:
+        """The points of `name` received so far whose attributes include `attributes`."""
+        with self._lock:
+            return [p for p in self.points if p["name"] == name
+                    and all(p["attributes"].get(k) == v for k, v in attributes.items())]
 
     def close(self) -> None:
         self._server.shutdown()

@@ -171,7 +171,7 @@ def main() -> None:
     plain = run_producer([])
     counted = EnqueueMetrics(None)
     for count in (1, 100):
-        both = run_producer([SendTracing().hook, counted.hook], count)
+        both = run_producer([SendTracing(), counted.hook], count)
         print(f"  producer hooks (send span + count), batches of {count}: "
               f"+{(both - run_producer([], count)) * 1e6:5.1f} us/message")
     del plain

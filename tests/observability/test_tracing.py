@@ -30,8 +30,9 @@ def named(spans, name):
 async def test_one_trace_from_the_caller_to_the_handler(app, redis_url, namespace, spans,
                                                         start_worker):
     """enqueue_many as the messaging conventions trace a batch: a `create` span per message
-    (the context it carries), one `send` span linked to them with the batch's size; each
-    process span is the child of its message's create span, and linked to it."""
+    (the context it carries), one `send` CLIENT span linked to them with the batch's size;
+    each process span is the child of its message's create span, and linked to it. The
+    Client was instrumented through its App, and its spans still name its Redis and id."""
     queue = f"tr-{namespace}"
     seen = {}
 
@@ -52,11 +53,15 @@ async def test_one_trace_from_the_caller_to_the_handler(app, redis_url, namespac
     processes = {s.attributes["messaging.message.id"]: s
                  for s in named(spans, f"process {queue}")}
     assert set(creates) == set(processes) == {i.id for i in infos}
-    assert send.kind == SpanKind.PRODUCER and send.parent.span_id == root.span_id
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    named_client = {"messaging.client.id": client.results.client_id,
+                    "server.address": "127.0.0.1", "server.port": port}
+    assert send.kind == SpanKind.CLIENT and send.parent.span_id == root.span_id
+    assert send.instrumentation_scope.schema_url == "https://opentelemetry.io/schemas/1.27.0"
     assert dict(send.attributes) == {
         "messaging.system": "obsq", "messaging.operation.name": "send",
         "messaging.operation.type": "send", "messaging.destination.name": queue,
-        "messaging.batch.message_count": 3}
+        "messaging.batch.message_count": 3, **named_client}
     assert {link.context.span_id for link in send.links} == {
         c.context.span_id for c in creates.values()}
     for info in infos:
@@ -72,14 +77,13 @@ async def test_one_trace_from_the_caller_to_the_handler(app, redis_url, namespac
         assert dict(create.attributes) == {
             "messaging.system": "obsq", "messaging.operation.name": "create",
             "messaging.operation.type": "create", "messaging.destination.name": queue,
-            "messaging.message.id": info.id, "obsq.task.type": "greet"}
+            "messaging.message.id": info.id, "obsq.task.type": "greet", **named_client}
         assert dict(process.attributes) == {
             "messaging.system": "obsq", "messaging.operation.name": "process",
             "messaging.operation.type": "process",
             "messaging.destination.name": queue, "messaging.message.id": info.id,
             "messaging.client.id": worker.id, "server.address": "127.0.0.1",
-            "server.port": int(redis_url.rsplit(":", 1)[1].split("/")[0]),
-            "obsq.task.type": "greet", "obsq.task.retry_count": 0,
+            "server.port": port, "obsq.task.type": "greet", "obsq.task.retry_count": 0,
             "obsq.task.outcome": "success"}
         assert process.status.status_code == StatusCode.UNSET
         assert seen[info.id].span_id == process.context.span_id  # the handler runs inside
@@ -101,6 +105,44 @@ async def test_one_message_one_send_span_naming_the_client(redis_url, namespace,
     assert "messaging.batch.message_count" not in send.attributes
     assert info.headers["traceparent"].split("-")[2] == f"{send.context.span_id:016x}"
     assert not named(spans, f"create one-{namespace}")
+    await client.close()
+
+
+async def test_a_batch_without_create_spans_carries_its_send_span(redis_url, namespace,
+                                                                   spans, monkeypatch) -> None:
+    """OBSQ_TRACE_CREATE_SPANS=false: a batch is one `send` PRODUCER span, whose context
+    every message carries, and no create span."""
+    monkeypatch.setenv("OBSQ_TRACE_CREATE_SPANS", "false")
+    client = instrument_client(obsq.Client(redis_url, namespace=namespace))
+    queue = f"nocreate-{namespace}"
+    infos = await client.enqueue_many([obsq.Job("x", i, queue=queue) for i in range(3)])
+    (send,) = named(spans, f"send {queue}")
+    assert send.kind == SpanKind.PRODUCER and not send.links
+    assert send.attributes["messaging.batch.message_count"] == 3
+    assert not named(spans, f"create {queue}")
+    for info in infos:
+        assert info.headers["traceparent"].split("-")[2] == f"{send.context.span_id:016x}"
+    await client.close()
+
+
+async def test_a_partitioned_queue_names_the_partition(app, redis_url, namespace, spans,
+                                                       start_worker) -> None:
+    """The process span of a task of a partitioned queue: messaging.destination.name is the
+    queue, messaging.destination.partition.id its partition's index."""
+    queue = f"parted-{namespace}"
+    app.queue(queue, partitions=2)
+
+    @app.task("part", queue=queue)
+    async def part(task):
+        return None
+
+    await start_worker(queues={queue: 1}, tracing=True)
+    client = obsq.Client(redis_url, namespace=namespace, app=app)
+    await client.enqueue_many([obsq.Job("part", i) for i in range(6)])
+    await wait_until(lambda: len(named(spans, f"process {queue}")) == 6, what="6 spans")
+    processes = named(spans, f"process {queue}")
+    assert {s.attributes["messaging.destination.name"] for s in processes} == {queue}
+    assert {s.attributes["messaging.destination.partition.id"] for s in processes} <= {"0", "1"}
     await client.close()
 
 
