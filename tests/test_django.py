@@ -263,7 +263,8 @@ def test_enqueue_on_commit_enqueues_nothing_until_the_commit(shop: dict[str, Any
             transaction.on_commit(partial(send_receipt.enqueue, order.pk))
             raise RuntimeError("rolled back")
         assert enqueued == ["send_receipt"]
-        # the shop's view: both tasks after the commit, and the worker finds the order
+        # the shop's view (orders/views.py): both tasks after the commit, and the worker
+        # finds the order
         response = Client().post("/orders/", {"email": "ha@example.com", "total_cents": 300})
         assert response.status_code == 201
         assert enqueued == ["send_receipt", "charge", "send_receipt"]
@@ -311,8 +312,8 @@ def test_a_worker_without_django_s_settings_says_so() -> None:
 
 
 def test_the_shop_s_own_tests_pass_with_obsq_testing() -> None:
-    """examples/django/test_orders.py, as the guide runs it: pytest on the project, with
-    obsq's plugin."""
+    """examples/django/test_orders.py and its conftest, as the guide runs them: pytest on the
+    project, with obsq's plugin."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
         str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("DJANGO_SETTINGS_MODULE", None)
