@@ -32,7 +32,9 @@ import django
 from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
 from django.db import close_old_connections
+from django.dispatch import receiver
 from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules, import_string
 
@@ -109,7 +111,7 @@ class ObsqBackend(BaseTaskBackend):
     supports_get_result = True
     supports_priority = True
 
-    def __init__(self, alias: str, params: Mapping[str, Any]) -> None:
+    def __init__(self, alias: str, params: Mapping[str, object]) -> None:
         super().__init__(alias, params)
         unknown = sorted(set(self.options) - set(OPTION_NAMES))
         if unknown:
@@ -123,7 +125,13 @@ class ObsqBackend(BaseTaskBackend):
         self.retention: float = self.options.get("retention", DEFAULT_RETENTION)
         check_seconds("retention", self.retention)
         self.max_retry: int = self.options.get("max_retry", DEFAULT_MAX_RETRY)
+        if isinstance(self.max_retry, bool) or not isinstance(self.max_retry, int) \
+                or self.max_retry < 0:
+            raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']['max_retry'] must be a "
+                                       f"whole number of retries, got {self.max_retry!r}")
         self.timeout: float | None = self.options.get("timeout")
+        if self.timeout is not None:
+            check_seconds("timeout", self.timeout)
 
     def enqueue(self, task: Task, args: Sequence[object], kwargs: Mapping[str, object]
                 ) -> TaskResult:
@@ -234,6 +242,10 @@ class _Reads:
     def task(self, task_id: str) -> TaskDetail:
         return self._run(self._inspector.task(task_id))
 
+    def close(self) -> None:
+        self._run(self._inspector.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
     def _run(self, call: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(call, self._loop).result()
 
@@ -247,6 +259,18 @@ async def _inspector(redis_url: str, namespace: str) -> Inspector:
 _clients: dict[tuple[str, str], SyncClient] = {}
 _readers: dict[tuple[str, str], _Reads] = {}
 _made = threading.Lock()
+
+
+@receiver(setting_changed)
+def _forget_clients(*, setting: str, **kwargs: object) -> None:
+    """TASKS changed (a test's override_settings): the clients made for the settings before
+    are closed, not left open for the rest of the process."""
+    if setting == "TASKS":
+        with _made:
+            for made in (_clients, _readers):
+                for client in made.values():
+                    client.close()
+                made.clear()
 
 
 def _shared(made: dict[tuple[str, str], T], kind: type[T], redis_url: str, namespace: str) -> T:

@@ -323,3 +323,16 @@ def test_the_shop_s_own_tests_pass_with_obsq_testing() -> None:
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 passed" in result.stdout
+
+
+def test_an_option_the_backend_does_not_take_is_refused(shop: dict[str, Any]) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from obsq.django import ObsqBackend
+
+    with pytest.raises(ImproperlyConfigured, match="has no redis_host: it takes redis_url"):
+        ObsqBackend("default", {"OPTIONS": {"redis_host": "localhost"}})
+    with pytest.raises(ImproperlyConfigured, match="max_retry'] must be a whole number"):
+        ObsqBackend("default", {"OPTIONS": {"max_retry": "3"}})
+    backend = ObsqBackend("default", {"OPTIONS": {"namespace": "shop"}})
+    assert (backend.namespace, backend.max_retry, backend.retention) == ("shop", 0, 86400)
