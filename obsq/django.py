@@ -23,7 +23,7 @@ import socket
 import sys
 import threading
 import traceback
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -273,7 +273,8 @@ def _forget_clients(*, setting: str, **kwargs: object) -> None:
                 made.clear()
 
 
-def _shared(made: dict[tuple[str, str], T], kind: type[T], redis_url: str, namespace: str) -> T:
+def _shared(made: dict[tuple[str, str], T], kind: Callable[[str, str], T], redis_url: str,
+            namespace: str) -> T:
     key = (redis_url, namespace)
     if key not in made:
         with _made:
