@@ -136,7 +136,12 @@ class ObsqBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Sequence[object], kwargs: Mapping[str, object]
                 ) -> TaskResult:
         self.validate_task(task)
-        call: dict[str, object] = {"args": normalize_json(args), "kwargs": normalize_json(kwargs),
+        # made first: it checks that the arguments are JSON, before anything is written
+        result = TaskResult(task=task, id="", status=TaskResultStatus.READY,
+                            enqueued_at=timezone.now(), started_at=None, finished_at=None,
+                            last_attempted_at=None, args=args, kwargs=kwargs,
+                            backend=self.alias, errors=[], worker_ids=[])
+        call: dict[str, object] = {"args": result.args, "kwargs": result.kwargs,
                                    "priority": task.priority, "backend": self.alias}
         if task.run_after is not None:
             call["run_after"] = task.run_after.isoformat()
@@ -144,10 +149,7 @@ class ObsqBackend(BaseTaskBackend):
             TYPE_PREFIX + task.module_path, call, queue=task.queue_name,
             priority=obsq_priority(task.priority), eta=task.run_after, retention=self.retention,
             max_retry=self.max_retry, timeout=self.timeout)
-        result = TaskResult(task=task, id=info.id, status=TaskResultStatus.READY,
-                            enqueued_at=timezone.now(), started_at=None, finished_at=None,
-                            last_attempted_at=None, args=call["args"], kwargs=call["kwargs"],
-                            backend=self.alias, errors=[], worker_ids=[])
+        object.__setattr__(result, "id", info.id)  # as Django's backends set their results'
         task_enqueued.send(type(self), task_result=result)
         return result
 
