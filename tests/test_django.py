@@ -54,9 +54,11 @@ def shop(tmp_path_factory: pytest.TempPathFactory, session_redis: Callable[[bool
     tasks run one after another on one thread."""
     database = tmp_path_factory.mktemp("shop") / "shop.sqlite3"
     sys.path[:0] = [str(EXAMPLE)]
-    os.environ["DJANGO_SETTINGS_MODULE"] = "mysite.settings"
-    os.environ["SHOP_DATABASE"] = str(database)
+    given = {"DJANGO_SETTINGS_MODULE": "mysite.settings", "SHOP_DATABASE": str(database)}
+    os.environ.update(given)  # read once, by the setup: the other tests' processes go without
     django.setup()
+    for name in given:
+        del os.environ[name]
     from django.conf import settings
     from django.core.management import call_command
     from django.test import override_settings
