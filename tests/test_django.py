@@ -338,3 +338,16 @@ def test_an_option_the_backend_does_not_take_is_refused(shop: dict[str, Any]) ->
         ObsqBackend("default", {"OPTIONS": {"max_retry": "3"}})
     backend = ObsqBackend("default", {"OPTIONS": {"namespace": "shop"}})
     assert (backend.namespace, backend.max_retry, backend.retention) == ("shop", 0, 86400)
+
+
+def test_a_cancelled_task_is_failed(shop: dict[str, Any]) -> None:
+    from django.utils import timezone
+
+    send_receipt = shop["tasks"].send_receipt
+    result = send_receipt.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1)
+    with obsq.SyncClient(shop["redis_url"], shop["namespace"]) as client:
+        client.cancel(result.id)
+    result.refresh()
+    assert result.status == "FAILED"
+    assert [e.exception_class_path for e in result.errors] == ["obsq.errors.TaskCancelled"]
+    assert result.errors[0].exception_class is obsq.TaskCancelled
