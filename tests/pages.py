@@ -19,7 +19,10 @@ PAGE_URL = "redis://localhost:6379/0"
 SNIPPET = re.compile(r'^--8<-- "([^"]+)"\n$')
 INCLUDED = {"examples/webapp.py": "tests/observability/test_examples.py",
             **{f"examples/testing/{name}.py": "tests/test_testing.py"
-               for name in ("shop", "conftest", "test_tasks")}}
+               for name in ("shop", "conftest", "test_tasks")},
+            **{f"examples/django/{name}.py": "tests/test_django.py"
+               for name in ("mysite/settings", "orders/tasks", "orders/views", "conftest",
+                            "test_orders")}}
 # The blocks that tests/test_readme.py runs with checks of their own (their output, or a
 # worker beside them), by marker; tests/test_docs.py runs every other Python block.
 RUN_BY_TEST_README = (

@@ -21,7 +21,7 @@ PACKAGE = ROOT / "obsq"
 LAYERS = (
     ("obsq.__main__", "obsq.cli"),
     ("obsq.ops",),
-    ("obsq", "obsq.testing", "obsq.pytest_plugin"),
+    ("obsq", "obsq.testing", "obsq.pytest_plugin", "obsq.django"),
     ("obsq.observability",),
     ("obsq.inspection",),
     ("obsq.engine",),

@@ -68,6 +68,7 @@ async def test_search_finds_what_a_celery_user_types(served: str, browser, tmp_p
     missing = [w for w, links in found.items()
                if not any("guides/migrating" in link for link in links)]
     assert not missing, f"the Celery migration guide is not found for {missing}: {found}"
+    assert any("guides/django" in link for link in found["django"]), found["django"]
 
 
 def test_every_link_of_the_site_opens_a_file(site: Path) -> None:

@@ -312,6 +312,26 @@ def pytest_example(command: str, redis_url: str) -> None:
     assert 'ROOT / "examples" / "testing"' in (ROOT / "tests" / "test_testing.py").read_text()
 
 
+def pytest_django_example(command: str, redis_url: str) -> None:
+    """The Django guide's example tests, which tests/test_django.py runs as written."""
+    assert command == "pytest examples/django"
+    assert (ROOT / "examples" / "django" / "test_orders.py").is_file()
+    assert 'EXAMPLE / "test_orders.py"' in (ROOT / "tests" / "test_django.py").read_text()
+
+
+def django_worker(command: str, redis_url: str) -> None:
+    """The Django guide's worker and its environment, as tests/test_django.py starts them
+    (the example's settings module, which reads OBSQ_REDIS_URL)."""
+    test = (ROOT / "tests" / "test_django.py").read_text()
+    if command.startswith("export "):
+        assert "export DJANGO_SETTINGS_MODULE=mysite.settings OBSQ_REDIS_URL=" in command
+        assert 'DJANGO_SETTINGS_MODULE="mysite.settings"' in test
+        assert "OBSQ_REDIS_URL" in (ROOT / "examples/django/mysite/settings.py").read_text()
+    else:
+        assert command == "obsq worker obsq.django:app"
+        assert '["worker", "obsq.django:app",' in test
+
+
 def install_extra(command: str, redis_url: str) -> None:
     """`pip install 'obsq[EXTRA]'`: the extra is declared, and what it brings to this Python
     (fastotel needs 3.11) is installed here (.ci/run installs every extra), so the suite runs
@@ -328,6 +348,9 @@ def install_extra(command: str, redis_url: str) -> None:
 HANDLERS: dict[str, Callable[[str, str], None]] = {
     "pip install 'obsq[": install_extra,
     "pytest examples/testing": pytest_example,
+    "pytest examples/django": pytest_django_example,
+    "export DJANGO_SETTINGS_MODULE=": django_worker,
+    "obsq worker obsq.django:app": django_worker,
     "obsq acl ": acl,
     "redis-cli ACL SETUSER ": redis_cli_acl,
     "python3 -m venv ": install_and_demo,
