@@ -77,7 +77,8 @@ class EnqueueStep:
                 return build_message(job, now=now, max_payload=app.max_payload)
             return build_message(job, queue=route.queue, max_retry=route.max_retry,
                                  timeout=route.timeout, now=now, priority=route.priority,
-                                 max_payload=app.max_payload_of(route))
+                                 max_payload=app.max_payload_of(route),
+                                 declared=route.declared)
         except (ValueError, TypeError) as exc:
             if app is not None:
                 app.refusal_hooks(job, exc)
@@ -175,7 +176,7 @@ def info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
     return TaskInfo(id=status.existing_id or m.id, type=m.type, queue=m.queue,
                     state="scheduled" if m.delay > 0 else "pending", max_retry=m.max_retry,
                     headers=m.headers, duplicate=not status.created, priority=m.priority,
-                    partition=m.partition)
+                    partition=m.partition, result_type=m.result_type)
 
 
 def info_after_grouping(m: TaskMessage, status: Enqueued) -> TaskInfo:
