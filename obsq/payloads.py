@@ -87,12 +87,19 @@ def _typed(annotation: Any) -> PayloadType | None:
 
 def _hints(handler: Callable[..., Any]) -> dict[str, Any]:
     """Its annotations resolved (a module using `from __future__ import annotations` holds
-    them as text); a name that does not resolve is a registration error, said at once."""
+    them as text). When a name does not resolve (a type local to a function): a typed
+    payload (`Task[...]`) is a registration error, said at once; otherwise the handler is
+    untyped, as before types were read."""
     try:
         return typing.get_type_hints(handler, include_extras=True)
     except (NameError, TypeError) as exc:
-        raise TypeError(f"the annotations of handler {handler!r} do not resolve: {exc}; "
-                        "define the types it names at the top level of its module") from None
+        annotations = getattr(handler, "__annotations__", {})
+        first = next((annotations[p] for p in _parameters(handler) if p in annotations), "")
+        if "[" in str(first):
+            raise TypeError(f"the annotations of handler {_name(handler)} do not resolve: "
+                            f"{exc}; define the types it names at the top level of its "
+                            "module") from None
+        return {}
 
 
 def _parameters(handler: Callable[..., Any]) -> list[str]:
