@@ -61,13 +61,15 @@ def or_flow(method: Callable[Concatenate[Client, str, P], Coroutine[Any, Any, T]
     """Client's info, cancel or delete of a task given a flow instead: its FlowInfo, or its id
     (flow and task ids come from one generator), looked for only once no task has it and no
     queue was named, so a task's call costs nothing more."""
+    by_task: Callable[..., Coroutine[Any, Any, T]] = method  # (client, task_id, queue)
+
     @functools.wraps(method)
     async def call(client: Client, task_id: str | FlowInfo, queue: str | None = None) -> Any:
         flow_method = getattr(client.flows, method.__name__)
         if isinstance(task_id, FlowInfo):
             return await flow_method(task_id.id)
         try:
-            return await method(client, task_id, queue)
+            return await by_task(client, task_id, queue)
         except TaskNotFound:
             if await client.flows.named(task_id, queue):
                 return await flow_method(task_id)
