@@ -213,9 +213,12 @@ class App:
             if pattern in self._routes:
                 raise ValueError(f"a handler for {pattern!r} is already registered")
             declared = register(handler, pattern)
-            self._routes.add(pattern, Route(
+            route = Route(
                 pattern, handler, inspect.iscoroutinefunction(handler), queue, max_retry,
-                timeout, retry_delay, concurrency, rate, max_payload, priority, declared))
+                timeout, retry_delay, concurrency, rate, max_payload, priority, declared)
+            self._routes.add(pattern, route)
+            if not is_prefix(pattern):  # what an enqueue by the handler takes its defaults from
+                declared.route = route
             return handler
 
         return add_route

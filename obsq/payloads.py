@@ -23,9 +23,12 @@ import types
 import typing
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 from obsq.errors import PayloadError
+
+if TYPE_CHECKING:
+    from obsq.app import Route
 
 _UNIONS = (Union, types.UnionType)
 _SEQUENCES = (list, tuple, Sequence, set, frozenset)
@@ -235,14 +238,16 @@ def _kind(value: Any) -> str:
 
 
 class Registration:
-    """What `@app.task` learned of a handler: the patterns it was registered for and its
-    declared payload and result types. A Client finds it from the handler itself, so
-    `client.enqueue(handler, payload)` needs no App."""
+    """What `@app.task` learned of a handler: the patterns it was registered for, its
+    route (the last registered: its defaults) and its declared payload and result types.
+    A Client finds it from the handler itself, so `client.enqueue(handler, payload)` needs
+    no App."""
 
-    __slots__ = ("patterns", "payload", "result")
+    __slots__ = ("patterns", "payload", "result", "route")
 
     def __init__(self, handler: Callable[..., Any]) -> None:
         self.patterns: list[str] = []
+        self.route: Route | None = None
         self.payload = payload_type_of(handler)
         self.result = result_type_of(handler)
 

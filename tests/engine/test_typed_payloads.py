@@ -53,7 +53,7 @@ class Renamed:  # the type after a deploy renamed a field
 
 
 def _register(app: obsq.App, seen: list[object]) -> None:
-    @app.task("customer:greet", max_retry=3)
+    @app.task("customer:greet", max_retry=3, queue="people")
     async def greet(task: obsq.Task[Customer]) -> Receipt:
         seen.append(task.payload)
         return Receipt(total=1.5, who=task.payload.name)
@@ -114,10 +114,12 @@ async def test_a_job_and_a_sync_client_take_the_handler_too(
     [info] = await client.enqueue_many([obsq.Job(greet, Customer("Cy"), retention=60)])
     assert await client.result(info, timeout=15) == Receipt(total=1.5, who="Cy")
 
-    def send() -> Receipt:
+    def send() -> tuple[str, Receipt]:
         with obsq.SyncClient(redis_url, namespace=namespace) as sync:  # no App: by handler
-            return sync.result(sync.enqueue(greet, Customer("Di"), retention=60), timeout=15)
-    assert await asyncio.to_thread(send) == Receipt(total=1.5, who="Di")
+            info = sync.enqueue(greet, Customer("Di"), retention=60)
+            return info.queue, sync.result(info, timeout=15)
+    # the route's queue without the App, its payload checked and its result read back
+    assert await asyncio.to_thread(send) == ("people", Receipt(total=1.5, who="Di"))
 
 
 @pytest.mark.parametrize(("task_type", "payload", "problem"), [
@@ -129,7 +131,8 @@ async def test_a_job_and_a_sync_client_take_the_handler_too(
     ("order:pay", {"id": 1, "state": "lost", "lines": []}, "state"),
 ])
 async def test_a_payload_that_cannot_become_the_type_is_refused_with_nothing_written(
-        app, client, raw_redis, namespace, task_type, payload, problem) -> None:
+        app, client, client_without_app, raw_redis, namespace, task_type, payload,
+        problem) -> None:
     _register(app, [])
     refused: list[Exception] = []
     client.on_refusal(lambda job, error: refused.append(error))
@@ -137,6 +140,8 @@ async def test_a_payload_that_cannot_become_the_type_is_refused_with_nothing_wri
     with pytest.raises(obsq.PayloadError, match="cannot become") as by_handler:
         await client.enqueue(handler, payload)
     assert problem in str(by_handler.value)
+    with pytest.raises(obsq.PayloadError, match="cannot become"):  # the handler knows its type
+        await client_without_app.enqueue(handler, payload)
     with pytest.raises(obsq.PayloadError):  # by its type name, through the App
         await client.enqueue(task_type, payload)
     with pytest.raises(obsq.PayloadError):  # one refused job refuses the batch
