@@ -409,9 +409,9 @@ class Task(Generic[PayloadT]):
 
     def portable(self) -> dict[str, Any]:
         """What builds this task again in another process (`Task(**fields)`): every
-        argument of its constructor but update_state and the engine's attempt state, the payload
-        and headers as Redis gave
-        them."""
+        argument of its constructor but update_state, the engine's attempt state and the
+        payload type (the other process's App has its own), the payload and headers as
+        Redis gave them."""
         return {name: getattr(self, _STORED_AS.get(name, name)) for name in _PORTABLE}
 
     def retry_in(self, seconds: float) -> NoReturn:
