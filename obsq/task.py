@@ -104,7 +104,7 @@ class EnqueueOptions(TypedDict, total=False):
 
 
 # What a handler is to a type checker: a function of `Task[P]` returning R (or a coroutine
-# of R). The options below make `Job(handler, payload)` a Job[R] whose payload is checked.
+# of R). The overloads below make `Job(handler, payload)` a Job[R], its payload checked.
 PayloadIn = TypeVar("PayloadIn")
 ResultOut = TypeVar("ResultOut")
 AsyncHandler = Callable[["Task[PayloadIn]"], Awaitable[ResultOut]]
