@@ -270,7 +270,9 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
                        unique_for=unique_for, ordering_key=ordering_key, priority=priority,
                        binary=binary, id_chosen=job.task_id is not None,
                        origins=list(job.origins),
-                       result_type=declared.result if declared is not None else None)
+                       # read back as the handler's result type only when enqueued by the
+                       # handler (a TaskInfo[R]); by name the result stays its JSON value
+                       result_type=job.registration.result if job.registration else None)
 
 
 def _within(task_type: str, what: str, size: int, limit: int) -> None:
@@ -453,8 +455,8 @@ class TaskInfo(Generic[ResultT]):
     completed_at: datetime | None = None
     duplicate: bool = False  # enqueue_many: a unique or id conflict; id is the existing task
     partition: str = ""  # the partition of its queue that holds it (app.queue), or ""
-    # its handler's declared result type, known when it was enqueued by its handler or
-    # through a Client with its App: client.result(info) reads the result back as it
+    # its handler's declared result type, when it was enqueued by its handler:
+    # client.result(info) reads the result back as it
     result_type: PayloadType | None = field(default=None, repr=False, compare=False)
 
     @classmethod
