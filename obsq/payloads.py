@@ -2,12 +2,12 @@
 returns, read from its annotations when it is registered (`@app.task`).
 
 A producer's payload is checked against `P` at enqueue and written as JSON (a dataclass as
-its fields, a pydantic model as its `model_dump(mode="json")`), so a payload that cannot
-become `P` is refused (PayloadError) before anything is written. The worker reads the stored
-JSON back as `P` before the handler runs; a stored payload that no longer does (a deploy
-changed the type) raises PayloadError, which ends the task dead without retries: it would
-not decode on a retry either. A Client reads a handler's stored result back as its return
-type the same way.
+an object of its fields, each checked; a pydantic model as its `model_dump(mode="json")`),
+so a payload that cannot become `P` is refused (PayloadError) before anything is written.
+The worker reads the stored JSON back as `P` before the handler runs; a stored payload that
+no longer does (a deploy changed the type) raises PayloadError, which ends the task dead
+without retries: it would not decode on a retry either. A Client reads the stored result
+of a task it enqueued by its handler back as the handler's return type the same way.
 
 Understood: dict, list, tuple, TypedDict, dataclasses, pydantic models (recognized without
 importing pydantic), unions and Optional, Literal, Annotated, and the JSON scalars; any
@@ -134,8 +134,8 @@ def _convert(tp: Any, value: Any, where: str, *, decoding: bool) -> Any:
     if typing.is_typeddict(tp):
         return _record(tp, value, where, decoding, make=None)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if not decoding and isinstance(value, tp):
-            return value  # orjson writes a dataclass as its fields
+        if not decoding and isinstance(value, tp):  # its fields, each checked and encoded
+            value = {f.name: getattr(value, f.name) for f in dataclasses.fields(tp) if f.init}
         return _record(tp, value, where, decoding, make=tp)
     if isinstance(tp, type) and _is_pydantic(tp):
         return _model(tp, value, where, decoding)
