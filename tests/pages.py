@@ -18,6 +18,7 @@ PAGE_URL = "redis://localhost:6379/0"
 # test named here runs it.
 SNIPPET = re.compile(r'^--8<-- "([^"]+)"\n$')
 INCLUDED = {"examples/webapp.py": "tests/observability/test_examples.py",
+            "examples/typed_tasks.py": "tests/test_typing.py",
             **{f"examples/testing/{name}.py": "tests/test_testing.py"
                for name in ("shop", "conftest", "test_tasks")},
             **{f"examples/django/{name}.py": "tests/test_django.py"

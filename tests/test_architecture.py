@@ -29,7 +29,7 @@ LAYERS = (
     ("obsq.app", "obsq.background"),
     ("obsq.broker",),
     ("obsq.schedule", "obsq.flow"),
-    ("obsq.task",),
+    ("obsq.task", "obsq.payloads"),
     ("obsq.settings", "obsq.names", "obsq.clock", "obsq.errors",
      "obsq.redis_server", "obsq._version"),
 )

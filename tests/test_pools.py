@@ -22,7 +22,7 @@ from obsq.broker.calls import Deadlines
 from obsq.engine.pools.base import timed_out
 from obsq.engine.pools.processes import ProcessSlots
 from obsq.engine.pools.threads import ThreadSlots
-from obsq.errors import ConfigurationError, HandlerCrashed, TaskTimeout
+from obsq.errors import ConfigurationError, HandlerCrashed, PayloadError, TaskTimeout
 from obsq.settings import WorkerSettings
 from obsq.task import Task
 from tests.engine import pool_apps
@@ -113,6 +113,13 @@ async def test_process_slots_keep_their_children(process_slots) -> None:
             for pid in await asyncio.gather(nap(pool, 0.05), nap(pool, 0.05))]
     assert len(set(pids)) == 2  # two children, each used for three tasks
     assert pool._live == 2 and len(pool._idle) == 2
+
+
+async def test_a_child_reads_a_typed_payload_as_its_handlers_type(process_slots) -> None:
+    pool, route = process_slots(1), pool_apps.app.route("typed:norm")
+    assert await pool.run(route, pool_task("typed:norm", {"x": 3, "y": 4})) == 5.0
+    with pytest.raises(PayloadError, match="Point misses 'y'"):
+        await pool.run(route, pool_task("typed:norm", {"x": 3}))
 
 
 async def settled(pool: ProcessSlots) -> ProcessSlots:

@@ -136,7 +136,8 @@ class Executor:
             (route.timeout if route and route.timeout else DEFAULT_TIMEOUT),
             retention=opts.get("retention") or 0.0,
             wait_seconds=max(redis_now_ms - raw.due_ms, 0) / 1000 if raw.due_ms else 0.0,
-            update_state=self.update_state)
+            update_state=self.update_state,
+            payload_type=route.payload_type if route is not None else None)
 
     async def run(self, task: Task) -> Verdict:
         """Run the attempt; every exception becomes a verdict, cancellation propagates. A
@@ -202,7 +203,9 @@ class Executor:
         route = self.app.route(task.type)
         if route is None:  # a middleware changed task.type
             raise UnknownTaskType(f"no handler is registered for task type {task.type!r}")
-        task.payload  # noqa: B018 - decode now: a tampered payload must fail before the handler
+        # decode now: a tampered payload, or one that no longer decodes into the handler's
+        # payload type, must fail before the handler (PayloadError: dead, no retries)
+        task.payload  # noqa: B018
         if route.is_async:
             return self.deadlines.run(task.type, route.handler(task), task.timeout,
                                       timed_out)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from obsq.app import App, Hooks, ProducerHook, RefusalHook
 from obsq.broker import Broker
@@ -28,7 +28,7 @@ from obsq.errors import (
     TaskRunning,
 )
 from obsq.flow import Chain, Chord, FlowInfo
-from obsq.names import queue_of, validate_namespace
+from obsq.names import queue_of, validate_name, validate_namespace
 from obsq.producer.enqueue import (
     EnqueueCoalescer,
     EnqueuePlan,
@@ -50,7 +50,19 @@ from obsq.settings import (
     ENQUEUE_MEMORY_SHARE,
     env_flag,
 )
-from obsq.task import Job, TaskInfo, TaskMessage, validate_name
+from obsq.task import (
+    AsyncHandler,
+    EnqueueOptions,
+    Job,
+    PayloadIn,
+    PlainHandler,
+    ResultOut,
+    TaskInfo,
+    TaskMessage,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger("obsq")
 
@@ -138,8 +150,22 @@ class Client:
         """The App's producer hooks (the outermost), and this Client's."""
         return self._app_hooks, self.hooks
 
-    async def enqueue(self, task_type: str | Chain | Chord, payload: Any = None, *,
-                      queue: str | None = None,
+    @overload
+    async def enqueue(self, task_type: AsyncHandler[PayloadIn, ResultOut], payload: PayloadIn,
+                      *, group: str | None = None, **options: Unpack[EnqueueOptions]
+                      ) -> TaskInfo[ResultOut]: ...
+    @overload
+    async def enqueue(self, task_type: PlainHandler[PayloadIn, ResultOut], payload: PayloadIn,
+                      *, group: str | None = None, **options: Unpack[EnqueueOptions]
+                      ) -> TaskInfo[ResultOut]: ...
+    @overload
+    async def enqueue(self, task_type: str, payload: Any = None, *, group: str | None = None,
+                      **options: Unpack[EnqueueOptions]) -> TaskInfo[Any]: ...
+    @overload
+    async def enqueue(self, task_type: Chain | Chord) -> FlowInfo: ...
+
+    async def enqueue(self, task_type: str | Callable[..., Any] | Chain | Chord,
+                      payload: Any = None, *, queue: str | None = None,
                       max_retry: int | None = None, timeout: float | None = None,
                       delay: float | timedelta | None = None,
                       eta: datetime | timedelta | None = None,
@@ -147,8 +173,11 @@ class Client:
                       retention: float | timedelta | None = None,
                       headers: dict[str, str] | None = None,
                       ordering_key: str | None = None, group: str | None = None,
-                      priority: int | None = None) -> Any:
-        """Enqueue one task. Raises DuplicateTask when its id, or its type and payload
+                      priority: int | None = None) -> TaskInfo[Any] | FlowInfo:
+        """Enqueue one task, named by its type or by its handler (`enqueue(send_email,
+        Email(...))`: a TaskInfo[Sent], the payload checked against the handler's
+        `obsq.Task[Email]`; one that cannot become it raises PayloadError, nothing written).
+        Raises DuplicateTask when its id, or its type and payload
         within `unique_for` seconds, is taken; ValueError/TypeError for bad options,
         UnknownTaskType (a ValueError) for a type the Client's App has no handler for.
         Tasks sharing an `ordering_key` run one at a time, in the order they were enqueued,
@@ -165,10 +194,10 @@ class Client:
                                   "retention": retention, "ordering_key": ordering_key,
                                   "priority": priority})
             return await self._enqueue_grouped(group, Job(
-                task_type, payload, queue=queue, task_id=task_id, headers=dict(headers or {})))
+                task_type, payload, queue=queue, task_id=task_id, headers=headers))
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                   delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
-                  retention=retention, headers=dict(headers or {}), ordering_key=ordering_key,
+                  retention=retention, headers=headers, ordering_key=ordering_key,
                   priority=priority)
         # enqueue_many's work without its frame: one coroutine less on every enqueue
         return unless_duplicate((await self.deadlines.run("enqueue", self._write([job])))[0])
@@ -307,7 +336,7 @@ class Client:
 
     @deadline("task_info")
     @or_flow
-    async def info(self, task_id: str | FlowInfo, queue: str | None = None) -> Any:
+    async def info(self, task_id: str, queue: str | None = None) -> TaskInfo[Any] | FlowInfo:
         """The task's (or flow's: its FlowInfo or id) current state; raises TaskNotFound."""
         queue = await self.placement.locate(task_id, queue)
         if queue is not None:
@@ -317,15 +346,27 @@ class Client:
         raise TaskNotFound(f"no task {task_id!r} (tasks without retention are removed "
                            "when they complete)")
 
-    async def result(self, task_id: str | TaskInfo | FlowInfo, timeout: float | None = None,
-                     queue: str | None = None) -> Any:
-        """Wait until the task completes and return its result. Raises TaskFailed if it ends
+    @overload
+    async def result(self, task_id: TaskInfo[ResultOut], timeout: float | None = None,
+                     queue: str | None = None) -> ResultOut: ...
+    @overload
+    async def result(self, task_id: str | FlowInfo, timeout: float | None = None,
+                     queue: str | None = None) -> Any: ...
+
+    async def result(self, task_id: str | TaskInfo[Any] | FlowInfo,
+                     timeout: float | None = None, queue: str | None = None) -> Any:
+        """Wait until the task completes and return its result: a TaskInfo[R]'s as an R
+        (its handler's result type read back, PayloadError when the stored result is not
+        one). Raises TaskFailed if it ends
         dead, ResultTimeout (a TimeoutError) after `timeout` seconds, TaskNotFound if it
         is gone. A flow's (its FlowInfo, or id) is its last step's (FlowFailed: a step ended it)."""
         if isinstance(task_id, FlowInfo):
             return await self.flows.result(task_id.id, timeout)
         if isinstance(task_id, TaskInfo):
-            queue, task_id = task_id.partition or task_id.queue, task_id.id
+            value = await self.result(task_id.id, timeout, task_id.partition or task_id.queue)
+            declared = task_id.result_type
+            return value if declared is None else declared.decode(
+                value, f"the result of task {task_id.id}")
         try:  # a Redis that stops answering cannot stretch the wait past `timeout` either
             return await asyncio.wait_for(self._result(task_id, timeout, queue), timeout)
         except ResultTimeout:
@@ -345,7 +386,7 @@ class Client:
 
     @deadline("cancel")
     @or_flow
-    async def cancel(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
+    async def cancel(self, task_id: str, queue: str | None = None) -> str:
         """Cancel a task. One waiting (pending, scheduled, retrying, held) never runs and
         ends in state `cancelled`: returns "cancelled". One running is stopped by its worker
         within moments (async handlers get asyncio.CancelledError, plain functions see
@@ -359,7 +400,7 @@ class Client:
 
     @deadline("delete")
     @or_flow
-    async def delete(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
+    async def delete(self, task_id: str, queue: str | None = None) -> str:
         """Delete a task (or an ended flow and its steps) that is not running, with all kept
         for it; returns the state it was in. Raises TaskRunning (cancel first), TaskNotFound."""
         queue = await self.placement.locate(task_id, queue)
@@ -371,7 +412,7 @@ class Client:
         return state
 
     @deadline("schedule")
-    async def schedule(self, name: str, spec: str, task_type: str, payload: Any = None, *,
+    async def schedule(self, /, name: str, spec: str, task_type: str, payload: Any = None, *,
                        timezone: str = "UTC", missed: str = "once",
                        **options: Any) -> Schedule:
         """Add or replace a schedule entry at run time: `obsq scheduler` enqueues

@@ -23,6 +23,7 @@ from obsq.app import CATCH_ALL, App, CallNextProducer, Hooks, ProducerHook, is_p
 from obsq.broker import Broker, Enqueued
 from obsq.errors import DuplicateTask, UnknownTaskType
 from obsq.names import SEPARATOR, choose, partition_names, placement_key, queue_of
+from obsq.settings import MAX_PAYLOAD_BYTES
 from obsq.task import Job, TaskInfo, TaskMessage, build_message
 
 
@@ -66,18 +67,21 @@ class EnqueueStep:
         return EnqueuePlan(messages, group_by_queue(messages))
 
     def _message(self, job: Job, now: float) -> TaskMessage:
-        """The job checked and encoded with its route's defaults; a refusal is told to the
-        refusal hooks."""
+        """The job checked and encoded with its route's defaults (a job given by its handler
+        has its route without the App); a refusal is told to the refusal hooks."""
         app = self.app
         try:
-            if app is None:
-                return build_message(job, now=now)
-            route = app.route(job.type)
+            route = app.route(job.type) if app is not None else None
+            if route is None and job.registration is not None:
+                route = job.registration.route
             if route is None:
-                return build_message(job, now=now, max_payload=app.max_payload)
+                return build_message(job, now=now, max_payload=app.max_payload if app
+                                     is not None else MAX_PAYLOAD_BYTES)
             return build_message(job, queue=route.queue, max_retry=route.max_retry,
                                  timeout=route.timeout, now=now, priority=route.priority,
-                                 max_payload=app.max_payload_of(route))
+                                 max_payload=app.max_payload_of(route) if app is not None
+                                 else route.max_payload or MAX_PAYLOAD_BYTES,
+                                 declared=route.declared)
         except (ValueError, TypeError) as exc:
             if app is not None:
                 app.refusal_hooks(job, exc)
@@ -175,7 +179,7 @@ def info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
     return TaskInfo(id=status.existing_id or m.id, type=m.type, queue=m.queue,
                     state="scheduled" if m.delay > 0 else "pending", max_retry=m.max_retry,
                     headers=m.headers, duplicate=not status.created, priority=m.priority,
-                    partition=m.partition)
+                    partition=m.partition, result_type=m.result_type)
 
 
 def info_after_grouping(m: TaskMessage, status: Enqueued) -> TaskInfo:

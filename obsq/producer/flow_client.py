@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, cast
 
 from obsq.broker import Enqueued
 from obsq.errors import (
@@ -52,26 +52,31 @@ if TYPE_CHECKING:
     from obsq.broker import Broker
     from obsq.producer.client import Client
 
-F = TypeVar("F", bound=Callable[..., Awaitable[Any]])  # the decorated method, its types kept
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
-def or_flow(method: F) -> F:
+def or_flow(method: Callable[Concatenate[Client, str, P], Coroutine[Any, Any, T]]
+            ) -> Callable[Concatenate[Client, str | FlowInfo, P], Coroutine[Any, Any, T]]:
     """Client's info, cancel or delete of a task given a flow instead: its FlowInfo, or its id
     (flow and task ids come from one generator), looked for only once no task has it and no
     queue was named, so a task's call costs nothing more."""
+    by_task: Callable[..., Coroutine[Any, Any, T]] = method  # (client, task_id, queue)
+
     @functools.wraps(method)
     async def call(client: Client, task_id: str | FlowInfo, queue: str | None = None) -> Any:
         flow_method = getattr(client.flows, method.__name__)
         if isinstance(task_id, FlowInfo):
             return await flow_method(task_id.id)
         try:
-            return await method(client, task_id, queue)
+            return await by_task(client, task_id, queue)
         except TaskNotFound:
             if await client.flows.named(task_id, queue):
                 return await flow_method(task_id)
             raise
 
-    return cast(F, call)
+    return cast("Callable[Concatenate[Client, str | FlowInfo, P], Coroutine[Any, Any, T]]",
+                call)
 
 
 class ClientFlows:

@@ -157,7 +157,7 @@ async def _until(future: asyncio.Future[Ended | None], deadline: float | None, t
         return await asyncio.wait_for(future, remaining)
     except asyncio.TimeoutError:
         if deadline is not None and time.monotonic() >= deadline:
-            raise waited_too_long(task_id, timeout) from None
+            raise waited_too_long(task_id, timeout or 0.0) from None
         return None
 
 

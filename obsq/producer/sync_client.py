@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from obsq.app import ProducerHook
 from obsq.broker.blocking import BlockingProducer
@@ -24,7 +25,19 @@ from obsq.producer.client import Client
 from obsq.producer.enqueue import ProducerChain, is_sync_safe, unless_duplicate
 from obsq.schedule import Schedule, ScheduleInfo
 from obsq.settings import DEFAULT_REDIS_URL
-from obsq.task import Job, TaskInfo, TaskMessage
+from obsq.task import (
+    AsyncHandler,
+    EnqueueOptions,
+    Job,
+    PayloadIn,
+    PlainHandler,
+    ResultOut,
+    TaskInfo,
+    TaskMessage,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 T = TypeVar("T")
 
@@ -47,18 +60,49 @@ class SyncClient:
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         context = contextvars.copy_context()
-        future: Any = asyncio.run_coroutine_threadsafe(_in_context(coro, context), self._loop)
+        future = asyncio.run_coroutine_threadsafe(_in_context(coro, context), self._loop)
         return future.result()
 
     def use(self, hook: ProducerHook) -> ProducerHook:
         return self._client.use(hook)
 
-    def enqueue(self, task_type: str | Chain | Chord, payload: Any = None, **options: Any
-                ) -> Any:
-        if options.get("group") is not None or isinstance(task_type, (Chain, Chord)):
-            return self._run(self._client.enqueue(task_type, payload, **options))
-        options.pop("group", None)
-        return unless_duplicate(self.enqueue_many([Job(task_type, payload, **options)])[0])
+    @overload
+    def enqueue(self, task_type: AsyncHandler[PayloadIn, ResultOut], payload: PayloadIn, *,
+                group: str | None = None, **options: Unpack[EnqueueOptions]
+                ) -> TaskInfo[ResultOut]: ...
+    @overload
+    def enqueue(self, task_type: PlainHandler[PayloadIn, ResultOut], payload: PayloadIn, *,
+                group: str | None = None, **options: Unpack[EnqueueOptions]
+                ) -> TaskInfo[ResultOut]: ...
+    @overload
+    def enqueue(self, task_type: str, payload: Any = None, *, group: str | None = None,
+                **options: Unpack[EnqueueOptions]) -> TaskInfo[Any]: ...
+    @overload
+    def enqueue(self, task_type: Chain | Chord) -> FlowInfo: ...
+
+    def enqueue(self, task_type: str | Callable[..., Any] | Chain | Chord,
+                payload: Any = None, *, queue: str | None = None,
+                max_retry: int | None = None, timeout: float | None = None,
+                delay: float | timedelta | None = None,
+                eta: datetime | timedelta | None = None,
+                unique_for: float | timedelta | None = None, task_id: str | None = None,
+                retention: float | timedelta | None = None,
+                headers: dict[str, str] | None = None, ordering_key: str | None = None,
+                group: str | None = None, priority: int | None = None
+                ) -> TaskInfo[Any] | FlowInfo:
+        """Client.enqueue, blocking."""
+        if isinstance(task_type, (Chain, Chord)):
+            return self._run(self._client.enqueue(task_type))
+        if group is not None:
+            return self._run(self._client.enqueue(
+                task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
+                delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
+                retention=retention, headers=headers, ordering_key=ordering_key, group=group,
+                priority=priority))
+        return unless_duplicate(self.enqueue_many([Job(
+            task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout, delay=delay,
+            eta=eta, unique_for=unique_for, task_id=task_id, retention=retention,
+            headers=headers, ordering_key=ordering_key, priority=priority)])[0])
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         app_hooks, hooks = self._client.producer_hooks
@@ -84,14 +128,26 @@ class SyncClient:
         return plan.answer([self._producer.enqueue(queue, group)
                             for queue, group in plan.groups.items()])
 
-    def publish(self, event: str, payload: Any = None, **options: Any) -> list[TaskInfo]:
-        return self._run(self._client.publish(event, payload, **options))
+    def publish(self, event: str, payload: Any = None, *, event_id: str | None = None,
+                headers: dict[str, str] | None = None) -> list[TaskInfo[Any]]:
+        """Client.publish, blocking."""
+        return self._run(self._client.publish(event, payload, event_id=event_id,
+                                              headers=headers))
 
-    def info(self, task_id: str | FlowInfo, queue: str | None = None) -> Any:
+    def info(self, task_id: str | FlowInfo, queue: str | None = None
+             ) -> TaskInfo[Any] | FlowInfo:
         return self._run(self._client.info(task_id, queue))
 
-    def result(self, task_id: str | TaskInfo | FlowInfo, timeout: float | None = None,
+    @overload
+    def result(self, task_id: TaskInfo[ResultOut], timeout: float | None = None,
+               queue: str | None = None) -> ResultOut: ...
+    @overload
+    def result(self, task_id: str | FlowInfo, timeout: float | None = None,
+               queue: str | None = None) -> Any: ...
+
+    def result(self, task_id: str | TaskInfo[Any] | FlowInfo, timeout: float | None = None,
                queue: str | None = None) -> Any:
+        """Client.result, blocking."""
         return self._run(self._client.result(task_id, timeout, queue))
 
     def cancel(self, task_id: str | FlowInfo, queue: str | None = None) -> str:
@@ -129,21 +185,23 @@ async def _make_client(redis_url: str, namespace: str | None, options: dict[str,
     return Client(redis_url, namespace, **options)
 
 
-def _run_now(coro: Coroutine[Any, Any, T]) -> T:
+def _run_now(work: Awaitable[T]) -> T:
     """Run to its end, in this thread, a coroutine that never suspends (sync_safe hooks
     around a blocking write)."""
+    steps = work.__await__()
     try:
-        coro.send(None)
+        steps.send(None)
     except StopIteration as done:
-        return done.value
-    coro.close()
+        value: T = done.value
+        return value
+    steps.close()
     raise RuntimeError("a producer hook marked sync_safe awaited something other than "
                        "call_next")
 
 
 async def _in_context(coro: Coroutine[Any, Any, T], context: contextvars.Context) -> T:
     """Run `coro` as a task created inside the caller's context."""
-    task = context.run(asyncio.ensure_future, coro)
+    task: asyncio.Future[T] = context.run(asyncio.ensure_future, coro)
     return await task
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -127,3 +128,16 @@ def not_json(task: obsq.Task) -> Any:
 def progress(task: obsq.Task) -> None:
     """Calls update_state, which a process pool's child cannot do."""
     task.update_state({"step": 1})
+
+
+@dataclass
+class Point:
+    x: float
+    y: float
+
+
+@app.task("typed:norm", max_retry=0)
+def norm(task: obsq.Task[Point]) -> float:
+    """A typed plain handler: the child reads the payload back as a Point itself."""
+    assert isinstance(task.payload, Point), task.payload
+    return float((task.payload.x ** 2 + task.payload.y ** 2) ** 0.5)

@@ -75,10 +75,11 @@ def _run(app: App, fields: dict[str, Any], carrier: dict[str, str]) -> bytes:
     """The pickled reply: ("ok", result), ("unsent", why) or ("error", exc, traceback)."""
     import pickle  # here, not at the top: a worker imports this module and never pickles
 
-    task = Task(**fields, update_state=_no_update_state)
+    route = app.route(fields["type"])
+    task: Task[Any] = Task(**fields, update_state=_no_update_state,
+                           payload_type=route.payload_type if route is not None else None)
     token = _attach(carrier)
     try:
-        route = app.route(task.type)
         if route is None or route.is_async:
             raise UnknownTaskType(f"no plain handler is registered for task type "
                                   f"{task.type!r} in {app.import_path}")
