@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from obsq.app import App
+from obsq.app import App, CallNextProducer
 from obsq.errors import BrokerError, ConfigurationError, TaskTooLarge
 from obsq.observability.metrics import LABEL_CACHE_LIMIT, OTHER, Metrics, get_metrics
 from obsq.producer.enqueue import sync_safe
@@ -100,7 +99,7 @@ class EnqueueMetrics:
 
     @sync_safe  # awaits only call_next: a SyncClient runs it in its caller's thread
     async def hook(self, messages: list[TaskMessage],
-                   call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
+                   call_next: CallNextProducer) -> list[TaskInfo]:
         try:
             infos = await call_next(messages)
         except BrokerError as exc:
