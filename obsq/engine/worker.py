@@ -402,7 +402,7 @@ class Worker:
                  len(handling), self.settings.shutdown_timeout)
         if handling:
             hurry = asyncio.ensure_future(self._hurry.wait())
-            ends: list[asyncio.Future[Any]] = [  # the running tasks', or a hurry
+            ends: list[asyncio.Future[Any]] = [  # the first to end: the running tasks, or a hurry
                 asyncio.gather(*handling, return_exceptions=True), hurry]
             await asyncio.wait(ends, timeout=self.settings.shutdown_timeout,
                                return_when=asyncio.FIRST_COMPLETED)
