@@ -110,7 +110,7 @@ class ManualClock(Clock):
 
     async def sleep(self, seconds: float, wake: asyncio.Event) -> None:
         task = asyncio.current_task()
-        self._awake.discard(task)  # type: ignore[arg-type]
+        self._awake.discard(task)
         future = asyncio.get_running_loop().create_future()
         self._sleepers[future] = (self._ms + max(int(seconds * 1000), 0), task)
         stop = asyncio.ensure_future(wake.wait())

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from obsq.app import App
     from obsq.testing import Environment
 
+async_fixture: Callable[..., Any]  # pytest-asyncio's decorator, else pytest's own
 try:
     from pytest_asyncio import fixture as async_fixture
 except ImportError:  # anyio's plugin runs plain async fixtures

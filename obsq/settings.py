@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from dataclasses import Field, dataclass, fields
+from typing import Any, ClassVar, TypeVar
 
 from obsq.errors import ConfigurationError
 from obsq.names import is_seconds, seconds_rule, validate_name, validate_namespace
@@ -198,16 +199,17 @@ def parse_route_limits(value: str | dict[str, int]) -> dict[str, int]:
 def _counts(value: str | dict[str, int], kind: str, what: str, default: int | None
             ) -> dict[str, int]:
     """'name=3,other' -> {name: 3, other: default}: names checked, counts positive."""
+    items: list[tuple[str, int | None]]
     if isinstance(value, dict):
         items = list(value.items())
     else:
         items = []
         for part in filter(None, (p.strip() for p in value.split(","))):
-            name, equals, count = part.rpartition("=") if "=" in part else (part, "", "")
-            if not count and default is None:
+            name, equals, number = part.rpartition("=") if "=" in part else (part, "", "")
+            if not number and default is None:
                 raise ConfigurationError(f"{part!r} needs a {what}, as in {part}=2")
             try:
-                items.append((name.strip(), int(count) if equals else default))
+                items.append((name.strip(), int(number) if equals else default))
             except ValueError:
                 raise ConfigurationError(f"{kind} {what} in {part!r} is not an integer"
                                          ) from None
@@ -242,6 +244,8 @@ S = TypeVar("S", bound="EnvSettings")
 class EnvSettings:
     """A settings dataclass that can be read from `OBSQ_<FIELD>` variables."""
 
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # each subclass is a dataclass
+
     def check_times(self) -> None:
         """Every time (a float field) is one obsq can keep (obsq/names.py): `inf`, `nan`
         or 1e16 would make a lease, a timeout or an interval one that never ends, never
@@ -253,7 +257,7 @@ class EnvSettings:
                                          f"got {value!r}")
 
     @classmethod
-    def from_env(cls: type[S], environ: dict[str, str] | None = None, **overrides: Any) -> S:
+    def from_env(cls: type[S], environ: Mapping[str, str] | None = None, **overrides: Any) -> S:
         """Settings from `OBSQ_<NAME>` variables; explicit overrides (not None) win."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}

@@ -196,12 +196,12 @@ def _sentinel_client(parts: Any, options: dict[str, Any], blocking: bool) -> Any
         options.pop("timeout")
     if parts.password:  # else the environment's, in options
         options.update(username=parts.username or None, password=parts.password)
-    sentinel = (SyncSentinel if blocking else Sentinel)(
-        hosts, sentinel_kwargs={"password": query.get("sentinel_password", [None])[0]},
-        db=int(path[1]) if len(path) > 1 else 0, **options)
+    options.update(sentinel_kwargs={"password": query.get("sentinel_password", [None])[0]},
+                   db=int(path[1]) if len(path) > 1 else 0)
     if blocking:
-        return sentinel.master_for(path[0])
-    return sentinel.master_for(path[0], connection_pool_class=_BlockingSentinelPool)
+        return SyncSentinel(hosts, **options).master_for(path[0])
+    return Sentinel(hosts, **options).master_for(path[0],
+                                                 connection_pool_class=_BlockingSentinelPool)
 
 
 def kept_connection(client: Any) -> Any:

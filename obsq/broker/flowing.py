@@ -127,7 +127,7 @@ class Flowing(RedisCalls):
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(k.flow)
         pipe.hgetall(k.results)
-        return tuple(await self._guard("flow_info", pipe.execute()))  # type: ignore[return-value]
+        return tuple(await self._guard("flow_info", pipe.execute()))
 
     async def delete_flow(self, flow_id: str) -> None:
         k = self.flow_keys(flow_id)

@@ -69,7 +69,7 @@ class GroupsAndEvents(RedisCalls):
         """Hand back batches `owner` claims and will not end (it is stopping), so that
         another worker takes them at once; only the claims it still holds, by their fence
         (release_batches.lua). Returns how many were released."""
-        by_queue: dict[str, list[tuple[str, str]]] = {}
+        by_queue: dict[str, list[tuple[str, int]]] = {}
         for batch in batches:
             by_queue.setdefault(batch.queue, []).append((batch.id, batch.fence))
         released = 0
@@ -93,4 +93,4 @@ class GroupsAndEvents(RedisCalls):
         e = self.event_keys
         members = await self._script("subscribers", (e.subscribers(event), e.subscribed),
                                      argv("subscribers", event=event))
-        return sorted(tuple(m.decode().split(" ", 1)) for m in members)  # type: ignore[misc]
+        return sorted(tuple(m.decode().split(" ", 1)) for m in members)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
@@ -18,11 +18,15 @@ from obsq.broker.blocking import BlockingCalls
 from obsq.broker.records import Attempt
 from obsq.broker.startup import worst_policy
 
+if TYPE_CHECKING:
+    from obsq.broker.broker import Broker
+
 
 class BlockingKeeping(BlockingCalls):
     """Heartbeat, leases, subscriptions, the memory policy and the data-set token, blocking
     (one thread at a time)."""
 
+    broker: Broker  # a whole one: the heartbeat's, leases' and subscriptions' calls are its
     _config_denied = False  # CONFIG GET refused once: read INFO from then on
 
     def heartbeat(self, worker_id: str, description: dict[str, Any], ttl: float) -> None:

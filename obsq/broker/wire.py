@@ -550,6 +550,6 @@ def as_number(raw: bytes | str | int | None) -> int | None:
     if raw in (None, b"", ""):
         return None
     try:
-        return int(float(raw))  # type: ignore[arg-type]
+        return int(float(raw))
     except (TypeError, ValueError):
         return None

@@ -257,7 +257,8 @@ class Working(RedisCalls):
     def extend_calls(self, attempts: dict[str, list[Attempt]], lease_seconds: float,
                       worker_id: str) -> tuple[list[ScriptCall], list[str]]:
         """The calls that extend leases ({queue: attempts}), and the queue of each call."""
-        calls, queues = [], []
+        calls: list[ScriptCall] = []
+        queues: list[str] = []
         for queue, items in attempts.items():
             k = self.keys(queue)
             for start in range(0, len(items), ATTEMPTS_PER_CALL):

@@ -539,19 +539,23 @@ class Suspects:
 
 RATE_TOLERANCE = 1.0
 
+# a route's limit as dequeue.lua takes it: (pattern, concurrency or 0, the interval between
+# starts (ms) or 0, how early a start may come (ms))
+Share = tuple[str, int, float, float]
+
 
 class RouteLimits:
     def __init__(self, app: App, route_concurrency: dict[str, int] | None) -> None:
-        self._shared = [
-            [r.pattern, r.concurrency or 0, 1000 / r.rate if r.rate else 0,
-             RATE_TOLERANCE * 1000 / r.rate if r.rate else 0]
+        self._shared: list[Share] = [
+            (r.pattern, r.concurrency or 0, 1000 / r.rate if r.rate else 0,
+             RATE_TOLERANCE * 1000 / r.rate if r.rate else 0)
             for r in app.routes if r.concurrency or r.rate]
         self._own: PatternTable[str] = PatternTable()
         self._own_limits = dict(route_concurrency or {})
         for pattern in self._own_limits:
             self._own.add(pattern, pattern)
         self._taken: Counter[str] = Counter()  # this worker's attempts per own pattern
-        self._by_count: dict[int, list[list[Any]]] = {}  # the shares per partition count
+        self._by_count: dict[int, list[Share]] = {}  # the shares per partition count
 
     def encoded(self, partitions: int = 1) -> bytes:
         """What dequeue.lua takes for a queue of `partitions` partitions: b"" when there is
@@ -564,14 +568,14 @@ class RouteLimits:
         own = [[p, limit - self._taken[p]] for p, limit in self._own_limits.items()]
         return orjson.dumps({"g": self._shares(partitions), "l": own})
 
-    def _shares(self, partitions: int) -> list[list[Any]]:
+    def _shares(self, partitions: int) -> list[Share]:
         if partitions == 1:
             return self._shared
         shares = self._by_count.get(partitions)
         if shares is None:
             shares = self._by_count[partitions] = [
-                [pattern, share(limit, partitions) if limit else 0, interval * partitions,
-                 tolerance * partitions] for pattern, limit, interval, tolerance in self._shared]
+                (pattern, share(limit, partitions) if limit else 0, interval * partitions,
+                 tolerance * partitions) for pattern, limit, interval, tolerance in self._shared]
         return shares
 
     def took(self, task: Task) -> None:

@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, TypeVar
 
 from obsq.app import Hooks
@@ -201,7 +202,12 @@ class Settler:
         attempt = attempt_of(task)
         if verdict.outcome == "success":
             future: asyncio.Future[bool | None] = asyncio.get_running_loop().create_future()
-            self._gather(task, verdict, lambda ok: future.done() or future.set_result(ok))
+
+            def tell(ok: bool | None) -> None:
+                if not future.done():
+                    future.set_result(ok)
+
+            self._gather(task, verdict, tell)
             if self.direct:
                 await self._persist(self.acks.flush)
             recorded = await future
@@ -275,8 +281,9 @@ class Settler:
         for queue, group in by_queue.items():
             for task in group:
                 self.claims.ending(queue, task.id)
-            accepted = await self._persist(lambda q=queue, g=group: self.broker.hand_back(
-                q, [attempt_of(t) for t in g], self.worker_id), attempts=5)
+            accepted = await self._persist(partial(
+                self.broker.hand_back, queue, [attempt_of(t) for t in group], self.worker_id),
+                attempts=5)
             for task in group:
                 self.claims.released(queue, task.id, task._attempt.fence)
             for task, ok in zip(group, accepted or [None] * len(group)):

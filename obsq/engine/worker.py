@@ -402,8 +402,9 @@ class Worker:
                  len(handling), self.settings.shutdown_timeout)
         if handling:
             hurry = asyncio.ensure_future(self._hurry.wait())
-            await asyncio.wait([asyncio.gather(*handling, return_exceptions=True), hurry],
-                               timeout=self.settings.shutdown_timeout,
+            ends: list[asyncio.Future[Any]] = [  # the first to end: the running tasks, or a hurry
+                asyncio.gather(*handling, return_exceptions=True), hurry]
+            await asyncio.wait(ends, timeout=self.settings.shutdown_timeout,
                                return_when=asyncio.FIRST_COMPLETED)
             hurry.cancel()
         cancelled = list(handling)

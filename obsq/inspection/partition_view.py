@@ -51,9 +51,16 @@ def readable(name: str) -> str:
 
 
 class Figures(Protocol):
-    depth: dict[str, int]
-    latency: float
-    paused: bool
+    """A partition's figures, only read: a QueueStats (a NamedTuple) or a QueueInfo."""
+
+    @property
+    def depth(self) -> dict[str, int]: ...
+
+    @property
+    def latency(self) -> float: ...
+
+    @property
+    def paused(self) -> bool: ...
 
 
 def summed(parts: Sequence[Figures]) -> QueueStats:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from obsq.app import App
+from obsq.app import App, CallNextProducer
 from obsq.errors import BrokerError, ConfigurationError, TaskTooLarge
 from obsq.observability.metrics import LABEL_CACHE_LIMIT, OTHER, Metrics, get_metrics
 from obsq.producer.enqueue import sync_safe
@@ -108,7 +107,7 @@ class EnqueueMetrics:
 
     @sync_safe  # awaits only call_next: a SyncClient runs it in its caller's thread
     async def hook(self, messages: list[TaskMessage],
-                   call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
+                   call_next: CallNextProducer) -> list[TaskInfo]:
         meters = self.meters
         start = time.perf_counter() if meters is not None else 0.0
         try:

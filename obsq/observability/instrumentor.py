@@ -34,7 +34,7 @@ def _instrumented_init(init: Any, client: Client, args: Any, kwargs: Any) -> Non
     instrument_client(client)
 
 
-class ObsqInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class ObsqInstrumentor(BaseInstrumentor):
     """Instruments each Client as it is made (instrument_client); `uninstrument()` stops it
     for the Clients made after."""
 

@@ -33,17 +33,23 @@ class TraceContextFilter(logging.Filter):
         return True
 
 
+def _trace_ids(record: logging.LogRecord) -> tuple[str, str]:
+    """(trace_id, span_id) TraceContextFilter set on `record`, empty strings otherwise: they
+    are attributes it adds, which LogRecord does not declare."""
+    return getattr(record, "trace_id", ""), getattr(record, "span_id", "")
+
+
 class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        trace_id = getattr(record, "trace_id", "")
+        trace_id, span_id = _trace_ids(record)
         if not trace_id:
             return text
         first, newline, rest = text.partition("\n")  # keep a traceback below the ids
-        return f"{first} trace_id={trace_id} span_id={record.span_id}{newline}{rest}"
+        return f"{first} trace_id={trace_id} span_id={span_id}{newline}{rest}"
 
 
 class JsonFormatter(logging.Formatter):
@@ -68,9 +74,10 @@ class JsonFormatter(logging.Formatter):
             entry["exc_info"] = record.exc_text
         if record.stack_info:
             entry["stack_info"] = self.formatStack(record.stack_info)
-        if getattr(record, "trace_id", ""):
-            entry["trace_id"] = record.trace_id
-            entry["span_id"] = record.span_id
+        trace_id, span_id = _trace_ids(record)
+        if trace_id:
+            entry["trace_id"] = trace_id
+            entry["span_id"] = span_id
         for key, value in record.__dict__.items():
             if key not in self._standard and not key.startswith("_"):
                 entry[key] = value

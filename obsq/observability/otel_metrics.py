@@ -133,13 +133,15 @@ def _exporter(name: str) -> Any:
                                  "none")
     protocol = _protocol()
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    elif protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    else:
-        raise ConfigurationError(f"OTLP protocol {protocol!r} is not supported: use grpc or "
-                                 "http/protobuf")
-    return OTLPMetricExporter()
+        from opentelemetry.exporter.otlp.proto.grpc import metric_exporter as grpc
+
+        return grpc.OTLPMetricExporter()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http import metric_exporter as http
+
+        return http.OTLPMetricExporter()
+    raise ConfigurationError(f"OTLP protocol {protocol!r} is not supported: use grpc or "
+                             "http/protobuf")
 
 
 def shutdown_otel_metrics(timeout_millis: float = 10_000) -> None:

@@ -40,6 +40,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from obsq._version import __version__
+from obsq.app import CallNextProducer
 from obsq.errors import ConfigurationError
 from obsq.names import partition_index
 from obsq.producer.fanout import EVENT_HEADER
@@ -232,7 +233,7 @@ class SendTracing:
         return self.tracer.start_span(name, parent, SpanKind.CLIENT, attributes, links)
 
     async def __call__(self, messages: list[TaskMessage],
-                       call_next: Callable[[list[TaskMessage]], Any]) -> list[TaskInfo]:
+                       call_next: CallNextProducer) -> list[TaskInfo]:
         parent = otel_context.get_current()
         if len(messages) == 1:
             send = self._message_span("send", messages[0], parent)
@@ -401,16 +402,22 @@ def _processor(name: str) -> Any:
                                  "or none")
     protocol = _protocol()
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    elif protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+
+        return BatchSpanProcessor(GrpcExporter())
+    if protocol == "http/protobuf":
         native = _fastotel_processor()
         if native is not None:
             return native
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    else:
-        raise ConfigurationError(f"OTLP protocol {protocol!r} is not supported: use grpc or "
-                                 "http/protobuf")
-    return BatchSpanProcessor(OTLPSpanExporter())
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as HttpExporter,
+        )
+
+        return BatchSpanProcessor(HttpExporter())
+    raise ConfigurationError(f"OTLP protocol {protocol!r} is not supported: use grpc or "
+                             "http/protobuf")
 
 
 def _fastotel_processor() -> Any:

@@ -77,9 +77,9 @@ async def check_flows(broker: Broker, queues: list[str]
     lost = []
     for flow_id, step in suspects:  # read again: its end may have been recorded since
         fields, results = await broker.flow_record(flow_id)
-        info = FlowInfo.from_record(flow_id, fields, results) if fields else None
-        if info is not None and info.state == "running" and \
-                info.steps[step.index].state == "enqueued" and \
+        current = FlowInfo.from_record(flow_id, fields, results) if fields else None
+        if current is not None and current.state == "running" and \
+                current.steps[step.index].state == "enqueued" and \
                 not (await broker.tasks_exist([(step.queue, step.id)]))[0]:
             lost.append(step.id)
     notes += [f"{gone} flow(s) indexed and gone after their end (the flow sweep forgets "
@@ -145,8 +145,8 @@ async def aside_notices(broker: Broker, queues: list[str]) -> list[str]:
                                f"{name}: {why}" for name, _, why in found[:EXAMPLES]))
     cursor, flows = "0", []
     while True:
-        cursor, page = await broker.flows_set_aside(cursor, STEP)
-        flows += page
+        cursor, flow_page = await broker.flows_set_aside(cursor, STEP)
+        flows += flow_page
         if cursor == "0":
             break
     if flows:

@@ -103,7 +103,7 @@ class Supervisor:
         status = 0
         try:
             if self.settings.http_port is not None:
-                self._start_http(namespace)
+                self._start_http(namespace, self.settings.http_port)
             log.info("supervisor %d: starting %d worker processes of %s%s", os.getpid(),
                      len(self.children), self.app_spec,
                      f", http on :{self._http.port}" if self._http else "")
@@ -268,7 +268,7 @@ class Supervisor:
 
     # -- the pod's HTTP endpoint ----------------------------------------------------------
 
-    def _start_http(self, namespace: str) -> None:
+    def _start_http(self, namespace: str, port: int) -> None:
         from obsq.broker import Broker
         from obsq.observability.collector import QueueCollector
         from obsq.observability.http import HealthServer
@@ -286,7 +286,7 @@ class Supervisor:
         collectors = [QueueCollector(broker, loop, list(self.queues))
                       ] if self.settings.queue_metrics else []
         registry = endpoint_registry(*collectors)
-        self._http = HealthServer(self.settings.http_host, self.settings.http_port, registry,
+        self._http = HealthServer(self.settings.http_host, port, registry,
                                   live=self._live, ready=self._ready, status=self._status)
 
     async def _run_watch(self) -> None:

@@ -283,10 +283,15 @@ class Placement:
 # caller's thread with no event loop.
 
 
-def sync_safe(hook: ProducerHook) -> ProducerHook:
+# a producer hook, or the function of a method that is one once bound (its self first)
+AnyHook = TypeVar("AnyHook", bound=Callable[..., Awaitable[list[TaskInfo]]])
+
+
+def sync_safe(hook: AnyHook) -> AnyHook:
     """Mark a producer hook that awaits nothing but `call_next`: a SyncClient can then run
     it in the caller's own thread, without an event loop. (A SyncClient with a hook not so
-    marked hands its enqueues to its event-loop thread, as a hook may await anything.)"""
+    marked hands its enqueues to its event-loop thread, as a hook may await anything.)
+    It marks a method too, in its class: each bound one is marked."""
     hook.obsq_sync_safe = True  # type: ignore[attr-defined]
     return hook
 
@@ -452,7 +457,7 @@ class SharedCalls(Generic[R]):
         keys this caller's own call covered."""
         fresh = keys - self._underway.keys()
         if fresh:
-            call = asyncio.ensure_future(self._call(fresh))
+            call: asyncio.Future[R] = asyncio.ensure_future(self._call(fresh))
             for key in fresh:
                 self._underway[key] = call
             call.add_done_callback(lambda done: self._done(fresh, done))

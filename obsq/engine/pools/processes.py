@@ -27,7 +27,7 @@ from obsq.engine.pools.child import child_setups, serve
 from obsq.errors import ConfigurationError, HandlerCrashed, TaskTimeout
 
 if TYPE_CHECKING:
-    from multiprocessing.context import BaseContext
+    from multiprocessing.context import ForkServerContext, SpawnContext
     from multiprocessing.process import BaseProcess
 
     from obsq.app import App, Route
@@ -226,7 +226,7 @@ def import_path(app: App) -> str:
                              "(not the __main__ script) and run `obsq worker MODULE:APP`")
 
 
-def _start_context(app_path: str) -> BaseContext:
+def _start_context(app_path: str) -> ForkServerContext | SpawnContext:
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["obsq.engine.pools.child", app_path.partition(":")[0]])
