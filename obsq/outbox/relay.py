@@ -105,6 +105,7 @@ class Relay:
         async with self.wakeup:
             while not self._stopping.is_set():
                 if not await self.wakeup.lead(self._stopping, self.poll_interval):
+                    self.backlog = Backlog()  # the leader's gauges tell the rows waiting
                     continue  # another relay leads: this one waits to take over
                 self.wakeup.clear()  # a notification from now on wakes the next wait
                 try:
