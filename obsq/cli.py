@@ -156,8 +156,9 @@ def cmd_outbox(args: argparse.Namespace) -> int:
     batch = args.batch or os.environ.get("OBSQ_BATCH")
     if batch:
         options["batch"] = int(batch)
-    if args.poll_interval is not None:
-        options["poll_interval"] = args.poll_interval
+    poll_interval = args.poll_interval or os.environ.get("OBSQ_POLL_INTERVAL")
+    if poll_interval:
+        options["poll_interval"] = float(poll_interval)
 
     async def relay() -> None:  # the Client is made on the loop it runs on
         await run_relay(relay_of(database_url, _redis_url(args), _namespace(args), **options),
@@ -290,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     outbox.add_argument("--batch", type=int, help="rows moved per round trip "
                         "(OBSQ_BATCH, 500)")
     outbox.add_argument("--poll-interval", type=float, help="seconds between looks for "
-                        "rows when no notification comes (0.5; PostgreSQL notifies at once)")
+                        "rows when no notification comes (OBSQ_POLL_INTERVAL, 0.5; PostgreSQL "
+                        "notifies at once)")
     outbox.add_argument("--log-format", choices=("text", "json"), help="OBSQ_LOG_FORMAT")
     outbox.add_argument("--http-port", type=int, help="/metrics, /healthz and /readyz "
                         f"(OBSQ_HTTP_PORT, {OUTBOX_HTTP_PORT}; 0: any free port, -1: none)")
