@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-from outbox.producer import ledger_table
 from sqlalchemy import MetaData, func, select
 from support import ROOT, ObsqProcess, obsq_env, sync_redis
 
 from obsq.outbox import Outbox
 from obsq.outbox.relay import sync_engine
+from outbox.producer import ledger_table
 
 ROWS = 1500
 
