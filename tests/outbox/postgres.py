@@ -33,7 +33,9 @@ class PostgresCluster:
     """`start()` initdb's a cluster and starts it; `url` is its SQLAlchemy URL (psycopg);
     `stop()` stops it and removes its files."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, durable: bool = False) -> None:
+        """`durable`: fsync as a production server does (the benchmark); the tests skip it."""
+        self.durable = durable
         self.directory = Path(tempfile.mkdtemp(prefix="obsq-pg-"))
         self.port = _free_port()
         self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
@@ -56,7 +58,8 @@ class PostgresCluster:
                   "--no-sync")
         self._run(pg_ctl, "-D", str(data), "-l", str(self.directory / "log"), "-w", "-o",
                   f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 "
-                  "-c fsync=off -c max_connections=200", "start")
+                  f"-c fsync={'on' if self.durable else 'off'} -c max_connections=200",
+                  "start")
         return self
 
     def stop(self) -> None:
