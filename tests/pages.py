@@ -18,6 +18,7 @@ PAGE_URL = "redis://localhost:6379/0"
 # test named here runs it.
 SNIPPET = re.compile(r'^--8<-- "([^"]+)"\n$')
 INCLUDED = {"examples/webapp.py": "tests/observability/test_examples.py",
+            "examples/fastapi_outbox.py": "tests/outbox/test_examples.py",
             **{f"examples/testing/{name}.py": "tests/test_testing.py"
                for name in ("shop", "conftest", "test_tasks")}}
 # The blocks that tests/test_readme.py runs with checks of their own (their output, or a
