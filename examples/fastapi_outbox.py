@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException
 from sqlalchemy import String, create_engine, func, select
@@ -61,7 +62,7 @@ def database() -> Iterator[Session]:
 
 
 @api.post("/orders")
-def place_order(email: str, db: Session = Depends(database)) -> dict[str, object]:
+def place_order(email: str, db: Annotated[Session, Depends(database)]) -> dict[str, object]:
     """The order and its task in one transaction: both or neither."""
     with db.begin():
         order = Order(email=email)
