@@ -17,16 +17,23 @@ from typing import Any, overload
 
 from opentelemetry import propagate
 from sqlalchemy import Connection, Engine, Executable, MetaData, Table, func, insert, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
+    AsyncEngine,
+    AsyncSession,
+    async_scoped_session,
+)
+from sqlalchemy.orm import Session, scoped_session
 
 from obsq.app import App, Hooks
 from obsq.outbox.table import DEFAULT_TABLE, outbox_table, row_of
 from obsq.producer.enqueue import JobChecks
 from obsq.task import Job
 
-SyncTarget = Connection | Session
-AsyncTarget = AsyncConnection | AsyncSession
+SyncTarget = Connection | Session | scoped_session[Session]
+AsyncTarget = AsyncConnection | AsyncSession | async_scoped_session[AsyncSession]
+SYNC_TARGETS = (Connection, Session, scoped_session)
+ASYNC_TARGETS = (AsyncConnection, AsyncSession, async_scoped_session)
 
 
 class Outbox:
@@ -88,10 +95,11 @@ class Outbox:
                 retention: float | timedelta | None = None,
                 headers: dict[str, str] | None = None, ordering_key: str | None = None,
                 priority: int | None = None) -> str | Awaitable[str]:
-        """Write the task in `conn`'s transaction (a Connection or Session, or their async
-        kinds: then await the call) and return the id it will have in Redis. The options are
-        Client.enqueue's; ValueError/TypeError (UnknownTaskType) before anything is written.
-        The task is enqueued once the transaction commits; its delay counts from now."""
+        """Write the task in `conn`'s transaction (a Connection or Session, scoped or not,
+        or their async kinds: then await the call) and return the id it will have in Redis.
+        The options are Client.enqueue's; ValueError/TypeError (UnknownTaskType) before
+        anything is written. The task is enqueued once the transaction commits; its delay
+        counts from now."""
         headers = dict(headers or {})
         propagate.inject(headers)  # the trace of the request that enqueued it goes on
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
@@ -101,8 +109,11 @@ class Outbox:
         now = time.time()
         message = self.checks.prepare([job], now)[0]
         statement = self._insert(row_of(message, now))
-        if isinstance(conn, (AsyncConnection, AsyncSession)):
+        if isinstance(conn, ASYNC_TARGETS):
             return self._write_async(conn, statement, message.id)
+        if not isinstance(conn, SYNC_TARGETS):  # nothing else is known to write in it
+            raise TypeError(f"outbox.enqueue writes in a Connection or Session (or their "
+                            f"async kinds), got {type(conn).__name__}")
         conn.execute(statement)
         return message.id
 

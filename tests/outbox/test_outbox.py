@@ -238,3 +238,17 @@ def test_the_table_joins_an_applications_metadata_for_its_migrations() -> None:
     table = outbox_table(metadata)
     outbox = Outbox(create_engine("sqlite://"), metadata=metadata)
     assert outbox.table is table and metadata.tables["obsq_outbox"] is table
+
+
+def test_a_scoped_session_writes_and_anything_else_is_refused(
+        sqlite_url: str, table_name: str) -> None:
+    from sqlalchemy.orm import scoped_session, sessionmaker
+
+    outbox = outbox_of(sqlite_url, table_name)
+    sessions = scoped_session(sessionmaker(outbox.engine))  # type: ignore[arg-type]
+    outbox.enqueue(sessions, "email:send", {})
+    sessions.commit()
+    sessions.remove()
+    with pytest.raises(TypeError, match="Connection or Session"):
+        outbox.enqueue(outbox.engine, "email:send", {})  # type: ignore[call-overload]
+    assert waiting(outbox) == 1
