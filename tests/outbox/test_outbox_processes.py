@@ -8,10 +8,11 @@ import asyncio
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
-from support import ROOT, ObsqProcess, obsq_env, one_clear_line, run_obsq
+from support import ROOT, ObsqProcess, obsq_env, one_clear_line, run_obsq, wait_for
 
 import obsq
 from obsq.outbox import Outbox
@@ -69,3 +70,34 @@ def test_obsq_outbox_without_a_database_says_so() -> None:
     result = run_obsq("outbox")
     assert result.returncode == 2
     one_clear_line(result, "--database-url", "OBSQ_DATABASE_URL")
+
+
+def test_obsq_outbox_serves_its_metrics_and_readiness(sqlite_url: str, redis_url: str,
+                                                       namespace: str, tmp_path: Path) -> None:
+    """Ready while its batches work; not ready while they fail (here: no table yet)."""
+    port = free_port()
+    relay = ObsqProcess(["outbox", "--database-url", sqlite_url, "--redis-url", redis_url,
+                         "--namespace", namespace, "--http-port", str(port)],
+                        obsq_env(), ROOT, tmp_path / "relay.log")
+
+    def get(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}") as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as refused:
+            return refused.code, refused.read().decode()
+        except OSError:
+            return 0, ""
+
+    try:
+        assert wait_for(lambda: get("/readyz")[0] == 503, timeout=30), relay.log()
+        assert "no such table" in get("/readyz")[1]
+        Outbox(sync_engine(sqlite_url)).create_table()
+        assert wait_for(lambda: get("/readyz")[0] == 200, timeout=30), relay.log()
+        metrics = get("/metrics")[1]
+        for name in ("obsq_outbox_rows_waiting", "obsq_outbox_oldest_age_seconds",
+                     "obsq_outbox_relayed_total"):
+            assert f'{name}{{table="obsq_outbox"}}' in metrics
+        assert relay.stop() == 0, relay.log()
+    finally:
+        relay.close()
