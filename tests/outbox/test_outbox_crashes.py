@@ -45,14 +45,15 @@ def test_killed_producers_and_relays_lose_nothing_and_double_nothing(
     kills = 0
     relays: list[ObsqProcess] = []
     try:
-        while producer.poll() is None:  # relays killed while rows keep coming
+        while producer.poll() is None or kills < 3:  # relays killed as rows keep coming
             relay = start_relay(database_url, table_name, admin_redis_url, namespace,
                                 tmp_path / f"relay-{kills}.log")
             relays.append(relay)
-            time.sleep(random.uniform(0.3, 1.0))
+            time.sleep(random.uniform(0.3, 1.2))  # a start is about 0.5 s of it
             relay.signal(signal.SIGKILL)
             relay.wait()
             kills += 1
+        producer.wait(60)
         assert producer.returncode == -signal.SIGKILL  # it killed itself after its commit
         relay = start_relay(database_url, table_name, admin_redis_url, namespace,
                             tmp_path / "relay-last.log")
