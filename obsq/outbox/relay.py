@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sqlalchemy import (
@@ -90,6 +91,9 @@ class Relay:
         self.wakeup: Wakeup = wakeup_for(self.engine, table_name)
         self.failure: str | None = None  # the last batch's error, until one succeeds
         self._stopping = asyncio.Event()
+        # the database calls, one at a time, on a thread of their own: beside a worker, its
+        # default executor's threads may all be busy with an App's blocking work
+        self._database = ThreadPoolExecutor(1, thread_name_prefix="obsq-outbox")
 
     def problem(self) -> str | None:
         """What keeps the relay from moving rows (its readiness), or None."""
@@ -123,11 +127,12 @@ class Relay:
 
     async def relay_batch(self) -> int:
         """Move one batch of the oldest rows; returns how many were moved."""
-        rows = await asyncio.to_thread(self._read)
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(self._database, self._read)
         if rows:
             jobs = [job_of(r.task_id, r.type, r.payload, r.options) for r in rows]
             await self.client.enqueue_many(jobs)  # a duplicate: sent before, and kept
-            await asyncio.to_thread(self._delete, [r.id for r in rows])
+            await loop.run_in_executor(self._database, self._delete, [r.id for r in rows])
             self.relayed += len(rows)
         return len(rows)
 
