@@ -682,6 +682,37 @@ def overview() -> dash.Dashboard:
         ),
     ]:
         board = board.with_panel(panel)
+
+    board = board.with_row(row("Outbox"))
+    for panel in [
+        graph(
+            "Outbox rows waiting",
+            "Committed rows of each transactional outbox table not yet moved to Redis, as the "
+            "leading relay counts them. A level that only grows: the relay is down or fails "
+            "(its log and /readyz say why).",
+            "short",
+            queries((f"max by ({INSTALLATION}, table) "
+                     f"(obsq_outbox_rows_waiting{{{SCOPE}}})", "{{table}}")),
+            width=8,
+        ),
+        graph(
+            "Oldest outbox row",
+            "Age of the oldest committed row waiting for the relay: the time from commit to "
+            "Redis. ObsqOutboxRelayStuck fires above 2 minutes.",
+            "s",
+            queries((f"max by ({INSTALLATION}, table) "
+                     f"(obsq_outbox_oldest_age_seconds{{{SCOPE}}})", "{{table}}")),
+            width=8,
+        ),
+        graph(
+            "Outbox rows relayed",
+            "Rows moved from each outbox table to Redis per second, by all relays.",
+            "ops",
+            queries((rate("obsq_outbox_relayed_total", SCOPE, "table"), "{{table}}")),
+            width=8,
+        ),
+    ]:
+        board = board.with_panel(panel)
     return board
 
 

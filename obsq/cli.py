@@ -8,7 +8,8 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from obsq._version import __version__
 from obsq.app import load_app
@@ -21,12 +22,16 @@ from obsq.settings import (
     DEFAULT_NAMESPACE,
     EXPORTER_HTTP_PORT,
     LOOPS,
+    OUTBOX_HTTP_PORT,
     POOLS,
     SCHEDULER_HTTP_PORT,
     WORKER_HTTP_PORT,
     SchedulerSettings,
     WorkerSettings,
 )
+
+if TYPE_CHECKING:
+    from obsq.outbox import Relay
 
 log = logging.getLogger("obsq")
 ALLOW_EVICTION = ("--allow-eviction",)
@@ -107,12 +112,65 @@ def cmd_worker(args: argparse.Namespace) -> int:
                          metrics=settings.metrics, tracing=settings.tracing,
                          queue_metrics=settings.queue_metrics)
 
+    relay = _outbox_relay(args.outbox_database_url, settings.redis_url, settings.processes)
+
+    async def serve_with_relay(worker: Worker) -> None:
+        if relay is None:
+            return await serve(worker)
+        from obsq.outbox.process import beside
+
+        await beside(serve(worker), relay(worker.namespace))
+
     try:
-        eventloop.run(serve(Worker(app, settings=settings, handle_signals=not supervised)),
+        eventloop.run(serve_with_relay(Worker(app, settings=settings,
+                                              handle_signals=not supervised)),
                       settings.loop)
     finally:
         shutdown_tracing()
         shutdown_otel_metrics()
+    return 0
+
+
+def _outbox_relay(database_url: str | None, redis_url: str, processes: int
+                  ) -> Callable[[str], Relay] | None:
+    """The outbox relay a worker runs beside itself (`--outbox-database-url`), made on its
+    event loop when called with the worker's namespace; None without one."""
+    database_url = database_url or os.environ.get("OBSQ_OUTBOX_DATABASE_URL")
+    if not database_url:
+        return None
+    if processes > 1:
+        raise ConfigurationError("--outbox-database-url runs one relay beside one worker "
+                                 "process: run `obsq outbox` apart from --processes workers")
+    from obsq.outbox.process import relay_of
+
+    return lambda namespace: relay_of(database_url, redis_url, namespace)
+
+
+def cmd_outbox(args: argparse.Namespace) -> int:
+    from obsq.observability import configure_logging
+    from obsq.outbox.process import relay_of, run_relay
+
+    configure_logging(args.log_format or os.environ.get("OBSQ_LOG_FORMAT", "text"),
+                      os.environ.get("OBSQ_LOG_LEVEL", "INFO"))
+    database_url = args.database_url or os.environ.get("OBSQ_DATABASE_URL")
+    if not database_url:
+        raise ConfigurationError("obsq outbox needs --database-url (OBSQ_DATABASE_URL): the "
+                                 "SQLAlchemy URL of the database holding the outbox table")
+    options: dict[str, Any] = {"table_name": args.table or os.environ.get("OBSQ_TABLE")
+                               or "obsq_outbox"}
+    batch = args.batch or os.environ.get("OBSQ_BATCH")
+    if batch:
+        options["batch"] = int(batch)
+    poll_interval = args.poll_interval or os.environ.get("OBSQ_POLL_INTERVAL")
+    if poll_interval:
+        options["poll_interval"] = float(poll_interval)
+
+    async def relay() -> None:  # the Client is made on the loop it runs on
+        await run_relay(relay_of(database_url, _redis_url(args), _namespace(args), **options),
+                        http_port=_http_port(args, OUTBOX_HTTP_PORT),
+                        http_host=os.environ.get("OBSQ_HTTP_HOST", "0.0.0.0"))
+
+    asyncio.run(relay())
     return 0
 
 
@@ -238,6 +296,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "(OBSQ_QUEUE_METRICS=false)")
     worker.add_argument("--no-tracing", action="store_true", help="OBSQ_TRACING=false")
     worker.add_argument(*ALLOW_EVICTION, **ALLOW_EVICTION_OPTIONS)
+    worker.add_argument("--outbox-database-url", metavar="URL",
+                        help="also relay the outbox table of this database (obsq[outbox]) "
+                        "to Redis, as `obsq outbox` does (OBSQ_OUTBOX_DATABASE_URL)")
+
+    outbox = command("outbox", "move the committed rows of a transactional outbox "
+                     "(obsq.outbox.Outbox) to Redis, in order, each once", cmd_outbox)
+    outbox.add_argument("--database-url", metavar="URL", help="SQLAlchemy URL of the "
+                        "database holding the table: postgresql://..., sqlite:///path "
+                        "(OBSQ_DATABASE_URL)")
+    outbox.add_argument("--table", help="the outbox table (OBSQ_TABLE, obsq_outbox)")
+    outbox.add_argument("--batch", type=int, help="rows moved per round trip "
+                        "(OBSQ_BATCH, 500)")
+    outbox.add_argument("--poll-interval", type=float, help="seconds between looks for "
+                        "rows when no notification comes (OBSQ_POLL_INTERVAL, 0.5; PostgreSQL "
+                        "notifies at once)")
+    outbox.add_argument("--log-format", choices=("text", "json"), help="OBSQ_LOG_FORMAT")
+    outbox.add_argument("--http-port", type=int, help="/metrics, /healthz and /readyz "
+                        f"(OBSQ_HTTP_PORT, {OUTBOX_HTTP_PORT}; 0: any free port, -1: none)")
 
     scheduler = command("scheduler", "fire the schedule entries, the App's and those added "
                         "at run time (safe with replicas)", cmd_scheduler)

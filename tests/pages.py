@@ -19,6 +19,7 @@ PAGE_URL = "redis://localhost:6379/0"
 SNIPPET = re.compile(r'^--8<-- "([^"]+)"\n$')
 INCLUDED = {"examples/webapp.py": "tests/observability/test_examples.py",
             "examples/typed_tasks.py": "tests/test_typing.py",
+            "examples/fastapi_outbox.py": "tests/outbox/test_examples.py",
             **{f"examples/testing/{name}.py": "tests/test_testing.py"
                for name in ("shop", "conftest", "test_tasks")},
             **{f"examples/django/{name}.py": "tests/test_django.py"

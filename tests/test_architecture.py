@@ -20,7 +20,7 @@ PACKAGE = ROOT / "obsq"
 # subpackages; "obsq" alone is the package root, the public names.
 LAYERS = (
     ("obsq.__main__", "obsq.cli"),
-    ("obsq.ops",),
+    ("obsq.ops", "obsq.outbox"),
     ("obsq", "obsq.testing", "obsq.pytest_plugin", "obsq.django"),
     ("obsq.observability",),
     ("obsq.inspection",),

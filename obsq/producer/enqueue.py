@@ -27,15 +27,13 @@ from obsq.settings import MAX_PAYLOAD_BYTES
 from obsq.task import Job, TaskInfo, TaskMessage, build_message
 
 
-class EnqueueStep:
-    """A producer's enqueue without its Redis calls: `app` gives each route's defaults and
-    the types it runs, `refusal_hooks` (the producer's, after the App's) hear of each job
-    refused."""
+class JobChecks:
+    """The first step of an enqueue, which needs no Redis: `app` gives each route's
+    defaults and the types it runs, `refusal_hooks` (the producer's, after the App's) hear
+    of each job refused. The transactional outbox (obsq.outbox) checks its rows with it."""
 
-    def __init__(self, app: App | None, placement: Placement,
-                 refusal_hooks: Hooks[[Job, Exception]]) -> None:
+    def __init__(self, app: App | None, refusal_hooks: Hooks[[Job, Exception]]) -> None:
         self.app = app
-        self.placement = placement
         self.refusal_hooks = refusal_hooks
 
     def prepare(self, jobs: Sequence[Job], now: float, check_types: bool = True,
@@ -48,23 +46,6 @@ class EnqueueStep:
         if check_types and self.app is not None:
             self._refuse_unknown_types(self.app, jobs, group)
         return messages
-
-    def to_read(self, messages: Iterable[TaskMessage]) -> list[str]:
-        """The queues whose partition counts the transport reads from Redis before `plan`."""
-        return self.placement.unknown([m.queue for m in messages if not m.partition])
-
-    def plan(self, messages: list[TaskMessage], counts: dict[str, int],
-             group: str = "") -> EnqueuePlan:
-        """Each message placed in its partition (`counts`: those `to_read` named, as read),
-        and the messages grouped by queue. `group`: grouped tasks' group, kept in one
-        partition."""
-        if counts:
-            self.placement.learn(counts)
-        self.placement.assign(messages, group)
-        if len(messages) == 1:  # most enqueues: one task, one queue
-            m = messages[0]
-            return EnqueuePlan(messages, {m.partition or m.queue: messages})
-        return EnqueuePlan(messages, group_by_queue(messages))
 
     def _message(self, job: Job, now: float) -> TaskMessage:
         """The job checked and encoded with its route's defaults (a job given by its handler
@@ -108,6 +89,33 @@ class EnqueueStep:
                 app.refusal_hooks(job, error)
                 self.refusal_hooks(job, error)
         raise error
+
+
+class EnqueueStep(JobChecks):
+    """A producer's enqueue without its Redis calls: the jobs checked (JobChecks), then
+    placed in their queues' partitions."""
+
+    def __init__(self, app: App | None, placement: Placement,
+                 refusal_hooks: Hooks[[Job, Exception]]) -> None:
+        super().__init__(app, refusal_hooks)
+        self.placement = placement
+
+    def to_read(self, messages: Iterable[TaskMessage]) -> list[str]:
+        """The queues whose partition counts the transport reads from Redis before `plan`."""
+        return self.placement.unknown([m.queue for m in messages if not m.partition])
+
+    def plan(self, messages: list[TaskMessage], counts: dict[str, int],
+             group: str = "") -> EnqueuePlan:
+        """Each message placed in its partition (`counts`: those `to_read` named, as read),
+        and the messages grouped by queue. `group`: grouped tasks' group, kept in one
+        partition."""
+        if counts:
+            self.placement.learn(counts)
+        self.placement.assign(messages, group)
+        if len(messages) == 1:  # most enqueues: one task, one queue
+            m = messages[0]
+            return EnqueuePlan(messages, {m.partition or m.queue: messages})
+        return EnqueuePlan(messages, group_by_queue(messages))
 
 
 def unknown_types_text(app: App, types: list[str], group: bool) -> str:

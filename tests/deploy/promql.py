@@ -55,6 +55,9 @@ CONTRACT_METRICS = frozenset(
         "obsq_tasks_throttled_total",
         "obsq_aggregations_total",
         "obsq_event_deliveries_total",
+        "obsq_outbox_rows_waiting",
+        "obsq_outbox_oldest_age_seconds",
+        "obsq_outbox_relayed_total",
     }
 )
 HISTOGRAMS = frozenset({"obsq_task_duration_seconds", "obsq_task_wait_seconds"})

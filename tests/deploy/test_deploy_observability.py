@@ -44,6 +44,7 @@ ALERTS = {
     "ObsqSchedulerDown",
     "ObsqExporterDown",
     "ObsqSchedulerMissedFires",
+    "ObsqOutboxRelayStuck",
 }
 # The labels of one installation: the Kubernetes namespace and the Helm release, as the
 # chart's ServiceMonitor and PodMonitor put them on every target.
