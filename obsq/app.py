@@ -51,6 +51,7 @@ RefusalHook = Callable[[Job, Exception], None]
 FlowHook = Callable[[str], None]
 ThrottleHook = Callable[[str, str, str], None]
 StuckHook = Callable[[int], None]
+RecycleHook = Callable[[str], None]
 AggregationHook = Callable[[str, str, str], None]
 # aggregator(group, tasks) -> (task type, payload), or an obsq.Job; may be async
 Aggregator = Callable[[str, list[Task]], Any]
@@ -90,7 +91,8 @@ class Hooks(list[Callable[P, object]], Generic[P]):
                                   "of this hook are logged at DEBUG)", self.kind, hook)
 
 
-OUTCOMES = ("success", "retry", "dead", "cancelled", "requeued", "lease_lost", "unrecorded")
+OUTCOMES = ("success", "retry", "dead", "cancelled", "expired", "requeued", "lease_lost",
+            "unrecorded")
 RECOVERY_REASONS = ("expired", "worker_lost")
 THROTTLE_REASONS = ("concurrency", "rate", "ordering")
 AGGREGATION_OUTCOMES = ("success", "failed")
@@ -159,6 +161,7 @@ class App:
         self.subscriptions: dict[str, Subscription] = {}  # by the copies' task type
         self.import_path: str | None = None  # "module:attribute", when load_app loaded it
         self.stuck_hooks: Hooks[[int]] = Hooks("stuck-slots hook")
+        self.recycle_hooks: Hooks[[str]] = Hooks("recycle hook")
         self.flow_hooks: Hooks[[str]] = Hooks("flow hook")
         self.partitions: dict[str, int] = {}  # queue -> partitions, of app.queue
 
@@ -349,6 +352,13 @@ class App:
         """Call `hook(count)` when the number of a worker's stuck slots changes (plain
         handlers past their timeout, still running and holding their slot)."""
         self.stuck_hooks.append(hook)
+        return hook
+
+    def on_recycle(self, hook: RecycleHook) -> RecycleHook:
+        """Call `hook(reason)` when a process past its limits (`--max-tasks-per-child`,
+        `--max-memory-per-child`) is replaced: reason `tasks` or `memory`
+        (obsq.engine.recycling.RECYCLE_REASONS)."""
+        self.recycle_hooks.append(hook)
         return hook
 
     def on_redis_error(self, hook: RedisErrorHook) -> RedisErrorHook:

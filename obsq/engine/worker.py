@@ -36,6 +36,7 @@ from obsq.engine.fetching import BUFFER_HOLD, Fetcher, RouteLimits, ServedQueues
 from obsq.engine.flows import FlowLoop
 from obsq.engine.liveness import Claims, FetchProgress, Liveness, WorkerHealth
 from obsq.engine.maintenance import Forwarder, Janitor, Recoverer
+from obsq.engine.recycling import Recycling
 from obsq.engine.settlement import Settler
 from obsq.engine.throughput import ThroughputCounter
 from obsq.errors import BrokerError, StartupError
@@ -133,7 +134,9 @@ class Worker:
             fetch_hooks=self.fetch_stall_hooks, data_lost_hooks=self.data_lost_hooks)
         self.executor = Executor(self.app, self.concurrency, self._update_state, pool=s.pool,
                                  on_stuck=self._stuck_changed,
-                                 loop_blocked=liveness.monitor.blocked)
+                                 loop_blocked=liveness.monitor.blocked,
+                                 recycling=Recycling(s.max_tasks_per_child,
+                                                     s.max_memory_per_child))
         self.settler = Settler(self.broker, self.id, self.app.outcome_hooks,
                                unknown_type_max_age=s.unknown_type_max_age, claims=self.claims)
         self._liveness = liveness

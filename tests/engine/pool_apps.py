@@ -127,3 +127,20 @@ def not_json(task: obsq.Task) -> Any:
 def progress(task: obsq.Task) -> None:
     """Calls update_state, which a process pool's child cannot do."""
     task.update_state({"step": 1})
+
+
+@app.task("where", timeout=30)
+def where(task: obsq.Task) -> int:
+    """Records that it began, and returns the pid of the process it ran in."""
+    recorder().rpush(key("started"), f"{task.id} {os.getpid()}")
+    return os.getpid()
+
+
+_kept: list[bytearray] = []
+
+
+@app.task("leak", timeout=30)
+def leak(task: obsq.Task) -> int:
+    """`where`, keeping 60 MB for good, as a leaking handler does."""
+    _kept.append(bytearray(b"x" * (60 << 20)))
+    return where(task)
