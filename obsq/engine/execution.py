@@ -38,7 +38,7 @@ FLOW_HEADER_KEY = f'"{FLOW_HEADER}"'.encode()
 class Verdict:
     """How an attempt ended, before Redis has recorded it."""
 
-    outcome: str  # success | retry | dead | cancelled | handed_on
+    outcome: str  # success | retry | dead | cancelled | handed_on | expired
     result: bytes = NO_RESULT
     error: BaseException | None = None
     delay: float = 0.0

@@ -39,7 +39,7 @@ from obsq.engine.maintenance import Forwarder, Janitor, Recoverer
 from obsq.engine.recycling import Recycling
 from obsq.engine.settlement import Settler
 from obsq.engine.throughput import ThroughputCounter
-from obsq.errors import BrokerError, StartupError
+from obsq.errors import BrokerError, StartupError, TaskExpired
 from obsq.names import queue_of, warn_if_not_the_apps
 from obsq.settings import FETCH_STOP_TIMEOUT, WorkerSettings, redis_retry_delay
 from obsq.task import Task
@@ -272,6 +272,8 @@ class Worker:
         limit counted) from now; the routes it left behind are told to the throttle hooks."""
         for task_type, reason in fetched.held:
             self._throttled(queue_of(queue), task_type, reason)
+        if fetched.expired:
+            self._expired(queue, fetched)
         tasks = []
         for raw in fetched.tasks:
             task = self.executor.build_task(queue, raw, fetched.now_ms, fetched.asked_at)
@@ -281,6 +283,17 @@ class Worker:
                 self._throttled(queue_of(queue), raw.type, "ordering")
             tasks.append(task)
         return tasks
+
+    def _expired(self, queue: str, fetched: Fetched) -> None:
+        """The tasks the fetch found past their expiry, ended dead unstarted: told to the
+        outcome hooks (outcome `expired`), said in one line."""
+        for raw in fetched.expired:
+            task = self.executor.build_task(queue, raw, fetched.now_ms, fetched.asked_at)
+            self.settler.report(task, "expired", TaskExpired(task.id))
+        log.warning("%d task(s) of queue %s not started by their expiry were moved to dead "
+                    "(TaskExpired): %s", len(fetched.expired), queue_of(queue),
+                    ", ".join(f"{raw.id} ({raw.type})" for raw in fetched.expired[:5]) +
+                    (", ..." if len(fetched.expired) > 5 else ""))
 
     async def _give_back(self, tasks: list[Task]) -> None:
         """Tasks fetched ahead that waited behind handlers that did not end: back to the

@@ -229,8 +229,8 @@ class TaskMetrics:
         if isinstance(error, UnknownTaskType):  # no handler ran: its own count
             self.m.unknown_types.labels(task.queue, outcome).inc()
             return
-        if task.context.get(RAN_KEY) is not True:
-            return
+        if task.context.get(RAN_KEY) is not True and outcome != "expired":
+            return  # (an expired task is counted though it never ran: it never will)
         task.context[RAN_KEY] = False
         key = (task.queue, task.route, outcome)
         child = self._outcomes.get(key)

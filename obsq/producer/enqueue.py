@@ -77,6 +77,7 @@ class EnqueueStep:
                 return build_message(job, now=now, max_payload=app.max_payload)
             return build_message(job, queue=route.queue, max_retry=route.max_retry,
                                  timeout=route.timeout, now=now, priority=route.priority,
+                                 expires=route.expires,
                                  max_payload=app.max_payload_of(route))
         except (ValueError, TypeError) as exc:
             if app is not None:
