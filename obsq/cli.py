@@ -222,8 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--processes) once it has run N tasks (OBSQ_MAX_TASKS_PER_CHILD, 0: "
                         "never)")
     worker.add_argument("--max-memory-per-child", type=int, metavar="MB",
-                        help="... or once its resident memory after a task is above MB "
-                        "(OBSQ_MAX_MEMORY_PER_CHILD, 0: never)")
+                        help="replace such a process once its resident memory after a task is "
+                        "above MB (OBSQ_MAX_MEMORY_PER_CHILD, 0: never)")
     worker.add_argument("--loop", choices=LOOPS, help="the event loop: uvloop where "
                         "installed (auto), or asyncio's own (OBSQ_LOOP, auto)")
     worker.add_argument("--stuck-limit", type=float, help="seconds a thread may stay stuck "
