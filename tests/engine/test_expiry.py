@@ -119,3 +119,25 @@ def test_a_route_expiry_is_a_length_of_time(app) -> None:
         app.task("r", expires=datetime(2099, 1, 1, tzinfo=UTC))
     with pytest.raises(ValueError, match="expires must be"):
         app.task("r", expires=-5)
+
+
+async def test_the_sync_client_takes_an_expiry(redis_url, namespace, raw_redis) -> None:
+    def enqueue() -> obsq.TaskInfo:
+        with obsq.SyncClient(redis_url, namespace=namespace) as sync:
+            with pytest.raises(ValueError, match="expires must be"):
+                sync.enqueue("x", expires=-1)
+            return sync.enqueue("x", expires=timedelta(minutes=5))
+
+    info = await asyncio.to_thread(enqueue)
+    keys = raw_redis.keys(f"{namespace}:*t:*")
+    assert [k.decode().rsplit(":", 1)[1] for k in keys] == [info.id]  # the refused one: none
+    left = int(raw_redis.hget(keys[0], "exp")) - redis_now_ms(raw_redis)
+    assert 295_000 <= left <= 300_000
+
+
+def test_a_flow_step_keeps_its_expiry() -> None:
+    from obsq.flow import decode_message, encode_message
+    from obsq.task import build_message
+
+    message = build_message(obsq.Job("step", expires=90))
+    assert decode_message(encode_message(message)).expires == 90.0
