@@ -16,7 +16,8 @@ import obsq
 
 
 async def test_a_task_not_started_by_its_expiry_never_runs(app, client, raw_redis, namespace,
-                                                           start_worker) -> None:
+                                                           start_worker, inspector,
+                                                           obsq_cli) -> None:
     ran: list[str] = []
     outcomes: list[tuple[str, str, type | None]] = []
 
@@ -42,6 +43,14 @@ async def test_a_task_not_started_by_its_expiry_never_runs(app, client, raw_redi
     assert (dead.state, dead.retry_count) == ("dead", 0)
     assert dead.error == "TaskExpired: not started by its expiry"
     assert (info.id, "expired", obsq.TaskExpired) in outcomes
+    # the tools show it among the dead, with its reason
+    assert (await inspector.task(info.id)).error == "TaskExpired: not started by its expiry"
+    page = await inspector.tasks("default", "dead")
+    assert [t.error for t in page.tasks if t.id == info.id] == [dead.error]
+    code, out = await obsq_cli("task", info.id)
+    assert code == 0 and "TaskExpired: not started by its expiry" in out, out
+    code, out = await obsq_cli("tasks", "default", "dead")
+    assert code == 0 and "TaskExpired" in out, out
 
 
 async def test_a_retry_does_not_move_the_expiry(app, start_env) -> None:
