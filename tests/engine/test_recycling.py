@@ -44,6 +44,9 @@ async def test_a_leaking_pool_child_is_replaced_before_it_grows(spawn_worker, cl
                                                                 raw_redis, namespace):
     worker = spawn_worker("--pool", "process", "--max-memory-per-child", "50", concurrency=1,
                           app=APP)
+    kept = await run_all(client, raw_redis, namespace, "where", 3)
+    assert len(set(kept)) == 1, kept  # a child holding less than 50 MB is kept
+    raw_redis.delete(f"{namespace}:rec:started")
     pids = await run_all(client, raw_redis, namespace, "leak", 3)
     assert len(set(pids)) == 3, pids  # each child kept 60 MB: past 50, replaced
     await wait_until(lambda: worker.log().count("(--max-memory-per-child 50)") >= 3,
