@@ -150,3 +150,26 @@ def test_a_flow_step_keeps_its_expiry() -> None:
 
     message = build_message(obsq.Job("step", expires=90))
     assert decode_message(encode_message(message)).expires == 90.0
+
+
+async def test_expiry_holds_in_each_partition_of_a_queue(app, client, start_worker) -> None:
+    app.queue("parts", partitions=3)
+    ran: list[int] = []
+
+    @app.task("part", queue="parts")
+    async def part(task: obsq.Task) -> None:
+        ran.append(task.payload)
+
+    stale = await client.enqueue_many([obsq.Job("part", i, expires=0.05, retention=60)
+                                       for i in range(6)])
+    fresh = await client.enqueue_many([obsq.Job("part", 100 + i, retention=60)
+                                       for i in range(6)])
+    assert len({info.partition for info in stale}) > 1
+    await asyncio.sleep(0.1)
+    await start_worker()
+    for info in stale:
+        with pytest.raises(obsq.TaskExpired):
+            await client.result(info, timeout=10)
+    for info in fresh:
+        await client.result(info, timeout=10)
+    assert sorted(ran) == [100 + i for i in range(6)]
