@@ -51,6 +51,10 @@ async def test_a_task_not_started_by_its_expiry_never_runs(app, client, raw_redi
     assert code == 0 and "TaskExpired: not started by its expiry" in out, out
     code, out = await obsq_cli("tasks", "default", "dead")
     assert code == 0 and "TaskExpired" in out, out
+    # an operator's requeue of it is a wish to run it: its expiry is lifted
+    assert (await inspector.requeue("default", "dead", [info.id])).moved == 1
+    assert await client.result(info, timeout=10) is None
+    assert ran == [fresh.id, info.id]
 
 
 async def test_a_retry_does_not_move_the_expiry(app, start_env) -> None:
