@@ -94,6 +94,10 @@ class Worker:
                            admit=self._admit, limits=self.limits.encoded,
                            deep=settings.strict_priority or len(self.queues) == 1)
         self._hurry = asyncio.Event()
+        # a drain that waits for every running handler however long it takes (its own timeout
+        # bounds it): a process replaced past its limits; `_impatient` bounds it again
+        self._patient = False
+        self._impatient = asyncio.Event()
         self._loops: list[BackgroundLoop] = []
         self._aggregation: AggregationLoop | None = None  # stopped first when draining
         self.claims = Claims()  # the attempts it holds, which its heartbeat thread extends
@@ -214,11 +218,20 @@ class Worker:
                     raise StartupError(f"stopped before Redis could be reached: {exc}",
                                        unreachable=True) from None
 
-    def stop(self, now: bool = False) -> None:
+    def stop(self, now: bool = False, *, patient: bool = False) -> None:
         """Begin a graceful drain; a second call, or `now`, stops waiting for running
-        handlers (they are handed back)."""
+        handlers (they are handed back). `patient` (a process replaced past its limits):
+        the drain waits for every running handler to end, each within its own timeout, so
+        none is handed back to run again; a later call makes it a graceful drain from then,
+        bounded by the shutdown timeout."""
+        if self._patient and not now:
+            self._patient = False
+            self._impatient.set()
+            return
         if self.slots.stopped.is_set() or now:
             self._hurry.set()
+        elif patient:
+            self._patient = True
         self.slots.draining = True  # readiness fails from now, not when the run loop gets to it
         self.slots.stopped.set()
 
@@ -259,6 +272,11 @@ class Worker:
         slots = self.slots
         return (len(slots.running) + len(slots.buffer) + len(slots.suspects.waiting)
                 + self._flows.recording)
+
+    @property
+    def waiting_patiently(self) -> bool:
+        """Draining with no limit on the running handlers' wait (`stop(patient=True)`)."""
+        return self._patient
 
     @property
     def draining(self) -> bool:
@@ -414,12 +432,17 @@ class Worker:
         if unstarted:
             await self.settler.hand_back(unstarted)
         handling = self.slots.handling
-        log.info("worker %s draining: %d task(s) running, waiting up to %g s", self.id,
-                 len(handling), self.settings.shutdown_timeout)
+        log.info("worker %s draining: %d task(s) running, waiting %s", self.id,
+                 len(handling), "for them to end" if self._patient else
+                 f"up to {self.settings.shutdown_timeout:g} s")
         if handling:
             hurry = asyncio.ensure_future(self._hurry.wait())
-            await asyncio.wait([asyncio.gather(*handling, return_exceptions=True), hurry],
-                               timeout=self.settings.shutdown_timeout,
+            ended = asyncio.gather(*handling, return_exceptions=True)
+            if self._patient:
+                impatient = asyncio.ensure_future(self._impatient.wait())
+                await asyncio.wait([ended, hurry, impatient], return_when=asyncio.FIRST_COMPLETED)
+                impatient.cancel()
+            await asyncio.wait([ended, hurry], timeout=self.settings.shutdown_timeout,
                                return_when=asyncio.FIRST_COMPLETED)
             hurry.cancel()
         cancelled = list(handling)

@@ -25,8 +25,10 @@ supervisor dies however it dies (SIGKILL too), drains the child, which would oth
 outlive it in its own session.
 
 Recycling (`--max-tasks-per-child`, `--max-memory-per-child`, without `--pool process`,
-whose own children they limit instead): a child past its limits after a task drains as on
-SIGTERM and exits RECYCLED, and the supervisor starts another at once, no backoff counted.
+whose own children they limit instead): a child past its limits after a task drains, waiting
+for each running handler to end (within its own timeout: none is handed back to run again;
+a stop signal meanwhile makes it the usual drain), exits RECYCLED, and the supervisor starts
+another at once, no backoff counted.
 """
 
 from __future__ import annotations
@@ -367,7 +369,7 @@ class Recycler:
                 log.info("worker %s drains, to be replaced %s", self.worker.id,
                          self.recycling.said(reason, self.tasks))
                 self.worker.app.recycle_hooks(reason)
-                self.worker.stop()
+                self.worker.stop(patient=True)  # the other running tasks end as they would
 
 
 def serve_supervised(worker: Worker, fd: int) -> Recycler | None:
@@ -378,7 +380,7 @@ def serve_supervised(worker: Worker, fd: int) -> Recycler | None:
     loop = asyncio.get_running_loop()
 
     def drain(why: str) -> None:
-        if not worker.draining:
+        if not worker.draining or worker.waiting_patiently:
             log.info("%s: draining", why)
             worker.stop()
 

@@ -81,3 +81,22 @@ def test_a_process_is_spent_by_its_count_or_its_resident_memory():
     assert 1 < here < 10_000  # the resident set now, in MB
     assert Recycling(max_memory_mb=here * 2).spent(1) is None
     assert Recycling(max_memory_mb=here / 2).spent(1) == "memory"
+
+
+async def test_a_worker_process_replaced_waits_for_its_other_running_tasks(
+        spawn_worker, client, raw_redis, namespace):
+    # its shutdown timeout is far shorter than the slow tasks: a drain bounded by it would
+    # hand them back, to run a second time
+    slow, quick = [], []
+    for i in range(4):  # a fetch of two takes a slow task and a quick one
+        slow.append((await client.enqueue("sleep", 2, retention=60)).id)
+        quick.append((await client.enqueue("where", i, retention=60)).id)
+    worker = spawn_worker("--processes", "2", "--max-tasks-per-child", "1", concurrency=2,
+                          app=APP, OBSQ_SHUTDOWN_TIMEOUT="0.2")
+    infos = await wait_until(lambda: settled(client, slow + quick), timeout=90)
+    assert [(i.state, i.retry_count) for i in infos] == [("completed", 0)] * 8, \
+        [i.error for i in infos]
+    starts = sorted(e.split()[0].decode()
+                    for e in raw_redis.lrange(f"{namespace}:rec:started", 0, -1))
+    assert starts == sorted(slow + quick)  # each began once: none was handed back
+    assert "handed" not in worker.log() and "drained past its limits" in worker.log()
