@@ -259,10 +259,10 @@ end
 local EXPIRED = '@EXPIRED_PREFIX'
 local function expire(id, why, now)
   local key = task_key(id)
-  local error = EXPIRED .. ' ' .. why
-  redis.call('HSET', key, 'state', 'dead', 'done', now, 'error', error)
+  local text = EXPIRED .. ' ' .. why
+  redis.call('HSET', key, 'state', 'dead', 'done', now, 'error', text)
   redis.call('ZADD', prefix .. @key_dead, now, id)
   release_successor(id, redis.call('HGET', key, 'ordk'), now)
-  notify_done(id, 'dead', error)
-  return error
+  notify_done(id, 'dead', text)
+  return text
 end

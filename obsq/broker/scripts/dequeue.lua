@@ -190,7 +190,8 @@ for _, id in ipairs(ids) do
     why = 'expired'
     expire(id, 'not started by its expiry', now)
     expired[#expired + 1] = {[@r_expired_id] = id, [@r_expired_type] = f[1],
-                             [@r_expired_retried] = f[5] or '', [@r_expired_headers] = f[3] or '',
+                             [@r_expired_retried] = f[5] or '',
+                             [@r_expired_headers] = f[3] or '',
                              [@r_expired_priority] = f[14] or ''}
   elseif f[13] and suspects > 0 then
     -- one suspect per fetch: its worker runs it alone, so the others go back to the head of

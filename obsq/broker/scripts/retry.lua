@@ -9,9 +9,9 @@
 -- token is stale.
 local now = now_ms()
 local id = ARGV[@id]
-local stale, error, traceback = failed_attempt(KEYS[@k_active], KEYS[@k_lease], id, ARGV[@fence],
-                                           ARGV[@worker], ARGV[@share], ARGV[@error],
-                                           ARGV[@traceback])
+local stale, failure, traceback = failed_attempt(KEYS[@k_active], KEYS[@k_lease], id,
+                                                 ARGV[@fence], ARGV[@worker], ARGV[@share],
+                                                 ARGV[@error], ARGV[@traceback])
 if stale then
   return stale
 end
@@ -27,7 +27,7 @@ local delay = tonumber(ARGV[@delay])
 local expiry = tonumber(redis.call('HGET', key, 'exp'))
 if expiry and now + delay >= expiry then
   expire(id, 'its retry would have started after its expiry; its last attempt failed: '
-         .. error, now)
+         .. failure, now)
   return 3
 end
 redis.call('HINCRBY', key, 'retried', 1)
