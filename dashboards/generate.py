@@ -265,7 +265,8 @@ def task_panels(sel: str) -> list[tuple[str, list]]:
                     "Throughput by outcome",
                     "Handler runs finished per second, by outcome: success, retry (failed, "
                     "scheduled again), dead (failed for good), cancelled (stopped because its "
-                    "task was cancelled), requeued (handed back at shutdown), lease_lost "
+                    "task was cancelled), expired (not started by its expiry, dead unrun), "
+                    "requeued (handed back at shutdown), lease_lost "
                     "(finished after its lease was taken over), unrecorded (finished while "
                     "Redis stayed away until its worker stopped).",
                     "ops",
@@ -285,9 +286,10 @@ def task_panels(sel: str) -> list[tuple[str, list]]:
                     queries((rate("obsq_tasks_enqueued_total", sel, "queue, task"), "{{task}}")),
                 ),
                 graph(
-                    "Retries and dead tasks",
+                    "Retries, dead and expired tasks",
                     "Runs that failed and were scheduled again (retry) or sent to the "
-                    "dead-letter set (dead), per task.",
+                    "dead-letter set (dead), and tasks that ended there unstarted past their "
+                    "expiry (expired), per task.",
                     "ops",
                     queries(
                         (
@@ -301,6 +303,11 @@ def task_panels(sel: str) -> list[tuple[str, list]]:
                         (
                             rate("obsq_tasks_processed_total", f'{sel}, outcome="dead"', "task"),
                             "dead {{task}}",
+                        ),
+                        (
+                            rate("obsq_tasks_processed_total", f'{sel}, outcome="expired"',
+                                 "task"),
+                            "expired {{task}}",
                         ),
                     ),
                     bars=True,

@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from obsq.errors import ConfigurationError, StartupError
@@ -36,7 +37,7 @@ from obsq.settings import (
     DEFAULT_QUEUE,
     MAX_PAYLOAD_BYTES,
 )
-from obsq.task import Job, Task, TaskInfo, TaskMessage, check_priority
+from obsq.task import Job, Task, TaskInfo, TaskMessage, check_priority, expiry
 
 log = logging.getLogger("obsq")
 Handler = Callable[[Task[Any]], Any]
@@ -54,6 +55,7 @@ RefusalHook = Callable[[Job[Any], Exception], None]
 FlowHook = Callable[[str], None]
 ThrottleHook = Callable[[str, str, str], None]
 StuckHook = Callable[[int], None]
+RecycleHook = Callable[[str], None]
 AggregationHook = Callable[[str, str, str], None]
 # aggregator(group, tasks) -> (task type, payload), or an obsq.Job; may be async
 Aggregator = Callable[[str, list[Task[Any]]], Any]
@@ -93,7 +95,8 @@ class Hooks(list[Callable[P, object]], Generic[P]):
                                   "of this hook are logged at DEBUG)", self.kind, hook)
 
 
-OUTCOMES = ("success", "retry", "dead", "cancelled", "requeued", "lease_lost", "unrecorded")
+OUTCOMES = ("success", "retry", "dead", "cancelled", "expired", "requeued", "lease_lost",
+            "unrecorded")
 RECOVERY_REASONS = ("expired", "worker_lost")
 THROTTLE_REASONS = ("concurrency", "rate", "ordering")
 AGGREGATION_OUTCOMES = ("success", "failed")
@@ -112,6 +115,7 @@ class Route:
     rate: float | None = None  # starts per second across all workers
     max_payload: int | None = None  # bytes of its encoded payload (None: the App's limit)
     priority: int | None = None  # its tasks' priority in their queue (None: 0)
+    expires: float | None = None  # seconds from its tasks' enqueue to their expiry (None: never)
     declared: Registration | None = None  # its handler's payload and result types
 
     @property
@@ -169,6 +173,7 @@ class App:
         self.subscriptions: dict[str, Subscription] = {}  # by the copies' task type
         self.import_path: str | None = None  # "module:attribute", when load_app loaded it
         self.stuck_hooks: Hooks[[int]] = Hooks("stuck-slots hook")
+        self.recycle_hooks: Hooks[[str]] = Hooks("recycle hook")
         self.flow_hooks: Hooks[[str]] = Hooks("flow hook")
         self.partitions: dict[str, int] = {}  # queue -> partitions, of app.queue
 
@@ -181,8 +186,8 @@ class App:
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
              timeout: float | None = None, retry_delay: RetryDelay = None,
              concurrency: int | None = None, rate_limit: str | None = None,
-             max_payload: int | None = None, priority: int | None = None
-             ) -> Callable[[HandlerT], HandlerT]:
+             max_payload: int | None = None, priority: int | None = None,
+             expires: float | timedelta | None = None) -> Callable[[HandlerT], HandlerT]:
         """Register a handler for a task type, a prefix ending in ':' or '.', or '*'; the
         handler is returned as it is, so `client.enqueue(handler, payload)` is type-checked
         against its `task: obsq.Task[P]` and its result. Its payload type is read from that
@@ -191,7 +196,8 @@ class App:
         `rate_limit` ('100/s', '30/m', '5/h'): its starts across all workers stay within it.
         Both are kept per queue, in the queue's Redis keys. `max_payload`: the largest
         encoded payload of its tasks, in bytes, instead of the App's. `priority` (0-9,
-        higher first): its tasks' default priority within their queue."""
+        higher first): its tasks' default priority within their queue. `expires` (seconds or
+        a timedelta): its tasks not started that long after their enqueue never run."""
         validate_name("task type", pattern)
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -208,6 +214,10 @@ class App:
             check_seconds("timeout", timeout)
         if isinstance(retry_delay, (int, float)):
             check_seconds("retry_delay", retry_delay, zero=True)
+        if isinstance(expires, datetime):
+            raise TypeError("a route's expires is a length of time (seconds or a timedelta) "
+                            "from each enqueue; give a datetime to client.enqueue")
+        expires_in = None if expires is None else expiry(expires, 0.0)
 
         def add_route(handler: HandlerT) -> HandlerT:
             if pattern in self._routes:
@@ -215,7 +225,8 @@ class App:
             declared = register(handler, pattern)
             route = Route(
                 pattern, handler, inspect.iscoroutinefunction(handler), queue, max_retry,
-                timeout, retry_delay, concurrency, rate, max_payload, priority, declared)
+                timeout, retry_delay, concurrency, rate, max_payload, priority, expires_in,
+                declared)
             self._routes.add(pattern, route)
             if not is_prefix(pattern):  # what an enqueue by the handler takes its defaults from
                 declared.route = route
@@ -366,6 +377,13 @@ class App:
         """Call `hook(count)` when the number of a worker's stuck slots changes (plain
         handlers past their timeout, still running and holding their slot)."""
         self.stuck_hooks.append(hook)
+        return hook
+
+    def on_recycle(self, hook: RecycleHook) -> RecycleHook:
+        """Call `hook(reason)` when a process past its limits (`--max-tasks-per-child`,
+        `--max-memory-per-child`) is replaced: reason `tasks` or `memory`
+        (obsq.engine.recycling.RECYCLE_REASONS)."""
+        self.recycle_hooks.append(hook)
         return hook
 
     def on_redis_error(self, hook: RedisErrorHook) -> RedisErrorHook:

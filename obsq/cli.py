@@ -77,7 +77,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         strict_priority=args.strict_priority, max_recoveries=args.max_recoveries,
         log_format=args.log_format, log_level=args.log_level,
         allow_eviction=args.allow_eviction, pool=args.pool, stuck_limit=args.stuck_limit,
-        loop=args.loop,
+        loop=args.loop, max_tasks_per_child=args.max_tasks_per_child,
+        max_memory_per_child=args.max_memory_per_child,
         metrics=False if args.no_metrics else None, tracing=False if args.no_tracing else None,
         queue_metrics=False if args.no_queue_metrics else None)
     eventloop.uses_uvloop(settings.loop)  # refused now, not after the app is loaded
@@ -86,6 +87,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     elif settings.http_port < 0:
         settings.http_port = None  # no endpoint: a supervisor's child, or by choice
     configure_logging(settings.log_format, settings.log_level)
+    if (settings.max_tasks_per_child or settings.max_memory_per_child) and \
+            settings.pool != "process" and settings.processes == 1 and args.supervisor_fd is None:
+        log.warning("--max-tasks-per-child and --max-memory-per-child limit the children of "
+                    "--pool process, or the worker processes of --processes N: a single "
+                    "worker process with a thread pool is never replaced")
     if settings.processes > 1:
         from obsq.ops.supervisor import Supervisor
 
@@ -102,32 +108,34 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from obsq.engine.worker import Worker
 
     supervised = args.supervisor_fd is not None  # a child of `--processes N`
+    worker = Worker(app, settings=settings, handle_signals=not supervised)
+    recycler = None
+    relay = _outbox_relay(args.outbox_database_url, settings.redis_url, settings.processes)
 
-    async def serve(worker: Worker) -> None:
+    async def serve() -> None:
+        nonlocal recycler
         if supervised:
             from obsq.ops.supervisor import serve_supervised
 
-            serve_supervised(worker, args.supervisor_fd)
-        await run_worker(worker, http_port=settings.http_port, http_host=settings.http_host,
-                         metrics=settings.metrics, tracing=settings.tracing,
-                         queue_metrics=settings.queue_metrics)
-
-    relay = _outbox_relay(args.outbox_database_url, settings.redis_url, settings.processes)
-
-    async def serve_with_relay(worker: Worker) -> None:
+            recycler = serve_supervised(worker, args.supervisor_fd)
+        running = run_worker(worker, http_port=settings.http_port,
+                             http_host=settings.http_host, metrics=settings.metrics,
+                             tracing=settings.tracing, queue_metrics=settings.queue_metrics)
         if relay is None:
-            return await serve(worker)
+            return await running
         from obsq.outbox.process import beside
 
-        await beside(serve(worker), relay(worker.namespace))
+        await beside(running, relay(worker.namespace))
 
     try:
-        eventloop.run(serve_with_relay(Worker(app, settings=settings,
-                                              handle_signals=not supervised)),
-                      settings.loop)
+        eventloop.run(serve(), settings.loop)
     finally:
         shutdown_tracing()
         shutdown_otel_metrics()
+    if recycler is not None and recycler.reason is not None:
+        from obsq.ops.supervisor import RECYCLED
+
+        return RECYCLED  # drained past its limits: the supervisor starts another at once
     return 0
 
 
@@ -281,6 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--max-recoveries", type=int, help="OBSQ_MAX_RECOVERIES, 5")
     worker.add_argument("--pool", choices=POOLS, help="where plain handlers run: threads, "
                         "or child processes killed when they overrun (OBSQ_POOL, thread)")
+    worker.add_argument("--max-tasks-per-child", type=int, metavar="N",
+                        help="replace a process of the process pool (else a worker process of "
+                        "--processes) once it has run N tasks (OBSQ_MAX_TASKS_PER_CHILD, 0: "
+                        "never)")
+    worker.add_argument("--max-memory-per-child", type=int, metavar="MB",
+                        help="replace such a process once its resident memory after a task is "
+                        "above MB (OBSQ_MAX_MEMORY_PER_CHILD, 0: never)")
     worker.add_argument("--loop", choices=LOOPS, help="the event loop: uvloop where "
                         "installed (auto), or asyncio's own (OBSQ_LOOP, auto)")
     worker.add_argument("--stuck-limit", type=float, help="seconds a thread may stay stuck "

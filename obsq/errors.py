@@ -90,6 +90,20 @@ class TaskCancelled(TaskFailed):
         self.args = (f"task {task_id} was cancelled",)
 
 
+EXPIRED_PREFIX = "TaskExpired:"  # how a dead task's stored error says it expired
+
+
+class TaskExpired(TaskFailed):
+    """The task was not started by its expiry (`expires=`), so it never ran (or, failed, its
+    retry would have started after it): it ended dead with this as its error, its text
+    starting with EXPIRED_PREFIX. `Client.result` raises it."""
+
+    def __init__(self, task_id: str, error: str | None = None) -> None:
+        super().__init__(task_id, error or f"{EXPIRED_PREFIX} not started by its expiry")
+        why = self.error.removeprefix(EXPIRED_PREFIX).strip() if self.error else ""
+        self.args = (f"task {task_id} expired: {why}",)
+
+
 class FlowCancelled(FlowFailed, TaskCancelled):
     """`Client.result` of a flow that was cancelled (`Client.cancel`): a FlowFailed, and a
     TaskCancelled as a cancelled task's result raises."""

@@ -189,7 +189,8 @@ def encode_message(m: TaskMessage) -> bytes:
         "binary": m.binary, "headers": m.headers, "max_retry": m.max_retry,
         "timeout": m.timeout, "retention": m.retention, "delay": m.delay,
         "unique_key": m.unique_key, "unique_for": m.unique_for,
-        "ordering_key": m.ordering_key, "priority": m.priority, "partition": m.partition})
+        "ordering_key": m.ordering_key, "priority": m.priority, "partition": m.partition,
+        "expires": m.expires})
 
 
 def decode_message(raw: bytes) -> TaskMessage:
@@ -204,7 +205,7 @@ def decode_message(raw: bytes) -> TaskMessage:
         max_retry=d["max_retry"], timeout=d["timeout"], retention=d["retention"],
         delay=d["delay"], unique_key=d["unique_key"], unique_for=d["unique_for"],
         ordering_key=d["ordering_key"], priority=d.get("priority", 0), binary=d["binary"],
-        id_chosen=True, partition=d.get("partition", ""))
+        id_chosen=True, partition=d.get("partition", ""), expires=d.get("expires", 0.0))
 
 
 def previous_value(flow_id: str, waits_for: str, many: bool, raw: list[bytes | None]) -> Any:

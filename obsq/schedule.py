@@ -40,7 +40,8 @@ UTC = timezone.utc
 UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 MISSED_POLICIES = ("skip", "once")
 SOURCES = ("app", "client")
-OPTIONS = ("queue", "max_retry", "timeout", "unique_for", "retention", "headers", "priority")
+OPTIONS = ("queue", "max_retry", "timeout", "unique_for", "retention", "headers", "priority",
+           "expires")
 SET_BY_THE_SCHEDULER = ("task_id", "delay", "eta")
 SCHEDULE_HEADER = "obsq-schedule"  # the entry's name, in the headers of each fire's task
 FIRE_HEADER = "obsq-fire"  # the fire time it stands for, ISO 8601 in UTC
@@ -284,6 +285,10 @@ def _check_options(task_type: str, payload: Any, options: dict[str, Any]) -> Non
                              "for each fire")
         if name not in OPTIONS:
             raise TypeError(f"unknown schedule option {name!r} (options: {', '.join(OPTIONS)})")
+    expires = options.get("expires")
+    if expires is not None and (isinstance(expires, bool) or not isinstance(expires, (int, float))):
+        raise TypeError(f"a schedule's expires is seconds from each fire's enqueue, got "
+                        f"{expires!r}")
     if isinstance(payload, (bytes, bytearray, memoryview)):
         raise TypeError("a schedule's payload is stored as JSON: bytes cannot be given to a "
                         "schedule")

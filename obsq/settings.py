@@ -330,6 +330,11 @@ class WorkerSettings(EnvSettings):
     # cannot be stopped); liveness fails once one is stuck this long (the pod restarts).
     pool: str = "thread"
     stuck_limit: float = 300.0
+    # A process that runs handlers is replaced once it has ended this many tasks, or its
+    # resident memory after a task passes this many MB (0: no limit): the process pool's
+    # children, else the worker processes of `processes` > 1 (obsq/engine/recycling.py).
+    max_tasks_per_child: int = 0
+    max_memory_per_child: int = 0
     blocked_loop_warning: float = 2.0  # a handler blocking the event loop is logged past it
     blocked_loop_limit: float = 60.0  # and liveness fails past this (the pod is restarted)
     loop: str = "auto"  # uvloop where installed, else asyncio's (obsq/engine/eventloop.py)
@@ -353,6 +358,12 @@ class WorkerSettings(EnvSettings):
                                      f"{self.shutdown_timeout}")
         if self.max_recoveries < 0:
             raise ConfigurationError("max_recoveries must not be negative")
+        if not isinstance(self.max_tasks_per_child, int) or self.max_tasks_per_child < 0:
+            raise ConfigurationError(f"max_tasks_per_child must be a whole number, 0 for no "
+                                     f"limit, got {self.max_tasks_per_child!r}")
+        if not isinstance(self.max_memory_per_child, int) or self.max_memory_per_child < 0:
+            raise ConfigurationError(f"max_memory_per_child must be whole MB, 0 for no limit, "
+                                     f"got {self.max_memory_per_child!r}")
         for name in ("heartbeat_interval", "forward_interval", "recover_interval", "lock_ttl",
                      "janitor_interval", "wait_timeout", "call_timeout", "dead_max_age",
                      "progress_ttl", "policy_check_interval", "aggregate_interval",

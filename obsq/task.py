@@ -101,6 +101,9 @@ class EnqueueOptions(TypedDict, total=False):
     headers: dict[str, str] | None
     ordering_key: str | None  # tasks sharing it run one at a time, in enqueue order
     priority: int | None  # 0 to 9, higher first within its queue (None: the route's)
+    # not started by then, it never runs: seconds or a timedelta from the enqueue, or an
+    # aware datetime (None: the route's, else never)
+    expires: float | timedelta | datetime | None
 
 
 # What a handler is to a type checker: a function of `Task[P]` returning R (or a coroutine
@@ -130,6 +133,9 @@ class Job(Generic[ResultT]):
     headers: dict[str, str] = field(default_factory=dict)
     ordering_key: str | None = None  # tasks sharing it run one at a time, in enqueue order
     priority: int | None = None  # 0 to 9, higher first within its queue (None: the route's)
+    # not started by then, it never runs: seconds or a timedelta from the enqueue, or an aware
+    # datetime (None: the route's, else never)
+    expires: float | timedelta | datetime | None = None
     # the headers of the tasks this one is made of (an aggregation): its trace links to theirs
     origins: list[dict[str, str]] = field(default_factory=list)
     # the handler's declared types, when given by its handler (obsq/payloads.py)
@@ -154,6 +160,7 @@ class Job(Generic[ResultT]):
                  retention: float | timedelta | None = None,
                  headers: dict[str, str] | None = None, ordering_key: str | None = None,
                  priority: int | None = None,
+                 expires: float | timedelta | datetime | None = None,
                  origins: list[dict[str, str]] | None = None) -> None:
         if callable(type):
             self.registration = registration_of(type)
@@ -164,7 +171,7 @@ class Job(Generic[ResultT]):
                                                                   timeout)
         self.delay, self.eta, self.unique_for, self.task_id = delay, eta, unique_for, task_id
         self.retention, self.headers = retention, dict(headers or {})
-        self.ordering_key, self.priority = ordering_key, priority
+        self.ordering_key, self.priority, self.expires = ordering_key, priority, expires
         self.origins = list(origins or [])
 
 
@@ -190,6 +197,7 @@ class TaskMessage:
     origins: list[dict[str, str]] = field(default_factory=list)  # Job.origins; not stored
     partition: str = ""  # the partition of its queue it goes to (obsq/producer/enqueue.py), or ""
     result_type: PayloadType | None = None  # its handler's declared result; not stored
+    expires: float = 0.0  # seconds from when Redis receives it to its expiry; 0: never
 
     def encoded_headers(self) -> bytes:
         return orjson.dumps(self.headers) if self.headers else b""
@@ -206,7 +214,8 @@ class TaskMessage:
 def build_message(job: Job, *, queue: str | None = None, max_retry: int | None = None,
                   timeout: float | None = None, now: float | None = None,
                   max_payload: int = MAX_PAYLOAD_BYTES, priority: int | None = None,
-                  declared: Registration | None = None) -> TaskMessage:
+                  declared: Registration | None = None,
+                  expires: float | None = None) -> TaskMessage:
     """Check every option and encode the payload before anything is written to Redis;
     a payload over `max_payload` bytes (encoded) or headers over MAX_HEADERS_BYTES raise
     TaskTooLarge, one that cannot become its handler's payload type (`declared`: the
@@ -238,6 +247,11 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
         # a naive datetime is local time, as Python's datetime.now() makes and reads it
         delay = max(job.eta.timestamp() - (time.time() if now is None else now), 0.0)
     retention = 0.0 if job.retention is None else duration("retention", job.retention)
+    expires_in = 0.0
+    if job.expires is not None:
+        expires_in = expiry(job.expires, time.time() if now is None else now)
+    elif expires is not None:
+        expires_in = expires
     unique_for = 0.0 if job.unique_for is None else duration("unique_for", job.unique_for)
     if job.task_id is not None:
         validate_name("task_id", job.task_id)
@@ -269,10 +283,32 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
                        retention=retention, delay=delay, unique_key=unique_key,
                        unique_for=unique_for, ordering_key=ordering_key, priority=priority,
                        binary=binary, id_chosen=job.task_id is not None,
-                       origins=list(job.origins),
+                       origins=list(job.origins), expires=expires_in,
                        # read back as the handler's result type only when enqueued by the
                        # handler (a TaskInfo[R]); by name the result stays its JSON value
                        result_type=job.registration.result if job.registration else None)
+
+
+def expiry(value: float | timedelta | datetime, now: float) -> float:
+    """`expires=` as seconds from the enqueue: a number of seconds or a timedelta above 0,
+    or an aware datetime still to come (the producer's clock at `now` counts, as for eta);
+    else ValueError or TypeError saying what it may be."""
+    if isinstance(value, datetime):
+        if value.utcoffset() is None:
+            raise ValueError(f"expires must be an aware datetime (with a tzinfo), got the naive "
+                             f"{value.isoformat()}")
+        seconds = value.timestamp() - now
+        if seconds <= 0:
+            raise ValueError(f"expires {value.isoformat()} has passed already")
+        check_seconds("expires (from now)", seconds)
+        return seconds
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expires must be seconds, a timedelta or an aware datetime, got "
+                        f"{type(value).__name__} {value!r}")
+    check_seconds("expires", value)
+    return float(value)
 
 
 def _within(task_type: str, what: str, size: int, limit: int) -> None:

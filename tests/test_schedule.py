@@ -176,12 +176,20 @@ def test_a_tampered_entry_does_not_decode(raw: bytes, why: str) -> None:
     ({"options": {"quue": "x"}}, TypeError, "unknown schedule option 'quue'"),
     ({"options": {"queue": "a{b}"}}, ValueError, "queue"),
     ({"options": {"max_retry": -1}}, ValueError, "max_retry"),
+    ({"options": {"expires": "1h"}}, TypeError, "a schedule's expires is seconds"),
+    ({"options": {"expires": 0}}, ValueError, "expires must be"),
 ])
 def test_bad_entries_are_refused(change: dict, error: type, message: str) -> None:
     fields = {"name": "nightly", "spec": "0 3 * * *", "task_type": "report:nightly",
               **change}
     with pytest.raises(error, match=message.replace("{", r"\{").replace(".", r"\.")):
         Schedule(**fields)
+
+
+def test_a_schedule_takes_an_expiry_in_seconds() -> None:
+    entry = Schedule(name="quotes", spec="@every 1m", task_type="quote:refresh",
+                     options={"expires": 50})
+    assert entry.options == {"expires": 50}
 
 
 def test_app_periodic_names_its_entries() -> None:

@@ -98,6 +98,7 @@ TASK_FIELDS = {
     "cancel": "cancel", "settled_by": "fin", "isolated": "iso", "suspect": "sus",
     "recoveries": "recov", "first_unknown": "unk0", "unknown_count": "unkn",
     "reserved": "rsv", "waited": "ow",
+    "expires": "exp",  # when (ms) it expires if not started by then (enqueue's `expires`)
 }
 
 

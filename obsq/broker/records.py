@@ -38,6 +38,9 @@ class Fetched(NamedTuple):
     # a partition's fetch: the rank (ms, due - priority * aging) of its best task left, None
     # when none is; the worker takes a queue's partitions by it
     ahead_ms: int | None = None
+    # the tasks it found past their expiry and ended dead instead (id, type, retried,
+    # headers and priority only)
+    expired: tuple[FetchedTask, ...] = ()
 
 
 class Attempt(NamedTuple):

@@ -12,6 +12,7 @@ from string import Template
 
 from obsq.broker.keys import KEY_NAMES
 from obsq.broker.wire import constants
+from obsq.errors import EXPIRED_PREFIX
 from obsq.settings import INBOX_TTL, LUA_SLICE, MEMORY_LOOK_MS, WAKE_CAP
 
 # While Redis is above the producers' share, a failed attempt keeps only the start of its
@@ -101,7 +102,8 @@ def load_scripts() -> dict[str, Script]:
                       key=lambda p: p.name)  # _prelude.lua, then the ones built on it
     blocks = _prelude_blocks(_Constants("\n".join(p.read_text() for p in preludes)).substitute(
         KEY_CONSTANTS, LUA_SLICE=LUA_SLICE, WAKE_CAP=WAKE_CAP, INBOX_TTL=INBOX_TTL,
-        MEMORY_LOOK_MS=MEMORY_LOOK_MS, FULL_NOTE=FULL_NOTE, FULL_ERROR_BYTES=FULL_ERROR_BYTES))
+        MEMORY_LOOK_MS=MEMORY_LOOK_MS, FULL_NOTE=FULL_NOTE, FULL_ERROR_BYTES=FULL_ERROR_BYTES,
+        EXPIRED_PREFIX=EXPIRED_PREFIX))
     prepared = {}
     for name in script_names():
         body = (SCRIPT_DIR / f"{name}.lua").read_text()

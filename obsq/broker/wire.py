@@ -253,7 +253,8 @@ LAYOUTS: dict[str, Layout] = {
                       "delay "
                       "unique "  # the unique digest, or '' when not unique
                       "unique_for ordering "
-                      "priority)"),  # '' or '0' for 0, else '1' to '9'
+                      "priority "  # '' or '0' for 0, else '1' to '9'
+                      "expires)"),  # ms from now to its expiry, '' for none
     "extend": Layout("lease worker *(id fence)"),
     "fail": Layout("worker id fence error traceback type slot ordering share"),
     "flow_cancel": Layout(),
@@ -420,9 +421,12 @@ REPLIES: dict[str, Reply] = {
                       "count",
                       # the rank of the best task left (due - priority * aging), '' when
                       # none is left or it was not asked for
-                      "ahead", "aside"), DEQUEUE_TASK, count_in="count",
+                      "ahead", "aside",
+                      "expired"),  # the tasks it found past their expiry, now dead
+                     DEQUEUE_TASK, count_in="count",
                      tail=("type", "why"),  # a task held back: 'concurrency' or 'rate'
-                     rows={"aside": ASIDE}),
+                     rows={"aside": ASIDE,
+                           "expired": ("id", "type", "retried", "headers", "priority")}),
     # the refused tasks only: a task's position in the batch (1-based), and 'id' or
     # 'unique:<id of the task holding the digest>'
     "enqueue": Reply((), ("position", "refusal")),

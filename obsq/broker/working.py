@@ -20,6 +20,7 @@ from obsq.names import SEPARATOR
 from obsq.settings import ATTEMPTS_PER_CALL
 
 log = logging.getLogger("obsq")
+RETRY_EXPIRED = 3  # retry.lua's reply when the task expired instead
 FAILURE_CALLS = 8  # retry and fail calls a worker sends at once (see _failure_call)
 # A task handed on is due again after a tenth of the time since its first hand-on, within
 # these bounds (seconds): soon during a deploy, once a minute when no worker has its type.
@@ -92,7 +93,11 @@ class Working(RedisCalls):
         tasks = [_read_task(reply, i) for i in range(len(shape.head), end, len(shape.item))]
         held = tuple((as_text(t), as_text(why)) for t, why in shape.tail_of(reply))
         ahead = reply[shape.head.index("ahead")]
-        return Fetched(reply[0], tasks, held, asked_at, int(ahead) if ahead else None)
+        expired = tuple(FetchedTask(as_text(e.id), 0, as_text(e.type), b"", e.headers or b"",
+                                    b"", as_count(e.retried), 0, False, "", False, "",
+                                    priority=as_count(e.priority))
+                        for e in shape.rows_of("expired", shape.head_of(reply).expired or ()))
+        return Fetched(reply[0], tasks, held, asked_at, int(ahead) if ahead else None, expired)
 
     async def wait_and_dequeue(self, queues: Sequence[str], timeout: float, queue: str,
                                count: int, worker_id: str, lease_seconds: float,
@@ -131,14 +136,18 @@ class Working(RedisCalls):
                            argv("interrupt", ttl=10_000))
 
     async def retry(self, queue: str, attempt: Attempt, worker_id: str, delay: float,
-                    error: str, traceback: str = "") -> bool:
+                    error: str, traceback: str = "") -> str:
+        """The attempt failed and may be retried -> 'retry' (scheduled again), 'expired' (its
+        retry would start after the task's expiry: it ended dead, TaskExpired), or '' when
+        the fencing token is stale."""
         k = self.keys(queue)
         error, traceback = self._failure_texts(error, traceback)
         keys = (k.lease, k.retry, k.pending, k.wake, k.active)
-        return await self._failure_call("retry", keys, argv(
+        reply = await self._failure_call("retry", keys, argv(
             "retry", worker=worker_id, id=attempt.task_id, fence=attempt.fence,
             delay=int(delay * 1000), error=error, traceback=traceback, type=attempt.type,
             slot=attempt.slot, share=self.memory_share))
+        return "" if not reply else "expired" if reply == RETRY_EXPIRED else "retry"
 
     async def defer_unknown(self, queue: str, attempt: Attempt, worker_id: str, error: str,
                             max_age: float) -> str:
@@ -162,10 +171,10 @@ class Working(RedisCalls):
         """The attempt failed for good: the task goes to the dead set."""
         k = self.keys(queue)
         error, traceback = self._failure_texts(error, traceback)
-        return await self._failure_call("fail", (k.lease, k.dead, k.active), argv(
+        return bool(await self._failure_call("fail", (k.lease, k.dead, k.active), argv(
             "fail", worker=worker_id, id=attempt.task_id, fence=attempt.fence, error=error,
             traceback=traceback, type=attempt.type, slot=attempt.slot,
-            ordering=attempt.ordering_key, share=self.memory_share))
+            ordering=attempt.ordering_key, share=self.memory_share)))
 
     _texts_cut_until = 0.0  # Redis said it was above the producers' share: cut until then
 
@@ -181,18 +190,19 @@ class Working(RedisCalls):
 
     _failure_gate: asyncio.Semaphore | None = None
 
-    async def _failure_call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> bool:
-        """A retry or fail call -> applied; a reply of 2 (the error was cut short) starts a
-        cut spell. At most FAILURE_CALLS at once: when many slots fail together, each call
-        on a connection of its own would open the pool's every connection, and Redis counts
-        each one's buffers (17-50 KB) in its used memory, full or not."""
+    async def _failure_call(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> int:
+        """A retry or fail call -> its reply (0: stale); a reply of 2 (the error was cut
+        short) starts a cut spell. At most FAILURE_CALLS at once: when many slots fail
+        together, each call on a connection of its own would open the pool's every
+        connection, and Redis counts each one's buffers (17-50 KB) in its used memory, full
+        or not."""
         if self._failure_gate is None:
             self._failure_gate = asyncio.Semaphore(FAILURE_CALLS)
         async with self._failure_gate:
             reply = await self._script(name, keys, args)
         if reply == 2:
             self._texts_cut_until = time.monotonic() + FULL_TEXT_HOLD
-        return bool(reply)
+        return int(reply)
 
     async def cancel_attempt(self, queue: str, attempt: Attempt, worker_id: str) -> bool:
         """A running attempt its worker stopped because the task was cancelled."""

@@ -19,6 +19,7 @@ from obsq.broker import FetchedTask
 from obsq.broker.calls import Deadlines
 from obsq.engine.pools import make_pool
 from obsq.engine.pools.base import UnsentResult, handler_traceback, raised_at, timed_out
+from obsq.engine.recycling import NO_RECYCLING, Recycling
 from obsq.errors import PayloadError, Retry, SkipRetry, UnknownTaskType, UnreadableRecord
 from obsq.flow import FLOW_HEADER
 from obsq.names import queue_of
@@ -37,7 +38,7 @@ FLOW_HEADER_KEY = f'"{FLOW_HEADER}"'.encode()
 class Verdict:
     """How an attempt ended, before Redis has recorded it."""
 
-    outcome: str  # success | retry | dead | cancelled | handed_on
+    outcome: str  # success | retry | dead | cancelled | handed_on | expired
     result: bytes = NO_RESULT
     error: BaseException | None = None
     delay: float = 0.0
@@ -96,12 +97,14 @@ class Executor:
     def __init__(self, app: App, concurrency: int,
                  update_state: Callable[[Task, Any], Coroutine[Any, Any, None]], *,
                  pool: str = "thread", on_stuck: Callable[[], None] = lambda: None,
-                 loop_blocked: Callable[[], float] = lambda: 0.0) -> None:
+                 loop_blocked: Callable[[], float] = lambda: 0.0,
+                 recycling: Recycling = NO_RECYCLING) -> None:
         """`loop_blocked()`: seconds the event loop has stood blocked (LoopMonitor), which
-        the timeouts of async handlers do not count."""
+        the timeouts of async handlers do not count; `recycling`: the limits of a process
+        pool's children."""
         self.app = app
         self.deadlines = Deadlines(loop_blocked)  # the timeouts of async handlers
-        self.pool = make_pool(pool, concurrency, app, on_stuck)
+        self.pool = make_pool(pool, concurrency, app, on_stuck, recycling)
         self.update_state = update_state
         self.chain = app.wrap(self._invoke)
         self._warned_results: set[str] = set()  # types whose result could not be encoded

@@ -25,7 +25,7 @@ from obsq.background import RedisRetry
 from obsq.broker import Attempt, Broker, Completion, Completions
 from obsq.engine.execution import Verdict
 from obsq.engine.liveness import Claims
-from obsq.errors import BrokerError, Retry
+from obsq.errors import EXPIRED_PREFIX, BrokerError, Retry, TaskExpired
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
@@ -217,9 +217,14 @@ class Settler:
         elif verdict.outcome == "handed_on":
             recorded, verdict = await self._defer_unknown(task, verdict)
         elif verdict.outcome == "retry":
-            recorded = await self._persist(lambda: self.broker.retry(
+            ended = await self._persist(lambda: self.broker.retry(
                 task.kept_in, attempt, self.worker_id, verdict.delay, verdict.error_text,
                 verdict.traceback_text))
+            if ended == "expired":  # its retry would have started after its expiry
+                verdict = Verdict("expired", error=TaskExpired(task.id, f"{EXPIRED_PREFIX} its "
+                                  f"retry would have started after its expiry; its last "
+                                  f"attempt failed: {verdict.error_text}"))
+            recorded = None if ended is None else bool(ended)
         else:
             recorded = await self._persist(lambda: self.broker.fail(
                 task.kept_in, attempt, self.worker_id, verdict.error_text,
@@ -249,6 +254,8 @@ class Settler:
                             "handed on to workers that have one, no retry spent, and end "
                             "dead if none takes them within %g s", task.type,
                             self.unknown_type_max_age)
+        elif recorded and verdict.outcome == "expired":
+            log.warning("%s; moved to dead", verdict.error)
         elif recorded and verdict.outcome != "success":
             then = (f"will retry in {verdict.delay:.1f} s" if verdict.outcome == "retry"
                     else "moved to dead")

@@ -36,9 +36,10 @@ from obsq.engine.fetching import BUFFER_HOLD, Fetcher, RouteLimits, ServedQueues
 from obsq.engine.flows import FlowLoop
 from obsq.engine.liveness import Claims, FetchProgress, Liveness, WorkerHealth
 from obsq.engine.maintenance import Forwarder, Janitor, Recoverer
+from obsq.engine.recycling import Recycling
 from obsq.engine.settlement import Settler
 from obsq.engine.throughput import ThroughputCounter
-from obsq.errors import BrokerError, StartupError
+from obsq.errors import BrokerError, StartupError, TaskExpired
 from obsq.names import queue_of, warn_if_not_the_apps
 from obsq.settings import FETCH_STOP_TIMEOUT, WorkerSettings, redis_retry_delay
 from obsq.task import Task
@@ -93,6 +94,10 @@ class Worker:
                            admit=self._admit, limits=self.limits.encoded,
                            deep=settings.strict_priority or len(self.queues) == 1)
         self._hurry = asyncio.Event()
+        # a drain that waits for every running handler however long it takes (its own timeout
+        # bounds it): a process replaced past its limits; `_impatient` bounds it again
+        self._patient = False
+        self._impatient = asyncio.Event()
         self._loops: list[BackgroundLoop] = []
         self._aggregation: AggregationLoop | None = None  # stopped first when draining
         self.claims = Claims()  # the attempts it holds, which its heartbeat thread extends
@@ -133,7 +138,9 @@ class Worker:
             fetch_hooks=self.fetch_stall_hooks, data_lost_hooks=self.data_lost_hooks)
         self.executor = Executor(self.app, self.concurrency, self._update_state, pool=s.pool,
                                  on_stuck=self._stuck_changed,
-                                 loop_blocked=liveness.monitor.blocked)
+                                 loop_blocked=liveness.monitor.blocked,
+                                 recycling=Recycling(s.max_tasks_per_child,
+                                                     s.max_memory_per_child))
         self.settler = Settler(self.broker, self.id, self.app.outcome_hooks,
                                unknown_type_max_age=s.unknown_type_max_age, claims=self.claims)
         self._liveness = liveness
@@ -211,11 +218,20 @@ class Worker:
                     raise StartupError(f"stopped before Redis could be reached: {exc}",
                                        unreachable=True) from None
 
-    def stop(self, now: bool = False) -> None:
+    def stop(self, now: bool = False, *, patient: bool = False) -> None:
         """Begin a graceful drain; a second call, or `now`, stops waiting for running
-        handlers (they are handed back)."""
+        handlers (they are handed back). `patient` (a process replaced past its limits):
+        the drain waits for every running handler to end, each within its own timeout, so
+        none is handed back to run again; a later call makes it a graceful drain from then,
+        bounded by the shutdown timeout."""
+        if self._patient and not now:
+            self._patient = False
+            self._impatient.set()
+            return
         if self.slots.stopped.is_set() or now:
             self._hurry.set()
+        elif patient:
+            self._patient = True
         self.slots.draining = True  # readiness fails from now, not when the run loop gets to it
         self.slots.stopped.set()
 
@@ -258,6 +274,11 @@ class Worker:
                 + self._flows.recording)
 
     @property
+    def waiting_patiently(self) -> bool:
+        """Draining with no limit on the running handlers' wait (`stop(patient=True)`)."""
+        return self._patient
+
+    @property
     def draining(self) -> bool:
         """Stopping: readiness fails, and nothing more starts."""
         return self.slots.draining
@@ -269,6 +290,8 @@ class Worker:
         limit counted) from now; the routes it left behind are told to the throttle hooks."""
         for task_type, reason in fetched.held:
             self._throttled(queue_of(queue), task_type, reason)
+        if fetched.expired:
+            self._expired(queue, fetched)
         tasks = []
         for raw in fetched.tasks:
             task = self.executor.build_task(queue, raw, fetched.now_ms, fetched.asked_at)
@@ -278,6 +301,17 @@ class Worker:
                 self._throttled(queue_of(queue), raw.type, "ordering")
             tasks.append(task)
         return tasks
+
+    def _expired(self, queue: str, fetched: Fetched) -> None:
+        """The tasks the fetch found past their expiry, ended dead unstarted: told to the
+        outcome hooks (outcome `expired`), said in one line."""
+        for raw in fetched.expired:
+            task = self.executor.build_task(queue, raw, fetched.now_ms, fetched.asked_at)
+            self.settler.report(task, "expired", TaskExpired(task.id))
+        log.warning("%d task(s) of queue %s not started by their expiry were moved to dead "
+                    "(TaskExpired): %s", len(fetched.expired), queue_of(queue),
+                    ", ".join(f"{raw.id} ({raw.type})" for raw in fetched.expired[:5]) +
+                    (", ..." if len(fetched.expired) > 5 else ""))
 
     async def _give_back(self, tasks: list[Task]) -> None:
         """Tasks fetched ahead that waited behind handlers that did not end: back to the
@@ -398,13 +432,18 @@ class Worker:
         if unstarted:
             await self.settler.hand_back(unstarted)
         handling = self.slots.handling
-        log.info("worker %s draining: %d task(s) running, waiting up to %g s", self.id,
-                 len(handling), self.settings.shutdown_timeout)
+        log.info("worker %s draining: %d task(s) running, waiting %s", self.id,
+                 len(handling), "for them to end" if self._patient else
+                 f"up to {self.settings.shutdown_timeout:g} s")
         if handling:
             hurry = asyncio.ensure_future(self._hurry.wait())
-            ends: list[asyncio.Future[Any]] = [  # the first to end: the running tasks, or a hurry
-                asyncio.gather(*handling, return_exceptions=True), hurry]
-            await asyncio.wait(ends, timeout=self.settings.shutdown_timeout,
+            ended: asyncio.Future[Any] = asyncio.gather(*handling, return_exceptions=True)
+            if self._patient:  # a replaced process: its tasks end by their own timeouts
+                impatient = asyncio.ensure_future(self._impatient.wait())
+                await asyncio.wait([ended, hurry, impatient], return_when=asyncio.FIRST_COMPLETED)
+                impatient.cancel()
+            # the first to end: the running tasks, or a hurry
+            await asyncio.wait([ended, hurry], timeout=self.settings.shutdown_timeout,
                                return_when=asyncio.FIRST_COMPLETED)
             hurry.cancel()
         cancelled = list(handling)

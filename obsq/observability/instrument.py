@@ -53,6 +53,7 @@ def instrument_app(app: App, *, metrics: bool = True, tracing: bool = True,
             app.on_throttle(m.on_throttle)
             app.on_redis_error(m.on_redis_error)
             app.on_stuck_slots(m.on_stuck_slots)
+            app.on_recycle(m.on_recycle)
             done.add("metrics")
         if concurrency:
             set_concurrency(concurrency)

@@ -37,6 +37,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from obsq._version import __version__
 from obsq.app import AGGREGATION_OUTCOMES, OUTCOMES, RECOVERY_REASONS, THROTTLE_REASONS, App
 from obsq.broker.calls import OPERATIONS
+from obsq.engine.recycling import RECYCLE_REASONS
 from obsq.errors import UnknownTaskType
 from obsq.flow import FLOW_OUTCOMES
 from obsq.settings import DEFAULT_QUEUE
@@ -96,7 +97,9 @@ class Metrics:
         self.processed = Counter(
             "obsq_tasks_processed", "Handler runs finished, by outcome: success, retry "
             "(failed, scheduled again), dead (failed for good), cancelled (stopped because "
-            "its task was cancelled), requeued (handed back unfinished at shutdown), "
+            "its task was cancelled), expired (not started by its expiry: it never ran, or "
+            "its retry would have started after it), requeued (handed back unfinished at "
+            "shutdown), "
             "lease_lost (finished after its lease was taken over; its result refused), "
             "unrecorded (finished, but Redis stayed away until the worker stopped)",
             ["queue", "task", "outcome"])
@@ -114,6 +117,11 @@ class Metrics:
             "obsq_worker_stuck_slots", "Plain handlers of this process that overran their "
             "timeout and still run in their thread, holding their slot until they return",
             multiprocess_mode="livesum")
+        self.recycled = Counter(
+            "obsq_worker_children_recycled", "Processes running handlers (the process "
+            "pool's children, or the worker processes of --processes) replaced past their "
+            "limits, by reason: tasks (--max-tasks-per-child) or memory "
+            "(--max-memory-per-child)", ["reason"])
         self.recoveries = Counter(
             "obsq_lease_recoveries", "Tasks taken back from a worker: expired (lease ran "
             "out) or worker_lost (its worker stopped heartbeating)", ["queue", "reason"])
@@ -234,8 +242,8 @@ class TaskMetrics:
         if isinstance(error, UnknownTaskType):  # no handler ran: its own count
             self.m.unknown_types.labels(task.queue, outcome).inc()
             return
-        if task.context.get(RAN_KEY) is not True:
-            return
+        if task.context.get(RAN_KEY) is not True and outcome != "expired":
+            return  # (an expired task is counted though it never ran: it never will)
         task.context[RAN_KEY] = False
         key = (task.queue, task.route, outcome)
         child = self._outcomes.get(key)
@@ -261,6 +269,9 @@ class TaskMetrics:
 
     def on_throttle(self, queue: str, task: str, reason: str) -> None:
         self.m.throttled.labels(queue, task, reason).inc()
+
+    def on_recycle(self, reason: str) -> None:
+        self.m.recycled.labels(reason).inc()
 
     def on_stuck_slots(self, count: int) -> None:
         self.m.stuck_slots.set(count)
@@ -327,6 +338,8 @@ def start_at_zero(app: App, queues: Iterable[str], *, worker: bool = True) -> No
     if worker:
         for outcome in FLOW_OUTCOMES:
             m.flows_ended.labels(outcome)
+        for reason in RECYCLE_REASONS:
+            m.recycled.labels(reason)
         for queue in served:
             for reason in RECOVERY_REASONS:
                 m.recoveries.labels(queue, reason)

@@ -23,6 +23,12 @@ operator), so a child does not count signals: any number of them is one drain
 each child whose write end only the supervisor holds; the end of that pipe, when the
 supervisor dies however it dies (SIGKILL too), drains the child, which would otherwise
 outlive it in its own session.
+
+Recycling (`--max-tasks-per-child`, `--max-memory-per-child`, without `--pool process`,
+whose own children they limit instead): a child past its limits after a task drains, waiting
+for each running handler to end (within its own timeout: none is handed back to run again;
+a stop signal meanwhile makes it the usual drain), exits RECYCLED, and the supervisor starts
+another at once, no backoff counted.
 """
 
 from __future__ import annotations
@@ -43,10 +49,13 @@ from obsq._version import __version__
 from obsq.app import load_app
 from obsq.background import on_stop_signals
 from obsq.engine.liveness import LIVENESS, first_problem
+from obsq.engine.recycling import Recycling
 from obsq.settings import RESTART_MAX, RESTART_MIN, STABLE_AFTER, STOP_MARGIN, WorkerSettings
 
 if TYPE_CHECKING:
+    from obsq.app import CallNext
     from obsq.engine.worker import Worker
+    from obsq.task import Task
 
 log = logging.getLogger("obsq")
 
@@ -56,6 +65,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LIFELINE_FLAG = "--supervisor-fd"  # hidden `obsq worker` flag: the child's end of the pipe
 STOP_NOW = b"!"  # written to the pipe of each child on the supervisor's second stop signal
 CHILD_LIVENESS_CHECK = 5.0  # how often a child judges its own liveness
+RECYCLED = 75  # the exit status of a child that drained past its limits (EX_TEMPFAIL)
 
 
 class _Child:
@@ -177,6 +187,8 @@ class Supervisor:
             "OBSQ_POOL": s.pool,
             "OBSQ_LOOP": s.loop,
             "OBSQ_STUCK_LIMIT": repr(float(s.stuck_limit)),
+            "OBSQ_MAX_TASKS_PER_CHILD": str(s.max_tasks_per_child),
+            "OBSQ_MAX_MEMORY_PER_CHILD": str(s.max_memory_per_child),
             "OBSQ_HTTP_PORT": "-1",  # the supervisor serves the pod's endpoint
             MULTIPROC_ENV: self._dir,
         })
@@ -219,6 +231,12 @@ class Supervisor:
                     continue
                 code = process.returncode
                 mark_process_dead(process.pid, self._dir)
+                if code == RECYCLED:
+                    log.info("worker process %d (pid %d) drained past its limits; starting "
+                             "its replacement", child.index, process.pid)
+                    child.restart_at = now
+                    child.restarts += 1
+                    continue
                 if code == CONFIG_ERROR and now - child.started < STABLE_AFTER:
                     log.error("worker process %d (pid %d) stopped with a configuration "
                               "error; stopping", child.index, process.pid)
@@ -330,14 +348,40 @@ class Supervisor:
         self._loop = None
 
 
-def serve_supervised(worker: Worker, fd: int) -> None:
+class Recycler:
+    """A child's count of the handlers it ran: past its limits, it drains (`reason` set), to
+    exit RECYCLED. The outermost middleware, so the drain begins as the handler returns,
+    before the fetch that carries its end takes another task."""
+
+    def __init__(self, worker: Worker, recycling: Recycling) -> None:
+        self.worker = worker
+        self.recycling = recycling
+        self.tasks = 0
+        self.reason: str | None = None
+
+    async def __call__(self, task: Task, call_next: CallNext) -> Any:
+        try:
+            return await call_next(task)
+        finally:
+            self.tasks += 1
+            reason = self.recycling.spent(self.tasks) if self.reason is None else None
+            if reason is not None:
+                self.reason = reason
+                log.info("worker %s drains, to be replaced %s", self.worker.id,
+                         self.recycling.said(reason, self.tasks))
+                self.worker.app.recycle_hooks(reason)
+                self.worker.stop(patient=True)  # the other running tasks end as they would
+
+
+def serve_supervised(worker: Worker, fd: int) -> Recycler | None:
     """In a child, on its event loop, for a Worker that does not handle signals itself: any
     number of SIGTERM and SIGINT is one drain; a byte on the pipe `fd` (the supervisor's
-    second signal) stops now; its end of file (the supervisor is gone) drains."""
+    second signal) stops now; its end of file (the supervisor is gone) drains. Its Recycler
+    when it has limits of its own (its handlers not in a process pool, which has them)."""
     loop = asyncio.get_running_loop()
 
     def drain(why: str) -> None:
-        if not worker.draining:
+        if not worker.draining or worker.waiting_patiently:
             log.info("%s: draining", why)
             worker.stop()
 
@@ -353,6 +397,13 @@ def serve_supervised(worker: Worker, fd: int) -> None:
     loop.add_reader(fd, from_supervisor)
     threading.Thread(target=_end_when_not_alive, args=(worker,), name="obsq-liveness",
                      daemon=True).start()
+    s = worker.settings
+    recycling = Recycling(s.max_tasks_per_child, s.max_memory_per_child)
+    if not recycling or s.pool == "process":
+        return None
+    recycler = Recycler(worker, recycling)
+    worker.app.middleware.insert(0, recycler)
+    return recycler
 
 
 def _end_when_not_alive(worker: Worker) -> None:

@@ -173,7 +173,9 @@ class Client:
                       retention: float | timedelta | None = None,
                       headers: dict[str, str] | None = None,
                       ordering_key: str | None = None, group: str | None = None,
-                      priority: int | None = None) -> TaskInfo[Any] | FlowInfo:
+                      priority: int | None = None,
+                      expires: float | timedelta | datetime | None = None
+                      ) -> TaskInfo[Any] | FlowInfo:
         """Enqueue one task, named by its type or by its handler (`enqueue(send_email,
         Email(...))`: a TaskInfo[Sent], the payload checked against the handler's
         `obsq.Task[Email]`; one that cannot become it raises PayloadError, nothing written).
@@ -182,7 +184,9 @@ class Client:
         UnknownTaskType (a ValueError) for a type the Client's App has no handler for.
         Tasks sharing an `ordering_key` run one at a time, in the order they were enqueued,
         across all workers (each queue keeps its own order). `priority` (0 to 9,
-        default 0 or the route's): higher runs first within its queue. A task given a
+        default 0 or the route's): higher runs first within its queue. Not started by
+        `expires` (seconds or a timedelta from now, or an aware datetime; default the
+        route's), the task never runs: it ends dead with TaskExpired. A task given a
         `group` waits in it (state `aggregating`) for the aggregator of its type
         (app.aggregate), and takes no option but queue, task_id and headers. The enqueues
         of concurrent callers share round trips. A flow (obsq.chain, obsq.chord): FlowInfo."""
@@ -192,13 +196,13 @@ class Client:
             check_grouped(group, {"max_retry": max_retry, "timeout": timeout, "delay": delay,
                                   "eta": eta, "unique_for": unique_for,
                                   "retention": retention, "ordering_key": ordering_key,
-                                  "priority": priority})
+                                  "priority": priority, "expires": expires})
             return await self._enqueue_grouped(group, Job(
                 task_type, payload, queue=queue, task_id=task_id, headers=headers))
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                   delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
                   retention=retention, headers=headers, ordering_key=ordering_key,
-                  priority=priority)
+                  priority=priority, expires=expires)
         # enqueue_many's work without its frame: one coroutine less on every enqueue
         return unless_duplicate((await self.deadlines.run("enqueue", self._write([job])))[0])
 

@@ -62,7 +62,7 @@ class JobChecks:
                                  timeout=route.timeout, now=now, priority=route.priority,
                                  max_payload=app.max_payload_of(route) if app is not None
                                  else route.max_payload or MAX_PAYLOAD_BYTES,
-                                 declared=route.declared)
+                                 declared=route.declared, expires=route.expires)
         except (ValueError, TypeError) as exc:
             if app is not None:
                 app.refusal_hooks(job, exc)

@@ -25,7 +25,15 @@ from typing import Any
 from obsq.background import RedisRetry
 from obsq.broker import Broker, Ended
 from obsq.broker.calls import Deadlines
-from obsq.errors import BrokerError, ResultTimeout, TaskCancelled, TaskFailed, TaskNotFound
+from obsq.errors import (
+    EXPIRED_PREFIX,
+    BrokerError,
+    ResultTimeout,
+    TaskCancelled,
+    TaskExpired,
+    TaskFailed,
+    TaskNotFound,
+)
 from obsq.settings import RESULT_READ_TIMEOUT, RESULT_RECHECK
 from obsq.task import decode_stored_json
 
@@ -164,6 +172,8 @@ async def _until(future: asyncio.Future[Ended | None], deadline: float | None, t
 def _outcome(task_id: str, state: str, value: Any) -> Any:
     if state == "cancelled":
         raise TaskCancelled(task_id)
+    if state == "dead" and isinstance(value, str) and value.startswith(EXPIRED_PREFIX):
+        raise TaskExpired(task_id, value)
     if state == "dead":
         raise TaskFailed(task_id, value)
     return decode_stored_json(value)

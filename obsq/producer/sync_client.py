@@ -88,7 +88,8 @@ class SyncClient:
                 unique_for: float | timedelta | None = None, task_id: str | None = None,
                 retention: float | timedelta | None = None,
                 headers: dict[str, str] | None = None, ordering_key: str | None = None,
-                group: str | None = None, priority: int | None = None
+                group: str | None = None, priority: int | None = None,
+                expires: float | timedelta | datetime | None = None
                 ) -> TaskInfo[Any] | FlowInfo:
         """Client.enqueue, blocking."""
         if isinstance(task_type, (Chain, Chord)):
@@ -98,11 +99,12 @@ class SyncClient:
                 task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                 delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
                 retention=retention, headers=headers, ordering_key=ordering_key, group=group,
-                priority=priority))
+                priority=priority, expires=expires))
         return unless_duplicate(self.enqueue_many([Job(
             task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout, delay=delay,
             eta=eta, unique_for=unique_for, task_id=task_id, retention=retention,
-            headers=headers, ordering_key=ordering_key, priority=priority)])[0])
+            headers=headers, ordering_key=ordering_key, priority=priority,
+            expires=expires)])[0])
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         app_hooks, hooks = self._client.producer_hooks

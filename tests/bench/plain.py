@@ -4,6 +4,7 @@ Redis drains a backlog of no-op plain tasks.
 
     python tests/bench/plain.py [--tasks 20000] [--concurrency 10] [--pool thread|process]
                                 [--runs 3]      # each on a fresh Redis, then the median
+                                [--max-tasks-per-child N]   # the cost of replacing children
     python tests/bench/plain.py --obsq DIR   # the worker imports obsq from DIR (an export
                                             # of another commit: git archive REV | tar -x)
 
@@ -68,6 +69,8 @@ async def drain(args: argparse.Namespace) -> tuple[float, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OBSQ_")}
     env["PYTHONPATH"] = str(Path(args.obsq).resolve()) if args.obsq else str(ROOT)
     pool = ["--pool", args.pool] if args.pool else []
+    if args.max_tasks_per_child:
+        pool += ["--max-tasks-per-child", str(args.max_tasks_per_child)]
     worker = None
     try:
         async with obsq.Client(server.url, namespace=NAMESPACE, app=app) as client:
@@ -93,7 +96,9 @@ async def drain(args: argparse.Namespace) -> tuple[float, float]:
         elapsed = time.monotonic() - start
         cpu = cpu_seconds(worker.pid) - cpu
         print(f"{args.tasks} plain no-op tasks, concurrency {args.concurrency}, pool "
-              f"{args.pool or '(no flag)'}: {elapsed:.2f} s, {args.tasks / elapsed:,.0f} tasks/s, "
+              f"{args.pool or '(no flag)'}"
+              f"{f', max {args.max_tasks_per_child} a child' if args.max_tasks_per_child else ''}"
+              f": {elapsed:.2f} s, {args.tasks / elapsed:,.0f} tasks/s, "
               f"worker CPU {cpu / args.tasks * 1e6:.0f} µs/task "
               f"(load average {os.getloadavg()[0]:.2f})")
         return args.tasks / elapsed, cpu / args.tasks * 1e6
@@ -109,6 +114,7 @@ if __name__ == "__main__":
     parser.add_argument("--tasks", type=int, default=20000)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--pool", choices=("thread", "process"))
+    parser.add_argument("--max-tasks-per-child", type=int, default=0)
     parser.add_argument("--obsq", metavar="DIR", help="import the worker's obsq from DIR")
     parser.add_argument("--runs", type=int, default=3)
     arguments = parser.parse_args()

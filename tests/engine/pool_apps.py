@@ -141,3 +141,20 @@ def norm(task: obsq.Task[Point]) -> float:
     """A typed plain handler: the child reads the payload back as a Point itself."""
     assert isinstance(task.payload, Point), task.payload
     return float((task.payload.x ** 2 + task.payload.y ** 2) ** 0.5)
+
+
+@app.task("where", timeout=30)
+def where(task: obsq.Task) -> int:
+    """Records that it began, and returns the pid of the process it ran in."""
+    recorder().rpush(key("started"), f"{task.id} {os.getpid()}")
+    return os.getpid()
+
+
+_kept: list[bytearray] = []
+
+
+@app.task("leak", timeout=30)
+def leak(task: obsq.Task) -> int:
+    """`where`, keeping 60 MB for good, as a leaking handler does."""
+    _kept.append(bytearray(b"x" * (60 << 20)))
+    return where(task)

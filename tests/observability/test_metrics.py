@@ -296,3 +296,33 @@ async def test_a_task_held_back_is_counted_once(app, client, namespace, start_wo
     await asyncio.sleep(20 * worker.settings.forward_interval)  # let out and held again
     assert await asyncio.to_thread(throttled) == 1
     release.set()
+
+
+async def test_expired_tasks_and_retries_past_expiry_are_counted(app, client, namespace,
+                                                                 start_worker):
+    queue = f"expiring-{namespace}"
+
+    @app.task("stale", queue=queue)
+    async def stale(task):
+        return None
+
+    @app.task("failing", queue=queue, retry_delay=5)
+    async def failing(task):
+        raise ValueError("down")
+
+    await client.enqueue_many([obsq.Job("stale", i, expires=0.05) for i in range(3)])
+    await asyncio.sleep(0.1)
+    worker = await start_worker(queues={queue: 1}, metrics=True, http_port=0)
+    port = start_worker.port(worker)
+    await client.enqueue("failing", expires=2)  # its retry, due in 5 s, is past it
+
+    def counted(task: str, outcome: str) -> float:
+        return value(parse(scrape(port)), "obsq_tasks_processed_total", queue=queue, task=task,
+                     outcome=outcome)
+    await wait_until(lambda: asyncio.to_thread(lambda: counted("stale", "expired") == 3))
+    await wait_until(lambda: asyncio.to_thread(lambda: counted("failing", "expired") == 1))
+    samples = parse(scrape(port))
+    assert value(samples, "obsq_tasks_processed_total", queue=queue, task="failing",
+                 outcome="retry") == 0
+    for reason in ("tasks", "memory"):  # exported at 0 from the start
+        assert ("obsq_worker_children_recycled_total", (("reason", reason),)) in samples

@@ -251,3 +251,18 @@ local function end_cancelled(id, now)
   release_successor(id, redis.call('HGET', key, 'ordk') or '', now)
   notify_done(id, 'cancelled', 'cancelled')
 end
+
+-- Expiry (`expires=` at enqueue): a task not started by its hash's 'exp' (ms) never runs.
+-- The script that finds it so ends it dead, as fail.lua ends a task, its error TaskExpired
+-- (the words after the prefix: `why`), an earlier attempt's traceback left as it was: its
+-- ordering key's turn passes on and its waiters (result(), a flow) are told. Returns the error.
+local EXPIRED = '@EXPIRED_PREFIX'
+local function expire(id, why, now)
+  local key = task_key(id)
+  local text = EXPIRED .. ' ' .. why
+  redis.call('HSET', key, 'state', 'dead', 'done', now, 'error', text)
+  redis.call('ZADD', prefix .. @key_dead, now, id)
+  release_successor(id, redis.call('HGET', key, 'ordk'), now)
+  notify_done(id, 'dead', text)
+  return text
+end

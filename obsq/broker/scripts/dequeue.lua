@@ -6,11 +6,14 @@
 -- A record it cannot read costs only itself: a popped id whose key holds no hash, and a
 -- priority in `levels` that is not 1 to 9, are set aside (set_aside) and named in the
 -- reply; the read of each task is protected (pcall), which costs no more Redis calls.
+-- A task past its expiry ('exp') is not started: it ends dead, expired (expire), and is
+-- named in the reply for its worker to count.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- The pop comes first, so a Redis at maxmemory lets the script finish.
 local aside = {}
 if redis.call('EXISTS', KEYS[@k_paused]) == 1 then
-  return {[@r_now] = 0, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = '', [@r_aside] = aside}
+  return {[@r_now] = 0, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = '', [@r_aside] = aside,
+          [@r_expired] = {}}
 end
 local now = now_ms()
 
@@ -105,11 +108,12 @@ else
 end
 if not ids and left then  -- none ranks before the floor: the tasks wait for their turn
   return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = int_text(left),
-          [@r_aside] = aside}
+          [@r_aside] = aside, [@r_expired] = {}}
 end
 if not ids then
   redis.call('DEL', KEYS[@k_wake])
-  return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = '', [@r_aside] = aside}
+  return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = '', [@r_aside] = aside,
+          [@r_expired] = {}}
 end
 local limits = ARGV[@limits] ~= '' and cjson.decode(ARGV[@limits]) or nil
 
@@ -171,9 +175,10 @@ local fence = redis.call('INCRBY', KEYS[@k_fence], #ids) - #ids
 local expires = int_text(now + tonumber(ARGV[@lease]))
 local leases, owners, tasks, held = {}, {}, {}, {}
 local dropped, suspects, returned = 0, 0, 0
+local expired = {}
 for _, id in ipairs(ids) do
   local f = redis.pcall('HMGET', task_key(id), 'type', 'payload', 'headers', 'opts', 'retried',
-                        'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin', 'sus', 'pri')
+                        'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin', 'sus', 'pri', 'exp')
   local why, slot = nil, ''
   if f.err then  -- its key holds no hash
     why = task_aside(id, @key_pending, now)
@@ -181,6 +186,13 @@ for _, id in ipairs(ids) do
   elseif not f[1] then
     dropped = dropped + 1  -- its hash was deleted behind obsq's back: nothing left to run
     why = 'gone'
+  elseif f[15] and (tonumber(f[15]) or math.huge) <= now then
+    why = 'expired'
+    expire(id, 'not started by its expiry', now)
+    expired[#expired + 1] = {[@r_expired_id] = id, [@r_expired_type] = f[1],
+                             [@r_expired_retried] = f[5] or '',
+                             [@r_expired_headers] = f[3] or '',
+                             [@r_expired_priority] = f[14] or ''}
   elseif f[13] and suspects > 0 then
     -- one suspect per fetch: its worker runs it alone, so the others go back to the head of
     -- the queue for other workers instead of waiting their turn in this one
@@ -240,6 +252,7 @@ out[@r_dropped] = dropped
 out[@r_count] = #tasks / @r_stride
 out[@r_ahead] = ''
 out[@r_aside] = aside
+out[@r_expired] = expired
 if ARGV[@ahead] == '1' then
   if left then
     out[@r_ahead] = int_text(left)

@@ -5,7 +5,8 @@
 -- which it is remembered), and is marked ('own'), so the scripts that forget it remember
 -- its id. A unique task is refused while its digest is held. A task whose ordering key has
 -- tasks already waits behind them. The delay is added to the server's clock here, so a
--- producer's clock never decides a due time.
+-- producer's clock never decides a due time; so is a task's expiry ('exp', ms), written once:
+-- a retry or a recovery never moves it.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- Refused above the producers' share of maxmemory (`share`, see above_share), before the
 -- batch is written: the rest is for what the workers draining the queues write (their
@@ -82,6 +83,10 @@ for i = @items, #ARGV, @stride do
     if priority ~= '' then
       fields[#fields + 1] = 'pri'
       fields[#fields + 1] = priority
+    end
+    if ARGV[i + @expires] ~= '' then
+      fields[#fields + 1] = 'exp'
+      fields[#fields + 1] = int_text(tonumber(now) + tonumber(ARGV[i + @expires]))
     end
     local behind = false
     local ordering_key = ARGV[i + @ordering]

@@ -1,7 +1,8 @@
 -- Put tasks of the dead, retry or scheduled set back into pending now (obsq requeue), in
 -- bounded steps: the caller repeats the call until nothing is left.
 -- A revived dead task starts with a fresh retry count; any revived task counts its losses
--- of a worker and its hand-ons (a type no worker had) afresh.
+-- of a worker and its hand-ons (a type no worker had) afresh. A revived dead task loses its
+-- expiry ('exp'): an operator's requeue of a task that expired is a wish to run it.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 local now = now_ms()
 local ids = {}
@@ -17,6 +18,9 @@ local missing = {}
 for _, id in ipairs(ids) do
   local key = task_key(id)
   if redis.call('ZREM', KEYS[@k_by_state], id) == 1 and redis.call('EXISTS', key) == 1 then
+    if redis.call('HGET', key, 'state') == 'dead' then
+      redis.call('HDEL', key, 'exp')
+    end
     redis.call('HSET', key, 'state', 'pending', 'due', now)
     redis.call('HDEL', key, 'done', 'recov', 'unk0', 'unkn', 'sus', 'iso')
     if ARGV[@reset] == '1' then

@@ -19,18 +19,21 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from obsq.engine.pools.base import HandlerPool
+from obsq.engine.recycling import NO_RECYCLING, Recycling
 
 if TYPE_CHECKING:
     from obsq.app import App
 
 
-def make_pool(kind: str, size: int, app: App, on_stuck: Callable[[], None]) -> HandlerPool:
+def make_pool(kind: str, size: int, app: App, on_stuck: Callable[[], None],
+              recycling: Recycling = NO_RECYCLING) -> HandlerPool:
     """The pool named `kind` (one of settings.POOLS) with `size` slots; `on_stuck` is
-    called on the event loop whenever the number of stuck slots changes."""
+    called on the event loop whenever the number of stuck slots changes; `recycling`: the
+    limits of a process pool's children."""
     if kind == "process":
         from obsq.engine.pools.processes import ProcessSlots
 
-        return ProcessSlots(size, app)
+        return ProcessSlots(size, app, recycling)
     from obsq.engine.pools.threads import ThreadSlots
 
     return ThreadSlots(size, on_stuck)

@@ -1,6 +1,7 @@
 """A child process of the process pool: it imports the worker's App by its module path (as
 `obsq worker MODULE:APP` names it), then runs the plain handlers the worker sends it, one at
-a time, and sends back each one's result, or its exception with the traceback as text.
+a time, and sends back each one's result, or its exception with the traceback as text,
+with whether it is past its limits (obsq/engine/recycling.py) and should be replaced.
 
 A task reaches the child as the fields it was built from (`Task.portable()`: id, type,
 queue, the payload and headers as Redis gave them, retry count, options), so the handler
@@ -20,6 +21,7 @@ runs on its App after importing it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import threading
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from obsq.app import App, load_app
 from obsq.engine.pools.base import handler_traceback, raised_at
+from obsq.engine.recycling import NO_RECYCLING, Recycling
 from obsq.errors import UnknownTaskType
 from obsq.task import Task
 
@@ -55,24 +58,35 @@ class RemoteError(Exception):
 
 
 def serve(conn: Connection, lifeline: Connection, app_path: str,
-          setups: list[ChildSetup]) -> None:
+          setups: list[ChildSetup], recycling: Recycling = NO_RECYCLING) -> None:
     """The child's main loop (the target of its multiprocessing.Process). `lifeline`: the
-    read end of a pipe whose write end only the worker holds."""
+    read end of a pipe whose write end only the worker holds; `recycling`: the limits past
+    which its replies ask the worker to replace it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_worker(lifeline)
     app = load_app(app_path)
     for setup in setups:
         setup(app)
+    tasks = 0
     while True:
         try:
             fields, carrier = conn.recv()
         except (EOFError, OSError):  # the worker closed its end: it is done with us
             return
-        conn.send_bytes(_run(app, fields, carrier))
+        tasks += 1
+        conn.send_bytes(_run(app, fields, carrier, functools.partial(_retiring, recycling, tasks)))
 
 
-def _run(app: App, fields: dict[str, Any], carrier: dict[str, str]) -> bytes:
-    """The pickled reply: ("ok", result), ("unsent", why) or ("error", exc, traceback)."""
+def _retiring(recycling: Recycling, tasks: int) -> tuple[str, str] | None:
+    """(why, the log's words) when this child is past its limits after `tasks` tasks."""
+    reason = recycling.spent(tasks) if recycling else None
+    return None if reason is None else (reason, recycling.said(reason, tasks))
+
+
+def _run(app: App, fields: dict[str, Any], carrier: dict[str, str],
+         retiring: Callable[[], tuple[str, str] | None]) -> bytes:
+    """The pickled reply: the child's `retiring()` after the handler, then ("ok", result),
+    ("unsent", why) or ("error", exc, traceback, where it was raised)."""
     import pickle  # here, not at the top: a worker imports this module and never pickles
 
     route = app.route(fields["type"])
@@ -85,14 +99,15 @@ def _run(app: App, fields: dict[str, Any], carrier: dict[str, str]) -> bytes:
                                   f"{task.type!r} in {app.import_path}")
         result = route.handler(task)
     except BaseException as exc:  # SystemExit too: it ends the attempt, not the child
-        return pickle.dumps(("error", _sendable(exc), handler_traceback(exc), raised_at(exc)))
+        return pickle.dumps((retiring(), "error", _sendable(exc), handler_traceback(exc),
+                             raised_at(exc)))
     finally:
         _detach(token)
     try:
-        return pickle.dumps(("ok", result))
+        return pickle.dumps((retiring(), "ok", result))
     except Exception as exc:
-        return pickle.dumps(("unsent", f"the result of task type {task.type!r} cannot be sent "
-                                       f"back from the handler's process: {exc}"))
+        return pickle.dumps((retiring(), "unsent", f"the result of task type {task.type!r} "
+                             f"cannot be sent back from the handler's process: {exc}"))
 
 
 def _sendable(exc: BaseException) -> BaseException:

@@ -3,6 +3,8 @@ started as plain tasks need them and kept for the next ones, each running one ha
 time (`child.py`). A child whose handler overruns its timeout, or whose attempt is given up
 (the task was cancelled, the worker stops), is killed and replaced; one that dies by itself
 (os._exit, a native crash, an OOM kill) fails only its own attempt, with HandlerCrashed.
+A child past its limits (`recycling`: tasks run, or resident memory, which it reads after
+each task) says so with its reply, and is replaced once the attempt it ran has its end.
 
 Children come from multiprocessing's fork server where the platform has one, which imports
 obsq and the App's module once, so that a replacement starts in milliseconds and without
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from obsq.broker.calls import Deadlines
 from obsq.engine.pools.base import RemoteTraceback, Stuck, UnsentResult, timed_out
 from obsq.engine.pools.child import child_setups, serve
+from obsq.engine.recycling import NO_RECYCLING, Recycling
 from obsq.errors import ConfigurationError, HandlerCrashed, TaskTimeout
 
 if TYPE_CHECKING:
@@ -93,8 +96,10 @@ class _Child:
 class ProcessSlots:
     interrupts = True
 
-    def __init__(self, size: int, app: App) -> None:
+    def __init__(self, size: int, app: App, recycling: Recycling = NO_RECYCLING) -> None:
         self.size = size
+        self.app = app
+        self.recycling = recycling
         self.app_path = import_path(app)
         self._context = _start_context(self.app_path)
         self._idle: list[_Child] = []
@@ -127,8 +132,11 @@ class ProcessSlots:
         except BaseException:  # given up (cancelled, the worker stops), or the child died
             self._replace(child)
             raise
-        self._keep(child)
-        kind, value, *details = reply
+        retiring, kind, value, *details = reply
+        if retiring is None:
+            self._keep(child)
+        else:
+            self._retire(child, *retiring)
         if kind == "ok":
             return value
         if kind == "unsent":
@@ -158,7 +166,8 @@ class ProcessSlots:
         ours, theirs = self._context.Pipe()
         lifeline, held = self._context.Pipe(duplex=False)
         process = self._context.Process(
-            target=serve, args=(theirs, lifeline, self.app_path, child_setups()),
+            target=serve, args=(theirs, lifeline, self.app_path, child_setups(),
+                                self.recycling),
             name="obsq-handler", daemon=True)
         process.start()
         theirs.close()  # the child's ends: only the child may hold them, so that its death
@@ -173,6 +182,12 @@ class ProcessSlots:
         if not self._closed and self._live < self.size:
             self._in_background(self._refill())
         return reaped
+
+    def _retire(self, child: _Child, reason: str, words: str) -> None:
+        """Replace `child`, past its limits, its attempt ended: idle, it is killed."""
+        log.info("handler process pid %s replaced %s", child.process.pid, words)
+        self._replace(child)
+        self.app.recycle_hooks(reason)
 
     def _kill(self, child: _Child) -> asyncio.Future[None]:
         """Kill `child`; its reaping, in the background."""
