@@ -27,6 +27,7 @@ from promql import (
 RULES = ROOT / "alerts" / "obsq.rules.yml"
 RULE_TESTS = ROOT / "alerts" / "obsq.rules.test.yml"
 RUNBOOK = ROOT / "docs" / "runbook.md"
+DOCS_SITE = yaml.safe_load((ROOT / "deploy" / "helm" / "obsq" / "Chart.yaml").read_text())["home"]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 DASHBOARD_IDS = [p.name for p in DASHBOARDS]
 ALERTS = {
@@ -44,6 +45,9 @@ ALERTS = {
     "ObsqSchedulerDown",
     "ObsqExporterDown",
     "ObsqSchedulerMissedFires",
+    "ObsqQueueGaugesUnreadable",
+    "ObsqSlotsStuck",
+    "ObsqEventLoopBlocked",
 }
 # The labels of one installation: the Kubernetes namespace and the Helm release, as the
 # chart's ServiceMonitor and PodMonitor put them on every target.
@@ -99,8 +103,8 @@ def test_alerts_have_severity_annotations_and_a_runbook_section() -> None:
         assert rule["labels"]["severity"] in {"info", "warning", "critical"}
         annotations = rule["annotations"]
         assert annotations["summary"] and annotations["description"]
-        url = annotations["runbook_url"]
-        assert url.startswith("docs/runbook.md#"), url
+        url = annotations["runbook_url"]  # absolute: its page on the documentation site
+        assert url.startswith(f"{DOCS_SITE}runbook.html#"), url
         assert url.split("#", 1)[1] in headings, f"{url}: no such section in docs/runbook.md"
 
 
