@@ -117,8 +117,13 @@ BUILD_STAGE="localhost/obsq-build:$VERSION"
 podman_build=(podman build --format docker --isolation chroot --network host --pull=never)
 # RUN steps trust the certificate authorities the host trusts (a proxy's, for one).
 if [ -f "$CA_BUNDLE" ]; then podman_build+=(-v "$CA_BUNDLE:$CA_BUNDLE:ro"); fi
+REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+# The last commit's time, so that a rebuild of the same commit carries the same label.
+CREATED="$(TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null \
+    || TZ=UTC date +%Y-%m-%dT%H:%M:%SZ)"
 build_args=(--build-arg "BASE_IMAGE=$BASE" --build-arg "PYTHON_VERSION=$PYTHON_VERSION"
-            --build-arg "VERSION=$VERSION")
+            --build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION"
+            --build-arg "CREATED=$CREATED")
 
 image_id() { podman image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
 images+=("$(image_id "$IMAGE")" "$(image_id "$BUILD_STAGE")")
@@ -142,6 +147,10 @@ inspect() { podman image inspect --format "$1" "$new_image"; }
 label="$(inspect '{{index .Labels "org.opencontainers.image.version"}}')"
 user="$(inspect '{{.Config.User}}')"
 [ "$label" = "$VERSION" ] || { log "version label $label, expected $VERSION"; exit 1; }
+revision="$(inspect '{{index .Labels "org.opencontainers.image.revision"}}')"
+[ "$revision" = "$REVISION" ] || { log "revision label $revision, expected $REVISION"; exit 1; }
+[ -n "$(inspect '{{index .Labels "org.opencontainers.image.source"}}')" ] \
+    || { log "no source label"; exit 1; }
 [ "$user" = "10001:10001" ] || { log "user $user, expected 10001:10001"; exit 1; }
 
 # --- smoke test --------------------------------------------------------------------------
