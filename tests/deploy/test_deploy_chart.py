@@ -726,7 +726,8 @@ def test_exporter_deployment(render_all: Render) -> None:
     assert labels["tier"] == "observability"
     worker_selector = worker["spec"]["selector"]["matchLabels"]
     assert not worker_selector.items() <= labels.items()
-    pdb_selector = render_all.one("PodDisruptionBudget", "-worker")["spec"]["selector"]["matchLabels"]
+    pdb = render_all.one("PodDisruptionBudget", "-worker")
+    pdb_selector = pdb["spec"]["selector"]["matchLabels"]
     assert not pdb_selector.items() <= labels.items()
 
 

@@ -93,7 +93,7 @@ def test_oci_labels_come_from_build_arguments() -> None:
 
 
 class Health(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         self.send_response(200 if self.path == "/healthz" else 404)
         self.end_headers()
 
