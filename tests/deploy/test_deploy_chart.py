@@ -78,6 +78,7 @@ EXPECTED_KINDS = {
         "Pod",
         "PodDisruptionBudget",
         "PodDisruptionBudget",
+        "PodDisruptionBudget",
         "PrometheusRule",
         "ScaledObject",
         "Service",
@@ -98,6 +99,7 @@ EXPECTED_KINDS = {
         "HorizontalPodAutoscaler",
         "NetworkPolicy",
         "Pod",
+        "PodDisruptionBudget",
         "PodDisruptionBudget",
         "PodDisruptionBudget",
         "PrometheusRule",
@@ -266,9 +268,10 @@ def test_hpa_and_keda_are_mutually_exclusive(helm: str) -> None:
     assert "mutually exclusive" in render.stderr
 
 
-@pytest.mark.parametrize("component", ["worker", "scheduler"])
+@pytest.mark.parametrize("component", ["worker", "scheduler", "exporter", "ui"])
 def test_pdb_takes_one_of_min_available_and_max_unavailable(helm: str, component: str) -> None:
-    render = helm_template(helm, "--set", f"scheduler.enabled=true,{component}.pdb.enabled=true,"
+    render = helm_template(helm, "--set", f"scheduler.enabled=true,ui.enabled=true,"
+                           f"{component}.pdb.enabled=true,"
                            f"{component}.pdb.minAvailable=1", check=False)
     assert render.returncode != 0
     assert f"{component}.pdb: set only one of minAvailable and maxUnavailable" in render.stderr
@@ -281,13 +284,18 @@ def test_a_pdb_per_component(render_all: Render) -> None:
     scheduler = render_all.one("PodDisruptionBudget", "-scheduler")["spec"]
     assert scheduler["maxUnavailable"] == 1
     assert scheduler["unhealthyPodEvictionPolicy"] == "IfHealthyBudget"
-    for component, spec in (("worker", worker), ("scheduler", scheduler)):
+    exporter = render_all.one("PodDisruptionBudget", "-exporter")["spec"]
+    assert exporter["minAvailable"] == 1 and "unhealthyPodEvictionPolicy" not in exporter
+    assert {d["metadata"]["name"] for d in render_all.all("PodDisruptionBudget")} == {
+        "jobs-obsq-worker", "jobs-obsq-scheduler", "jobs-obsq-exporter"}  # none for the console
+    for component, spec in (("worker", worker), ("scheduler", scheduler),
+                            ("exporter", exporter)):
         pods = render_all.one("Deployment", f"-{component}")["spec"]["template"]["metadata"]
         assert spec["selector"]["matchLabels"].items() <= pods["labels"].items()
 
 
-def test_scheduler_pdb_only_with_the_scheduler(helm: str) -> None:
-    render = helm_template(helm, "--set", "scheduler.pdb.enabled=true")
+def test_pdbs_only_of_components_that_run(helm: str) -> None:
+    render = helm_template(helm, "--set", "scheduler.pdb.enabled=true,ui.pdb.enabled=true")
     assert [d["metadata"]["name"] for d in render.all("PodDisruptionBudget")] == [
         "jobs-obsq-worker"]
     assert "unhealthyPodEvictionPolicy" not in render.one("PodDisruptionBudget")["spec"]
@@ -317,23 +325,23 @@ def test_worker_doors(render_all: Render) -> None:
     assert pod["dnsConfig"] == {"options": [{"name": "ndots", "value": "2"}]}
 
 
-def test_scheduler_doors(render_all: Render) -> None:
-    scheduler = render_all.one("Deployment", "-scheduler")
-    pod = scheduler["spec"]["template"]["spec"]
-    c = container(scheduler)
-    assert scheduler["spec"]["minReadySeconds"] == 5
+@pytest.mark.parametrize("component", ["scheduler", "exporter", "ui"])
+def test_doors_of_the_other_components(render_all: Render, component: str) -> None:
+    deployment = render_all.one("Deployment", f"-{component}")
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(deployment)
+    assert deployment["spec"]["minReadySeconds"] == 5
     assert c["envFrom"] == [{"configMapRef": {"name": "shop-config"}},
-                            {"secretRef": {"name": "shop-scheduler-secrets"}}]
+                            {"secretRef": {"name": f"shop-{component}-secrets"}}]
     assert {"name": "shop-settings", "mountPath": "/etc/shop", "readOnly": True} in (
         c["volumeMounts"])
     assert {"name": "shop-settings", "configMap": {"name": "shop-settings"}} in pod["volumes"]
-    for name in ("-scheduler", "-exporter", "-ui"):
-        spec = render_all.one("Deployment", name)["spec"]["template"]["spec"]
-        assert spec["dnsConfig"] == {"options": [{"name": "ndots", "value": "2"}]}
+    assert pod["dnsConfig"] == {"options": [{"name": "ndots", "value": "2"}]}
 
 
 def test_default_pods_have_no_extra_doors(helm: str) -> None:
-    render = helm_template(helm, "--set", "scheduler.enabled=true")
+    render = helm_template(helm, "--set", "scheduler.enabled=true,ui.enabled=true")
+    assert len(render.all("Deployment")) == 4
     for deployment in render.all("Deployment"):
         pod = deployment["spec"]["template"]["spec"]
         assert "minReadySeconds" not in deployment["spec"]
