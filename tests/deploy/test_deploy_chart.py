@@ -27,6 +27,8 @@ from promql import unknown_metrics
 from rendered import container
 from support import ObsqProcess, obsq_env, wait_for
 
+from obsq.settings import WorkerSettings
+
 API_FLAGS = [f"--api-versions={a}" for a in CRD_APIS]
 HOME = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"]  # the documentation site
 
@@ -400,6 +402,12 @@ def test_termination_grace_period_is_computed(helm: str, timeout: int, margin: i
     spec = render.one("Deployment", "-worker")["spec"]["template"]["spec"]
     assert spec["terminationGracePeriodSeconds"] == timeout + margin
     assert env_of(spec["containers"][0])["OBSQ_SHUTDOWN_TIMEOUT"] == str(timeout)
+
+
+def test_the_charts_default_shutdown_timeout_is_the_workers(helm: str) -> None:
+    worker = helm_template(helm).one("Deployment", "-worker")
+    timeout = float(env_of(container(worker))["OBSQ_SHUTDOWN_TIMEOUT"])
+    assert timeout == WorkerSettings.shutdown_timeout
 
 
 @pytest.mark.parametrize(("values", "grace", "timeout"), [

@@ -127,7 +127,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- $derived }}
 {{- else }}
-{{- 25 }}
+{{- 25 }}{{/* the worker's own default shutdown_timeout */}}
 {{- end }}
 {{- end }}
 
