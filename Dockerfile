@@ -11,11 +11,17 @@
 # is on the import path. Code copied as above belongs to root: the worker (UID 10001)
 # reads it and cannot change it.
 #
-# Build arguments: PYTHON_VERSION (3.11) picks the python:<version>-slim base, or
-# BASE_IMAGE names another base with python, pip and bash; VERSION is the version label.
+# Build arguments: PYTHON_VERSION (3.11) picks the python:<version>-slim base and
+# PYTHON_DIGEST (sha256:...) pins it by digest, so that a rebuild gets the same base; or
+# BASE_IMAGE names another base with python, pip and bash (name@sha256:... pins it too).
+# VERSION, SOURCE, REVISION (the commit) and CREATED (RFC 3339) fill the OCI labels:
+#
+#   docker build --build-arg PYTHON_DIGEST=sha256:... --build-arg REVISION="$(git rev-parse HEAD)" \
+#       --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" -t obsq:0.1.0 .
 
 ARG PYTHON_VERSION=3.11
-ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim
+ARG PYTHON_DIGEST=""
+ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim${PYTHON_DIGEST:+@}${PYTHON_DIGEST}
 
 # --- build: the obsq wheel and the wheels of its dependencies ---------------------------
 FROM ${BASE_IMAGE} AS build
@@ -71,14 +77,28 @@ USER 10001:10001
 # /metrics, /healthz and /readyz (OBSQ_HTTP_PORT).
 EXPOSE 9191
 # A worker drains on SIGTERM: it stops fetching, lets running tasks finish for
-# OBSQ_SHUTDOWN_TIMEOUT seconds and hands the rest back to Redis.
+# OBSQ_SHUTDOWN_TIMEOUT seconds and hands the rest back to Redis (give `docker stop -t`
+# or compose's stop_grace_period more than that).
 STOPSIGNAL SIGTERM
+
+# For plain Docker and compose (Kubernetes ignores it and uses the chart's probes): ask the
+# process's own /healthz, with python as there is no curl. The port is OBSQ_HTTP_PORT, else
+# the command's default (worker 9191, scheduler 9192, exporter 9193; the console's
+# OBSQ_UI_PORT, 8181), read from the command line of the container's first process.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 CMD ["python", "-c", "import os, urllib.request; cmd = open('/proc/1/cmdline', 'rb').read().split(b'\\0'); port = os.environ.get('OBSQ_UI_PORT', '8181') if b'ui' in cmd else os.environ.get('OBSQ_HTTP_PORT') or ('9192' if b'scheduler' in cmd else '9193' if b'exporter' in cmd else '9191'); urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=4)"]
 
 ENTRYPOINT ["obsq"]
 CMD ["worker", "--help"]
 
 ARG VERSION=0.1.0
+ARG SOURCE=https://github.com/obsq/obsq
+ARG REVISION=""
+ARG CREATED=""
 LABEL org.opencontainers.image.title="obsq" \
       org.opencontainers.image.description="Redis task queue and worker for Python, built for Kubernetes" \
       org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.documentation="https://obsq.readthedocs.io/en/latest/"

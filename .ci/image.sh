@@ -12,7 +12,8 @@
 # - Build: tagged obsq:<version of obsq/_version.py>, the chart's default image and tag.
 # - Smoke test: `podman run` is refused on these machines, so tests/image/Dockerfile, a
 #   build stage FROM the new image, runs tests/image/smoke.py as the image's user
-#   against a private redis-server on the host (network host).
+#   against a private redis-server on the host (network host), with the image's
+#   HEALTHCHECK command, which a build stage does not run by itself, to try.
 #
 # The tag moves to the new image only once its smoke test passed, and the images no tag
 # names any more are removed. Ends with the image's size and the build time.
@@ -117,8 +118,18 @@ BUILD_STAGE="localhost/obsq-build:$VERSION"
 podman_build=(podman build --format docker --isolation chroot --network host --pull=never)
 # RUN steps trust the certificate authorities the host trusts (a proxy's, for one).
 if [ -f "$CA_BUNDLE" ]; then podman_build+=(-v "$CA_BUNDLE:$CA_BUNDLE:ro"); fi
+REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+# The last commit's time, so that a rebuild of the same commit carries the same label.
+CREATED="$(TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null \
+    || TZ=UTC date +%Y-%m-%dT%H:%M:%SZ)"
 build_args=(--build-arg "BASE_IMAGE=$BASE" --build-arg "PYTHON_VERSION=$PYTHON_VERSION"
-            --build-arg "VERSION=$VERSION")
+            --build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION"
+            --build-arg "CREATED=$CREATED")
+# podman's layer cache reuses the Dockerfile's LABEL step when only the build arguments it
+# reads changed (Docker's does not): the labels that change with every commit are given
+# again on the command line, where they always apply.
+labels=(--label "org.opencontainers.image.revision=$REVISION"
+        --label "org.opencontainers.image.created=$CREATED")
 
 image_id() { podman image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
 images+=("$(image_id "$IMAGE")" "$(image_id "$BUILD_STAGE")")
@@ -127,7 +138,7 @@ t="$(now)"
 # The build stage gets a tag of its own, so that the previous one can be removed; the
 # second command reuses it from the layer cache.
 if ! { "${podman_build[@]}" "${build_args[@]}" --target build -t "$BUILD_STAGE" . \
-        && "${podman_build[@]}" "${build_args[@]}" --iidfile "$work/iid" .
+        && "${podman_build[@]}" "${build_args[@]}" "${labels[@]}" --iidfile "$work/iid" .
      } >"$work/build.log" 2>&1; then
     cat "$work/build.log"
     log "build failed"
@@ -142,6 +153,12 @@ inspect() { podman image inspect --format "$1" "$new_image"; }
 label="$(inspect '{{index .Labels "org.opencontainers.image.version"}}')"
 user="$(inspect '{{.Config.User}}')"
 [ "$label" = "$VERSION" ] || { log "version label $label, expected $VERSION"; exit 1; }
+revision="$(inspect '{{index .Labels "org.opencontainers.image.revision"}}')"
+[ "$revision" = "$REVISION" ] || { log "revision label $revision, expected $REVISION"; exit 1; }
+[ -n "$(inspect '{{index .Labels "org.opencontainers.image.source"}}')" ] \
+    || { log "no source label"; exit 1; }
+healthcheck="$(inspect '{{json .Config.Healthcheck.Test}}')"
+[ "$healthcheck" != "null" ] || { log "no HEALTHCHECK (an OCI-format build drops it)"; exit 1; }
 [ "$user" = "10001:10001" ] || { log "user $user, expected 10001:10001"; exit 1; }
 
 # --- smoke test --------------------------------------------------------------------------
@@ -158,7 +175,8 @@ redis-cli -p "$redis_port" ping >/dev/null || { cat "$work/redis.log"; exit 1; }
 t="$(now)"
 "${podman_build[@]}" --no-cache --layers=false --iidfile "$work/smoke-iid" \
     --build-arg "IMAGE=$new_image" --build-arg "SMOKE_VERSION=$VERSION" \
-    --build-arg "SMOKE_REDIS_URL=redis://127.0.0.1:$redis_port/0" tests/image \
+    --build-arg "SMOKE_REDIS_URL=redis://127.0.0.1:$redis_port/0" \
+    --build-arg "SMOKE_HEALTHCHECK=$healthcheck" tests/image \
     || { log "smoke test failed"; exit 1; }
 podman rmi --force "$(cat "$work/smoke-iid")" >/dev/null
 log "smoke test passed in $(since "$t") s"

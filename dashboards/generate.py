@@ -12,10 +12,15 @@ Kubernetes namespace and the Helm release (``app_kubernetes_io_instance``, the t
 label the chart's ServiceMonitor and PodMonitor set). Queue-wide gauges
 (``obsq_queue_*``, ``obsq_workers``) come from one exporter per installation, whose
 replicas (or the workers outside the chart) export the same values: they are reduced
-with ``max`` per installation, then summed over the selected installations. Per-process
+with ``max`` per installation and series (a queue, a state), then summed. Per-process
 series (counters, histograms, ``obsq_tasks_in_progress``, ``obsq_worker_concurrency``,
 ``obsq_worker_stuck_slots``) are summed. Latency panels show the histograms' trace-id
 exemplars.
+
+Producers (a web app that enqueues) are often scraped under a job of their own, without
+the installation's target labels: their panels (enqueued, refused) keep the series of
+any producer that either carries the selected installation or no installation at all, in
+the queues that the selected installations have (``and on (queue)`` their queue gauges).
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ INSTALLATION = "namespace, app_kubernetes_io_instance"
 SCOPE = 'namespace=~"$namespace", app_kubernetes_io_instance=~"$installation"'
 # Series that every installation has, whichever of its processes is scraped.
 ANY_PROCESS = '__name__=~"obsq_workers|obsq_build_info"'
+# Producers: those of the selected installations, and those scraped without its labels.
+PRODUCER_SCOPE = 'app_kubernetes_io_instance=~"$installation|"'
+# The labels that tell a queue-wide gauge's series apart within one installation.
+GAUGE_SERIES = {"obsq_queue_depth": "queue, state", "obsq_workers": ""}
 
 
 # --- small builders ---------------------------------------------------------------------
@@ -71,11 +80,22 @@ def queries(*pairs: tuple[str, str], exemplar: bool = False) -> list[prometheus.
 
 
 def per_installation(gauge: str, selector: str, by: str = "") -> str:
-    """A queue-wide gauge summed over the selected installations, each counted once
-    (``max`` over the processes that export it)."""
+    """A queue-wide gauge summed over the selected installations and its series, each
+    counted once (``max`` over the processes of an installation that export it, kept
+    apart per series: the dead tasks of two queues add up)."""
     grouping = f" by ({by})" if by else ""
-    inner = f"{INSTALLATION}, {by}" if by else INSTALLATION
+    inner = ", ".join(filter(None, (INSTALLATION, GAUGE_SERIES[gauge])))
     return f"sum{grouping} (max by ({inner}) ({gauge}{{{selector}}}))"
+
+
+def produced(metric: str, selector: str, by: str) -> str:
+    """A producer counter's rate by `by` (which holds `queue`), kept to the queues of the
+    selected installations: producers scraped under a job of their own lack its labels."""
+    return (
+        f"{rate(metric, f'{PRODUCER_SCOPE}, {selector}', by)}\n"
+        f"and on (queue)\n"
+        f'max by ({INSTALLATION}, queue) (obsq_queue_depth{{{SCOPE}, queue=~"$queue"}})'
+    )
 
 
 def thresholds(*steps: tuple[float | None, str]) -> dash.ThresholdsConfig:
@@ -256,7 +276,9 @@ def histogram_quantiles(metric: str, selector: str, legend_prefix: str = "") -> 
 
 
 def task_panels(sel: str) -> list[tuple[str, list]]:
-    """Rows of panels over the task-labelled series, for the selector ``sel``."""
+    """Rows of panels over the task-labelled series, for the selector ``sel`` (of the
+    installation's processes; the producer panels drop its SCOPE)."""
+    psel = sel.replace(f"{SCOPE}, ", "")
     return [
         (
             "Throughput",
@@ -281,9 +303,12 @@ def task_panels(sel: str) -> list[tuple[str, list]]:
                 ),
                 graph(
                     "Enqueued",
-                    "Tasks enqueued per second by the producers that export metrics, per task.",
+                    "Tasks enqueued per second by the producers that export metrics, per "
+                    "queue and task: the installation's own processes, and producers scraped "
+                    "without its labels (a web app under a job of its own) in its queues.",
                     "ops",
-                    queries((rate("obsq_tasks_enqueued_total", sel, "queue, task"), "{{task}}")),
+                    queries((produced("obsq_tasks_enqueued_total", psel, "queue, task"),
+                             "{{queue}} {{task}}")),
                 ),
                 graph(
                     "Retries, dead and expired tasks",
@@ -296,13 +321,14 @@ def task_panels(sel: str) -> list[tuple[str, list]]:
                             rate(
                                 "obsq_tasks_processed_total",
                                 f'{sel}, outcome="retry"',
-                                "task",
+                                "queue, task",
                             ),
-                            "retry {{task}}",
+                            "retry {{queue}} {{task}}",
                         ),
                         (
-                            rate("obsq_tasks_processed_total", f'{sel}, outcome="dead"', "task"),
-                            "dead {{task}}",
+                            rate("obsq_tasks_processed_total", f'{sel}, outcome="dead"',
+                                 "queue, task"),
+                            "dead {{queue}} {{task}}",
                         ),
                         (
                             rate("obsq_tasks_processed_total", f'{sel}, outcome="expired"',
@@ -324,8 +350,8 @@ def task_panels(sel: str) -> list[tuple[str, list]]:
                     "task ahead on its ordering key). A held-back task waits; it neither "
                     "fails nor spends a retry.",
                     "ops",
-                    queries((rate("obsq_tasks_throttled_total", sel, "reason, task"),
-                             "{{reason}} {{task}}")),
+                    queries((rate("obsq_tasks_throttled_total", sel, "reason, queue, task"),
+                             "{{reason}} {{queue}} {{task}}")),
                     stacked=True,
                 ),
                 graph(
@@ -334,7 +360,7 @@ def task_panels(sel: str) -> list[tuple[str, list]]:
                     "obsq cancel, the console), per task.",
                     "ops",
                     queries((rate("obsq_tasks_processed_total", f'{sel}, outcome="cancelled"',
-                                  "task"), "{{task}}")),
+                                  "queue, task"), "{{queue}} {{task}}")),
                     bars=True,
                 ),
             ],
@@ -593,10 +619,12 @@ def overview() -> dash.Dashboard:
             "Enqueues refused by reason",
             "Tasks the scraped producers asked to enqueue that were not written: duplicate, "
             "too_large, invalid, out_of_memory (Redis above the producers' share), "
-            "permission_denied, redis_error.",
+            "permission_denied, redis_error. Producers scraped without the installation's "
+            "labels count in its queues.",
             "ops",
-            queries((rate("obsq_tasks_refused_total", qsel, "queue, reason"),
-                     "{{queue}} {{reason}}")),
+            queries((produced("obsq_tasks_refused_total", 'queue=~"$queue", task=~"$task"',
+                              "reason, queue, task"),
+                     "{{reason}} {{queue}} {{task}}")),
             bars=True,
         ),
         graph(

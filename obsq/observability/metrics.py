@@ -47,10 +47,11 @@ if TYPE_CHECKING:
     from obsq.engine.worker import Worker
     from obsq.observability.otel_metrics import MessagingMeters
 
-# From 5 ms to 10 minutes: handlers and queueing delays of a task queue span seconds to
-# minutes, unlike the sub-second buckets of an HTTP server.
+# From 5 ms to an hour: handlers and queueing delays of a task queue span seconds to
+# minutes, unlike the sub-second buckets of an HTTP server, and the top bucket lies past the
+# default timeout (DEFAULT_TIMEOUT, 30 minutes), so long handlers are not lumped into +Inf.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-           120.0, 300.0, 600.0)
+           120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 OTHER = "other"
 RAN_KEY = "obsq.ran"  # task.context: the attempt entered the handler chain, not yet counted

@@ -15,8 +15,12 @@ REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
 
 def container(deployment: dict[str, Any]) -> dict[str, Any]:
-    (only,) = deployment["spec"]["template"]["spec"]["containers"]
-    return only
+    """The obsq container of a pod template: the one kubectl picks by default (a worker
+    pod may have sidecars beside it)."""
+    pod = deployment["spec"]["template"]
+    name = pod["metadata"]["annotations"]["kubectl.kubernetes.io/default-container"]
+    (obsq,) = [c for c in pod["spec"]["containers"] if c["name"] == name]
+    return obsq
 
 
 def resolved_env(c: dict[str, Any], secrets: dict[str, dict[str, str]] | None = None

@@ -24,19 +24,18 @@ from deploytools import (
     run,
 )
 from promql import unknown_metrics
+from rendered import container
 from support import ObsqProcess, obsq_env, wait_for
 
+from obsq.settings import WorkerSettings
+
 API_FLAGS = [f"--api-versions={a}" for a in CRD_APIS]
+HOME = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"]  # the documentation site
 
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
     """name -> value (or valueFrom) of a container's environment."""
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
-
-
-def container(deployment: dict[str, Any]) -> dict[str, Any]:
-    (only,) = deployment["spec"]["template"]["spec"]["containers"]
-    return only
 
 
 def admitted_namespaces(render: Render, pod_labels: dict[str, str], port: str
@@ -71,12 +70,16 @@ EXPECTED_KINDS = {
     "minimal-example": DEFAULT_KINDS,
     "all-keda": [
         "ConfigMap",
+        "ConfigMap",
+        "ConfigMap",
         "Deployment",
         "Deployment",
         "Deployment",
         "Deployment",
         "NetworkPolicy",
         "Pod",
+        "PodDisruptionBudget",
+        "PodDisruptionBudget",
         "PodDisruptionBudget",
         "PrometheusRule",
         "ScaledObject",
@@ -89,6 +92,8 @@ EXPECTED_KINDS = {
     ],
     "all-hpa": [
         "ConfigMap",
+        "ConfigMap",
+        "ConfigMap",
         "Deployment",
         "Deployment",
         "Deployment",
@@ -96,6 +101,8 @@ EXPECTED_KINDS = {
         "HorizontalPodAutoscaler",
         "NetworkPolicy",
         "Pod",
+        "PodDisruptionBudget",
+        "PodDisruptionBudget",
         "PodDisruptionBudget",
         "PrometheusRule",
         "Service",
@@ -216,7 +223,7 @@ def test_monitors_put_the_installation_on_every_target(helm: str) -> None:
         (["--set", "keda.metric=cpu"], "metric"),
         (["--set", r"worker.queues[0].name=a\,b"], "queues"),
         (["--set", "tracing.protocol=udp"], "protocol"),
-        (["--set", "podDisruptionBudget.maxUnavailable=half"], "maxUnavailable"),
+        (["--set", "worker.pdb.maxUnavailable=half"], "maxUnavailable"),
         (["--set", "exporter.bogus=1"], "bogus"),
         (["--set-string", "exporter.replicaCount=one"], "replicaCount"),
         (["--set", "exporter.enabled=yes"], "enabled"),
@@ -263,10 +270,116 @@ def test_hpa_and_keda_are_mutually_exclusive(helm: str) -> None:
     assert "mutually exclusive" in render.stderr
 
 
-def test_pdb_takes_one_of_min_available_and_max_unavailable(helm: str) -> None:
-    render = helm_template(helm, "--set", "podDisruptionBudget.minAvailable=1", check=False)
+@pytest.mark.parametrize("component", ["worker", "scheduler", "exporter", "ui"])
+def test_pdb_takes_one_of_min_available_and_max_unavailable(helm: str, component: str) -> None:
+    render = helm_template(helm, "--set", f"scheduler.enabled=true,ui.enabled=true,"
+                           f"{component}.pdb.enabled=true,"
+                           f"{component}.pdb.minAvailable=1", check=False)
     assert render.returncode != 0
-    assert "only one of minAvailable and maxUnavailable" in render.stderr
+    assert f"{component}.pdb: set only one of minAvailable and maxUnavailable" in render.stderr
+
+
+def test_a_pdb_per_component(render_all: Render) -> None:
+    worker = render_all.one("PodDisruptionBudget", "-worker")["spec"]
+    assert worker["minAvailable"] == "50%" and "maxUnavailable" not in worker
+    assert worker["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    scheduler = render_all.one("PodDisruptionBudget", "-scheduler")["spec"]
+    assert scheduler["maxUnavailable"] == 1
+    assert scheduler["unhealthyPodEvictionPolicy"] == "IfHealthyBudget"
+    exporter = render_all.one("PodDisruptionBudget", "-exporter")["spec"]
+    assert exporter["minAvailable"] == 1 and "unhealthyPodEvictionPolicy" not in exporter
+    assert {d["metadata"]["name"] for d in render_all.all("PodDisruptionBudget")} == {
+        "jobs-obsq-worker", "jobs-obsq-scheduler", "jobs-obsq-exporter"}  # none for the console
+    for component, spec in (("worker", worker), ("scheduler", scheduler),
+                            ("exporter", exporter)):
+        pods = render_all.one("Deployment", f"-{component}")["spec"]["template"]["metadata"]
+        assert spec["selector"]["matchLabels"].items() <= pods["labels"].items()
+
+
+def test_pdbs_only_of_components_that_run(helm: str) -> None:
+    render = helm_template(helm, "--set", "scheduler.pdb.enabled=true,ui.pdb.enabled=true")
+    assert [d["metadata"]["name"] for d in render.all("PodDisruptionBudget")] == [
+        "jobs-obsq-worker"]
+    assert "unhealthyPodEvictionPolicy" not in render.one("PodDisruptionBudget")["spec"]
+
+
+def test_image_registry_goes_in_front_of_the_repository(helm: str, render_all: Render) -> None:
+    digest = "sha256:" + "0123456789abcdef" * 4
+    for deployment in render_all.all("Deployment"):
+        assert container(deployment)["image"] == f"registry.example.com/shop/worker@{digest}"
+    render = helm_template(helm, "--set", "image.registry=registry.example.com:5000/",
+                           "--set", "image.tag=1.2.3")
+    assert container(render.one("Deployment", "-worker"))["image"] == (
+        "registry.example.com:5000/obsq:1.2.3")
+
+
+def test_worker_doors(render_all: Render) -> None:
+    worker = render_all.one("Deployment", "-worker")
+    pod = worker["spec"]["template"]["spec"]
+    assert worker["spec"]["minReadySeconds"] == 10
+    (init,) = pod["initContainers"]
+    assert init["name"] == "wait-for-migrations"
+    assert init["image"] == "registry.example.com/shop/migrate:1.0.0"  # through tpl
+    assert [c["name"] for c in pod["containers"]] == ["worker", "db-proxy"]
+    assert container(worker)["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+    assert container(worker)["envFrom"] == [{"configMapRef": {"name": "shop-config"}},
+                                            {"secretRef": {"name": "shop-worker-secrets"}}]
+    assert pod["dnsConfig"] == {"options": [{"name": "ndots", "value": "2"}]}
+
+
+@pytest.mark.parametrize("component", ["scheduler", "exporter", "ui"])
+def test_doors_of_the_other_components(render_all: Render, component: str) -> None:
+    deployment = render_all.one("Deployment", f"-{component}")
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(deployment)
+    assert deployment["spec"]["minReadySeconds"] == 5
+    assert c["envFrom"] == [{"configMapRef": {"name": "shop-config"}},
+                            {"secretRef": {"name": f"shop-{component}-secrets"}}]
+    assert {"name": "shop-settings", "mountPath": "/etc/shop", "readOnly": True} in (
+        c["volumeMounts"])
+    assert {"name": "shop-settings", "configMap": {"name": "shop-settings"}} in pod["volumes"]
+    assert pod["dnsConfig"] == {"options": [{"name": "ndots", "value": "2"}]}
+
+
+def test_default_pods_have_no_extra_doors(helm: str) -> None:
+    render = helm_template(helm, "--set", "scheduler.enabled=true,ui.enabled=true")
+    assert len(render.all("Deployment")) == 4
+    for deployment in render.all("Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        assert "minReadySeconds" not in deployment["spec"]
+        assert "initContainers" not in pod and "dnsConfig" not in pod
+        assert len(pod["containers"]) == 1
+        assert "lifecycle" not in pod["containers"][0]
+        assert "envFrom" not in pod["containers"][0]
+
+
+def test_extra_manifests_are_rendered_with_tpl(render_all: Render) -> None:
+    extra = render_all.one("ConfigMap", "-shop-extra")
+    assert extra["data"] == {"namespace": "shop"}
+    text = render_all.one("ConfigMap", "-shop-text")
+    assert text["metadata"]["name"] == "jobs-shop-text"
+    assert text["data"] == {"app": "shop.tasks:app"}
+
+
+def test_keda_fallback_and_behavior(render_all: Render, helm: str) -> None:
+    spec = render_all.one("ScaledObject")["spec"]
+    assert spec["fallback"] == {"failureThreshold": 3, "replicas": 4}
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == {
+        "scaleDown": {"stabilizationWindowSeconds": 900}}
+    plain = helm_template(helm, "--set", "keda.enabled=true", *API_FLAGS)
+    assert "fallback" not in plain.one("ScaledObject")["spec"]
+    assert "advanced" not in plain.one("ScaledObject")["spec"]
+
+
+def test_chart_metadata_links_home_icon_and_sources() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    home = chart["home"]
+    assert home.startswith("https://") and home.endswith("/")
+    assert chart["icon"].startswith(home) and chart["icon"].endswith(".svg")
+    assert (ROOT / "docs" / chart["icon"].removeprefix(home)).is_file()
+    assert chart["sources"] and all(s.startswith("https://") for s in chart["sources"])
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["prometheusRule"]["runbookBaseUrl"] == home
 
 
 # --- the worker Deployment ------------------------------------------------------------
@@ -289,6 +402,36 @@ def test_termination_grace_period_is_computed(helm: str, timeout: int, margin: i
     spec = render.one("Deployment", "-worker")["spec"]["template"]["spec"]
     assert spec["terminationGracePeriodSeconds"] == timeout + margin
     assert env_of(spec["containers"][0])["OBSQ_SHUTDOWN_TIMEOUT"] == str(timeout)
+
+
+def test_the_charts_default_shutdown_timeout_is_the_workers(helm: str) -> None:
+    worker = helm_template(helm).one("Deployment", "-worker")
+    timeout = float(env_of(container(worker))["OBSQ_SHUTDOWN_TIMEOUT"])
+    assert timeout == WorkerSettings.shutdown_timeout
+
+
+@pytest.mark.parametrize(("values", "grace", "timeout"), [
+    ("", 40, 25),                                                     # the defaults
+    ("worker.terminationGracePeriodSeconds=1815", 1815, 1800),        # the grace alone
+    ("worker.shutdownTimeout=1800", 1815, 1800),                      # the timeout alone
+    ("worker.shutdownTimeout=600,worker.terminationGracePeriodSeconds=900", 900, 600),
+])
+def test_one_decision_sets_the_grace_and_the_workers_timeout(
+        helm: str, values: str, grace: int, timeout: int) -> None:
+    render = helm_template(helm, *(["--set", values] if values else []))
+    spec = render.one("Deployment", "-worker")["spec"]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == grace
+    assert env_of(spec["containers"][0])["OBSQ_SHUTDOWN_TIMEOUT"] == str(timeout)
+
+
+@pytest.mark.parametrize("values", [
+    "worker.shutdownTimeout=1800,worker.terminationGracePeriodSeconds=1800",
+    "worker.terminationGracePeriodSeconds=10",
+])
+def test_a_grace_that_cannot_hold_the_drain_is_refused(helm: str, values: str) -> None:
+    render = helm_template(helm, "--set", values, check=False)
+    assert render.returncode != 0
+    assert "worker.terminationGracePeriodSeconds" in render.stderr
 
 
 def test_worker_container(rendered: Render) -> None:
@@ -599,7 +742,8 @@ def test_exporter_deployment(render_all: Render) -> None:
     assert labels["tier"] == "observability"
     worker_selector = worker["spec"]["selector"]["matchLabels"]
     assert not worker_selector.items() <= labels.items()
-    pdb_selector = render_all.one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
+    pdb = render_all.one("PodDisruptionBudget", "-worker")
+    pdb_selector = pdb["spec"]["selector"]["matchLabels"]
     assert not pdb_selector.items() <= labels.items()
 
 
@@ -880,9 +1024,8 @@ def test_prometheus_rule_embeds_the_rules_file(render_all: Render) -> None:
         assert got.get("for") == want.get("for")
         assert got["labels"] == {**want["labels"], "team": "shop"}
         assert got["annotations"]["summary"] == want["annotations"]["summary"]
-        assert got["annotations"]["runbook_url"] == (
-            "https://git.example.com/obsq/blob/v0.1.0/" + want["annotations"]["runbook_url"]
-        )
+        assert got["annotations"]["runbook_url"] == want["annotations"]["runbook_url"].replace(
+            HOME, "https://docs.example.com/obsq/v0.1.0/")
 
 
 def test_prometheus_rule_spec_passes_promtool(
@@ -913,7 +1056,7 @@ def test_prometheus_rule_disabled_alerts(helm: str) -> None:
         for g in render.one("PrometheusRule")["spec"]["groups"]
         for r in g["rules"]
     ]
-    assert all(url.startswith("docs/runbook.md#") for url in runbooks)
+    assert all(url.startswith(f"{HOME}runbook.html#") for url in runbooks)
 
 
 def test_alert_thresholds_and_durations_come_from_the_values(helm: str) -> None:
@@ -1004,7 +1147,7 @@ def test_tuned_rules_pass_promtool_unit_tests(helm: str, promtool: str, tmp_path
                     "summary": f"obsq task {task} fails often",
                     "description": f"{ratio} of the runs of {task} in queue default "
                                    "(namespace jobs) fail (retry or dead).",
-                    "runbook_url": "docs/runbook.md#obsqhighfailureratio"}}
+                    "runbook_url": f"{HOME}runbook.html#obsqhighfailureratio"}}
 
     tests = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m",
@@ -1038,7 +1181,7 @@ def test_extra_rules_follow_in_their_own_group(helm: str, promtool: str, tmp_pat
     assert alert["labels"] == {"severity": "warning", "team": "shop"}
     assert alert["annotations"]["runbook_url"] == "https://git.example.com/shop/docs/shop.md#backlog"
     assert record == extra[1]
-    assert all(r["annotations"]["runbook_url"].startswith("https://git.example.com/shop/docs/")
+    assert all(r["annotations"]["runbook_url"].startswith("https://git.example.com/shop/runbook.html#")
                for r in groups[0]["rules"])
     spec = tmp_path / "spec.yml"
     spec.write_text(yaml.safe_dump(render.one("PrometheusRule")["spec"]))

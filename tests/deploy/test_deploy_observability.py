@@ -27,6 +27,7 @@ from promql import (
 RULES = ROOT / "alerts" / "obsq.rules.yml"
 RULE_TESTS = ROOT / "alerts" / "obsq.rules.test.yml"
 RUNBOOK = ROOT / "docs" / "runbook.md"
+DOCS_SITE = yaml.safe_load((ROOT / "deploy" / "helm" / "obsq" / "Chart.yaml").read_text())["home"]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 DASHBOARD_IDS = [p.name for p in DASHBOARDS]
 ALERTS = {
@@ -45,6 +46,9 @@ ALERTS = {
     "ObsqExporterDown",
     "ObsqSchedulerMissedFires",
     "ObsqOutboxRelayStuck",
+    "ObsqQueueGaugesUnreadable",
+    "ObsqSlotsStuck",
+    "ObsqEventLoopBlocked",
 }
 # The labels of one installation: the Kubernetes namespace and the Helm release, as the
 # chart's ServiceMonitor and PodMonitor put them on every target.
@@ -100,8 +104,8 @@ def test_alerts_have_severity_annotations_and_a_runbook_section() -> None:
         assert rule["labels"]["severity"] in {"info", "warning", "critical"}
         annotations = rule["annotations"]
         assert annotations["summary"] and annotations["description"]
-        url = annotations["runbook_url"]
-        assert url.startswith("docs/runbook.md#"), url
+        url = annotations["runbook_url"]  # absolute: its page on the documentation site
+        assert url.startswith(f"{DOCS_SITE}runbook.html#"), url
         assert url.split("#", 1)[1] in headings, f"{url}: no such section in docs/runbook.md"
 
 
@@ -184,6 +188,13 @@ def test_dashboard_structure(path: Path) -> None:
 
 
 SCOPE = ('namespace=~"$namespace"', 'app_kubernetes_io_instance=~"$installation"')
+# Producers scraped under a job of their own lack the installation's labels: their series
+# count when they carry the installation or none, in the installation's queues.
+PRODUCER_COUNTERS = {"obsq_tasks_enqueued_total", "obsq_tasks_refused_total"}
+PRODUCER_SCOPE = 'app_kubernetes_io_instance=~"$installation|"'
+IN_THE_INSTALLATIONS_QUEUES = re.compile(
+    r"\nand on \(queue\)\nmax by \(namespace, app_kubernetes_io_instance, queue\) "
+    r"\(obsq_queue_depth\{([^}]*)\}\)$")
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=DASHBOARD_IDS)
@@ -195,7 +206,12 @@ def test_every_dashboard_query_is_scoped_by_namespace_and_installation(path: Pat
         for metric in re.finditer(r"obsq_\w+", expr):
             selector = re.match(r"\{([^}]*)\}", expr[metric.end():])
             assert selector, f"{metric.group(0)} without a selector: {expr}"
-            assert all(m in selector.group(1) for m in SCOPE), expr
+            if metric.group(0) in PRODUCER_COUNTERS:
+                assert PRODUCER_SCOPE in selector.group(1), expr
+                queues = IN_THE_INSTALLATIONS_QUEUES.search(expr)
+                assert queues and all(m in queues.group(1) for m in SCOPE), expr
+            else:
+                assert all(m in selector.group(1) for m in SCOPE), expr
     (installation,) = [v for v in board["templating"]["list"] if v["name"] == "installation"]
     assert installation["query"].endswith(", app_kubernetes_io_instance)")
     assert 'namespace=~"$namespace"' in installation["query"]
@@ -255,8 +271,8 @@ def test_task_dashboard_filters_every_task_query_by_task() -> None:
     board = load(path)
     for panel in board["panels"]:
         for target in panel.get("targets", []):
-            if metric_names(target["expr"]) & task_labelled:
-                for selector in re.findall(r"obsq_\w+\{([^}]*)\}", target["expr"]):
+            for metric, selector in re.findall(r"(obsq_\w+)\{([^}]*)\}", target["expr"]):
+                if metric_names(metric) & task_labelled:
                     assert 'task=~"$task"' in selector, f"{panel['title']}: {target['expr']}"
     variables = {v["name"]: v for v in board["templating"]["list"]}
     assert variables["task"]["includeAll"] is False  # a drill-down shows one task
@@ -328,3 +344,49 @@ def test_metric_names_fold_histogram_series_only() -> None:
     assert unknown_metrics("obsq_workers_count") == {"obsq_workers_count"}
     assert unknown_metrics("obsq_queue_size") == {"obsq_queue_size"}
     assert unknown_metrics("max(obsq_workers)") == set()
+
+
+def overview_query(title: str) -> str:
+    """The one query of an overview panel, scoped to installation `jobs` of namespace
+    `jobs`, every queue and task."""
+    (expr,) = [e for t, e in dashboard_queries(
+        ROOT / "dashboards" / "obsq-overview.json",
+        {"namespace": "jobs", "installation": "jobs"}) if t == title]
+    return expr
+
+
+def test_dashboard_queries_count_under_promtool(promtool: str, tmp_path: Path) -> None:
+    # Two exporter replicas of installation jobs report 3 dead tasks in queue a and 7 in b,
+    # beside another installation's 100; a web app scraped under its own job (no
+    # installation labels) enqueues into a and into another installation's queue c, and a
+    # producer labelled with that other installation enqueues into a.
+    jobs = 'namespace="jobs", app_kubernetes_io_instance="jobs"'
+    series = [
+        *[(f'obsq_queue_depth{{{jobs}, pod="{pod}", queue="{q}", state="{state}"}}', v)
+          for pod in ("exporter-1", "exporter-2")
+          for q, state, v in [("a", "dead", "3x20"), ("b", "dead", "7x20"),
+                              ("a", "pending", "0x20"), ("b", "pending", "0x20")]],
+        ('obsq_queue_depth{namespace="jobs", app_kubernetes_io_instance="other", '
+         'queue="c", state="dead"}', "100x20"),
+        ('obsq_tasks_enqueued_total{job="web", queue="a", task="x"}', "0+15x20"),
+        ('obsq_tasks_enqueued_total{job="web", queue="c", task="x"}', "0+15x20"),
+        ('obsq_tasks_enqueued_total{job="other", app_kubernetes_io_instance="other", '
+         'queue="a", task="x"}', "0+15x20"),
+        (f'obsq_tasks_enqueued_total{{{jobs}, job="obsq", queue="b", task="y"}}', "0+30x20"),
+    ]
+    cases = [
+        {"expr": overview_query("Dead tasks"), "eval_time": "4m",
+         "exp_samples": [{"labels": "{}", "value": 10}]},
+        {"expr": overview_query("Enqueued"), "eval_time": "4m",
+         "exp_samples": [{"labels": '{queue="a", task="x"}', "value": 1},
+                         {"labels": '{queue="b", task="y"}', "value": 2}]},
+    ]
+    tests = {"rule_files": [], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [{"series": s, "values": v} for s, v in series],
+        "promql_expr_test": cases,
+    }]}
+    path = tmp_path / "dashboard-queries.test.yml"
+    path.write_text(yaml.safe_dump(tests))
+    proc = run([promtool, "test", "rules", str(path)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -8,13 +8,15 @@ from the image has its entry; a command that answers HTTP needs one line,
 `serves([argv...], "/path", ...)`, with `{port}` in argv for the port it must listen on.
 
 Environment: SMOKE_REDIS_URL, a Redis this script may write to (it works in a namespace
-of its own and deletes it at the end), and SMOKE_VERSION, the version the image must be.
+of its own and deletes it at the end), SMOKE_VERSION, the version the image must be, and
+SMOKE_HEALTHCHECK, the image's HEALTHCHECK test as JSON (["CMD", ...]).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import re
 import signal
@@ -30,6 +32,7 @@ from importlib import metadata
 
 REDIS_URL = os.environ["SMOKE_REDIS_URL"]
 VERSION = os.environ["SMOKE_VERSION"]
+HEALTHCHECK = json.loads(os.environ["SMOKE_HEALTHCHECK"])
 NAMESPACE = f"obsq-smoke-{uuid.uuid4().hex[:12]}"
 APP = "smoke_tasks:app"
 UID = 10001
@@ -242,12 +245,28 @@ def check_worker() -> None:
            f"OTLP, expected {len(jobs)} (got {sorted(set(spans))})")
 
 
+def check_healthcheck() -> None:
+    """The image's HEALTHCHECK passes while a worker answers, and fails once it stopped."""
+    expect(HEALTHCHECK[0] == "CMD", f"HEALTHCHECK {HEALTHCHECK[:2]}: not the exec form")
+
+    def health(port: str) -> int:
+        env = {**os.environ, "OBSQ_HTTP_PORT": port}
+        return subprocess.run(HEALTHCHECK[1:], env=env, capture_output=True,
+                              timeout=TIMEOUT).returncode
+
+    with running(["obsq", "worker", APP, "--http-port", "{port}"], ready="/readyz") as base:
+        port = base.rsplit(":", 1)[1]
+        expect(health(port) == 0, "the HEALTHCHECK failed while the worker answered")
+    expect(health(port) != 0, "the HEALTHCHECK passed with no worker running")
+
+
 CHECKS: list[tuple[str, Callable[[], None]]] = [
     ("runs as UID 10001 in /app", check_user),
     ("obsq --version", check_version),
     ("every shipped distribution imports", check_imports),
     ("nothing for tests in the image", check_nothing_for_tests),
     ("obsq worker runs tasks, answers /healthz and /metrics, exports spans", check_worker),
+    ("the image's HEALTHCHECK asks a worker's /healthz", check_healthcheck),
     ("obsq scheduler answers /healthz and /readyz",
      lambda: serves(["obsq", "scheduler", APP, "--http-port", "{port}"], "/readyz", "/healthz")),
     ("obsq exporter answers /healthz and /metrics",

@@ -14,6 +14,7 @@ import obsq
 from obsq import __version__
 from obsq.broker import Broker, GlobalKeys, QueueKeys
 from obsq.observability import instrument_client
+from obsq.settings import DEFAULT_TIMEOUT
 
 from .helpers import OPENMETRICS, http_get, missing_tool, parse, pick, scrape, value
 
@@ -128,6 +129,8 @@ async def test_scrape_after_a_scripted_mix(app, redis_url, namespace, raw_redis,
         assert {dict(k)["task"]: v for k, v in infinite.items()} == runs
         buckets = {dict(k)["le"] for k in pick(s, name + "_bucket", queue=main, task="easy")}
         assert {"0.005", "600.0", "+Inf"} <= buckets
+        # a handler near the default timeout lands in a bucket of its own, not in +Inf
+        assert max(float(b) for b in buckets - {"+Inf"}) > DEFAULT_TIMEOUT
     assert value(s, "obsq_task_duration_seconds_sum", queue=main, task="slow:") > 0
     assert all(v == 0 for v in pick(s, "obsq_tasks_in_progress", queue=main).values())
     assert pick(s, "obsq_tasks_in_progress", queue=main)  # the series exist

@@ -78,11 +78,16 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- end }}
 
+{{/* REGISTRY/REPOSITORY@DIGEST, or REGISTRY/REPOSITORY:TAG; no registry: the runtime's default. */}}
 {{- define "obsq.image" -}}
+{{- $repository := .Values.image.repository }}
+{{- with .Values.image.registry }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) $repository }}
+{{- end }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 {{- end }}
 
@@ -104,17 +109,75 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- join "|" $parts }}
 {{- end }}
 
+{{/*
+  The one decision about long tasks, worker.shutdownTimeout: how long a stopping worker
+  lets its running tasks finish before handing them back (OBSQ_SHUTDOWN_TIMEOUT). The
+  pod's grace follows it with worker.terminationGracePeriodMargin on top (for the time a
+  preStop hook takes, and the hand-back itself); set the grace alone and the worker's
+  timeout follows it instead. Both set: the grace must leave the margin.
+*/}}
+{{- define "obsq.shutdownTimeout" -}}
+{{- $w := .Values.worker }}
+{{- if not (kindIs "invalid" $w.shutdownTimeout) }}
+{{- int $w.shutdownTimeout }}
+{{- else if not (kindIs "invalid" $w.terminationGracePeriodSeconds) }}
+{{- $derived := sub (int $w.terminationGracePeriodSeconds) (int $w.terminationGracePeriodMargin) }}
+{{- if lt $derived 1 }}
+{{- fail (printf "worker.terminationGracePeriodSeconds (%d) must exceed worker.terminationGracePeriodMargin (%d): the worker needs time to drain" (int $w.terminationGracePeriodSeconds) (int $w.terminationGracePeriodMargin)) }}
+{{- end }}
+{{- $derived }}
+{{- else }}
+{{- 25 }}{{/* the worker's own default shutdown_timeout */}}
+{{- end }}
+{{- end }}
+
 {{- define "obsq.terminationGracePeriodSeconds" -}}
-{{- add (int .Values.worker.shutdownTimeout) (int .Values.worker.terminationGracePeriodMargin) }}
+{{- $w := .Values.worker }}
+{{- $timeout := include "obsq.shutdownTimeout" . | int }}
+{{- if kindIs "invalid" $w.terminationGracePeriodSeconds }}
+{{- add $timeout (int $w.terminationGracePeriodMargin) }}
+{{- else }}
+{{- if lt (int $w.terminationGracePeriodSeconds) (add $timeout (int $w.terminationGracePeriodMargin)) }}
+{{- fail (printf "worker.terminationGracePeriodSeconds (%d) must be at least worker.shutdownTimeout (%d) plus worker.terminationGracePeriodMargin (%d): otherwise the kubelet kills draining workers before they hand their tasks back" (int $w.terminationGracePeriodSeconds) $timeout (int $w.terminationGracePeriodMargin)) }}
+{{- end }}
+{{- int $w.terminationGracePeriodSeconds }}
+{{- end }}
+{{- end }}
+
+{{/* A component's PodDisruptionBudget. Call with (list $ "worker" PDB_VALUES). */}}
+{{- define "obsq.pdb" -}}
+{{- $root := index . 0 }}
+{{- $component := index . 1 }}
+{{- $pdb := index . 2 }}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ include "obsq.componentName" (list $root $component) }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "obsq.componentLabels" (list $root $component) | nindent 4 }}
+spec:
+  {{- if and (not (kindIs "invalid" $pdb.minAvailable)) (not (kindIs "invalid" $pdb.maxUnavailable)) }}
+  {{- fail (printf "%s.pdb: set only one of minAvailable and maxUnavailable (set the other to null)" $component) }}
+  {{- else if not (kindIs "invalid" $pdb.minAvailable) }}
+  minAvailable: {{ $pdb.minAvailable }}
+  {{- else if not (kindIs "invalid" $pdb.maxUnavailable) }}
+  maxUnavailable: {{ $pdb.maxUnavailable }}
+  {{- else }}
+  {{- fail (printf "%s.pdb.enabled needs minAvailable or maxUnavailable" $component) }}
+  {{- end }}
+  {{- with $pdb.unhealthyPodEvictionPolicy }}
+  unhealthyPodEvictionPolicy: {{ . }}
+  {{- end }}
+  selector:
+    matchLabels:
+      {{- include "obsq.componentSelectorLabels" (list $root $component) | nindent 6 }}
 {{- end }}
 
 {{/* Checks of value combinations that the schema cannot express. */}}
 {{- define "obsq.validate" -}}
 {{- if and .Values.autoscaling.enabled .Values.keda.enabled }}
 {{- fail "autoscaling.enabled and keda.enabled are mutually exclusive: both would scale the worker Deployment; enable only one" }}
-{{- end }}
-{{- if and .Values.podDisruptionBudget.enabled (not (kindIs "invalid" .Values.podDisruptionBudget.minAvailable)) (not (kindIs "invalid" .Values.podDisruptionBudget.maxUnavailable)) }}
-{{- fail "podDisruptionBudget: set only one of minAvailable and maxUnavailable (set the other to null)" }}
 {{- end }}
 {{- if and .Values.autoscaling.enabled (not (dig "requests" "cpu" "" .Values.worker.resources)) }}
 {{- fail "autoscaling.enabled scales on CPU utilization and needs worker.resources.requests.cpu" }}
