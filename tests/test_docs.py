@@ -30,7 +30,7 @@ from support import PYPROJECT, ROOT, obsq_env, toml
 
 # What the suite runs: Python blocks here or in tests/test_readme.py, shell commands in
 # tests/test_readme.py, each by what it is; TOML blocks (pyproject settings) here.
-LANGUAGES = {"python", "sh", "toml"}
+LANGUAGES = {"python", "sh", "toml", "yaml"}  # yaml: chart values (tests/deploy)
 
 
 def standalone() -> list[Block]:

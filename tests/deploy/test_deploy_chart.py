@@ -1436,3 +1436,21 @@ def test_the_minimal_example_names_the_apps_namespace_as_the_values_say_it_must(
     described = (CHART / "values.yaml").read_text().split("  namespace: obsq")[0]
     assert "Set it to your App's namespace" in described.splitlines()[-1]
     assert "Set it to your App's namespace" in (CHART / "README.md").read_text()
+
+
+def test_the_chart_values_the_docs_show_render_as_they_say(helm: str, tmp_path: Path) -> None:
+    """Every yaml block of the pages is chart values that render; the long-task example
+    drains for the 20 minutes its comments say, within the pod's grace."""
+    from pages import blocks
+
+    shown = blocks("yaml")
+    assert shown
+    for block in shown:
+        values = tmp_path / "values.yaml"
+        values.write_text(block.text)
+        render = helm_template(helm, "-f", str(values))
+        if "shutdownTimeout: 1200" in block.text:
+            worker = render.one("Deployment", "-worker")
+            env = {e["name"]: e.get("value") for e in container(worker).get("env", [])}
+            assert env["OBSQ_SHUTDOWN_TIMEOUT"] == "1200", block.where
+            assert worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 1220

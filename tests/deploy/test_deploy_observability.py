@@ -248,7 +248,7 @@ def test_overview_has_the_panels_operators_need() -> None:
         "In progress vs concurrency",
         "Task duration p50 / p95 / p99",
         "Task wait p50 / p95 / p99",
-        "Retries and dead tasks",
+        "Retries, dead and expired tasks",
         "Dead-letter sets",
         "Lease recoveries by reason",
         "Live workers",

@@ -7,7 +7,8 @@ The worker serves two queues. The workload gives every series the queries read: 
 outcomes success, retry, dead and lease_lost, both lease recovery reasons (expired, and
 worker_lost from a third queue), a paused queue with pending tasks, a dead-letter set, a
 failed Redis call, a group of tasks aggregated into one (after a failed try), an event
-delivered to its subscriber, a Redis found to have lost its data (another dataset token),
+delivered to its subscriber, a task that expired before it started, a task moved from an
+outbox by its relay, a Redis found to have lost its data (another dataset token),
 and a scheduler in the same process firing an entry every second, whose next fire is set
 back a minute in each wave, as after an outage of the schedulers, to miss fires. It runs
 in two waves with a scrape in between, so the counters and histograms grow while
@@ -29,11 +30,15 @@ from datetime import datetime
 from typing import Any
 
 from deploy.promql import alert_queries, dashboard_queries
+from prometheus_client import REGISTRY
+from sqlalchemy import create_engine
 from support import wait_until
 
 import obsq
 from obsq.broker import Broker, GlobalKeys, QueueKeys, ScheduleKeys
 from obsq.observability import instrument_client
+from obsq.outbox import Outbox, Relay
+from obsq.outbox.metrics import watch_relay
 
 from .helpers import (
     ROOT,
@@ -56,7 +61,8 @@ RANGE_SECONDS = 60
 OUTCOMES = {("easy", "success"): 3, ("flaky", "retry"): 1, ("flaky", "success"): 1,
             ("doomed", "retry"): 1, ("doomed", "dead"): 1, ("slow", "success"): 1,
             ("slow", "lease_lost"): 1, ("gated", "cancelled"): 1, ("gated", "success"): 1,
-            ("merged", "success"): 1, ("e2e.paid@ledger", "success"): 1}
+            ("merged", "success"): 1, ("e2e.paid@ledger", "success"): 1,
+            ("stale", "expired"): 1, ("relayed", "success"): 1}
 
 
 # --- PromQL helpers -----------------------------------------------------------------------
@@ -164,7 +170,7 @@ def _rfc3339(text: str) -> float:
 
 async def test_every_dashboard_query_and_alert_returns_data(
         app, client, client_without_app, redis_url, namespace, raw_redis, start_worker,
-        start_scheduler, prometheus):
+        start_scheduler, prometheus, tmp_path):
     if prometheus_binary() is None:  # before the workload, not after it
         missing_tool("prometheus is not on PATH (apt-get install prometheus)")
     main, side, away = f"e2e-{namespace}", f"e2e-side-{namespace}", f"e2e-away-{namespace}"
@@ -213,6 +219,21 @@ async def test_every_dashboard_query_and_alert_returns_data(
     @app.subscribe("e2e.paid", name="ledger", queue=main)
     async def ledger(task):
         pass
+
+    @app.task("stale", queue=main)
+    async def stale(task):
+        raise AssertionError("an expired task never runs")
+
+    @app.task("relayed", queue=main)
+    async def relayed(task):
+        pass
+
+    # an outbox on SQLite, its relay's metrics served with the worker's
+    engine = create_engine(f"sqlite:///{tmp_path / 'outbox.db'}")
+    outbox = Outbox(engine, app=app)  # its routes give the queue
+    outbox.create_table()
+    relay = Relay(engine, client)
+    watched = watch_relay(relay)
 
     instrument_client(client)  # the enqueued counter
     admin = Broker(redis_url, namespace)
@@ -330,6 +351,10 @@ async def test_every_dashboard_query_and_alert_returns_data(
         assert len(await client.publish("e2e.paid", {"wave": n})) == 1
         await client.enqueue("flaky")
         await client.enqueue("doomed")
+        await client.enqueue("stale", delay=0.3, expires=0.1)  # due after its expiry
+        with engine.begin() as conn:
+            outbox.enqueue(conn, "relayed", {"wave": n})
+        assert await relay.relay_batch() == 1
         twice = obsq.Job("easy", {}, task_id=f"twice-{n}-{namespace}", delay=3600)
         assert [i.duplicate for i in await client.enqueue_many([twice, twice])] == [
             False, True]  # a refused enqueue
@@ -425,3 +450,5 @@ async def test_every_dashboard_query_and_alert_returns_data(
                        + 2 * sum(len(dashboard_queries(p)) for p in DASHBOARDS))
     print(f"{checked} queries returned data, {time.monotonic() - t0:.1f} s after the start")
     await admin.close()
+    REGISTRY.unregister(watched)
+    engine.dispose()
