@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from obsq.errors import ConfigurationError, StartupError
@@ -35,7 +36,7 @@ from obsq.settings import (
     DEFAULT_QUEUE,
     MAX_PAYLOAD_BYTES,
 )
-from obsq.task import Job, Task, TaskInfo, TaskMessage, check_priority
+from obsq.task import Job, Task, TaskInfo, TaskMessage, check_debounce_times, check_priority
 
 log = logging.getLogger("obsq")
 Handler = Callable[[Task], Any]
@@ -109,6 +110,9 @@ class Route:
     rate: float | None = None  # starts per second across all workers
     max_payload: int | None = None  # bytes of its encoded payload (None: the App's limit)
     priority: int | None = None  # its tasks' priority in their queue (None: 0)
+    # seconds: its tasks are debounced (each enqueue gives its debounce_key), and bounded
+    debounce: float | None = None
+    debounce_max: float | None = None
 
 
 @dataclass(frozen=True)
@@ -171,14 +175,18 @@ class App:
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
              timeout: float | None = None, retry_delay: RetryDelay = None,
              concurrency: int | None = None, rate_limit: str | None = None,
-             max_payload: int | None = None, priority: int | None = None
+             max_payload: int | None = None, priority: int | None = None,
+             debounce: float | timedelta | None = None,
+             debounce_max: float | timedelta | None = None
              ) -> Callable[[Handler], Handler]:
         """Register a handler for a task type, a prefix ending in ':' or '.', or '*'.
         `concurrency`: at most this many of its attempts run at once, across all workers;
         `rate_limit` ('100/s', '30/m', '5/h'): its starts across all workers stay within it.
         Both are kept per queue, in the queue's Redis keys. `max_payload`: the largest
         encoded payload of its tasks, in bytes, instead of the App's. `priority` (0-9,
-        higher first): its tasks' default priority within their queue."""
+        higher first): its tasks' default priority within their queue. `debounce` (and
+        `debounce_max`): every enqueue of its tasks gives a `debounce_key` and is debounced
+        by these, unless it gives its own."""
         validate_name("task type", pattern)
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -195,13 +203,18 @@ class App:
             check_seconds("timeout", timeout)
         if isinstance(retry_delay, (int, float)):
             check_seconds("retry_delay", retry_delay, zero=True)
+        if debounce is not None:
+            debounce, debounce_max = check_debounce_times(debounce, debounce_max)
+        elif debounce_max is not None:
+            raise ValueError("a route's debounce_max needs its debounce")
 
         def register(handler: Handler) -> Handler:
             if pattern in self._routes:
                 raise ValueError(f"a handler for {pattern!r} is already registered")
             self._routes.add(pattern, Route(
                 pattern, handler, inspect.iscoroutinefunction(handler), queue, max_retry,
-                timeout, retry_delay, concurrency, rate, max_payload, priority))
+                timeout, retry_delay, concurrency, rate, max_payload, priority, debounce,
+                debounce_max))
             return handler
 
         return register

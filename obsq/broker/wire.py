@@ -253,7 +253,9 @@ LAYOUTS: dict[str, Layout] = {
                       "delay "
                       "unique "  # the unique digest, or '' when not unique
                       "unique_for ordering "
-                      "priority)"),  # '' or '0' for 0, else '1' to '9'
+                      "priority "  # '' or '0' for 0, else '1' to '9'
+                      # '' or "<debounce ms> <debounce_max ms, 0: none> <debounce key>"
+                      "debounce)"),
     "extend": Layout("lease worker *(id fence)"),
     "fail": Layout("worker id fence error traceback type slot ordering share"),
     "flow_cancel": Layout(),
@@ -425,7 +427,10 @@ REPLIES: dict[str, Reply] = {
                      rows={"aside": ASIDE}),
     # the refused tasks only: a task's position in the batch (1-based), and 'id' or
     # 'unique:<id of the task holding the digest>'
-    "enqueue": Reply((), ("position", "refusal")),
+    "enqueue": Reply((), ("position",
+                          # 'id', 'unique:<holder>', or 'debounced:<waiting task>': not a
+                          # refusal, the enqueue replaced that task's payload
+                          "refusal")),
     "due_fires": Reply(("now", "version",
                         "soonest",  # the next fire after now, '' when none
                         "due",  # name, next fire, ...
