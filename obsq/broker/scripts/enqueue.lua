@@ -29,8 +29,9 @@ local now = now_text()
 local ended = prefix .. @key_ended
 
 -- A debounce key's lock, `debounce:<type> <key>`, holds "<id> <ms>": its task, and when its
--- burst of enqueues began; it is kept DEBOUNCE_KEEP_MS past the task's due time (on
--- Redis's clock, so a clock moved by hand does not outrun it).
+-- burst of enqueues began. Whether the burst is open is its task's score in `scheduled`
+-- (after now), never the lock's life: the lock only names the task, and expires on Redis's
+-- own clock DEBOUNCE_KEEP_MS past the task's due time.
 local DEBOUNCE_KEEP_MS = 60000
 
 -- Item `i` is debounced by `lock` (`wait`, `most`: ms): while the lock's task waits in the
