@@ -37,7 +37,15 @@ from obsq.settings import (
     DEFAULT_QUEUE,
     MAX_PAYLOAD_BYTES,
 )
-from obsq.task import Job, Task, TaskInfo, TaskMessage, check_priority, expiry
+from obsq.task import (
+    Job,
+    Task,
+    TaskInfo,
+    TaskMessage,
+    check_debounce_times,
+    check_priority,
+    expiry,
+)
 
 log = logging.getLogger("obsq")
 Handler = Callable[[Task[Any]], Any]
@@ -116,6 +124,9 @@ class Route:
     max_payload: int | None = None  # bytes of its encoded payload (None: the App's limit)
     priority: int | None = None  # its tasks' priority in their queue (None: 0)
     expires: float | None = None  # seconds from its tasks' enqueue to their expiry (None: never)
+    # seconds: its tasks are debounced (each enqueue gives its debounce_key), and bounded
+    debounce: float | None = None
+    debounce_max: float | None = None
     declared: Registration | None = None  # its handler's payload and result types
 
     @property
@@ -187,7 +198,10 @@ class App:
              timeout: float | None = None, retry_delay: RetryDelay = None,
              concurrency: int | None = None, rate_limit: str | None = None,
              max_payload: int | None = None, priority: int | None = None,
-             expires: float | timedelta | None = None) -> Callable[[HandlerT], HandlerT]:
+             expires: float | timedelta | None = None,
+             debounce: float | timedelta | None = None,
+             debounce_max: float | timedelta | None = None
+             ) -> Callable[[HandlerT], HandlerT]:
         """Register a handler for a task type, a prefix ending in ':' or '.', or '*'; the
         handler is returned as it is, so `client.enqueue(handler, payload)` is type-checked
         against its `task: obsq.Task[P]` and its result. Its payload type is read from that
@@ -197,7 +211,9 @@ class App:
         Both are kept per queue, in the queue's Redis keys. `max_payload`: the largest
         encoded payload of its tasks, in bytes, instead of the App's. `priority` (0-9,
         higher first): its tasks' default priority within their queue. `expires` (seconds or
-        a timedelta): its tasks not started that long after their enqueue never run."""
+        a timedelta): its tasks not started that long after their enqueue never run.
+        `debounce` (and `debounce_max`): every enqueue of its tasks gives a `debounce_key`
+        and is debounced by these, unless it gives its own."""
         validate_name("task type", pattern)
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -218,6 +234,10 @@ class App:
             raise TypeError("a route's expires is a length of time (seconds or a timedelta) "
                             "from each enqueue; give a datetime to client.enqueue")
         expires_in = None if expires is None else expiry(expires, 0.0)
+        if debounce is not None:
+            debounce, debounce_max = check_debounce_times(debounce, debounce_max)
+        elif debounce_max is not None:
+            raise ValueError("a route's debounce_max needs its debounce")
 
         def add_route(handler: HandlerT) -> HandlerT:
             if pattern in self._routes:
@@ -226,7 +246,7 @@ class App:
             route = Route(
                 pattern, handler, inspect.iscoroutinefunction(handler), queue, max_retry,
                 timeout, retry_delay, concurrency, rate, max_payload, priority, expires_in,
-                declared)
+                debounce, debounce_max, declared)
             self._routes.add(pattern, route)
             if not is_prefix(pattern):  # what an enqueue by the handler takes its defaults from
                 declared.route = route

@@ -79,6 +79,9 @@ def _check_parts(parts: tuple[Any, ...], empty: str) -> None:
         if isinstance(part, Job) and part.unique_for:
             # a step refused as a duplicate would leave its flow waiting for good
             raise ValueError("a flow's step cannot be unique (unique_for)")
+        if isinstance(part, Job) and part.debounce_key is not None:
+            # a step replaced by a later enqueue would leave its flow waiting for good
+            raise ValueError("a flow's step cannot be debounced (debounce_key)")
 
 
 @dataclass(frozen=True)

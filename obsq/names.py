@@ -47,7 +47,7 @@ def _checked_name(kind: str, value: str) -> str:
     if len(value) > MAX_NAME_LENGTH or _FORBIDDEN.search(value):
         raise ValueError(f"{kind} {value!r} must be at most {MAX_NAME_LENGTH} characters "
                          "without braces or control characters")
-    if kind in ("queue", "schedule", "group", "event", "subscriber") and (
+    if kind in ("queue", "schedule", "group", "event", "subscriber", "debounce_key") and (
             _SPACE.search(value)):
         raise ValueError(f"{kind} {value!r} must not contain spaces")
     if kind == "queue" and SEPARATOR in value and not is_partition_name(value):
@@ -234,12 +234,15 @@ def choose(names: tuple[str, ...], key: str) -> str:
 
 
 def placement_key(task_id: str, ordering_key: str = "", unique_key: str = "",
-                  group: str = "") -> str:
-    """What decides a task's partition: what must stay in one place comes first."""
+                  group: str = "", debounce: str = "") -> str:
+    """What decides a task's partition: what must stay in one place comes first.
+    `group` and `debounce` are "<type> <group or debounce key>"."""
     if ordering_key:
         return "o:" + ordering_key
     if unique_key:
         return "u:" + unique_key
+    if debounce:
+        return "d:" + debounce
     return "g:" + group if group else task_id
 
 

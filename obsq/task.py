@@ -104,6 +104,11 @@ class EnqueueOptions(TypedDict, total=False):
     # not started by then, it never runs: seconds or a timedelta from the enqueue, or an
     # aware datetime (None: the route's, else never)
     expires: float | timedelta | datetime | None
+    # latest wins: enqueues of its type and queue sharing the key run once, `debounce` s
+    # after the last (at most `debounce_max` after the first), with the last payload
+    debounce_key: str | None
+    debounce: float | timedelta | None
+    debounce_max: float | timedelta | None
 
 
 # What a handler is to a type checker: a function of `Task[P]` returning R (or a coroutine
@@ -136,6 +141,12 @@ class Job(Generic[ResultT]):
     # not started by then, it never runs: seconds or a timedelta from the enqueue, or an aware
     # datetime (None: the route's, else never)
     expires: float | timedelta | datetime | None = None
+    # latest wins: the tasks of its type and queue enqueued with the same debounce_key run
+    # once, `debounce` seconds after the last of them (at most `debounce_max` after the
+    # first), with the last one's payload (None: the route's debounce)
+    debounce_key: str | None = None
+    debounce: float | timedelta | None = None
+    debounce_max: float | timedelta | None = None
     # the headers of the tasks this one is made of (an aggregation): its trace links to theirs
     origins: list[dict[str, str]] = field(default_factory=list)
     # the handler's declared types, when given by its handler (obsq/payloads.py)
@@ -161,6 +172,8 @@ class Job(Generic[ResultT]):
                  headers: dict[str, str] | None = None, ordering_key: str | None = None,
                  priority: int | None = None,
                  expires: float | timedelta | datetime | None = None,
+                 debounce_key: str | None = None, debounce: float | timedelta | None = None,
+                 debounce_max: float | timedelta | None = None,
                  origins: list[dict[str, str]] | None = None) -> None:
         if callable(type):
             self.registration = registration_of(type)
@@ -172,6 +185,8 @@ class Job(Generic[ResultT]):
         self.delay, self.eta, self.unique_for, self.task_id = delay, eta, unique_for, task_id
         self.retention, self.headers = retention, dict(headers or {})
         self.ordering_key, self.priority, self.expires = ordering_key, priority, expires
+        self.debounce_key, self.debounce, self.debounce_max = (debounce_key, debounce,
+                                                               debounce_max)
         self.origins = list(origins or [])
 
 
@@ -198,6 +213,9 @@ class TaskMessage:
     partition: str = ""  # the partition of its queue it goes to (obsq/producer/enqueue.py), or ""
     result_type: PayloadType | None = None  # its handler's declared result; not stored
     expires: float = 0.0  # seconds from when Redis receives it to its expiry; 0: never
+    debounce_key: str = ""  # Job.debounce_key, or "" when not debounced
+    debounce: float = 0.0  # seconds
+    debounce_max: float = 0.0  # seconds; 0: no bound
 
     def encoded_headers(self) -> bytes:
         return orjson.dumps(self.headers) if self.headers else b""
@@ -210,16 +228,25 @@ class TaskMessage:
         chosen = {k: v for k, v in options.items() if v is not None}
         return orjson.dumps(chosen) if chosen else b""
 
+    def encoded_debounce(self) -> str:
+        """enqueue.lua's `debounce` field: "<debounce ms> <debounce_max ms> <key>", or ""."""
+        if not self.debounce_key:
+            return ""
+        return (f"{max(round(self.debounce * 1000), 1)} {round(self.debounce_max * 1000)} "
+                f"{self.debounce_key}")
+
 
 def build_message(job: Job, *, queue: str | None = None, max_retry: int | None = None,
                   timeout: float | None = None, now: float | None = None,
                   max_payload: int = MAX_PAYLOAD_BYTES, priority: int | None = None,
-                  declared: Registration | None = None,
-                  expires: float | None = None) -> TaskMessage:
+                  declared: Registration | None = None, expires: float | None = None,
+                  debounce: float | None = None, debounce_max: float | None = None
+                  ) -> TaskMessage:
     """Check every option and encode the payload before anything is written to Redis;
     a payload over `max_payload` bytes (encoded) or headers over MAX_HEADERS_BYTES raise
     TaskTooLarge, one that cannot become its handler's payload type (`declared`: the
-    route's, unless the job was given by its handler) PayloadError."""
+    route's, unless the job was given by its handler) PayloadError. `debounce`,
+    `debounce_max`: the route's, for a job that gives none."""
     validate_name("task type", job.type)
     declared = job.registration or declared
     value = job.payload
@@ -278,12 +305,18 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
         canonical = payload if binary else orjson.dumps(value, default=_model_fields,
                                                         option=orjson.OPT_SORT_KEYS)
         unique_key = hashlib.sha1(job.type.encode() + kind + canonical).hexdigest()
+    debounced: tuple[str, float, float | None] = ("", 0.0, None)
+    if (debounce is not None or job.debounce_key is not None or job.debounce is not None
+            or job.debounce_max is not None):
+        debounced = check_debounce(job, debounce, debounce_max)
+        delay = debounced[1]  # a burst's first enqueue: due a window later
     return TaskMessage(id=job.task_id or new_task_id(), type=job.type, queue=queue,
                        payload=payload, headers=headers, max_retry=max_retry, timeout=timeout,
                        retention=retention, delay=delay, unique_key=unique_key,
                        unique_for=unique_for, ordering_key=ordering_key, priority=priority,
-                       binary=binary, id_chosen=job.task_id is not None,
                        origins=list(job.origins), expires=expires_in,
+                       debounce_key=debounced[0], debounce=debounced[1],
+                       debounce_max=debounced[2] or 0.0,
                        # read back as the handler's result type only when enqueued by the
                        # handler (a TaskInfo[R]); by name the result stays its JSON value
                        result_type=job.registration.result if job.registration else None)
@@ -309,6 +342,50 @@ def expiry(value: float | timedelta | datetime, now: float) -> float:
                         f"{type(value).__name__} {value!r}")
     check_seconds("expires", value)
     return float(value)
+
+
+def check_debounce(job: Job, debounce: float | None, debounce_max: float | None
+                   ) -> tuple[str, float, float | None]:
+    """The job's debounce key, window and bound (seconds; the route's `debounce` and
+    `debounce_max` when it gives none), or ValueError/TypeError: a debounced task needs a
+    key and a window, and takes no option that would name or time it otherwise."""
+    window = job.debounce if job.debounce is not None else debounce
+    most = job.debounce_max if job.debounce_max is not None else debounce_max
+    if job.debounce_key is None:
+        if job.debounce is None and job.debounce_max is None:
+            raise ValueError(f"tasks of type {job.type!r} are debounced (its route's "
+                             f"debounce={debounce:g}): give each enqueue a debounce_key")
+        raise ValueError("debounce and debounce_max need a debounce_key: the name of the "
+                         "tasks that run once per burst")
+    key = validate_name("debounce_key", job.debounce_key)
+    if window is None:
+        raise ValueError("debounce_key needs debounce=<seconds>: how long after the last "
+                         "enqueue with the key its task runs")
+    window, most = check_debounce_times(window, most)
+    taken = [name for name, value in (("delay", job.delay), ("eta", job.eta),
+                                      ("unique_for", job.unique_for),
+                                      ("task_id", job.task_id),
+                                      ("ordering_key", job.ordering_key)) if value is not None]
+    if taken:
+        raise ValueError(f"a debounced task takes no {', '.join(taken)}: its debounce key "
+                         "names it and the last enqueue times it")
+    return key, window, most
+
+
+def check_debounce_times(debounce: float | timedelta, debounce_max: float | timedelta | None
+                         ) -> tuple[float, float | None]:
+    """`debounce` and `debounce_max` in seconds, or ValueError: both above 0, and the bound
+    no shorter than the window."""
+    window = debounce.total_seconds() if isinstance(debounce, timedelta) else debounce
+    check_seconds("debounce", window)
+    if debounce_max is None:
+        return float(window), None
+    most = debounce_max.total_seconds() if isinstance(debounce_max, timedelta) else debounce_max
+    check_seconds("debounce_max", most)
+    if most < window:
+        raise ValueError(f"debounce_max ({most:g} s) must be at least debounce ({window:g} s): "
+                         "it bounds the wait from a burst's first enqueue")
+    return float(window), float(most)
 
 
 def _within(task_type: str, what: str, size: int, limit: int) -> None:
@@ -490,6 +567,9 @@ class TaskInfo(Generic[ResultT]):
     next_run_at: datetime | None = None
     completed_at: datetime | None = None
     duplicate: bool = False  # enqueue_many: a unique or id conflict; id is the existing task
+    # an enqueue with a debounce_key that replaced the payload of its key's waiting task,
+    # whose id this is (a first enqueue of a burst created the task: False)
+    debounced: bool = False
     partition: str = ""  # the partition of its queue that holds it (app.queue), or ""
     # its handler's declared result type, when it was enqueued by its handler:
     # client.result(info) reads the result back as it

@@ -40,6 +40,10 @@ KEY_NAMES = {
     "cancels": "cancel:",  # list of a worker's tasks to cancel
     "inbox": "inbox:",  # list of watched tasks' ends for a client
     "unique": "unique:",  # a unique task's digest -> its id, for its unique_for
+    # "<type> <debounce key>" -> "<id> <first ms>": the task waiting for its burst of
+    # enqueues to end, and when the burst began; kept until DEBOUNCE_KEEP_MS past its due
+    # time (enqueue.lua)
+    "debounce": "debounce:",
     "memory_budget": "memok",  # enqueue's budget below the producers' share (above_share)
     # hash: a record a script could not read (a task's key holding no hash, a pending list
     # of no priority), by its key's name in the queue -> "<ms> <why>" (set_aside)
@@ -97,7 +101,7 @@ TASK_FIELDS = {
     "batch": "batch", "slot": "slot", "held_by": "held", "held_place": "hc",
     "cancel": "cancel", "settled_by": "fin", "isolated": "iso", "suspect": "sus",
     "recoveries": "recov", "first_unknown": "unk0", "unknown_count": "unkn",
-    "reserved": "rsv", "waited": "ow",
+    "reserved": "rsv", "waited": "ow", "debounce_key": "dbk",
     "expires": "exp",  # when (ms) it expires if not started by then (enqueue's `expires`)
 }
 

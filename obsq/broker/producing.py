@@ -158,18 +158,20 @@ def enqueue_args(messages: Sequence[TaskMessage], memory_share: float) -> list[A
                              "bin" if m.binary else "payload", m.encoded_headers(),
                              m.encoded_options(), int(m.delay * 1000), m.unique_key,
                              int(m.unique_for * 1000), m.ordering_key, m.priority or "",
-                             max(round(m.expires * 1000), 1) if m.expires else "")
+                             max(round(m.expires * 1000), 1) if m.expires else "",
+                             m.encoded_debounce())
                             for m in messages],
                 share=memory_share)
 
 
 def enqueue_statuses(reply: list[Any], count: int) -> list[Enqueued]:
     """enqueue.lua's reply (position, refusal, ...) as one status per message: a refusal is
-    'id' (the id is taken) or 'unique:<holder>'; every other message was created."""
+    'id' (the id is taken) or 'unique:<holder>', and 'debounced:<task>' names the waiting
+    task whose payload the message replaced; every other message was created."""
     statuses = [CREATED] * count
     for position, refusal in REPLIES["enqueue"].items(reply):
-        holder = refusal.decode().partition("unique:")[2]
-        statuses[int(position) - 1] = Enqueued(False, holder or None)
+        kind, _, holder = refusal.decode().partition(":")
+        statuses[int(position) - 1] = Enqueued(False, holder or None, kind == "debounced")
     return statuses
 
 

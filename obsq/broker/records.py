@@ -69,10 +69,12 @@ Completions = dict[str, list[Completion]]
 
 class Enqueued(NamedTuple):
     """How Redis took one message of an enqueue: `existing_id` names the task that holds
-    its id or its unique lock when it was refused as a duplicate."""
+    its id or its unique lock when it was refused as a duplicate, or the waiting task of its
+    debounce key when it replaced that task's payload (`debounced`)."""
 
     created: bool
     existing_id: str | None = None
+    debounced: bool = False
 
 
 class QueueStats(NamedTuple):

@@ -254,7 +254,9 @@ LAYOUTS: dict[str, Layout] = {
                       "unique "  # the unique digest, or '' when not unique
                       "unique_for ordering "
                       "priority "  # '' or '0' for 0, else '1' to '9'
-                      "expires)"),  # ms from now to its expiry, '' for none
+                      "expires "  # ms from now to its expiry, '' for none
+                      # '' or "<debounce ms> <debounce_max ms, 0: none> <debounce key>"
+                      "debounce)"),
     "extend": Layout("lease worker *(id fence)"),
     "fail": Layout("worker id fence error traceback type slot ordering share"),
     "flow_cancel": Layout(),
@@ -429,7 +431,10 @@ REPLIES: dict[str, Reply] = {
                            "expired": ("id", "type", "retried", "headers", "priority")}),
     # the refused tasks only: a task's position in the batch (1-based), and 'id' or
     # 'unique:<id of the task holding the digest>'
-    "enqueue": Reply((), ("position", "refusal")),
+    "enqueue": Reply((), ("position",
+                          # 'id', 'unique:<holder>', or 'debounced:<waiting task>': not a
+                          # refusal, the enqueue replaced that task's payload
+                          "refusal")),
     "due_fires": Reply(("now", "version",
                         "soonest",  # the next fire after now, '' when none
                         "due",  # name, next fire, ...

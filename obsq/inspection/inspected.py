@@ -99,6 +99,8 @@ class TaskDetail(TaskInfo):
     due_at: datetime | None = None
     recoveries: int = 0  # times it was taken back from a lost worker
     unique_key: str | None = None
+    # its debounce key: while it waits, enqueues with the key replace it (Job.debounce_key)
+    debounce_key: str | None = None
     worker: str | None = None  # the worker running it now
     fence: int | None = None  # the fencing token of the running attempt
     lease_expires_at: datetime | None = None
@@ -171,7 +173,8 @@ def detail(task_id: str, queue: str, f: dict[bytes, bytes], progress: bytes | No
         options=options if isinstance(options, dict) else {},
         traceback=traceback.decode(errors="replace") if traceback else None,
         due_at=timestamp_to_datetime(f.get(b"due")), recoveries=int(f.get(b"recov") or 0),
-        unique_key=f[b"uniq"].decode() if f.get(b"uniq") else None)
+        unique_key=f[b"uniq"].decode() if f.get(b"uniq") else None,
+        debounce_key=f[b"dbk"].decode(errors="replace") if f.get(b"dbk") else None)
     if worker:  # an attempt runs
         detail.worker, detail.fence = worker, int(fence)
         detail.lease_expires_at = timestamp_to_datetime(lease_ms)

@@ -252,6 +252,8 @@ class SendTracing:
         for span, info in zip(creates, infos):
             if info.duplicate:
                 span.set_attribute("obsq.task.duplicate", True)
+            elif info.debounced:
+                span.set_attribute("obsq.task.debounced", info.id)
         _end(creates, send)
         return infos
 

@@ -174,6 +174,7 @@ def task_text(out: Output, d: TaskDetail) -> str:
               ("worker", d.worker or "none running it"),
               ("lease until", when(d.lease_expires_at)), ("recoveries", str(d.recoveries)),
               ("unique", d.unique_key or ""),
+              ("debounce", d.debounce_key or ""),
               ("headers", json_text(d.headers) if d.headers else ""),
               ("options", json_text(d.options) if d.options else ""),
               ("error", out.paint(d.error or "", "error") + (earlier if d.error else "")),

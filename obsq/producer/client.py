@@ -174,7 +174,10 @@ class Client:
                       headers: dict[str, str] | None = None,
                       ordering_key: str | None = None, group: str | None = None,
                       priority: int | None = None,
-                      expires: float | timedelta | datetime | None = None
+                      expires: float | timedelta | datetime | None = None,
+                      debounce_key: str | None = None,
+                      debounce: float | timedelta | None = None,
+                      debounce_max: float | timedelta | None = None
                       ) -> TaskInfo[Any] | FlowInfo:
         """Enqueue one task, named by its type or by its handler (`enqueue(send_email,
         Email(...))`: a TaskInfo[Sent], the payload checked against the handler's
@@ -186,7 +189,11 @@ class Client:
         across all workers (each queue keeps its own order). `priority` (0 to 9,
         default 0 or the route's): higher runs first within its queue. Not started by
         `expires` (seconds or a timedelta from now, or an aware datetime; default the
-        route's), the task never runs: it ends dead with TaskExpired. A task given a
+        route's), the task never runs: it ends dead with TaskExpired. Enqueues of a type
+        in a queue sharing a `debounce_key` run once, `debounce` seconds after the last of
+        them (at most `debounce_max` after the first), with the last one's payload and
+        options: one that finds its key's task waiting replaces it, and its TaskInfo names
+        that task (`debounced`). A task given a
         `group` waits in it (state `aggregating`) for the aggregator of its type
         (app.aggregate), and takes no option but queue, task_id and headers. The enqueues
         of concurrent callers share round trips. A flow (obsq.chain, obsq.chord): FlowInfo."""
@@ -196,13 +203,16 @@ class Client:
             check_grouped(group, {"max_retry": max_retry, "timeout": timeout, "delay": delay,
                                   "eta": eta, "unique_for": unique_for,
                                   "retention": retention, "ordering_key": ordering_key,
-                                  "priority": priority, "expires": expires})
+                                  "priority": priority, "expires": expires,
+                                  "debounce_key": debounce_key, "debounce": debounce,
+                                  "debounce_max": debounce_max})
             return await self._enqueue_grouped(group, Job(
                 task_type, payload, queue=queue, task_id=task_id, headers=headers))
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                   delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
                   retention=retention, headers=headers, ordering_key=ordering_key,
-                  priority=priority, expires=expires)
+                  priority=priority, expires=expires, debounce_key=debounce_key,
+                  debounce=debounce, debounce_max=debounce_max)
         # enqueue_many's work without its frame: one coroutine less on every enqueue
         return unless_duplicate((await self.deadlines.run("enqueue", self._write([job])))[0])
 

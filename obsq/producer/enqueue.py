@@ -62,7 +62,8 @@ class JobChecks:
                                  timeout=route.timeout, now=now, priority=route.priority,
                                  max_payload=app.max_payload_of(route) if app is not None
                                  else route.max_payload or MAX_PAYLOAD_BYTES,
-                                 declared=route.declared, expires=route.expires)
+                                 declared=route.declared, expires=route.expires,
+                                 debounce=route.debounce, debounce_max=route.debounce_max)
         except (ValueError, TypeError) as exc:
             if app is not None:
                 app.refusal_hooks(job, exc)
@@ -184,10 +185,13 @@ def unless_duplicate(info: TaskInfo) -> TaskInfo:
 
 
 def info_after_enqueue(m: TaskMessage, status: Enqueued) -> TaskInfo:
+    """A debounced enqueue that replaced the waiting task of its key (`debounced`) names
+    that task: not created, yet no duplicate."""
     return TaskInfo(id=status.existing_id or m.id, type=m.type, queue=m.queue,
                     state="scheduled" if m.delay > 0 else "pending", max_retry=m.max_retry,
-                    headers=m.headers, duplicate=not status.created, priority=m.priority,
-                    partition=m.partition, result_type=m.result_type)
+                    headers=m.headers, duplicate=not (status.created or status.debounced),
+                    priority=m.priority, partition=m.partition, debounced=status.debounced,
+                    result_type=m.result_type)
 
 
 def info_after_grouping(m: TaskMessage, status: Enqueued) -> TaskInfo:
@@ -280,7 +284,8 @@ class Placement:
                     else partition_names(m.queue, count))
             if len(names) > 1:
                 m.partition = choose(names, placement_key(
-                    m.id, m.ordering_key, m.unique_key, group and f"{m.type} {group}"))
+                    m.id, m.ordering_key, m.unique_key, group and f"{m.type} {group}",
+                    m.debounce_key and f"{m.type} {m.debounce_key}"))
             elif not names:
                 m.partition, m.queue = m.queue, queue_of(m.queue)
 

@@ -120,3 +120,9 @@ async def block(task: obsq.Task) -> None:
     if await begin(task) == 1:
         time.sleep(task.payload["seconds"])
     await recorder().rpush(key("finished"), task.id)
+
+
+@app.task("debounced")
+async def debounced(task: obsq.Task) -> None:
+    """Enqueued with a debounce_key (tests/engine/test_debounce.py); records its payload."""
+    await span(task, 0)

@@ -340,3 +340,26 @@ async def test_a_failed_send_says_its_error_type(namespace, private_redis, spans
     assert send.attributes["error.type"] == "obsq.errors.BrokerError"
     assert "BrokerError" not in send.status.description  # the message, not the type again
     await client.close()
+
+
+async def test_a_debounced_task_runs_in_the_trace_of_its_last_enqueue(app, redis_url, namespace,
+                                                                     spans, start_worker):
+    """Each enqueue of a burst has its send span; a replacing one names the waiting task,
+    and the task's process span is the child of the last send, whose headers it kept."""
+    queue = f"db-{namespace}"
+
+    @app.task("doc", queue=queue)
+    async def doc(task):
+        return None
+
+    client = instrument_client(obsq.Client(redis_url, namespace=namespace, app=app))
+    first, last = [await client.enqueue("doc", n, debounce_key="k", debounce=0.2)
+                   for n in range(2)]
+    opening, replacing = named(spans, f"send {queue}")
+    assert "obsq.task.debounced" not in opening.attributes
+    assert replacing.attributes["obsq.task.debounced"] == first.id == last.id
+    await start_worker(queues={queue: 1}, tracing=True)
+    await wait_until(lambda: named(spans, f"process {queue}"), what="the process span")
+    (process,) = named(spans, f"process {queue}")
+    assert process.parent.span_id == replacing.context.span_id
+    await client.close()

@@ -366,3 +366,9 @@ async def test_the_queue_page_lists_what_counts_as_pending_and_the_current_parti
         assert "2 partitions" in body and "earlier count, draining" in body
         assert all(name in body for name in (*now, earlier[0]))
         assert not any(name in body for name in earlier[1:])
+
+
+async def test_a_debounced_task_shows_its_key_while_it_waits(client, console) -> None:
+    info = await client.enqueue("index:doc", 1, debounce_key="doc-42", debounce=60)
+    page = (await console.get(f"/tasks/{info.id}")).text
+    assert "Debounce key" in page and "<code>doc-42</code>" in page and "scheduled" in page

@@ -6,7 +6,9 @@
 -- its id. A unique task is refused while its digest is held. A task whose ordering key has
 -- tasks already waits behind them. The delay is added to the server's clock here, so a
 -- producer's clock never decides a due time; so is a task's expiry ('exp', ms), written once:
--- a retry or a recovery never moves it.
+-- a retry or a recovery never moves it. A debounced task (`debounce`) whose key's task
+-- still waits replaces that task's payload and options and moves its due time instead of
+-- being written (replace_waiting).
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 -- Refused above the producers' share of maxmemory (`share`, see above_share), before the
 -- batch is written: the rest is for what the workers draining the queues write (their
@@ -26,6 +28,49 @@ if share < 1 then
 end
 local now = now_text()
 local ended = prefix .. @key_ended
+
+-- A debounce key's lock, `debounce:<type> <key>`, holds "<id> <ms>": its task, and when its
+-- burst of enqueues began. Whether the burst is open is its task's score in `scheduled`
+-- (after now), never the lock's life: the lock only names the task, and expires on Redis's
+-- own clock DEBOUNCE_KEEP_MS past the task's due time.
+local DEBOUNCE_KEEP_MS = 60000
+
+-- Item `i` is debounced by `lock` (`wait`, `most`: ms): while the lock's task waits in the
+-- scheduled set, not yet due, the item's payload, headers, options and priority replace
+-- that task's, and it becomes due `wait` after now, or `most` after its burst began if
+-- that is sooner. Returns the task's id, else nil: the window closed (the task is due,
+-- running or gone), and the item starts a burst.
+local function replace_waiting(lock, wait, most, i)
+  local held = redis.call('GET', lock)
+  local holder, began = string.match(held or '', '^(%S+) (%d+)$')
+  local due = holder and tonumber(redis.call('ZSCORE', KEYS[@k_scheduled], holder))
+  if not due or due <= tonumber(now) then
+    return nil
+  end
+  due = tonumber(now) + wait
+  if most > 0 then
+    due = math.min(due, tonumber(began) + most)
+  end
+  local key = task_key(holder)
+  local field = ARGV[i + @field]
+  local fields = {field, ARGV[i + @payload], 'due', int_text(due)}
+  local gone = {field == 'bin' and 'payload' or 'bin'}
+  for _, option in ipairs({{'headers', @headers}, {'opts', @options}, {'pri', @priority}}) do
+    local value = ARGV[i + option[2]]
+    if value == '' or (option[1] == 'pri' and value == '0') then
+      gone[#gone + 1] = option[1]
+    else
+      fields[#fields + 1] = option[1]
+      fields[#fields + 1] = value
+    end
+  end
+  redis.call('HDEL', key, unpack(gone))
+  redis.call('HSET', key, unpack(fields))
+  redis.call('ZADD', KEYS[@k_scheduled], int_text(due), holder)
+  redis.call('PEXPIRE', lock, int_text(due - tonumber(now) + DEBOUNCE_KEEP_MS))
+  return holder
+end
+
 local out = {}
 local pending = {}  -- of priority 0: pushed at once
 local woken = 0
@@ -45,6 +90,17 @@ for i = @items, #ARGV, @stride do
     local unique_ms = math.max(tonumber(ARGV[i + @unique_for]), 1)
     if not redis.call('SET', lock, id, 'NX', 'PX', unique_ms) then
       refused = 'unique:' .. (redis.call('GET', lock) or '')
+    end
+  end
+  local debounce = ARGV[i + @debounce]
+  local debounce_lock, debounce_key
+  if debounce ~= '' and not refused then
+    local wait, most
+    wait, most, debounce_key = string.match(debounce, '^(%d+) (%d+) (%S+)$')
+    debounce_lock = prefix .. @key_debounce .. ARGV[i + @type] .. ' ' .. debounce_key
+    local holder = replace_waiting(debounce_lock, tonumber(wait), tonumber(most), i)
+    if holder then
+      refused = 'debounced:' .. holder
     end
   end
   if refused then
@@ -75,6 +131,12 @@ for i = @items, #ARGV, @stride do
     if digest ~= '' then
       fields[#fields + 1] = 'uniq'
       fields[#fields + 1] = digest
+    end
+    if debounce_lock then
+      fields[#fields + 1] = 'dbk'
+      fields[#fields + 1] = debounce_key
+      redis.call('SET', debounce_lock, id .. ' ' .. now, 'PX',
+                 int_text(tonumber(ARGV[i + @delay]) + DEBOUNCE_KEEP_MS))
     end
     local priority = ARGV[i + @priority]
     if priority == '0' then
