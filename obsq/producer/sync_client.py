@@ -89,7 +89,9 @@ class SyncClient:
                 retention: float | timedelta | None = None,
                 headers: dict[str, str] | None = None, ordering_key: str | None = None,
                 group: str | None = None, priority: int | None = None,
-                expires: float | timedelta | datetime | None = None
+                expires: float | timedelta | datetime | None = None,
+                debounce_key: str | None = None, debounce: float | timedelta | None = None,
+                debounce_max: float | timedelta | None = None
                 ) -> TaskInfo[Any] | FlowInfo:
         """Client.enqueue, blocking."""
         if isinstance(task_type, (Chain, Chord)):
@@ -99,12 +101,14 @@ class SyncClient:
                 task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                 delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
                 retention=retention, headers=headers, ordering_key=ordering_key, group=group,
-                priority=priority, expires=expires))
+                priority=priority, expires=expires, debounce_key=debounce_key,
+                debounce=debounce, debounce_max=debounce_max))
         return unless_duplicate(self.enqueue_many([Job(
             task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout, delay=delay,
             eta=eta, unique_for=unique_for, task_id=task_id, retention=retention,
             headers=headers, ordering_key=ordering_key, priority=priority,
-            expires=expires)])[0])
+            expires=expires, debounce_key=debounce_key, debounce=debounce,
+            debounce_max=debounce_max)])[0])
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         app_hooks, hooks = self._client.producer_hooks
