@@ -314,6 +314,7 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
                        payload=payload, headers=headers, max_retry=max_retry, timeout=timeout,
                        retention=retention, delay=delay, unique_key=unique_key,
                        unique_for=unique_for, ordering_key=ordering_key, priority=priority,
+                       binary=binary, id_chosen=job.task_id is not None,
                        origins=list(job.origins), expires=expires_in,
                        debounce_key=debounced[0], debounce=debounced[1],
                        debounce_max=debounced[2] or 0.0,
