@@ -14,7 +14,7 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -109,6 +109,8 @@ class Route:
     rate: float | None = None  # starts per second across all workers
     max_payload: int | None = None  # bytes of its encoded payload (None: the App's limit)
     priority: int | None = None  # its tasks' priority in their queue (None: 0)
+    # its tasks' fairness key, from the payload given to enqueue (None: no key)
+    fairness_key: Callable[[Any], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,8 @@ class App:
         self.stuck_hooks: Hooks[[int]] = Hooks("stuck-slots hook")
         self.flow_hooks: Hooks[[str]] = Hooks("flow hook")
         self.partitions: dict[str, int] = {}  # queue -> partitions, of app.queue
+        # queue -> {fairness key: tasks it takes per turn}, of app.fairness_weights
+        self.weights_by_queue: dict[str, dict[str, int]] = {}
 
     def queue(self, name: str, *, partitions: int = 1) -> None:
         """Declare a queue stored as `partitions` partitions (obsq/names.py): on a
@@ -168,18 +172,35 @@ class App:
         workers write the count to Redis, where producers without this App read it."""
         self.partitions[validate_name("queue", name)] = check_partitions(partitions)
 
+    def fairness_weights(self, queue: str, weights: Mapping[str, int]) -> None:
+        """In `queue`, each fairness key named takes that many tasks per turn (1 for the
+        keys not named; the tasks without a key as the key ""): the shares of a drain that
+        every key keeps busy. Its workers apply them (this App's)."""
+        for key, weight in weights.items():
+            if not isinstance(key, str) or isinstance(weight, bool) or \
+                    not isinstance(weight, int) or not 1 <= weight <= 1000:
+                raise ValueError(f"a fairness weight is a whole number from 1 to 1000 for a "
+                                 f"key, got {key!r}: {weight!r}")
+        self.weights_by_queue[validate_name("queue", queue)] = dict(weights)
+
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
              timeout: float | None = None, retry_delay: RetryDelay = None,
              concurrency: int | None = None, rate_limit: str | None = None,
-             max_payload: int | None = None, priority: int | None = None
+             max_payload: int | None = None, priority: int | None = None,
+             fairness_key: Callable[[Any], str] | None = None
              ) -> Callable[[Handler], Handler]:
         """Register a handler for a task type, a prefix ending in ':' or '.', or '*'.
         `concurrency`: at most this many of its attempts run at once, across all workers;
         `rate_limit` ('100/s', '30/m', '5/h'): its starts across all workers stay within it.
         Both are kept per queue, in the queue's Redis keys. `max_payload`: the largest
         encoded payload of its tasks, in bytes, instead of the App's. `priority` (0-9,
-        higher first): its tasks' default priority within their queue."""
+        higher first): its tasks' default priority within their queue. `fairness_key`: a
+        cheap function of the payload given to enqueue that names its task's fairness key
+        when the enqueue names none (the tasks of different keys start in turn)."""
         validate_name("task type", pattern)
+        if fairness_key is not None and not callable(fairness_key):
+            raise TypeError(f"fairness_key must be a function of the payload, got "
+                            f"{fairness_key!r}")
         if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
         rate = parse_rate(rate_limit) if rate_limit is not None else None
@@ -201,7 +222,7 @@ class App:
                 raise ValueError(f"a handler for {pattern!r} is already registered")
             self._routes.add(pattern, Route(
                 pattern, handler, inspect.iscoroutinefunction(handler), queue, max_retry,
-                timeout, retry_delay, concurrency, rate, max_payload, priority))
+                timeout, retry_delay, concurrency, rate, max_payload, priority, fairness_key))
             return handler
 
         return register

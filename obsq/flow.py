@@ -189,7 +189,8 @@ def encode_message(m: TaskMessage) -> bytes:
         "binary": m.binary, "headers": m.headers, "max_retry": m.max_retry,
         "timeout": m.timeout, "retention": m.retention, "delay": m.delay,
         "unique_key": m.unique_key, "unique_for": m.unique_for,
-        "ordering_key": m.ordering_key, "priority": m.priority, "partition": m.partition})
+        "ordering_key": m.ordering_key, "priority": m.priority, "partition": m.partition,
+        "fairness_key": m.fairness_key})
 
 
 def decode_message(raw: bytes) -> TaskMessage:
@@ -203,7 +204,8 @@ def decode_message(raw: bytes) -> TaskMessage:
         id=d["id"], type=d["type"], queue=d["queue"], payload=payload, headers=d["headers"],
         max_retry=d["max_retry"], timeout=d["timeout"], retention=d["retention"],
         delay=d["delay"], unique_key=d["unique_key"], unique_for=d["unique_for"],
-        ordering_key=d["ordering_key"], priority=d.get("priority", 0), binary=d["binary"],
+        ordering_key=d["ordering_key"], priority=d.get("priority", 0),
+        fairness_key=d.get("fairness_key", ""), binary=d["binary"],
         id_chosen=True, partition=d.get("partition", ""))
 
 

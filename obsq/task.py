@@ -82,6 +82,8 @@ class Job:
     headers: dict[str, str] = field(default_factory=dict)
     ordering_key: str | None = None  # tasks sharing it run one at a time, in enqueue order
     priority: int | None = None  # 0 to 9, higher first within its queue (None: the route's)
+    # the tasks of different keys start in turn within their queue (None: the route's)
+    fairness_key: str | None = None
     # the headers of the tasks this one is made of (an aggregation): its trace links to theirs
     origins: list[dict[str, str]] = field(default_factory=list)
 
@@ -103,6 +105,7 @@ class TaskMessage:
     unique_for: float
     ordering_key: str = ""
     priority: int = 0
+    fairness_key: str = ""  # "" when none: the tasks without a key take their turn as one key
     binary: bool = False  # the payload was given as bytes and stays bytes
     id_chosen: bool = False  # the producer named the id: Redis must check that it is free
     origins: list[dict[str, str]] = field(default_factory=list)  # Job.origins; not stored
@@ -122,8 +125,8 @@ class TaskMessage:
 
 def build_message(job: Job, *, queue: str | None = None, max_retry: int | None = None,
                   timeout: float | None = None, now: float | None = None,
-                  max_payload: int = MAX_PAYLOAD_BYTES, priority: int | None = None
-                  ) -> TaskMessage:
+                  max_payload: int = MAX_PAYLOAD_BYTES, priority: int | None = None,
+                  fairness_key: str | None = None) -> TaskMessage:
     """Check every option and encode the payload before anything is written to Redis;
     a payload over `max_payload` bytes (encoded) or headers over MAX_HEADERS_BYTES raise
     TaskTooLarge."""
@@ -168,6 +171,8 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
     ordering_key = ""
     if job.ordering_key is not None:
         ordering_key = validate_name("ordering_key", job.ordering_key)
+    fairness_key = job.fairness_key if job.fairness_key is not None else fairness_key
+    fairness_key = "" if not fairness_key else validate_name("fairness_key", fairness_key)
     unique_key = ""
     if unique_for:
         # bytes are told apart from the JSON that happens to have the same text; JSON is
@@ -179,7 +184,7 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
                        payload=payload, headers=headers, max_retry=max_retry, timeout=timeout,
                        retention=retention, delay=delay, unique_key=unique_key,
                        unique_for=unique_for, ordering_key=ordering_key, priority=priority,
-                       binary=binary,
+                       fairness_key=fairness_key, binary=binary,
                        id_chosen=job.task_id is not None, origins=list(job.origins))
 
 

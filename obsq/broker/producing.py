@@ -157,7 +157,8 @@ def enqueue_args(messages: Sequence[TaskMessage], memory_share: float) -> list[A
     return argv("enqueue", [(m.id, "1" if m.id_chosen else "", m.type, m.payload,
                              "bin" if m.binary else "payload", m.encoded_headers(),
                              m.encoded_options(), int(m.delay * 1000), m.unique_key,
-                             int(m.unique_for * 1000), m.ordering_key, m.priority or "")
+                             int(m.unique_for * 1000), m.ordering_key, m.priority or "",
+                             m.fairness_key)
                             for m in messages],
                 share=memory_share)
 

@@ -235,7 +235,10 @@ LAYOUTS: dict[str, Layout] = {
                       # '' or a rank (ms) no task taken may rank after: the best task
                       # another partition of the queue holds, so that the queue's
                       # priorities hold across its partitions
-                      "floor"),
+                      "floor "
+                      # '' or JSON {fairness key: weight}: how many tasks a key takes per
+                      # turn when it is not 1
+                      "weights"),
     "doctor": modes("step", list="offset count state field value",
                     zset="offset count state field value",
                     held="offset count state field value", lease="offset count grace",
@@ -253,7 +256,8 @@ LAYOUTS: dict[str, Layout] = {
                       "delay "
                       "unique "  # the unique digest, or '' when not unique
                       "unique_for ordering "
-                      "priority)"),  # '' or '0' for 0, else '1' to '9'
+                      "priority "  # '' or '0' for 0, else '1' to '9'
+                      "fairness)"),  # the fairness key, '' for none
     "extend": Layout("lease worker *(id fence)"),
     "fail": Layout("worker id fence error traceback type slot ordering share"),
     "flow_cancel": Layout(),

@@ -147,13 +147,15 @@ class Client:
                       retention: float | timedelta | None = None,
                       headers: dict[str, str] | None = None,
                       ordering_key: str | None = None, group: str | None = None,
-                      priority: int | None = None) -> Any:
+                      priority: int | None = None, fairness_key: str | None = None) -> Any:
         """Enqueue one task. Raises DuplicateTask when its id, or its type and payload
         within `unique_for` seconds, is taken; ValueError/TypeError for bad options,
         UnknownTaskType (a ValueError) for a type the Client's App has no handler for.
         Tasks sharing an `ordering_key` run one at a time, in the order they were enqueued,
         across all workers (each queue keeps its own order). `priority` (0 to 9,
-        default 0 or the route's): higher runs first within its queue. A task given a
+        default 0 or the route's): higher runs first within its queue. Tasks of different
+        `fairness_key`s (default none, or the route's) start in turn within their queue, so
+        one key's backlog delays another key's task by one turn at most. A task given a
         `group` waits in it (state `aggregating`) for the aggregator of its type
         (app.aggregate), and takes no option but queue, task_id and headers. The enqueues
         of concurrent callers share round trips. A flow (obsq.chain, obsq.chord): FlowInfo."""
@@ -163,13 +165,13 @@ class Client:
             check_grouped(group, {"max_retry": max_retry, "timeout": timeout, "delay": delay,
                                   "eta": eta, "unique_for": unique_for,
                                   "retention": retention, "ordering_key": ordering_key,
-                                  "priority": priority})
+                                  "priority": priority, "fairness_key": fairness_key})
             return await self._enqueue_grouped(group, Job(
                 task_type, payload, queue=queue, task_id=task_id, headers=dict(headers or {})))
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                   delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
                   retention=retention, headers=dict(headers or {}), ordering_key=ordering_key,
-                  priority=priority)
+                  priority=priority, fairness_key=fairness_key)
         # enqueue_many's work without its frame: one coroutine less on every enqueue
         return unless_duplicate((await self.deadlines.run("enqueue", self._write([job])))[0])
 

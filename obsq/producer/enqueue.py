@@ -75,9 +75,13 @@ class EnqueueStep:
             route = app.route(job.type)
             if route is None:
                 return build_message(job, now=now, max_payload=app.max_payload)
+            fairness_key = None
+            if route.fairness_key is not None and job.fairness_key is None:
+                fairness_key = route.fairness_key(job.payload)
             return build_message(job, queue=route.queue, max_retry=route.max_retry,
                                  timeout=route.timeout, now=now, priority=route.priority,
-                                 max_payload=app.max_payload_of(route))
+                                 max_payload=app.max_payload_of(route),
+                                 fairness_key=fairness_key)
         except (ValueError, TypeError) as exc:
             if app is not None:
                 app.refusal_hooks(job, exc)

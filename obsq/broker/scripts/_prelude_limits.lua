@@ -65,7 +65,7 @@ end
 -- why, when its key holds no hash: it is set aside (task_aside).
 local function let_out(id, place)
   local key = task_key(id)
-  local f = redis.pcall('HMGET', key, 'state', 'pri', 'due', 'hc')
+  local f = redis.pcall('HMGET', key, 'state', 'pri', 'due', 'hc', 'fk')
   if f.err then
     redis.call('DECR', prefix .. @key_waiting)
     return false, task_aside(id, @key_held, now_ms())
@@ -83,6 +83,10 @@ local function let_out(id, place)
   redis.call('HDEL', key, 'held')
   place = tonumber(place or f[4]) or 0
   local pending = prefix .. @key_pending
+  if f[5] then  -- under its fairness key, ordered by its due time
+    push_pending(pending, id, false, f[2] or false, f[5])
+    return true
+  end
   local list = level_list(pending, f[2])
   local head = redis.call('LINDEX', list, -1)
   if head then

@@ -28,13 +28,13 @@ if ARGV[@mode] == 'id' then
   if redis.call('HEXISTS', KEYS[@k_active], id) == 1 then
     return 'running'
   end
-  local f = redis.call('HMGET', task_key(id), 'state', 'pri')
+  local f = redis.call('HMGET', task_key(id), 'state', 'pri', 'fk')
   local state = f[1]
   if not state then
     return ''
   end
   if state == 'pending' then
-    redis.call('LREM', level_list(KEYS[@k_pending], f[2]), -1, id)
+    drop_pending(KEYS[@k_pending], id, f[2], f[3])
   elseif state == 'aggregating' then
     leave_group(id)
   end

@@ -97,11 +97,75 @@ end
 
 local levels = redis.call('SMEMBERS', prefix .. @key_levels)
 local floor = tonumber(ARGV[@floor])
+
+-- Up to `n` tasks of the plain pending lists (false: none), and the rank of the best left;
+-- `n` may be ARGV's text, which RPOP takes as it is.
+local function plain(n)
+  if #levels == 0 and not floor then
+    return redis.call('RPOP', KEYS[@k_pending], n), nil
+  end
+  return by_rank(levels, tonumber(n), floor)
+end
+
+-- With tasks waiting under fairness keys (_prelude.lua: push_fair): the keys of the ring
+-- take turns, each giving its best task (or as many as its weight), '' standing for the
+-- plain lists, so one key's backlog delays another key's task by one turn at most. Up to
+-- `n` ids and the rank of the best plain task left. A key left with no task leaves the
+-- ring, and the ring goes when only '' is left: the plain lists alone again.
+local ring = prefix .. @key_fair_ring
+local function by_turns(n, weights)
+  local ids, left, idle = {}, nil, 0
+  local function add(got)
+    for _, id in ipairs(got or {}) do
+      ids[#ids + 1] = id
+    end
+    idle = (got and #got > 0) and 0 or idle + 1
+  end
+  while #ids < n and idle < 2 do  -- two empty turns in a row: '' and a key emptied by hand
+    local key = redis.call('LMOVE', ring, ring, 'RIGHT', 'LEFT')
+    if not key then
+      break
+    end
+    local take = math.min(weights and tonumber(weights[key]) or 1, n - #ids)
+    if key == '' then
+      local got
+      got, left = plain(take)
+      add(got)
+    else
+      local set = prefix .. @key_fair .. key
+      local popped = redis.call('ZPOPMIN', set, take)
+      local got = {}
+      for i = 1, #popped, 2 do
+        got[#got + 1] = popped[i]
+      end
+      if #got > 0 then
+        redis.call('DECRBY', prefix .. @key_fair_count, #got)
+      end
+      if redis.call('EXISTS', set) == 0 then
+        redis.call('LPOP', ring)  -- the key LMOVE just put at the left
+      end
+      add(got)
+    end
+    local size = redis.call('LLEN', ring)
+    if size == 0 or (size == 1 and redis.call('LINDEX', ring, 0) == '') then
+      redis.call('DEL', ring)
+      if #ids < n then
+        local got
+        got, left = plain(n - #ids)
+        add(got)
+      end
+      break
+    end
+  end
+  return #ids > 0 and ids, left
+end
+
 local ids, left
-if #levels == 0 and not floor then
-  ids = redis.call('RPOP', KEYS[@k_pending], ARGV[@count])
+if redis.call('EXISTS', ring) == 1 then
+  ids, left = by_turns(tonumber(ARGV[@count]),
+                       ARGV[@weights] ~= '' and cjson.decode(ARGV[@weights]) or nil)
 else
-  ids, left = by_rank(levels, tonumber(ARGV[@count]), floor)
+  ids, left = plain(ARGV[@count])
 end
 if not ids and left then  -- none ranks before the floor: the tasks wait for their turn
   return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = int_text(left),
@@ -173,7 +237,7 @@ local leases, owners, tasks, held = {}, {}, {}, {}
 local dropped, suspects, returned = 0, 0, 0
 for _, id in ipairs(ids) do
   local f = redis.pcall('HMGET', task_key(id), 'type', 'payload', 'headers', 'opts', 'retried',
-                        'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin', 'sus', 'pri')
+                        'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin', 'sus', 'pri', 'fk')
   local why, slot = nil, ''
   if f.err then  -- its key holds no hash
     why = task_aside(id, @key_pending, now)
@@ -185,7 +249,7 @@ for _, id in ipairs(ids) do
     -- one suspect per fetch: its worker runs it alone, so the others go back to the head of
     -- the queue for other workers instead of waiting their turn in this one
     why = 'returned'
-    push_pending(KEYS[@k_pending], id, true, f[14])
+    push_pending(KEYS[@k_pending], id, true, f[14] or false, f[15])
     returned = returned + 1
   elseif limits then
     why, slot = limited(id, f)
@@ -228,7 +292,8 @@ for _, id in ipairs(ids) do
 end
 call_sliced('ZADD', KEYS[@k_lease], leases)
 call_sliced('HSET', KEYS[@k_active], owners)
-if not left and redis.call('LLEN', KEYS[@k_pending]) == 0 then
+if not left and redis.call('LLEN', KEYS[@k_pending]) == 0 and
+    redis.call('EXISTS', ring) == 0 then
   redis.call('DEL', KEYS[@k_wake])
 end
 if returned > 0 then
@@ -248,6 +313,9 @@ if ARGV[@ahead] == '1' then
     if id then
       out[@r_ahead] = int_text(tonumber(redis.pcall('HGET', task_key(id), 'due')) or now)
     end
+  end
+  if out[@r_ahead] == '' and redis.call('EXISTS', ring) == 1 then
+    out[@r_ahead] = int_text(now)  -- keyed tasks wait: ranked as due now
   end
 end
 for _, v in ipairs(tasks) do

@@ -1,5 +1,6 @@
 -- Depth of every state, age of the oldest pending task and the pause flag of one queue.
--- Pending counts the tasks a route limit holds back or that wait for their ordering key;
+-- Pending counts the tasks a route limit holds back or that wait for their ordering key,
+-- and those waiting under a fairness key (their age is not read);
 -- aggregating, the grouped tasks no batch has taken yet (group.lua).
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 local now = now_ms()
@@ -14,7 +15,8 @@ for _, list in ipairs(lists) do  -- pending, and the lists of its other prioriti
   end
   pending = pending + redis.call('LLEN', list)
 end
-local waiting = tonumber(redis.call('GET', prefix .. @key_waiting)) or 0
+local waiting = (tonumber(redis.call('GET', prefix .. @key_waiting)) or 0) +
+                (tonumber(redis.call('GET', prefix .. @key_fair_count)) or 0)
 return {[@r_pending] = pending + waiting, [@r_active] = redis.call('ZCARD', KEYS[@k_lease]),
         [@r_scheduled] = redis.call('ZCARD', KEYS[@k_scheduled]),
         [@r_retry] = redis.call('ZCARD', KEYS[@k_retry]), [@r_dead] = redis.call('ZCARD', KEYS[@k_dead]),
