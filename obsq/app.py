@@ -111,6 +111,8 @@ class Route:
     priority: int | None = None  # its tasks' priority in their queue (None: 0)
     # its tasks' fairness key, from the payload given to enqueue (None: no key)
     fairness_key: Callable[[Any], str] | None = None
+    key_concurrency: int | None = None  # attempts of one fairness key at once, all workers
+    key_rate: float | None = None  # starts per second of one fairness key, all workers
 
 
 @dataclass(frozen=True)
@@ -187,7 +189,8 @@ class App:
              timeout: float | None = None, retry_delay: RetryDelay = None,
              concurrency: int | None = None, rate_limit: str | None = None,
              max_payload: int | None = None, priority: int | None = None,
-             fairness_key: Callable[[Any], str] | None = None
+             fairness_key: Callable[[Any], str] | None = None,
+             key_concurrency: int | None = None, key_rate_limit: str | None = None
              ) -> Callable[[Handler], Handler]:
         """Register a handler for a task type, a prefix ending in ':' or '.', or '*'.
         `concurrency`: at most this many of its attempts run at once, across all workers;
@@ -196,14 +199,19 @@ class App:
         encoded payload of its tasks, in bytes, instead of the App's. `priority` (0-9,
         higher first): its tasks' default priority within their queue. `fairness_key`: a
         cheap function of the payload given to enqueue that names its task's fairness key
-        when the enqueue names none (the tasks of different keys start in turn)."""
+        when the enqueue names none (the tasks of different keys start in turn).
+        `key_concurrency` and `key_rate_limit` hold as `concurrency` and `rate_limit` do, for
+        the tasks of each fairness key apart (tasks without a key are not counted)."""
         validate_name("task type", pattern)
         if fairness_key is not None and not callable(fairness_key):
             raise TypeError(f"fairness_key must be a function of the payload, got "
                             f"{fairness_key!r}")
-        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
-            raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
+        for name, limit in (("concurrency", concurrency), ("key_concurrency", key_concurrency)):
+            if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                                      or limit < 1):
+                raise ValueError(f"{name} must be a positive integer, got {limit!r}")
         rate = parse_rate(rate_limit) if rate_limit is not None else None
+        key_rate = parse_rate(key_rate_limit) if key_rate_limit is not None else None
         if max_payload is not None:
             _byte_limit(max_payload)
         if priority is not None:
@@ -222,7 +230,8 @@ class App:
                 raise ValueError(f"a handler for {pattern!r} is already registered")
             self._routes.add(pattern, Route(
                 pattern, handler, inspect.iscoroutinefunction(handler), queue, max_retry,
-                timeout, retry_delay, concurrency, rate, max_payload, priority, fairness_key))
+                timeout, retry_delay, concurrency, rate, max_payload, priority, fairness_key,
+                key_concurrency, key_rate))
             return handler
 
         return register

@@ -223,10 +223,11 @@ LAYOUTS: dict[str, Layout] = {
                             "max_age error type slot ordering"),
     "delete": modes("mode", id="id", other="batch"),  # other: the state to purge
     "dequeue": Layout("lease count worker "
-                      # '' or JSON {"g": [[route, concurrency, interval_ms, tolerance_ms],
-                      # ...], "l": [[pattern, room], ...]}: the App's routes with a limit
-                      # across workers (0: none), and this worker's own route limits with
-                      # the room left under each
+                      # '' or JSON {"g": [[route, concurrency, interval_ms, tolerance_ms,
+                      # key_concurrency, key_interval_ms, key_tolerance_ms], ...], "l":
+                      # [[pattern, room], ...]}: the App's routes with a limit across
+                      # workers (0: none; the key_ ones hold for each fairness key apart),
+                      # and this worker's own route limits with the room left under each
                       "limits "
                       "aging "  # ms: a task pending this long ranks one priority higher
                       # '1' to be told the rank of the best task left (a partition's

@@ -16,6 +16,7 @@ from obsq.clock import ManualClock
 from obsq.ops.doctor import Doctor
 
 from .helpers import decoded, live_worker_pids, record_key
+from .test_limits import most_at_once, spans
 
 
 async def _fetch(broker: Broker, count: int = 100) -> list[str]:
@@ -168,6 +169,49 @@ async def _registered(broker: Broker, worker) -> bool:
 
 def _list(raw_redis, namespace: str, name: str) -> list[str]:
     return decoded(raw_redis.lrange(record_key(namespace, name), 0, -1))
+
+
+async def test_key_concurrency_holds_per_key_across_two_workers(
+        client, broker, raw_redis, namespace, spawn_worker) -> None:
+    workers = [spawn_worker(concurrency=4) for _ in range(2)]
+    await wait_until(lambda: _all_registered(broker, workers), timeout=30)
+    await client.enqueue_many([obsq.Job("keyed", {"key": key, "seconds": 0.05},
+                                        fairness_key=key)  # a Client without the App
+                               for _ in range(10) for key in "AB"])
+    await wait_until(lambda: raw_redis.llen(record_key(namespace, "span")) == 20, timeout=60,
+                     what="20 keyed tasks done")
+    done = spans(raw_redis, namespace)
+    for key in "AB":
+        assert most_at_once([(s, e) for s, e, _, p in done if p["key"] == key]) == 1
+    assert most_at_once([(s, e) for s, e, _, _ in done]) == 2  # the keys side by side
+    k = QueueKeys(namespace, "default")
+    await wait_until(lambda: not [*raw_redis.scan_iter(match=f"{k.prefix}running:*")],
+                     what="every slot given back")
+    assert not raw_redis.smembers(k.prefix + "holds")
+    assert int(raw_redis.get(k.prefix + "waiting") or 0) == 0
+    assert (await Doctor(broker).diagnose()).clean
+
+
+async def test_a_key_rate_limit_paces_each_key_apart(app, start_env) -> None:
+    started: list[tuple[str, float]] = []
+
+    @app.task("paced", key_rate_limit="6/m")  # per key: one start per 10 s, two at once
+    async def paced(task: obsq.Task):
+        started.append((task.payload, env.clock.time() - start))
+
+    env = await start_env()
+    start = env.clock.time()
+    await env.client.enqueue_many([obsq.Job("paced", key, fairness_key=key)
+                                   for _ in range(3) for key in "AB"])
+    await env.drain()
+    assert sorted(started) == [("A", 0), ("A", 0), ("B", 0), ("B", 0)]
+    await env.advance(30)
+    assert sorted(started) == [("A", 0), ("A", 0), ("A", 20), ("B", 0), ("B", 0), ("B", 20)]
+
+
+async def _all_registered(broker: Broker, workers) -> bool:
+    live = await live_worker_pids(broker)
+    return all(w.pid in live for w in workers)
 
 
 async def test_doctor_finds_nothing_amiss_with_waiting_keys(stepped) -> None:

@@ -192,43 +192,70 @@ local function best(entries, task_type)
   return found
 end
 
+-- Whether a start of a route's (or one of its fairness key's) tasks now keeps within its
+-- rate: each start takes `interval` ms from a clock kept in `rate:<slot>` that may run ahead
+-- of now by `tolerance` ms; a start beyond that is reserved for later: the time, else nil.
+local function reserved_start(slot, interval, tolerance)
+  local rate_key = prefix .. @key_rate .. slot
+  local free = math.max(tonumber(redis.call('GET', rate_key)) or now, now)
+  redis.call('SET', rate_key, free + interval, 'PX', math.ceil(free + interval - now) + 60000)
+  if free - now > tolerance then
+    return free
+  end
+end
+
 -- Why task `id` (`f`: its hash's fields, as read below) may not start now ('concurrency'
 -- or 'rate'), after setting it aside; else nil, and the route slot it takes ('' for none).
+-- A route with limits per fairness key (route[5]: concurrency, route[6], route[7]: rate
+-- interval and tolerance) counts a keyed task also in its key's slot, "<route>\n<key>"
+-- (no name holds a newline): its slot is then that one (release_limits).
 local function limited(id, f)
   local task_type, reserved = f[1], tonumber(f[10])
   local mine, route = best(limits.l, task_type), best(limits.g, task_type)
+  local key_slot = route and f[15] and ((route[5] or 0) > 0 or (route[6] or 0) > 0) and
+      route[1] .. '\n' .. f[15]
   local held_for = mine and mine[2] <= 0 and mine[1]
   if not held_for and route and route[2] > 0 and
       redis.call('SCARD', prefix .. @key_running .. route[1]) >= route[2] then
     held_for = route[1]
+  end
+  if not held_for and key_slot and route[5] > 0 and
+      redis.call('SCARD', prefix .. @key_running .. key_slot) >= route[5] then
+    held_for = key_slot
   end
   if held_for then
     local p = f[14] and string.match(f[14], '^[1-9]$')  -- as level_list reads it
     hold_back(id, held_for, rank(f[6], tonumber(p) or 0), f[11])
     return 'concurrency'
   end
-  if route and route[3] > 0 and not (reserved and reserved <= now) then
-    -- the route's rate as a cell rate: each start takes `interval` from a clock that may
-    -- run ahead of now by `tolerance`; a start beyond that is reserved for later
-    local rate_key = prefix .. @key_rate .. route[1]
-    local free = math.max(tonumber(redis.call('GET', rate_key)) or now, now)
-    redis.call('SET', rate_key, free + route[3], 'PX',
-               math.ceil(free + route[3] - now) + 60000)
-    if free - now > route[4] then
-      redis.call('HSET', task_key(id), 'state', 'scheduled', 'rsv', free)
-      redis.call('ZADD', prefix .. @key_scheduled, free, id)
+  if not (reserved and reserved <= now) then
+    -- the key's rate first: a start it reserves for later takes nothing of the route's
+    local later = key_slot and route[6] > 0 and reserved_start(key_slot, route[6], route[7])
+    if not later and route and route[3] > 0 then
+      later = reserved_start(route[1], route[3], route[4])
+    end
+    if later then
+      redis.call('HSET', task_key(id), 'state', 'scheduled', 'rsv', later)
+      redis.call('ZADD', prefix .. @key_scheduled, later, id)
       return 'rate'
     end
   end
   if mine then
     mine[2] = mine[2] - 1
   end
+  local slot = ''
   if route and route[2] > 0 then
     redis.call('SADD', prefix .. @key_running .. route[1], id)
-    redis.call('HSET', task_key(id), 'slot', route[1])
-    return nil, route[1]
+    slot = route[1]
   end
-  return nil, ''
+  if key_slot and route[5] > 0 then
+    redis.call('SADD', prefix .. @key_running .. key_slot, id)
+    slot = key_slot
+  end
+  if slot ~= '' then
+    redis.call('HSET', task_key(id), 'slot', slot)
+  end
+  return nil, slot
 end
 
 local fence = redis.call('INCRBY', KEYS[@k_fence], #ids) - #ids
