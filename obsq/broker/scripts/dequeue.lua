@@ -114,7 +114,7 @@ end
 -- ring, and the ring goes when only '' is left: the plain lists alone again.
 local ring = prefix .. @key_fair_ring
 local function by_turns(n, weights)
-  local ids, left, idle = {}, nil, 0
+  local ids, left, idle, keyed = {}, nil, 0, 0
   local function add(got)
     for _, id in ipairs(got or {}) do
       ids[#ids + 1] = id
@@ -127,6 +127,7 @@ local function by_turns(n, weights)
       break
     end
     local take = math.min(weights and tonumber(weights[key]) or 1, n - #ids)
+    local shrunk = false
     if key == '' then
       local got
       got, left = plain(take)
@@ -138,24 +139,28 @@ local function by_turns(n, weights)
       for i = 1, #popped, 2 do
         got[#got + 1] = popped[i]
       end
-      if #got > 0 then
-        redis.call('DECRBY', prefix .. @key_fair_count, #got)
-      end
-      if redis.call('EXISTS', set) == 0 then
+      keyed = keyed + #got
+      if #got < take or redis.call('EXISTS', set) == 0 then
         redis.call('LPOP', ring)  -- the key LMOVE just put at the left
+        shrunk = true
       end
       add(got)
     end
-    local size = redis.call('LLEN', ring)
-    if size == 0 or (size == 1 and redis.call('LINDEX', ring, 0) == '') then
-      redis.call('DEL', ring)
-      if #ids < n then
-        local got
-        got, left = plain(n - #ids)
-        add(got)
+    if shrunk or idle > 0 then
+      local size = redis.call('LLEN', ring)
+      if size == 0 or (size == 1 and redis.call('LINDEX', ring, 0) == '') then
+        redis.call('DEL', ring)
+        if #ids < n then
+          local got
+          got, left = plain(n - #ids)
+          add(got)
+        end
+        break
       end
-      break
     end
+  end
+  if keyed > 0 then
+    redis.call('DECRBY', prefix .. @key_fair_count, keyed)
   end
   return #ids > 0 and ids, left
 end
