@@ -61,10 +61,12 @@ KEY_NAMES = {
     "ordering_waiting": "ordwait",  # zset id -> when it began waiting behind its key (ms)
     # fairness keys (_prelude.lua: push_fair): the pending tasks of a key, zset id -> their
     # order within it (priority first, then their place); the ring of the keys with waiting
-    # tasks, plus '' for the plain pending lists while any key waits; the count of the
-    # keyed tasks waiting (they count as pending); the counter their places are drawn from
+    # tasks, plus '' for the plain pending lists while any key waits; the zset of those keys
+    # -> their waiting tasks; the count of the keyed tasks waiting (they count as pending);
+    # the counter their places are drawn from
     "fair": "fair:",
     "fair_ring": "fairring",
+    "fair_waiting": "fairkeys",
     "fair_count": "fairn",
     "fair_places": "fairseq",
     # task groups (group.lua, claim_batches.lua, end_batch.lua describe the rest)
@@ -119,6 +121,7 @@ class QueueKeys:
         "ended",
         "fair_count",
         "fair_ring",
+        "fair_waiting",
         "fence",
         "group_types",
         "grouped",
@@ -162,6 +165,7 @@ class QueueKeys:
         self.junk = prefix + KEY_NAMES["junk"]
         self.fair_ring = prefix + KEY_NAMES["fair_ring"]
         self.fair_count = prefix + KEY_NAMES["fair_count"]
+        self.fair_waiting = prefix + KEY_NAMES["fair_waiting"]
 
     def pending_of(self, priority: int) -> str:
         """The list of the pending tasks of a priority."""

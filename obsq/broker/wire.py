@@ -313,7 +313,7 @@ LAYOUTS: dict[str, Layout] = {
                        "definition "  # JSON
                        "from_app"),
     "schedules": Layout("limit"),
-    "stats": Layout(),
+    "stats": Layout("top"),  # how many of the fairness keys with most waiting to name
     "subscribe": Layout("ttl *(event entry)"),  # entry: "<subscriber> <queue>"
     "subscribers": Layout("event"),
     "tally": Layout("ttl *(outcome count)"),
@@ -489,7 +489,10 @@ REPLIES: dict[str, Reply] = {
                                   "claim", "fires", "missed")),
     "stats": Reply((*TASK_STATES,
                     "oldest_due",  # of the pending tasks; -1: none
-                    "paused", "now", "aggregating")),
+                    "paused", "now", "aggregating",
+                    "fair_keys",  # the fairness keys with waiting tasks
+                    "fair_top"),  # the `top` of them with most, most first
+                   rows={"fair_top": ("key", "waiting")}),
     "watch": Reply(("state", "result", "error")),
 }
 

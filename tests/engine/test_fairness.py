@@ -4,8 +4,11 @@ tasks per turn, and a keyed task keeps its key through every way back to pending
 
 from __future__ import annotations
 
+import asyncio
+import re
 import signal
 
+import httpx
 import orjson
 import pytest
 from support import depth, wait_until
@@ -13,7 +16,10 @@ from support import depth, wait_until
 import obsq
 from obsq.broker import Attempt, Broker, QueueKeys
 from obsq.clock import ManualClock
+from obsq.inspection.inspector import Inspector
+from obsq.observability.collector import QueueCollector
 from obsq.ops.doctor import Doctor
+from obsq.ops.ui import create_app
 
 from .helpers import decoded, live_worker_pids, record_key
 from .test_limits import most_at_once, spans
@@ -212,6 +218,37 @@ async def test_a_key_rate_limit_paces_each_key_apart(app, start_env) -> None:
 async def _all_registered(broker: Broker, workers) -> bool:
     live = await live_worker_pids(broker)
     return all(w.pid in live for w in workers)
+
+
+async def test_the_tools_and_the_metrics_show_the_keys_with_most_waiting(
+        client, broker, redis_url, namespace, obsq_cli) -> None:
+    await client.enqueue_many([obsq.Job("t", n, fairness_key=f"tenant-{k}")
+                               for k in range(15) for n in range(k + 1)])
+    await client.enqueue("t", "plain")
+    top = [(f"tenant-{k}", k + 1) for k in range(14, 4, -1)]  # the ten with most
+    inspector = Inspector(redis_url, namespace)
+    try:
+        q = await inspector.queue("default")
+        assert (q.keys_waiting, q.top_keys) == (15, top)
+        assert q.depth["pending"] == sum(range(1, 16)) + 1
+        console = create_app(inspector)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=console),
+                                     base_url="http://console.test") as http:
+            page = (await http.get("/queues/default")).text
+        assert "15 with waiting tasks" in page
+        assert re.findall(r'<code>(tenant-\d+)</code>', page) == [k for k, _ in top]
+    finally:
+        await inspector.close()
+    code, out = await obsq_cli("queues", "default")
+    assert code == 0 and "15 fairness keys with waiting tasks" in out
+    assert [line.split()[:2] for line in out.splitlines() if "tenant-" in line] == [
+        [k, str(n)] for k, n in top]
+    collector = QueueCollector(broker, asyncio.get_running_loop(), ["default"],
+                               cache_seconds=0)
+    families = {f.name: f for f in await asyncio.to_thread(lambda: list(collector.collect()))}
+    assert [s.value for s in families["obsq_queue_fairness_keys"].samples] == [15]
+    assert [(s.labels["key"], s.value) for s in
+            families["obsq_queue_fairness_key_waiting"].samples] == top
 
 
 async def test_doctor_finds_nothing_amiss_with_waiting_keys(stepped) -> None:

@@ -180,9 +180,10 @@ end
 -- `fair:<key>`, ordered by priority, then as a pending list is: the handed back first, then
 -- in the order they became pending (a place drawn from the counter `fairseq`); `fairring`
 -- is the list of the keys with waiting tasks, plus '' standing for the plain pending lists
--- while any key waits, which dequeue.lua rotates (the next turn at the right); `fairn`
--- counts the keyed tasks waiting (they count as pending). A queue with no keyed task has
--- no ring: its fetch costs one EXISTS more.
+-- while any key waits, which dequeue.lua rotates (the next turn at the right); `fairkeys`
+-- is the sorted set of those keys by their waiting tasks (what the tools show of them), and
+-- `fairn` counts the keyed tasks waiting (they count as pending). A queue with no keyed
+-- task has no ring: its fetch costs one EXISTS more.
 local FAIR_PRIORITY_SPAN = 281474976710656  -- 2^48 places per priority: 9 * 2^48 < 2^53
 
 local function fair_score(priority, first)
@@ -197,7 +198,7 @@ local function push_fair(id, key, priority, first)
     return  -- there already
   end
   redis.call('INCR', prefix .. @key_fair_count)
-  if redis.call('ZCARD', set) == 1 then
+  if tonumber(redis.call('ZINCRBY', prefix .. @key_fair_waiting, 1, key)) == 1 then
     local ring = prefix .. @key_fair_ring
     if redis.call('EXISTS', ring) == 0 then
       redis.call('LPUSH', ring, '')
@@ -243,7 +244,8 @@ local function drop_pending(pending_key, id, priority, fairness)
   local set = prefix .. @key_fair .. fairness
   if redis.call('ZREM', set, id) > 0 then
     redis.call('DECR', prefix .. @key_fair_count)
-    if redis.call('EXISTS', set) == 0 then
+    if tonumber(redis.call('ZINCRBY', prefix .. @key_fair_waiting, -1, fairness)) <= 0 then
+      redis.call('ZREM', prefix .. @key_fair_waiting, fairness)
       redis.call('LREM', prefix .. @key_fair_ring, 1, fairness)
     end
   end

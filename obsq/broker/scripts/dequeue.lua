@@ -140,7 +140,9 @@ local function by_turns(n, weights)
         got[#got + 1] = popped[i]
       end
       keyed = keyed + #got
-      if #got < take or redis.call('EXISTS', set) == 0 then
+      local waiting = prefix .. @key_fair_waiting
+      if #got == 0 or tonumber(redis.call('ZINCRBY', waiting, -#got, key)) <= 0 then
+        redis.call('ZREM', waiting, key)
         redis.call('LPOP', ring)  -- the key LMOVE just put at the left
         shrunk = true
       end
