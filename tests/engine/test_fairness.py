@@ -106,6 +106,18 @@ async def test_cancel_delete_depth_and_the_ring_s_end(stepped, raw_redis, namesp
     assert plain.id
 
 
+async def test_a_purge_of_pending_takes_the_keyed_tasks(stepped, inspector, raw_redis,
+                                                        namespace) -> None:
+    await stepped.enqueue_many([obsq.Job("t", n, fairness_key=f"k{n % 7}") for n in range(50)])
+    await stepped.enqueue_many([obsq.Job("t", n) for n in range(5)])
+    assert await inspector.purge("default", "pending") == 55
+    assert (await depth(stepped.broker))["pending"] == 0
+    assert await _fetch(stepped.broker) == []
+    k = QueueKeys(namespace, "default")
+    assert not [key for key in raw_redis.scan_iter(match=f"{k.prefix}fair*")
+                if key.decode() not in (k.fair_count, k.prefix + "fairseq")]
+
+
 async def test_a_route_computes_the_key_from_the_payload(app, client, broker) -> None:
     @app.task("report", fairness_key=lambda payload: payload["tenant"])
     async def report(task: obsq.Task) -> None:
@@ -230,6 +242,10 @@ async def test_the_tools_and_the_metrics_show_the_keys_with_most_waiting(
     try:
         q = await inspector.queue("default")
         assert (q.keys_waiting, q.top_keys) == (15, top)
+        page = await inspector.tasks("default", "pending", limit=200)
+        assert page.total == sum(range(1, 16)) + 1
+        assert [t.payload for t in page.tasks[:1]] == ['"plain"']
+        assert len({t.id for t in page.tasks}) == page.total
         assert q.depth["pending"] == sum(range(1, 16)) + 1
         console = create_app(inspector)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=console),

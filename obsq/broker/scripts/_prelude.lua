@@ -207,6 +207,23 @@ local function push_fair(id, key, priority, first)
   end
 end
 
+-- Up to `n` of fairness key `key`'s tasks, the first first, taken out of its set, and
+-- whether the key has none left: it then leaves `fairkeys` (the caller takes it out of the
+-- ring, and counts the tasks out of `fairn`, once for all it takes).
+local function pop_keyed(key, n)
+  local popped = redis.call('ZPOPMIN', prefix .. @key_fair .. key, n)
+  local ids = {}
+  for i = 1, #popped, 2 do
+    ids[#ids + 1] = popped[i]
+  end
+  local waiting = prefix .. @key_fair_waiting
+  if #ids == 0 or tonumber(redis.call('ZINCRBY', waiting, -#ids, key)) <= 0 then
+    redis.call('ZREM', waiting, key)
+    return ids, true
+  end
+  return ids, false
+end
+
 -- Task `id` joins the pending list of its priority (nil: read from its hash, with its
 -- fairness key; false: 0), or, when it has a fairness key (`fairness`), its key's set: at
 -- the head when `first` (it was handed back unfinished), else at the tail. A key holding

@@ -64,6 +64,25 @@ if key == KEYS[@k_pending] then
       end
     end
   end
+  -- the tasks waiting under fairness keys, key by key
+  local keyed = 0
+  while #ids < batch do
+    local key = redis.call('ZRANGE', prefix .. @key_fair_waiting, 0, 0)[1]
+    if not key then
+      break
+    end
+    local got, emptied = pop_keyed(key, batch - #ids)
+    for _, id in ipairs(got) do
+      ids[#ids + 1] = id
+    end
+    keyed = keyed + #got
+    if emptied then
+      redis.call('LREM', prefix .. @key_fair_ring, 1, key)
+    end
+  end
+  if keyed > 0 then
+    redis.call('DECRBY', prefix .. @key_fair_count, keyed)
+  end
   for _, held in ipairs(ranked) do
     if #ids < batch then
       local popped = redis.call('ZPOPMIN', held, batch - #ids)
@@ -96,6 +115,7 @@ if key == KEYS[@k_pending] then
   for _, list in ipairs(levels) do
     left = left + redis.call('LLEN', list)
   end
+  left = left + (tonumber(redis.call('GET', prefix .. @key_fair_count)) or 0)
   for _, held in ipairs(ranked) do
     left = left + redis.call('ZCARD', held)
   end

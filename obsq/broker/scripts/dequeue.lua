@@ -133,16 +133,9 @@ local function by_turns(n, weights)
       got, left = plain(take)
       add(got)
     else
-      local set = prefix .. @key_fair .. key
-      local popped = redis.call('ZPOPMIN', set, take)
-      local got = {}
-      for i = 1, #popped, 2 do
-        got[#got + 1] = popped[i]
-      end
+      local got, emptied = pop_keyed(key, take)
       keyed = keyed + #got
-      local waiting = prefix .. @key_fair_waiting
-      if #got == 0 or tonumber(redis.call('ZINCRBY', waiting, -#got, key)) <= 0 then
-        redis.call('ZREM', waiting, key)
+      if emptied then
         redis.call('LPOP', ring)  -- the key LMOVE just put at the left
         shrunk = true
       end
