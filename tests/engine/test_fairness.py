@@ -279,3 +279,23 @@ async def test_a_queue_without_keys_writes_no_fairness_key(client, broker, raw_r
     assert len(await _fetch(broker)) == 5
     k = QueueKeys(namespace, "default")
     assert not [key for key in raw_redis.scan_iter(match=f"{k.prefix}fair*")]
+
+
+class TestOnACluster:
+    @pytest.fixture
+    def redis_url(self, redis_cluster: str) -> str:
+        return redis_cluster
+
+    async def test_fairness_keys_on_a_cluster(self, client, broker) -> None:
+        """Every queue's fairness keys share its hash tag: each queue's scripts stay in its
+        slot, on whichever master holds it."""
+        for queue in ("alpha", "beta", "delta"):  # one on each master (test_cluster.py)
+            await client.enqueue_many([obsq.Job("t", f"a{n}", queue=queue, fairness_key="A")
+                                       for n in range(5)])
+            await client.enqueue("t", "b0", queue=queue, fairness_key="B")
+            _, fetched = await broker.dequeue(queue, 3, "w1", 30)
+            assert "b0" in [orjson.loads(t.payload) for t in fetched.tasks][:2]
+            _, rest = await broker.dequeue(queue, 100, "w1", 30)
+            assert len(fetched.tasks + rest.tasks) == 6
+            assert (await depth(broker, queue))["active"] == 6
+        assert (await Doctor(broker).diagnose()).clean
