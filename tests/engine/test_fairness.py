@@ -15,7 +15,9 @@ from support import depth, wait_until
 
 import obsq
 from obsq.broker import Attempt, Broker, QueueKeys
+from obsq.broker.records import Completion
 from obsq.clock import ManualClock
+from obsq.engine.fetching import RouteLimits
 from obsq.inspection.inspector import Inspector
 from obsq.observability.collector import QueueCollector
 from obsq.ops.doctor import Doctor
@@ -225,6 +227,34 @@ async def test_a_key_rate_limit_paces_each_key_apart(app, start_env) -> None:
     assert sorted(started) == [("A", 0), ("A", 0), ("B", 0), ("B", 0)]
     await env.advance(30)
     assert sorted(started) == [("A", 0), ("A", 0), ("A", 20), ("B", 0), ("B", 0), ("B", 20)]
+
+
+async def test_a_task_held_for_its_key_waits_apart_and_comes_back_first_of_its_key(
+        stepped, namespace) -> None:
+    """Fetch by fetch, as a worker does: a key's tasks over its limit are held in the key's
+    own hold (doctor finds it sound), the other keys go on, and an end lets the best out."""
+    broker = stepped.broker
+    app = obsq.App(namespace)
+
+    @app.task("t", key_concurrency=1)
+    async def t(task: obsq.Task) -> None:
+        pass
+
+    limits = RouteLimits(app, None).encoded()
+    await stepped.enqueue_many([obsq.Job("t", f"a{n}", fairness_key="A") for n in range(3)])
+    await stepped.enqueue_many([obsq.Job("t", f"b{n}", fairness_key="B") for n in range(2)])
+    _, fetched = await broker.dequeue("default", 10, "w1", 30, limits=limits)
+    assert sorted(orjson.loads(t.payload) for t in fetched.tasks) == ["a0", "b0"]
+    assert sorted(why for _, why in fetched.held) == ["concurrency"] * 3
+    assert (await depth(broker))["pending"] == 3
+    assert (await Doctor(broker).diagnose()).clean
+    a0 = next(t for t in fetched.tasks if orjson.loads(t.payload) == "a0")
+    assert a0.slot == "t\nA"
+    attempt = Attempt(a0.id, a0.fence, a0.type, a0.slot)
+    assert await broker.ack({"default": [Completion(attempt, 0, b"null")]}, "w1")
+    _, fetched = await broker.dequeue("default", 10, "w1", 30, limits=limits)
+    assert [orjson.loads(t.payload) for t in fetched.tasks] == ["a1"]  # b1 waits for b0
+    assert (await Doctor(broker).diagnose()).clean
 
 
 async def _all_registered(broker: Broker, workers) -> bool:
