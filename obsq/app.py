@@ -14,7 +14,7 @@ import inspect
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -127,6 +127,10 @@ class Route:
     # seconds: its tasks are debounced (each enqueue gives its debounce_key), and bounded
     debounce: float | None = None
     debounce_max: float | None = None
+    # its tasks' fairness key, from the payload given to enqueue (None: no key)
+    fairness_key: Callable[[Any], str] | None = None
+    key_concurrency: int | None = None  # attempts of one fairness key at once, all workers
+    key_rate: float | None = None  # starts per second of one fairness key, all workers
     declared: Registration | None = None  # its handler's payload and result types
 
     @property
@@ -187,6 +191,8 @@ class App:
         self.recycle_hooks: Hooks[[str]] = Hooks("recycle hook")
         self.flow_hooks: Hooks[[str]] = Hooks("flow hook")
         self.partitions: dict[str, int] = {}  # queue -> partitions, of app.queue
+        # queue -> {fairness key: tasks it takes per turn}, of app.fairness_weights
+        self.weights_by_queue: dict[str, dict[str, int]] = {}
 
     def queue(self, name: str, *, partitions: int = 1) -> None:
         """Declare a queue stored as `partitions` partitions (obsq/names.py): on a
@@ -194,13 +200,26 @@ class App:
         workers write the count to Redis, where producers without this App read it."""
         self.partitions[validate_name("queue", name)] = check_partitions(partitions)
 
+    def fairness_weights(self, queue: str, weights: Mapping[str, int]) -> None:
+        """In `queue`, each fairness key named takes that many tasks per turn (1 for the
+        keys not named; the tasks without a key as the key ""): the shares of a drain that
+        every key keeps busy. Its workers apply them (this App's)."""
+        for key, weight in weights.items():
+            if not isinstance(key, str) or isinstance(weight, bool) or \
+                    not isinstance(weight, int) or not 1 <= weight <= 1000:
+                raise ValueError(f"a fairness weight is a whole number from 1 to 1000 for a "
+                                 f"key, got {key!r}: {weight!r}")
+        self.weights_by_queue[validate_name("queue", queue)] = dict(weights)
+
     def task(self, pattern: str, *, queue: str | None = None, max_retry: int | None = None,
              timeout: float | None = None, retry_delay: RetryDelay = None,
              concurrency: int | None = None, rate_limit: str | None = None,
              max_payload: int | None = None, priority: int | None = None,
              expires: float | timedelta | None = None,
              debounce: float | timedelta | None = None,
-             debounce_max: float | timedelta | None = None
+             debounce_max: float | timedelta | None = None,
+             fairness_key: Callable[[Any], str] | None = None,
+             key_concurrency: int | None = None, key_rate_limit: str | None = None
              ) -> Callable[[HandlerT], HandlerT]:
         """Register a handler for a task type, a prefix ending in ':' or '.', or '*'; the
         handler is returned as it is, so `client.enqueue(handler, payload)` is type-checked
@@ -213,11 +232,21 @@ class App:
         higher first): its tasks' default priority within their queue. `expires` (seconds or
         a timedelta): its tasks not started that long after their enqueue never run.
         `debounce` (and `debounce_max`): every enqueue of its tasks gives a `debounce_key`
-        and is debounced by these, unless it gives its own."""
+        and is debounced by these, unless it gives its own. `fairness_key`: a
+        cheap function of the payload given to enqueue that names its task's fairness key
+        when the enqueue names none (the tasks of different keys start in turn).
+        `key_concurrency` and `key_rate_limit` hold as `concurrency` and `rate_limit` do, for
+        the tasks of each fairness key apart (tasks without a key are not counted)."""
         validate_name("task type", pattern)
-        if concurrency is not None and (not isinstance(concurrency, int) or concurrency < 1):
-            raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
+        if fairness_key is not None and not callable(fairness_key):
+            raise TypeError(f"fairness_key must be a function of the payload, got "
+                            f"{fairness_key!r}")
+        for name, limit in (("concurrency", concurrency), ("key_concurrency", key_concurrency)):
+            if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                                      or limit < 1):
+                raise ValueError(f"{name} must be a positive integer, got {limit!r}")
         rate = parse_rate(rate_limit) if rate_limit is not None else None
+        key_rate = parse_rate(key_rate_limit) if key_rate_limit is not None else None
         if max_payload is not None:
             _byte_limit(max_payload)
         if priority is not None:
@@ -246,7 +275,7 @@ class App:
             route = Route(
                 pattern, handler, inspect.iscoroutinefunction(handler), queue, max_retry,
                 timeout, retry_delay, concurrency, rate, max_payload, priority, expires_in,
-                debounce, debounce_max, declared)
+                debounce, debounce_max, fairness_key, key_concurrency, key_rate, declared)
             self._routes.add(pattern, route)
             if not is_prefix(pattern):  # what an enqueue by the handler takes its defaults from
                 declared.route = route

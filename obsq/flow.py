@@ -193,7 +193,7 @@ def encode_message(m: TaskMessage) -> bytes:
         "timeout": m.timeout, "retention": m.retention, "delay": m.delay,
         "unique_key": m.unique_key, "unique_for": m.unique_for,
         "ordering_key": m.ordering_key, "priority": m.priority, "partition": m.partition,
-        "expires": m.expires})
+        "expires": m.expires, "fairness_key": m.fairness_key})
 
 
 def decode_message(raw: bytes) -> TaskMessage:

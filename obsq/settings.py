@@ -88,6 +88,9 @@ INBOX_TTL = 300
 # Attempts per call of ack, extend and hand_back, and results per inbox read.
 ATTEMPTS_PER_CALL = 1000
 INBOX_BATCH = 1000
+# The fairness keys with most waiting tasks that the queue figures name (metrics, tools):
+# bounded, whatever the number of keys.
+TOP_FAIRNESS_KEYS = 10
 # Fetching: batch caps, and when a worker holds a second batch.
 MAX_FETCH = 100
 PREFETCH_BELOW_SECONDS = 0.05  # prefetch a second batch only while tasks take less

@@ -109,6 +109,8 @@ class EnqueueOptions(TypedDict, total=False):
     debounce_key: str | None
     debounce: float | timedelta | None
     debounce_max: float | timedelta | None
+    # the tasks of different keys start in turn within their queue (None: the route's)
+    fairness_key: str | None
 
 
 # What a handler is to a type checker: a function of `Task[P]` returning R (or a coroutine
@@ -147,6 +149,8 @@ class Job(Generic[ResultT]):
     debounce_key: str | None = None
     debounce: float | timedelta | None = None
     debounce_max: float | timedelta | None = None
+    # the tasks of different keys start in turn within their queue (None: the route's)
+    fairness_key: str | None = None
     # the headers of the tasks this one is made of (an aggregation): its trace links to theirs
     origins: list[dict[str, str]] = field(default_factory=list)
     # the handler's declared types, when given by its handler (obsq/payloads.py)
@@ -174,6 +178,7 @@ class Job(Generic[ResultT]):
                  expires: float | timedelta | datetime | None = None,
                  debounce_key: str | None = None, debounce: float | timedelta | None = None,
                  debounce_max: float | timedelta | None = None,
+                 fairness_key: str | None = None,
                  origins: list[dict[str, str]] | None = None) -> None:
         if callable(type):
             self.registration = registration_of(type)
@@ -187,6 +192,7 @@ class Job(Generic[ResultT]):
         self.ordering_key, self.priority, self.expires = ordering_key, priority, expires
         self.debounce_key, self.debounce, self.debounce_max = (debounce_key, debounce,
                                                                debounce_max)
+        self.fairness_key = fairness_key
         self.origins = list(origins or [])
 
 
@@ -207,6 +213,7 @@ class TaskMessage:
     unique_for: float
     ordering_key: str = ""
     priority: int = 0
+    fairness_key: str = ""  # "" when none: the tasks without a key take their turn as one key
     binary: bool = False  # the payload was given as bytes and stays bytes
     id_chosen: bool = False  # the producer named the id: Redis must check that it is free
     origins: list[dict[str, str]] = field(default_factory=list)  # Job.origins; not stored
@@ -240,8 +247,8 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
                   timeout: float | None = None, now: float | None = None,
                   max_payload: int = MAX_PAYLOAD_BYTES, priority: int | None = None,
                   declared: Registration | None = None, expires: float | None = None,
-                  debounce: float | None = None, debounce_max: float | None = None
-                  ) -> TaskMessage:
+                  debounce: float | None = None, debounce_max: float | None = None,
+                  fairness_key: str | None = None) -> TaskMessage:
     """Check every option and encode the payload before anything is written to Redis;
     a payload over `max_payload` bytes (encoded) or headers over MAX_HEADERS_BYTES raise
     TaskTooLarge, one that cannot become its handler's payload type (`declared`: the
@@ -297,6 +304,8 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
     ordering_key = ""
     if job.ordering_key is not None:
         ordering_key = validate_name("ordering_key", job.ordering_key)
+    fairness_key = job.fairness_key if job.fairness_key is not None else fairness_key
+    fairness_key = "" if not fairness_key else validate_name("fairness_key", fairness_key)
     unique_key = ""
     if unique_for:
         # bytes are told apart from the JSON that happens to have the same text; JSON is
@@ -314,7 +323,8 @@ def build_message(job: Job, *, queue: str | None = None, max_retry: int | None =
                        payload=payload, headers=headers, max_retry=max_retry, timeout=timeout,
                        retention=retention, delay=delay, unique_key=unique_key,
                        unique_for=unique_for, ordering_key=ordering_key, priority=priority,
-                       binary=binary, id_chosen=job.task_id is not None,
+                       fairness_key=fairness_key, binary=binary,
+                       id_chosen=job.task_id is not None,
                        origins=list(job.origins), expires=expires_in,
                        debounce_key=debounced[0], debounce=debounced[1],
                        debounce_max=debounced[2] or 0.0,

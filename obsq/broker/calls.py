@@ -35,10 +35,11 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 from urllib.parse import urlsplit
 
+import orjson
 from hiredis import pack_command
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import (
@@ -92,7 +93,8 @@ class RedisCalls:
                  memory_share: float = ENQUEUE_MEMORY_SHARE, durable_replicas: int = 0,
                  priority_aging: float = 60.0, dedup_window: float = DEDUP_WINDOW,
                  dedup_max_ids: int = DEDUP_MAX_IDS, call_timeout: float | None = None,
-                 loop_blocked: Callable[[], float] | None = None) -> None:
+                 loop_blocked: Callable[[], float] | None = None,
+                 fairness_weights: Mapping[str, Mapping[str, int]] | None = None) -> None:
         """Its callers' settings are given here, never written later: `on_error`, told of
         each failed call (a Worker gives its App's Redis-error hooks, a Client its own: a
         guarded registry, so that hooks added later count and one that raises changes
@@ -104,7 +106,8 @@ class RedisCalls:
         calls (a worker's, a scheduler's; None: none, as the broker a Client makes, whose
         calls the Client bounds itself),
         not counting the time the event loop stood blocked (`loop_blocked()`: that time so
-        far), when the reply may have come and waited for the loop."""
+        far), when the reply may have come and waited for the loop; `fairness_weights`, per
+        queue the fairness keys that take more than one task per turn (App.fairness_weights)."""
         if not 0 < memory_share <= 1:
             raise ConfigurationError(f"memory_share must be above 0 and at most 1, got "
                                      f"{memory_share!r}")
@@ -130,6 +133,8 @@ class RedisCalls:
         self.memory_share = memory_share
         self.durable_replicas = durable_replicas
         self.priority_aging = priority_aging
+        self.fairness_weights = {queue: orjson.dumps(dict(weights))
+                                 for queue, weights in (fairness_weights or {}).items()}
         self.dedup_window = dedup_window
         self.dedup_max_ids = dedup_max_ids
         self.durable_timeout = DURABLE_WAIT_TIMEOUT

@@ -63,6 +63,16 @@ KEY_NAMES = {
     "waiting": "waiting",  # counter: tasks held back or waiting behind an ordering key
     "ordering": "ord:",  # list of an ordering key's ids, the running one first
     "ordering_waiting": "ordwait",  # zset id -> when it began waiting behind its key (ms)
+    # fairness keys (_prelude.lua: push_fair): the pending tasks of a key, zset id -> their
+    # order within it (priority first, then their place); the ring of the keys with waiting
+    # tasks, plus '' for the plain pending lists while any key waits; the zset of those keys
+    # -> their waiting tasks; the count of the keyed tasks waiting (they count as pending);
+    # the counter their places are drawn from
+    "fair": "fair:",
+    "fair_ring": "fairring",
+    "fair_waiting": "fairkeys",
+    "fair_count": "fairn",
+    "fair_places": "fairseq",
     # task groups (group.lua, claim_batches.lua, end_batch.lua describe the rest)
     "group_types": "gtypes",  # set of the task types with groups
     "grouped": "grouped",  # counter: grouped tasks not yet aggregated
@@ -101,7 +111,7 @@ TASK_FIELDS = {
     "batch": "batch", "slot": "slot", "held_by": "held", "held_place": "hc",
     "cancel": "cancel", "settled_by": "fin", "isolated": "iso", "suspect": "sus",
     "recoveries": "recov", "first_unknown": "unk0", "unknown_count": "unkn",
-    "reserved": "rsv", "waited": "ow", "debounce_key": "dbk",
+    "reserved": "rsv", "waited": "ow", "debounce_key": "dbk", "fairness_key": "fk",
     "expires": "exp",  # when (ms) it expires if not started by then (enqueue's `expires`)
 }
 
@@ -114,6 +124,9 @@ class QueueKeys:
         "completed",
         "dead",
         "ended",
+        "fair_count",
+        "fair_ring",
+        "fair_waiting",
         "fence",
         "group_types",
         "grouped",
@@ -155,6 +168,9 @@ class QueueKeys:
         self.batches = prefix + KEY_NAMES["batches"]
         self.waiting = prefix + KEY_NAMES["waiting"]
         self.junk = prefix + KEY_NAMES["junk"]
+        self.fair_ring = prefix + KEY_NAMES["fair_ring"]
+        self.fair_count = prefix + KEY_NAMES["fair_count"]
+        self.fair_waiting = prefix + KEY_NAMES["fair_waiting"]
 
     def pending_of(self, priority: int) -> str:
         """The list of the pending tasks of a priority."""
@@ -187,6 +203,9 @@ class QueueKeys:
 
     def ordering(self, ordering_key: str) -> str:
         return self.prefix + KEY_NAMES["ordering"] + ordering_key
+
+    def fair(self, fairness_key: str) -> str:
+        return self.prefix + KEY_NAMES["fair"] + fairness_key
 
     def by_state(self, state: str) -> str:
         return self.lease if state == "active" else getattr(self, state)

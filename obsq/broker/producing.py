@@ -159,7 +159,7 @@ def enqueue_args(messages: Sequence[TaskMessage], memory_share: float) -> list[A
                              m.encoded_options(), int(m.delay * 1000), m.unique_key,
                              int(m.unique_for * 1000), m.ordering_key, m.priority or "",
                              max(round(m.expires * 1000), 1) if m.expires else "",
-                             m.encoded_debounce())
+                             m.encoded_debounce(), m.fairness_key)
                             for m in messages],
                 share=memory_share)
 

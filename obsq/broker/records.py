@@ -81,6 +81,9 @@ class QueueStats(NamedTuple):
     depth: dict[str, int]  # tasks by state
     latency: float  # seconds since the oldest pending task became due
     paused: bool
+    keys_waiting: int = 0  # fairness keys with waiting tasks
+    # the TOP_FAIRNESS_KEYS of them with most waiting tasks: (key, tasks), most first
+    top_keys: tuple[tuple[str, int], ...] = ()
 
 
 class Ended(NamedTuple):

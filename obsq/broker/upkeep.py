@@ -13,7 +13,8 @@ from redis.exceptions import RedisError, ResponseError
 from obsq.broker.calls import RedisCalls, ScriptCall
 from obsq.broker.keys import TASK_STATES
 from obsq.broker.records import QueueStats
-from obsq.broker.wire import REPLIES, argv
+from obsq.broker.wire import REPLIES, argv, as_count, as_text
+from obsq.settings import TOP_FAIRNESS_KEYS
 
 
 class Upkeep(RedisCalls):
@@ -135,14 +136,18 @@ class Upkeep(RedisCalls):
         for queue in queues:
             k = self.keys(queue)
             calls.append(("stats", (k.pending, k.lease, k.scheduled, k.retry, k.dead,
-                                    k.completed, k.cancelled, k.paused), argv("stats")))
+                                    k.completed, k.cancelled, k.paused),
+                          argv("stats", top=TOP_FAIRNESS_KEYS)))
         stats = {}
         for queue, reply in zip(queues, await self._scripts(calls)):
             r = REPLIES["stats"].head_of(reply)
             stats[queue] = QueueStats({**{state: getattr(r, state) for state in TASK_STATES},
                                        "aggregating": r.aggregating},
                                       max(r.now - r.oldest_due, 0) / 1000
-                                      if r.oldest_due >= 0 else 0.0, bool(r.paused))
+                                      if r.oldest_due >= 0 else 0.0, bool(r.paused),
+                                      r.fair_keys, tuple(
+                                          (as_text(key), as_count(waiting)) for key, waiting
+                                          in REPLIES["stats"].rows_of("fair_top", r.fair_top)))
         return stats
 
     async def unfinished(self, queues: Sequence[str], worker_id: str) -> int:

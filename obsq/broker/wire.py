@@ -223,10 +223,11 @@ LAYOUTS: dict[str, Layout] = {
                             "max_age error type slot ordering"),
     "delete": modes("mode", id="id", other="batch"),  # other: the state to purge
     "dequeue": Layout("lease count worker "
-                      # '' or JSON {"g": [[route, concurrency, interval_ms, tolerance_ms],
-                      # ...], "l": [[pattern, room], ...]}: the App's routes with a limit
-                      # across workers (0: none), and this worker's own route limits with
-                      # the room left under each
+                      # '' or JSON {"g": [[route, concurrency, interval_ms, tolerance_ms,
+                      # key_concurrency, key_interval_ms, key_tolerance_ms], ...], "l":
+                      # [[pattern, room], ...]}: the App's routes with a limit across
+                      # workers (0: none; the key_ ones hold for each fairness key apart),
+                      # and this worker's own route limits with the room left under each
                       "limits "
                       "aging "  # ms: a task pending this long ranks one priority higher
                       # '1' to be told the rank of the best task left (a partition's
@@ -235,7 +236,10 @@ LAYOUTS: dict[str, Layout] = {
                       # '' or a rank (ms) no task taken may rank after: the best task
                       # another partition of the queue holds, so that the queue's
                       # priorities hold across its partitions
-                      "floor"),
+                      "floor "
+                      # '' or JSON {fairness key: weight}: how many tasks a key takes per
+                      # turn when it is not 1
+                      "weights"),
     "doctor": modes("step", list="offset count state field value",
                     zset="offset count state field value",
                     held="offset count state field value", lease="offset count grace",
@@ -256,7 +260,8 @@ LAYOUTS: dict[str, Layout] = {
                       "priority "  # '' or '0' for 0, else '1' to '9'
                       "expires "  # ms from now to its expiry, '' for none
                       # '' or "<debounce ms> <debounce_max ms, 0: none> <debounce key>"
-                      "debounce)"),
+                      "debounce "
+                      "fairness)"),  # the fairness key, '' for none
     "extend": Layout("lease worker *(id fence)"),
     "fail": Layout("worker id fence error traceback type slot ordering share"),
     "flow_cancel": Layout(),
@@ -311,7 +316,7 @@ LAYOUTS: dict[str, Layout] = {
                        "definition "  # JSON
                        "from_app"),
     "schedules": Layout("limit"),
-    "stats": Layout(),
+    "stats": Layout("top"),  # how many of the fairness keys with most waiting to name
     "subscribe": Layout("ttl *(event entry)"),  # entry: "<subscriber> <queue>"
     "subscribers": Layout("event"),
     "tally": Layout("ttl *(outcome count)"),
@@ -493,7 +498,10 @@ REPLIES: dict[str, Reply] = {
                                   "claim", "fires", "missed")),
     "stats": Reply((*TASK_STATES,
                     "oldest_due",  # of the pending tasks; -1: none
-                    "paused", "now", "aggregating")),
+                    "paused", "now", "aggregating",
+                    "fair_keys",  # the fairness keys with waiting tasks
+                    "fair_top"),  # the `top` of them with most, most first
+                   rows={"fair_top": ("key", "waiting")}),
     "watch": Reply(("state", "result", "error")),
 }
 

@@ -16,7 +16,7 @@ from obsq.broker.calls import RedisCalls, ScriptCall
 from obsq.broker.records import Attempt, Completions, Fetched, FetchedTask
 from obsq.broker.scripts import FULL_ERROR_BYTES, FULL_NOTE, FULL_TEXT_HOLD, scripts
 from obsq.broker.wire import REPLIES, argv, as_count, as_text
-from obsq.names import SEPARATOR
+from obsq.names import SEPARATOR, queue_of
 from obsq.settings import ATTEMPTS_PER_CALL
 
 log = logging.getLogger("obsq")
@@ -79,7 +79,8 @@ class Working(RedisCalls):
                 argv("dequeue", lease=int(lease_seconds * 1000), count=count, worker=worker_id,
                      limits=limits, aging=int(self.priority_aging * 1000),
                      ahead="1" if SEPARATOR in queue else "",  # a partition's: see Fetched
-                     floor="" if floor is None else floor))
+                     floor="" if floor is None else floor,
+                     weights=self.fairness_weights.get(queue_of(queue), b"")))
 
     def _parse_dequeue(self, queue: str, reply: list[Any], asked_at: float) -> Fetched:
         if reply[1]:

@@ -539,17 +539,23 @@ class Suspects:
 
 RATE_TOLERANCE = 1.0
 
-# a route's limit as dequeue.lua takes it: (pattern, concurrency or 0, the interval between
-# starts (ms) or 0, how early a start may come (ms))
-Share = tuple[str, int, float, float]
+# a route's limits as dequeue.lua reads them: pattern, concurrency, rate (ms between starts,
+# ms early), and the same per fairness key
+Share = tuple[str, int, float, float, int, float, float]
+
+
+def _rate_ms(rate: float | None) -> tuple[float, float]:
+    """dequeue.lua's form of a rate limit: ms between starts and the ms a start may come
+    early (0, 0: none)."""
+    return (1000 / rate, RATE_TOLERANCE * 1000 / rate) if rate else (0, 0)
 
 
 class RouteLimits:
     def __init__(self, app: App, route_concurrency: dict[str, int] | None) -> None:
         self._shared: list[Share] = [
-            (r.pattern, r.concurrency or 0, 1000 / r.rate if r.rate else 0,
-             RATE_TOLERANCE * 1000 / r.rate if r.rate else 0)
-            for r in app.routes if r.concurrency or r.rate]
+            (r.pattern, r.concurrency or 0, *_rate_ms(r.rate), r.key_concurrency or 0,
+             *_rate_ms(r.key_rate))
+            for r in app.routes if r.concurrency or r.rate or r.key_concurrency or r.key_rate]
         self._own: PatternTable[str] = PatternTable()
         self._own_limits = dict(route_concurrency or {})
         for pattern in self._own_limits:
@@ -575,7 +581,10 @@ class RouteLimits:
         if shares is None:
             shares = self._by_count[partitions] = [
                 (pattern, share(limit, partitions) if limit else 0, interval * partitions,
-                 tolerance * partitions) for pattern, limit, interval, tolerance in self._shared]
+                 tolerance * partitions, share(key_limit, partitions) if key_limit else 0,
+                 key_interval * partitions, key_tolerance * partitions)
+                for pattern, limit, interval, tolerance, key_limit, key_interval, key_tolerance
+                in self._shared]
         return shares
 
     def took(self, task: Task) -> None:

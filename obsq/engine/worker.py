@@ -87,7 +87,8 @@ class Worker:
                              dedup_window=settings.dedup_window,
                              dedup_max_ids=settings.dedup_max_ids,
                              priority_aging=settings.priority_aging,
-                             call_timeout=settings.call_timeout, loop_blocked=self._loop_blocked)
+                             call_timeout=settings.call_timeout, loop_blocked=self._loop_blocked,
+                             fairness_weights=app.weights_by_queue)
         self.served = ServedQueues(self.broker, self.queues, app.partitions)
         self.limits = RouteLimits(app, settings.route_concurrency)
         self.slots = Slots(self.concurrency, self.broker, self.id, run=self._process,

@@ -53,6 +53,9 @@ class QueueInfo:
     per_minute: list[Rate] = field(default_factory=list)  # the last hour, oldest first
     partitions: list[PartitionInfo] = field(default_factory=list)  # none: one Redis queue
     partition_count: int = 0  # the count its workers declared (partition_view.py); 0: none
+    keys_waiting: int = 0  # fairness keys with waiting tasks (partitions: summed)
+    # the fairness keys with most waiting tasks (at most TOP_FAIRNESS_KEYS): (key, tasks)
+    top_keys: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def size(self) -> int:

@@ -93,7 +93,8 @@ class Inspector:
         stats = await self.broker.queue_stats(physical)
         counts = await self.broker.outcome_counts(physical, 61, COUNTED_OUTCOMES)
         infos = {q: QueueInfo(q, stats[q].depth, stats[q].latency, stats[q].paused,
-                              *rates(*counts[q])) for q in physical}
+                              *rates(*counts[q]), keys_waiting=stats[q].keys_waiting,
+                              top_keys=list(stats[q].top_keys)) for q in physical}
         declared = await self.broker.partition_counts(list(wanted))
         return [combined(name, [infos[q] for q in parts], declared[name])
                 for name, parts in wanted.items()]

@@ -13,12 +13,14 @@ covers. As in one queue, tasks that move between two pages may shift the next by
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Protocol, TypeVar
 
 from obsq.broker import QueueStats
 from obsq.inspection.inspected import PartitionInfo, QueueInfo, Rate
 from obsq.names import SEPARATOR, partition_index, queue_of
+from obsq.settings import TOP_FAIRNESS_KEYS
 
 Row = TypeVar("Row")
 # read(partition's position, offset in it, rows wanted, positions it may look at)
@@ -62,13 +64,29 @@ class Figures(Protocol):
     @property
     def paused(self) -> bool: ...
 
+    @property
+    def keys_waiting(self) -> int: ...
+
+    @property
+    def top_keys(self) -> Sequence[tuple[str, int]]: ...
+
 
 def summed(parts: Sequence[Figures]) -> QueueStats:
     """A queue's figures from its partitions': depths summed, the longest latency, paused
     when every partition is (no worker takes its tasks; when only some are, the queue is
-    still served, and autoscaling and latency alerts must go on counting it)."""
+    still served, and autoscaling and latency alerts must go on counting it); the fairness
+    keys with waiting tasks summed (a key waiting in two partitions counts twice), and the
+    top keys of the partitions merged."""
+    if len(parts) == 1:
+        return QueueStats(parts[0].depth, parts[0].latency, parts[0].paused,
+                          parts[0].keys_waiting, tuple(parts[0].top_keys))
+    top: Counter[str] = Counter()
+    for p in parts:
+        top.update(dict(p.top_keys))
     return QueueStats({state: sum(p.depth[state] for p in parts) for state in parts[0].depth},
-                      max(p.latency for p in parts), all(p.paused for p in parts))
+                      max(p.latency for p in parts), all(p.paused for p in parts),
+                      sum(p.keys_waiting for p in parts),
+                      tuple(top.most_common(TOP_FAIRNESS_KEYS)))
 
 
 def combined(name: str, parts: Sequence[QueueInfo], declared: int = 1) -> QueueInfo:
@@ -88,11 +106,13 @@ def combined(name: str, parts: Sequence[QueueInfo], declared: int = 1) -> QueueI
         p.count for p in found)
     for p in found:
         p.earlier = p.count != count
+    figures = summed(parts)
     return QueueInfo(
-        name, *summed(parts), _sum(p.last_minute for p in parts),
+        name, figures.depth, figures.latency, figures.paused, _sum(p.last_minute for p in parts),
         _sum(p.last_hour for p in parts),
         [_sum(minute) for minute in zip(*(p.per_minute for p in parts))],
-        [p for p in found if not p.earlier or p.size], count)
+        [p for p in found if not p.earlier or p.size], count, figures.keys_waiting,
+        list(figures.top_keys))
 
 
 async def across(sizes: Sequence[int], offset: int, limit: int, read: Read[Row],

@@ -1,7 +1,9 @@
 """The queue-wide gauges, read from Redis when Prometheus scrapes.
 
 `obsq_queue_depth`, `obsq_queue_latency_seconds`, `obsq_queue_paused`,
-`obsq_queue_partitions`, `obsq_workers`, `obsq_redis_maxmemory_policy_ok` and
+`obsq_queue_partitions`, `obsq_queue_fairness_keys`, `obsq_queue_fairness_key_waiting` (the
+ten fairness keys with most waiting tasks of each queue: bounded, not a series per tenant),
+`obsq_workers`, `obsq_redis_maxmemory_policy_ok` and
 `obsq_redis_memory_*_bytes` describe Redis, not this
 process, so they are not multiprocess files: a custom collector asks Redis at scrape time
 through an asyncio Broker that runs on some event loop (the worker's), while the scrape runs
@@ -35,6 +37,7 @@ from obsq.settings import (
     COLLECTOR_STALE_LIMIT,
     COLLECTOR_TIMEOUT,
     SAFE_MEMORY_POLICY,
+    TOP_FAIRNESS_KEYS,
 )
 
 log = logging.getLogger("obsq")
@@ -160,6 +163,12 @@ def _families(stats: dict[str, QueueStats], counts: dict[str, int], workers: int
     partitions = GaugeMetricFamily("obsq_queue_partitions", "Partitions a queue is stored "
                                    "as, as its workers declare them (app.queue)",
                                    labels=["queue"])
+    keys = GaugeMetricFamily("obsq_queue_fairness_keys", "Fairness keys with waiting tasks "
+                             "in a queue", labels=["queue"])
+    key_waiting = GaugeMetricFamily(
+        "obsq_queue_fairness_key_waiting", f"Waiting tasks of the {TOP_FAIRNESS_KEYS} "
+        "fairness keys of a queue with most (the others are not named)",
+        labels=["queue", "key"])
     live = GaugeMetricFamily("obsq_workers", "Live workers registered in Redis")
     policy_ok = GaugeMetricFamily(
         "obsq_redis_maxmemory_policy_ok",
@@ -174,6 +183,9 @@ def _families(stats: dict[str, QueueStats], counts: dict[str, int], workers: int
             depth.add_metric([queue, state], s.depth[state])
         latency.add_metric([queue], s.latency)
         paused.add_metric([queue], 1 if s.paused else 0)
+        keys.add_metric([queue], s.keys_waiting)
+        for key, waiting in s.top_keys:
+            key_waiting.add_metric([queue, key], waiting)
     for queue, count in counts.items():
         partitions.add_metric([queue], count)
     if workers is not None:
@@ -183,4 +195,4 @@ def _families(stats: dict[str, QueueStats], counts: dict[str, int], workers: int
     if memory is not None:
         used.add_metric([], memory[0])
         limit.add_metric([], memory[1])
-    return [depth, latency, paused, partitions, live, policy_ok, used, limit]
+    return [depth, latency, paused, partitions, keys, key_waiting, live, policy_ok, used, limit]

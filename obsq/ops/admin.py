@@ -25,6 +25,7 @@ from obsq.inspection.partition_view import partitions_of
 from obsq.ops.doctor import Doctor, stalls
 from obsq.ops.terminal import (
     Output,
+    fairness_keys_table,
     first_line,
     flow_text,
     flows_table,
@@ -199,6 +200,8 @@ async def queues(inspector: Inspector, args: argparse.Namespace, out: Output) ->
     for q in found if args.names else ():
         if q.partitions:
             print(f"\n{partitions_table(out, q)}")
+        if q.keys_waiting:
+            print(f"\n{fairness_keys_table(out, q)}")
 
 
 async def tasks(inspector: Inspector, args: argparse.Namespace, out: Output) -> None:

@@ -104,6 +104,15 @@ def partitions_table(out: Output, q: QueueInfo) -> str:
     return f"{q.name}: {q.partition_count} partitions{also}\n{indent(table)}"
 
 
+def fairness_keys_table(out: Output, q: QueueInfo) -> str:
+    """A line with the count of the queue's fairness keys with waiting tasks, then those
+    with most, a row each, indented."""
+    table = out.table(["fairness key", "waiting"],
+                      [[key, str(waiting)] for key, waiting in q.top_keys])
+    return (f"{q.name}: {q.keys_waiting:,} fairness keys with waiting tasks; the "
+            f"{len(q.top_keys)} with most:\n{indent(table)}")
+
+
 RATE_COLUMNS = ["runs/min", "failed/min", "runs/h", "failed/h"]
 
 

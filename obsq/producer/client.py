@@ -177,8 +177,8 @@ class Client:
                       expires: float | timedelta | datetime | None = None,
                       debounce_key: str | None = None,
                       debounce: float | timedelta | None = None,
-                      debounce_max: float | timedelta | None = None
-                      ) -> TaskInfo[Any] | FlowInfo:
+                      debounce_max: float | timedelta | None = None,
+                      fairness_key: str | None = None) -> TaskInfo[Any] | FlowInfo:
         """Enqueue one task, named by its type or by its handler (`enqueue(send_email,
         Email(...))`: a TaskInfo[Sent], the payload checked against the handler's
         `obsq.Task[Email]`; one that cannot become it raises PayloadError, nothing written).
@@ -193,7 +193,9 @@ class Client:
         in a queue sharing a `debounce_key` run once, `debounce` seconds after the last of
         them (at most `debounce_max` after the first), with the last one's payload and
         options: one that finds its key's task waiting replaces it, and its TaskInfo names
-        that task (`debounced`). A task given a
+        that task (`debounced`). Tasks of different `fairness_key`s (default none, or the
+        route's) start in turn within their queue, so one key's backlog delays another
+        key's task by one turn at most. A task given a
         `group` waits in it (state `aggregating`) for the aggregator of its type
         (app.aggregate), and takes no option but queue, task_id and headers. The enqueues
         of concurrent callers share round trips. A flow (obsq.chain, obsq.chord): FlowInfo."""
@@ -205,14 +207,16 @@ class Client:
                                   "retention": retention, "ordering_key": ordering_key,
                                   "priority": priority, "expires": expires,
                                   "debounce_key": debounce_key, "debounce": debounce,
-                                  "debounce_max": debounce_max})
+                                  "debounce_max": debounce_max,
+                                  "fairness_key": fairness_key})
             return await self._enqueue_grouped(group, Job(
                 task_type, payload, queue=queue, task_id=task_id, headers=headers))
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                   delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
                   retention=retention, headers=headers, ordering_key=ordering_key,
                   priority=priority, expires=expires, debounce_key=debounce_key,
-                  debounce=debounce, debounce_max=debounce_max)
+                  debounce=debounce, debounce_max=debounce_max,
+                  fairness_key=fairness_key)
         # enqueue_many's work without its frame: one coroutine less on every enqueue
         return unless_duplicate((await self.deadlines.run("enqueue", self._write([job])))[0])
 

@@ -58,12 +58,16 @@ class JobChecks:
             if route is None:
                 return build_message(job, now=now, max_payload=app.max_payload if app
                                      is not None else MAX_PAYLOAD_BYTES)
+            fairness_key = None
+            if route.fairness_key is not None and job.fairness_key is None:
+                fairness_key = route.fairness_key(job.payload)
             return build_message(job, queue=route.queue, max_retry=route.max_retry,
                                  timeout=route.timeout, now=now, priority=route.priority,
                                  max_payload=app.max_payload_of(route) if app is not None
                                  else route.max_payload or MAX_PAYLOAD_BYTES,
                                  declared=route.declared, expires=route.expires,
-                                 debounce=route.debounce, debounce_max=route.debounce_max)
+                                 debounce=route.debounce, debounce_max=route.debounce_max,
+                                 fairness_key=fairness_key)
         except (ValueError, TypeError) as exc:
             if app is not None:
                 app.refusal_hooks(job, exc)

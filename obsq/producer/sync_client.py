@@ -91,8 +91,8 @@ class SyncClient:
                 group: str | None = None, priority: int | None = None,
                 expires: float | timedelta | datetime | None = None,
                 debounce_key: str | None = None, debounce: float | timedelta | None = None,
-                debounce_max: float | timedelta | None = None
-                ) -> TaskInfo[Any] | FlowInfo:
+                debounce_max: float | timedelta | None = None,
+                fairness_key: str | None = None) -> TaskInfo[Any] | FlowInfo:
         """Client.enqueue, blocking."""
         if isinstance(task_type, (Chain, Chord)):
             return self._run(self._client.enqueue(task_type))
@@ -102,13 +102,13 @@ class SyncClient:
                 delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
                 retention=retention, headers=headers, ordering_key=ordering_key, group=group,
                 priority=priority, expires=expires, debounce_key=debounce_key,
-                debounce=debounce, debounce_max=debounce_max))
+                debounce=debounce, debounce_max=debounce_max, fairness_key=fairness_key))
         return unless_duplicate(self.enqueue_many([Job(
             task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout, delay=delay,
             eta=eta, unique_for=unique_for, task_id=task_id, retention=retention,
             headers=headers, ordering_key=ordering_key, priority=priority,
             expires=expires, debounce_key=debounce_key, debounce=debounce,
-            debounce_max=debounce_max)])[0])
+            debounce_max=debounce_max, fairness_key=fairness_key)])[0])
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         app_hooks, hooks = self._client.producer_hooks

@@ -89,6 +89,12 @@ async def limited(task: obsq.Task) -> None:
     await span(task, task.payload["seconds"])
 
 
+@app.task("keyed", key_concurrency=1, fairness_key=lambda payload: payload["key"])
+async def keyed(task: obsq.Task) -> None:
+    """At most one at once per fairness key (payload["key"]) across all workers."""
+    await span(task, task.payload["seconds"])
+
+
 @app.task("paced", rate_limit="200/s")
 async def paced(task: obsq.Task) -> None:
     """At most 200 starts a second across all workers."""

@@ -37,6 +37,8 @@ async def test_exporter_serves_every_queue(redis_url, namespace, tmp_path):
         assert value(s, "obsq_redis_memory_used_bytes") > 0
         assert {name for name, _ in s} == {"obsq_queue_depth", "obsq_queue_latency_seconds",
                                            "obsq_queue_paused", "obsq_queue_partitions",
+                                           # no key waits: a count of 0, no key's series
+                                           "obsq_queue_fairness_keys",
                                            "obsq_workers",
                                            "obsq_redis_maxmemory_policy_ok",
                                            "obsq_redis_memory_used_bytes",

@@ -176,15 +176,69 @@ local function level_lists(pending_key)
   return levels
 end
 
--- Task `id` joins the pending list of its priority (nil: read from its hash; false: 0): at
+-- Fairness keys: a pending task with a key ('fk' in its hash) waits in its key's sorted set
+-- `fair:<key>`, ordered by priority, then as a pending list is: the handed back first, then
+-- in the order they became pending (a place drawn from the counter `fairseq`); `fairring`
+-- is the list of the keys with waiting tasks, plus '' standing for the plain pending lists
+-- while any key waits, which dequeue.lua rotates (the next turn at the right); `fairkeys`
+-- is the sorted set of those keys by their waiting tasks (what the tools show of them), and
+-- `fairn` counts the keyed tasks waiting (they count as pending). A queue with no keyed
+-- task has no ring: its fetch costs one EXISTS more.
+local FAIR_PRIORITY_SPAN = 281474976710656  -- 2^48 places per priority: 9 * 2^48 < 2^53
+
+local function fair_score(priority, first)
+  local place = first and 0 or redis.call('INCR', prefix .. @key_fair_places)
+  return int_text((9 - (tonumber(priority) or 0)) * FAIR_PRIORITY_SPAN + place)
+end
+
+-- Task `id` waits under fairness key `key`: at the back of the ring when the key had none.
+local function push_fair(id, key, priority, first)
+  local set = prefix .. @key_fair .. key
+  if redis.call('ZADD', set, fair_score(priority, first), id) == 0 then
+    return  -- there already
+  end
+  redis.call('INCR', prefix .. @key_fair_count)
+  if tonumber(redis.call('ZINCRBY', prefix .. @key_fair_waiting, 1, key)) == 1 then
+    local ring = prefix .. @key_fair_ring
+    if redis.call('EXISTS', ring) == 0 then
+      redis.call('LPUSH', ring, '')
+    end
+    redis.call('LPUSH', ring, key)
+  end
+end
+
+-- Up to `n` of fairness key `key`'s tasks, the first first, taken out of its set, and
+-- whether the key has none left: it then leaves `fairkeys` (the caller takes it out of the
+-- ring, and counts the tasks out of `fairn`, once for all it takes).
+local function pop_keyed(key, n)
+  local popped = redis.call('ZPOPMIN', prefix .. @key_fair .. key, n)
+  local ids = {}
+  for i = 1, #popped, 2 do
+    ids[#ids + 1] = popped[i]
+  end
+  local waiting = prefix .. @key_fair_waiting
+  if #ids == 0 or tonumber(redis.call('ZINCRBY', waiting, -#ids, key)) <= 0 then
+    redis.call('ZREM', waiting, key)
+    return ids, true
+  end
+  return ids, false
+end
+
+-- Task `id` joins the pending list of its priority (nil: read from its hash, with its
+-- fairness key; false: 0), or, when it has a fairness key (`fairness`), its key's set: at
 -- the head when `first` (it was handed back unfinished), else at the tail. A key holding
 -- no hash reads as priority 0: the dequeue sets it aside.
-local function push_pending(pending_key, id, first, priority)
+local function push_pending(pending_key, id, first, priority, fairness)
   if priority == nil then
-    priority = redis.pcall('HGET', task_key(id), 'pri')
-    if type(priority) ~= 'string' then
-      priority = false
+    local f = redis.pcall('HMGET', task_key(id), 'pri', 'fk')
+    priority, fairness = false, false
+    if not f.err then
+      priority, fairness = f[1] or false, f[2] or false
     end
+  end
+  if fairness and fairness ~= '' then
+    push_fair(id, fairness, priority, first)
+    return
   end
   local list = level_list(pending_key, priority)
   if list ~= pending_key then
@@ -194,6 +248,23 @@ local function push_pending(pending_key, id, first, priority)
     redis.call('RPUSH', list, id)
   else
     redis.call('LPUSH', list, id)
+  end
+end
+
+-- Pending task `id` (of `priority` and fairness key `fairness`, as its hash keeps them)
+-- leaves pending: cancelled or deleted.
+local function drop_pending(pending_key, id, priority, fairness)
+  if not fairness or fairness == '' then
+    redis.call('LREM', level_list(pending_key, priority), 1, id)
+    return
+  end
+  local set = prefix .. @key_fair .. fairness
+  if redis.call('ZREM', set, id) > 0 then
+    redis.call('DECR', prefix .. @key_fair_count)
+    if tonumber(redis.call('ZINCRBY', prefix .. @key_fair_waiting, -1, fairness)) <= 0 then
+      redis.call('ZREM', prefix .. @key_fair_waiting, fairness)
+      redis.call('LREM', prefix .. @key_fair_ring, 1, fairness)
+    end
   end
 end
 

@@ -65,7 +65,7 @@ end
 -- why, when its key holds no hash: it is set aside (task_aside).
 local function let_out(id, place)
   local key = task_key(id)
-  local f = redis.pcall('HMGET', key, 'state', 'pri', 'due', 'hc')
+  local f = redis.pcall('HMGET', key, 'state', 'pri', 'due', 'hc', 'fk')
   if f.err then
     redis.call('DECR', prefix .. @key_waiting)
     return false, task_aside(id, @key_held, now_ms())
@@ -83,6 +83,10 @@ local function let_out(id, place)
   redis.call('HDEL', key, 'held')
   place = tonumber(place or f[4]) or 0
   local pending = prefix .. @key_pending
+  if f[5] then  -- at the head of its fairness key's tasks
+    push_pending(pending, id, true, f[2] or false, f[5])
+    return true
+  end
   local list = level_list(pending, f[2])
   local head = redis.call('LINDEX', list, -1)
   if head then
@@ -175,17 +179,24 @@ end
 -- An attempt of task `id`, of type `task_type`, stops running: it gives back its route
 -- slot (`slot`; '' when it held none), and for each route it is covered by that holds
 -- tasks back, the best held may start again (its limit is checked anew when it does).
+-- A slot "<route>\n<fairness key>" (dequeue.lua: limited) is the key's of a route with
+-- limits per key: the attempt leaves the key's running set and the route's, and the best
+-- task held for that key may start again.
 local holding_patterns = nil
 local function release_limits(id, task_type, slot)
   if slot ~= '' then
+    local route = string.match(slot, '^(.-)\n')
     redis.call('SREM', prefix .. @key_running .. slot, id)
+    if route then
+      redis.call('SREM', prefix .. @key_running .. route, id)
+    end
     redis.call('HDEL', task_key(id), 'slot')
   end
   if holding_patterns == nil then
     holding_patterns = redis.call('SMEMBERS', prefix .. @key_holding)
   end
   for _, pattern in ipairs(holding_patterns) do
-    if covers(pattern, task_type) then
+    if covers(pattern, task_type) or pattern == slot then
       unhold(pattern)
     end
   end

@@ -18,7 +18,7 @@ if ARGV[@mode] == 'attempt' then
   return 1
 end
 local key = task_key(id)
-local f = redis.call('HMGET', key, 'state', 'held', 'ordk', 'ow', 'batch', 'pri', 'hc')
+local f = redis.call('HMGET', key, 'state', 'held', 'ordk', 'ow', 'batch', 'pri', 'hc', 'fk')
 local state = f[1]
 if not state then
   return ''
@@ -45,7 +45,7 @@ elseif f[2] then  -- held back by a route limit
 elseif f[3] and redis.call('LINDEX', prefix .. @key_ordering .. f[3], 0) ~= id then
   -- waiting behind its ordering key: end_cancelled takes it out of the key's list
 else
-  redis.call('LREM', level_list(KEYS[@k_pending], f[6]), 1, id)
+  drop_pending(KEYS[@k_pending], id, f[6], f[8])
   redis.call('ZREM', KEYS[@k_scheduled], id)
   redis.call('ZREM', KEYS[@k_retry], id)
 end

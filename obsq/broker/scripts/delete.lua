@@ -28,13 +28,13 @@ if ARGV[@mode] == 'id' then
   if redis.call('HEXISTS', KEYS[@k_active], id) == 1 then
     return 'running'
   end
-  local f = redis.call('HMGET', task_key(id), 'state', 'pri')
+  local f = redis.call('HMGET', task_key(id), 'state', 'pri', 'fk')
   local state = f[1]
   if not state then
     return ''
   end
   if state == 'pending' then
-    redis.call('LREM', level_list(KEYS[@k_pending], f[2]), -1, id)
+    drop_pending(KEYS[@k_pending], id, f[2], f[3])
   elseif state == 'aggregating' then
     leave_group(id)
   end
@@ -63,6 +63,25 @@ if key == KEYS[@k_pending] then
         ids[#ids + 1] = id
       end
     end
+  end
+  -- the tasks waiting under fairness keys, key by key
+  local keyed = 0
+  while #ids < batch do
+    local key = redis.call('ZRANGE', prefix .. @key_fair_waiting, 0, 0)[1]
+    if not key then
+      break
+    end
+    local got, emptied = pop_keyed(key, batch - #ids)
+    for _, id in ipairs(got) do
+      ids[#ids + 1] = id
+    end
+    keyed = keyed + #got
+    if emptied then
+      redis.call('LREM', prefix .. @key_fair_ring, 1, key)
+    end
+  end
+  if keyed > 0 then
+    redis.call('DECRBY', prefix .. @key_fair_count, keyed)
   end
   for _, held in ipairs(ranked) do
     if #ids < batch then
@@ -96,6 +115,7 @@ if key == KEYS[@k_pending] then
   for _, list in ipairs(levels) do
     left = left + redis.call('LLEN', list)
   end
+  left = left + (tonumber(redis.call('GET', prefix .. @key_fair_count)) or 0)
   for _, held in ipairs(ranked) do
     left = left + redis.call('ZCARD', held)
   end

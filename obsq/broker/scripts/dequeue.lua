@@ -100,11 +100,75 @@ end
 
 local levels = redis.call('SMEMBERS', prefix .. @key_levels)
 local floor = tonumber(ARGV[@floor])
+
+-- Up to `n` tasks of the plain pending lists (false: none), and the rank of the best left;
+-- `n` may be ARGV's text, which RPOP takes as it is.
+local function plain(n)
+  if #levels == 0 and not floor then
+    return redis.call('RPOP', KEYS[@k_pending], n), nil
+  end
+  return by_rank(levels, tonumber(n), floor)
+end
+
+-- With tasks waiting under fairness keys (_prelude.lua: push_fair): the keys of the ring
+-- take turns, each giving its best task (or as many as its weight), '' standing for the
+-- plain lists, so one key's backlog delays another key's task by one turn at most. Up to
+-- `n` ids and the rank of the best plain task left. A key left with no task leaves the
+-- ring, and the ring goes when only '' is left: the plain lists alone again.
+local ring = prefix .. @key_fair_ring
+local function by_turns(n, weights)
+  local ids, left, idle, keyed = {}, nil, 0, 0
+  local function add(got)
+    for _, id in ipairs(got or {}) do
+      ids[#ids + 1] = id
+    end
+    idle = (got and #got > 0) and 0 or idle + 1
+  end
+  while #ids < n and idle < 2 do  -- two empty turns in a row: '' and a key emptied by hand
+    local key = redis.call('LMOVE', ring, ring, 'RIGHT', 'LEFT')
+    if not key then
+      break
+    end
+    local take = math.min(weights and tonumber(weights[key]) or 1, n - #ids)
+    local shrunk = false
+    if key == '' then
+      local got
+      got, left = plain(take)
+      add(got)
+    else
+      local got, emptied = pop_keyed(key, take)
+      keyed = keyed + #got
+      if emptied then
+        redis.call('LPOP', ring)  -- the key LMOVE just put at the left
+        shrunk = true
+      end
+      add(got)
+    end
+    if shrunk or idle > 0 then
+      local size = redis.call('LLEN', ring)
+      if size == 0 or (size == 1 and redis.call('LINDEX', ring, 0) == '') then
+        redis.call('DEL', ring)
+        if #ids < n then
+          local got
+          got, left = plain(n - #ids)
+          add(got)
+        end
+        break
+      end
+    end
+  end
+  if keyed > 0 then
+    redis.call('DECRBY', prefix .. @key_fair_count, keyed)
+  end
+  return #ids > 0 and ids, left
+end
+
 local ids, left
-if #levels == 0 and not floor then
-  ids = redis.call('RPOP', KEYS[@k_pending], ARGV[@count])
+if redis.call('EXISTS', ring) == 1 then
+  ids, left = by_turns(tonumber(ARGV[@count]),
+                       ARGV[@weights] ~= '' and cjson.decode(ARGV[@weights]) or nil)
 else
-  ids, left = by_rank(levels, tonumber(ARGV[@count]), floor)
+  ids, left = plain(ARGV[@count])
 end
 if not ids and left then  -- none ranks before the floor: the tasks wait for their turn
   return {[@r_now] = now, [@r_dropped] = 0, [@r_count] = 0, [@r_ahead] = int_text(left),
@@ -132,43 +196,70 @@ local function best(entries, task_type)
   return found
 end
 
+-- Whether a start of a route's (or one of its fairness key's) tasks now keeps within its
+-- rate: each start takes `interval` ms from a clock kept in `rate:<slot>` that may run ahead
+-- of now by `tolerance` ms; a start beyond that is reserved for later: the time, else nil.
+local function reserved_start(slot, interval, tolerance)
+  local rate_key = prefix .. @key_rate .. slot
+  local free = math.max(tonumber(redis.call('GET', rate_key)) or now, now)
+  redis.call('SET', rate_key, free + interval, 'PX', math.ceil(free + interval - now) + 60000)
+  if free - now > tolerance then
+    return free
+  end
+end
+
 -- Why task `id` (`f`: its hash's fields, as read below) may not start now ('concurrency'
 -- or 'rate'), after setting it aside; else nil, and the route slot it takes ('' for none).
+-- A route with limits per fairness key (route[5]: concurrency, route[6], route[7]: rate
+-- interval and tolerance) counts a keyed task also in its key's slot, "<route>\n<key>"
+-- (no name holds a newline): its slot is then that one (release_limits).
 local function limited(id, f)
   local task_type, reserved = f[1], tonumber(f[10])
   local mine, route = best(limits.l, task_type), best(limits.g, task_type)
+  local key_slot = route and f[16] and ((route[5] or 0) > 0 or (route[6] or 0) > 0) and
+      route[1] .. '\n' .. f[16]
   local held_for = mine and mine[2] <= 0 and mine[1]
   if not held_for and route and route[2] > 0 and
       redis.call('SCARD', prefix .. @key_running .. route[1]) >= route[2] then
     held_for = route[1]
+  end
+  if not held_for and key_slot and route[5] > 0 and
+      redis.call('SCARD', prefix .. @key_running .. key_slot) >= route[5] then
+    held_for = key_slot
   end
   if held_for then
     local p = f[14] and string.match(f[14], '^[1-9]$')  -- as level_list reads it
     hold_back(id, held_for, rank(f[6], tonumber(p) or 0), f[11])
     return 'concurrency'
   end
-  if route and route[3] > 0 and not (reserved and reserved <= now) then
-    -- the route's rate as a cell rate: each start takes `interval` from a clock that may
-    -- run ahead of now by `tolerance`; a start beyond that is reserved for later
-    local rate_key = prefix .. @key_rate .. route[1]
-    local free = math.max(tonumber(redis.call('GET', rate_key)) or now, now)
-    redis.call('SET', rate_key, free + route[3], 'PX',
-               math.ceil(free + route[3] - now) + 60000)
-    if free - now > route[4] then
-      redis.call('HSET', task_key(id), 'state', 'scheduled', 'rsv', free)
-      redis.call('ZADD', prefix .. @key_scheduled, free, id)
+  if not (reserved and reserved <= now) then
+    -- the key's rate first: a start it reserves for later takes nothing of the route's
+    local later = key_slot and route[6] > 0 and reserved_start(key_slot, route[6], route[7])
+    if not later and route and route[3] > 0 then
+      later = reserved_start(route[1], route[3], route[4])
+    end
+    if later then
+      redis.call('HSET', task_key(id), 'state', 'scheduled', 'rsv', later)
+      redis.call('ZADD', prefix .. @key_scheduled, later, id)
       return 'rate'
     end
   end
   if mine then
     mine[2] = mine[2] - 1
   end
+  local slot = ''
   if route and route[2] > 0 then
     redis.call('SADD', prefix .. @key_running .. route[1], id)
-    redis.call('HSET', task_key(id), 'slot', route[1])
-    return nil, route[1]
+    slot = route[1]
   end
-  return nil, ''
+  if key_slot and route[5] > 0 then
+    redis.call('SADD', prefix .. @key_running .. key_slot, id)
+    slot = key_slot
+  end
+  if slot ~= '' then
+    redis.call('HSET', task_key(id), 'slot', slot)
+  end
+  return nil, slot
 end
 
 local fence = redis.call('INCRBY', KEYS[@k_fence], #ids) - #ids
@@ -178,7 +269,8 @@ local dropped, suspects, returned = 0, 0, 0
 local expired = {}
 for _, id in ipairs(ids) do
   local f = redis.pcall('HMGET', task_key(id), 'type', 'payload', 'headers', 'opts', 'retried',
-                        'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin', 'sus', 'pri', 'exp')
+                        'due', 'own', 'ordk', 'ow', 'rsv', 'hc', 'bin', 'sus', 'pri', 'exp',
+                        'fk')
   local why, slot = nil, ''
   if f.err then  -- its key holds no hash
     why = task_aside(id, @key_pending, now)
@@ -197,7 +289,7 @@ for _, id in ipairs(ids) do
     -- one suspect per fetch: its worker runs it alone, so the others go back to the head of
     -- the queue for other workers instead of waiting their turn in this one
     why = 'returned'
-    push_pending(KEYS[@k_pending], id, true, f[14])
+    push_pending(KEYS[@k_pending], id, true, f[14] or false, f[16])
     returned = returned + 1
   elseif limits then
     why, slot = limited(id, f)
@@ -240,7 +332,8 @@ for _, id in ipairs(ids) do
 end
 call_sliced('ZADD', KEYS[@k_lease], leases)
 call_sliced('HSET', KEYS[@k_active], owners)
-if not left and redis.call('LLEN', KEYS[@k_pending]) == 0 then
+if not left and redis.call('LLEN', KEYS[@k_pending]) == 0 and
+    redis.call('EXISTS', ring) == 0 then
   redis.call('DEL', KEYS[@k_wake])
 end
 if returned > 0 then
@@ -261,6 +354,9 @@ if ARGV[@ahead] == '1' then
     if id then
       out[@r_ahead] = int_text(tonumber(redis.pcall('HGET', task_key(id), 'due')) or now)
     end
+  end
+  if out[@r_ahead] == '' and redis.call('EXISTS', ring) == 1 then
+    out[@r_ahead] = int_text(now)  -- keyed tasks wait: ranked as due now
   end
 end
 for _, v in ipairs(tasks) do

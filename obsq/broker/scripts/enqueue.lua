@@ -150,6 +150,11 @@ for i = @items, #ARGV, @stride do
       fields[#fields + 1] = 'exp'
       fields[#fields + 1] = int_text(tonumber(now) + tonumber(ARGV[i + @expires]))
     end
+    local fairness = ARGV[i + @fairness]
+    if fairness ~= '' then
+      fields[#fields + 1] = 'fk'
+      fields[#fields + 1] = fairness
+    end
     local behind = false
     local ordering_key = ARGV[i + @ordering]
     if ordering_key ~= '' then
@@ -171,8 +176,8 @@ for i = @items, #ARGV, @stride do
       -- it waits for the tasks ahead of it on its key (release_successor)
     elseif state == 'scheduled' then
       redis.call('ZADD', KEYS[@k_scheduled], due, id)
-    elseif priority ~= '' then
-      push_pending(KEYS[@k_pending], id, false, priority)
+    elseif priority ~= '' or fairness ~= '' then
+      push_pending(KEYS[@k_pending], id, false, priority ~= '' and priority, fairness)
       woken = woken + 1
     else
       pending[#pending + 1] = id

@@ -3,7 +3,8 @@
 -- `cap` ids, so a page of a queue of millions costs what a page of ten does. By `order`:
 -- 'list', oldest first from the right end of each list of pending tasks, the highest
 -- priority first, then the held tasks of each route pattern in the order they would be let
--- out, then the tasks waiting behind their ordering key by when they were enqueued; 'head',
+-- out, then the tasks waiting behind their ordering key by when they were enqueued, then
+-- those waiting under a fairness key, key by key (the keys with most first); 'head',
 -- oldest first from the left end of a group; 'asc' or 'desc' by score.
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 local order, offset, limit, want, cap = ARGV[@order], tonumber(ARGV[@offset]), tonumber(ARGV[@limit]),
@@ -29,11 +30,22 @@ if order == 'list' then
   end
   segments[#segments + 1] = waiting
   sorted[waiting] = true
+  -- then the sets of the fairness keys with most waiting tasks, each in the order its tasks
+  -- start: their lengths read from `fairkeys`, and no more of them than a page looks at
+  -- tasks (the others are counted in the depth, not listed)
+  local keyed = redis.call('ZREVRANGE', prefix .. @key_fair_waiting, 0, cap - 1, 'WITHSCORES')
+  for i = 1, #keyed, 2 do
+    local set = prefix .. @key_fair .. keyed[i]
+    segments[#segments + 1] = set
+    sorted[set] = true
+    lengths[#segments] = tonumber(keyed[i + 1])
+  end
 end
 local total = 0
 if order == 'list' or order == 'head' then
   for i, key in ipairs(segments) do
-    lengths[i] = sorted[key] and redis.call('ZCARD', key) or redis.call('LLEN', key)
+    lengths[i] = lengths[i] or (sorted[key] and redis.call('ZCARD', key) or
+                                redis.call('LLEN', key))
     total = total + lengths[i]
   end
 else

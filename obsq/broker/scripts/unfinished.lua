@@ -5,7 +5,8 @@
 -- Returns their count.
 local left = 0
 if redis.call('EXISTS', KEYS[@k_paused]) == 0 then
-  left = redis.call('LLEN', KEYS[@k_pending])
+  left = redis.call('LLEN', KEYS[@k_pending]) +
+         (tonumber(redis.call('GET', prefix .. @key_fair_count)) or 0)
   for _, list in ipairs(level_lists(KEYS[@k_pending])) do
     left = left + redis.call('LLEN', list)
   end
