@@ -48,7 +48,7 @@ def project(tmp_path: Path, redis_url: str) -> Path:
 
 @pytest.fixture
 def readme_worker(project: Path, redis_url: str) -> Iterator[subprocess.Popen[str]]:
-    (command,) = [c for c in shell_commands() if c.startswith("obsq worker ")]
+    (command,) = [c for c in shell_commands() if c.startswith("obsq worker myproject.")]
     log = (project / "worker.log").open("w")
     worker = subprocess.Popen(shlex.split(command), cwd=project, stdout=log,
                               stderr=subprocess.STDOUT, text=True,
