@@ -166,6 +166,8 @@ def enqueue_statuses(reply: list[Any], count: int) -> list[Enqueued]:
     """enqueue.lua's reply (position, refusal, ...) as one status per message: a refusal is
     'id' (the id is taken) or 'unique:<holder>'; every other message was created."""
     statuses = [CREATED] * count
+    if not reply:  # most enqueues: every message created, nothing to read
+        return statuses
     for position, refusal in REPLIES["enqueue"].items(reply):
         holder = refusal.decode().partition("unique:")[2]
         statuses[int(position) - 1] = Enqueued(False, holder or None)

@@ -48,8 +48,11 @@ class EnqueueStep:
             self._refuse_unknown_types(self.app, jobs, group)
         return messages
 
-    def to_read(self, messages: Iterable[TaskMessage]) -> list[str]:
+    def to_read(self, messages: Sequence[TaskMessage]) -> list[str]:
         """The queues whose partition counts the transport reads from Redis before `plan`."""
+        if len(messages) == 1:  # most enqueues: no comprehension (a call of its own)
+            m = messages[0]
+            return [] if m.partition else self.placement.unknown((m.queue,))
         return self.placement.unknown([m.queue for m in messages if not m.partition])
 
     def plan(self, messages: list[TaskMessage], counts: dict[str, int],
@@ -148,7 +151,7 @@ class EnqueuePlan:
         """The TaskInfos in the order of the messages, from each group's statuses (in the
         order of `groups`)."""
         if len(replies) == 1:
-            return [info_after_enqueue(m, s) for m, s in zip(self.messages, replies[0])]
+            return list(map(info_after_enqueue, self.messages, replies[0]))
         statuses: dict[int, Enqueued] = {}  # by message object: two jobs may share a task_id
         for group, reply in zip(self.groups.values(), replies):
             statuses.update((id(m), status) for m, status in zip(group, reply))
@@ -373,7 +376,15 @@ class EnqueueCoalescer:
             else:
                 lane.busy = False
 
-    async def _write_all(self, queue: str, messages: list[TaskMessage]) -> list[Enqueued]:
+    def _write_all(self, queue: str, messages: list[TaskMessage]) -> Awaitable[list[Enqueued]]:
+        """The messages in script calls of at most `batch` each (most enqueues: one call,
+        with no coroutine of its own around it)."""
+        if len(messages) <= self._batch:
+            return self._write(queue, messages)
+        return self._write_batches(queue, messages)
+
+    async def _write_batches(self, queue: str, messages: list[TaskMessage]
+                             ) -> list[Enqueued]:
         statuses: list[Enqueued] = []
         for start in range(0, len(messages), self._batch):
             statuses += await self._write(queue, messages[start:start + self._batch])
