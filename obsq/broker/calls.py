@@ -35,6 +35,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 from urllib.parse import urlsplit
@@ -567,6 +568,7 @@ class Deadlines:
         self._timers: dict[float, asyncio.TimerHandle] = {}  # by length
         self._keys = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None  # where the timers are armed
+        self._clock: Callable[[], float] = time.monotonic  # the loop's time()
 
     async def run(self, name: str, call: Awaitable[T], seconds: float | None = None,
                   error: TimedOut | None = None) -> T:
@@ -575,12 +577,15 @@ class Deadlines:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # first use, or used again on another loop
             self._loop, self._running, self._timers = loop, {}, {}
+            # asyncio's own clock read without its method's frame (a call per enqueue)
+            self._clock = (time.monotonic if type(loop).time is asyncio.BaseEventLoop.time
+                           else loop.time)
         task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("a deadline needs a task to cancel")
         if seconds is None:
             seconds = self.seconds
-        key, start = next(self._keys), loop.time()
+        key, start = next(self._keys), self._clock()
         running = self._running.get(seconds)
         if running is None:
             running = self._running[seconds] = {}
