@@ -211,8 +211,7 @@ class Client:
         written with the enqueues other callers make at the same time (EnqueueCoalescer),
         the queues at once."""
         # awaited only when a partition count is to be read: an await costs its CPU
-        plan = (await self.plan(messages) if self.step.to_read(messages)
-                else self.step.plan(messages, {}))
+        plan = self.step.plan_known(messages) or await self.plan(messages)
         if self._queues.unregistered(plan.groups):  # the common case awaits nothing here
             await self.ensure_queues(plan.groups)
         if len(plan.groups) == 1:

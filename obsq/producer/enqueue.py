@@ -50,10 +50,21 @@ class EnqueueStep:
 
     def to_read(self, messages: Sequence[TaskMessage]) -> list[str]:
         """The queues whose partition counts the transport reads from Redis before `plan`."""
-        if len(messages) == 1:  # most enqueues: no comprehension (a call of its own)
-            m = messages[0]
-            return [] if m.partition else self.placement.unknown((m.queue,))
         return self.placement.unknown([m.queue for m in messages if not m.partition])
+
+    def plan_known(self, messages: list[TaskMessage]) -> EnqueuePlan | None:
+        """`plan` when every count it needs is known (None: `to_read` names some to read
+        first); one message, most enqueues, placed in one step."""
+        if len(messages) != 1:
+            return None if self.to_read(messages) else self.plan(messages, {})
+        m = messages[0]
+        if not m.partition:
+            placement = self.placement
+            names = placement.partitions(m.queue, placement.stale())
+            if names is None:
+                return None
+            placement.place(m, names)
+        return EnqueuePlan(messages, {m.partition or m.queue: messages})
 
     def plan(self, messages: list[TaskMessage], counts: dict[str, int],
              group: str = "") -> EnqueuePlan:
@@ -240,13 +251,30 @@ class Placement:
     def unknown(self, queues: Iterable[str]) -> list[str]:
         """Those of `queues` whose count must be read from Redis first (a loop: most
         enqueues find none, and a comprehension is a call of its own before 3.12)."""
-        stale = self._now() - LOOKUP_TTL
-        declared, learned = self._declared, self._learned
+        stale = self.stale()
         found: set[str] = set()
         for q in queues:
-            if q not in declared and SEPARATOR not in q and learned.get(q, NEVER_READ)[1] <= stale:
+            if self.partitions(q, stale) is None:
                 found.add(q)
         return sorted(found) if found else []
+
+    def stale(self) -> float:
+        """When a count read before is read again."""
+        return self._now() - LOOKUP_TTL
+
+    def partitions(self, queue: str, stale: float) -> tuple[str, ...] | None:
+        """Where a task given `queue` goes by the counts known: the queue itself or its
+        partitions, or () for a partition's own name (kept: an operator may address one
+        partition); None when its count is to be read first (neither declared nor read
+        after `stale`)."""
+        if SEPARATOR in queue:
+            return ()
+        count = self._declared.get(queue)
+        if not count:
+            count, read_at = self._learned.get(queue, NEVER_READ)
+            if read_at <= stale:
+                return None
+        return partition_names(queue, count)
 
     def learn(self, counts: dict[str, int]) -> None:
         now = self._now()
@@ -265,15 +293,20 @@ class Placement:
                 continue
             names = partitions_of.get(m.queue)
             if names is None:
-                count = self.count(m.queue)
-                names = partitions_of[m.queue] = (
-                    () if SEPARATOR in m.queue else (m.queue,) if count == 1
-                    else partition_names(m.queue, count))
-            if len(names) > 1:
-                m.partition = choose(names, placement_key(
-                    m.id, m.ordering_key, m.unique_key, group and f"{m.type} {group}"))
-            elif not names:
-                m.partition, m.queue = m.queue, queue_of(m.queue)
+                names = self.partitions(m.queue, NEVER_READ[1])
+                if names is None:  # its count could not be read: one partition
+                    names = (m.queue,)
+                partitions_of[m.queue] = names
+            self.place(m, names, group)
+
+    @staticmethod
+    def place(m: TaskMessage, names: tuple[str, ...], group: str = "") -> None:
+        """Set the message's partition among `names` (as `partitions` gave them)."""
+        if len(names) > 1:
+            m.partition = choose(names, placement_key(
+                m.id, m.ordering_key, m.unique_key, group and f"{m.type} {group}"))
+        elif not names:
+            m.partition, m.queue = m.queue, queue_of(m.queue)
 
 
 # -- producer hooks composed around a write ----------------------------------------------
