@@ -1,9 +1,9 @@
 """One enqueue, whichever transport writes it: the Client's event loop (each queue's group
 through the EnqueueCoalescer) or the SyncClient's caller thread (through the
 BlockingProducer). Both ask this step the same things in the same order: the jobs checked
-and encoded (`prepare`), the partition counts to read (`to_read`), each message placed and
-the messages grouped by queue (`plan`: one script call writes one queue's) and the
-TaskInfos in the caller's order from the statuses Redis replied (`EnqueuePlan.answer`).
+and encoded (`prepare`), the plan when every partition count is known (`plan_known`, most
+enqueues), else the counts to read (`to_read`) and then each message placed and the
+messages grouped by queue (`plan`: one script call writes one queue's); and the TaskInfos in the caller's order from the statuses Redis replied (`EnqueuePlan.answer`).
 Only the Redis calls between are the transport's, so the two cannot drift apart. Flows
 and grouped enqueues use the same preparation and placement.
 
