@@ -3,7 +3,8 @@ through the EnqueueCoalescer) or the SyncClient's caller thread (through the
 BlockingProducer). Both ask this step the same things in the same order: the jobs checked
 and encoded (`prepare`), the plan when every partition count is known (`plan_known`, most
 enqueues), else the counts to read (`to_read`) and then each message placed and the
-messages grouped by queue (`plan`: one script call writes one queue's); and the TaskInfos in the caller's order from the statuses Redis replied (`EnqueuePlan.answer`).
+messages grouped by queue (`plan`: one script call writes one queue's); and the TaskInfos
+in the caller's order from the statuses Redis replied (`EnqueuePlan.answer`).
 Only the Redis calls between are the transport's, so the two cannot drift apart. Flows
 and grouped enqueues use the same preparation and placement.
 
@@ -253,7 +254,7 @@ class Placement:
         enqueues find none, and a comprehension is a call of its own before 3.12)."""
         stale = self.stale()
         found: set[str] = set()
-        for q in queues:
+        for q in set(queues):  # each queue once: a batch's tasks mostly share one
             if self.partitions(q, stale) is None:
                 found.add(q)
         return sorted(found) if found else []
@@ -297,7 +298,8 @@ class Placement:
                 if names is None:  # its count could not be read: one partition
                     names = (m.queue,)
                 partitions_of[m.queue] = names
-            self.place(m, names, group)
+            if len(names) != 1:  # a queue of one partition: nothing to set (most tasks)
+                self.place(m, names, group)
 
     @staticmethod
     def place(m: TaskMessage, names: tuple[str, ...], group: str = "") -> None:
