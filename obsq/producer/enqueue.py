@@ -44,7 +44,8 @@ class EnqueueStep:
         refused, then (`check_types`) UnknownTaskType naming every type the App cannot run;
         each refusal told to the refusal hooks. `group`: grouped tasks, whose aggregator
         runs, not a handler."""
-        messages = [self._message(job, now) for job in jobs]
+        messages = ([self._message(jobs[0], now)] if len(jobs) == 1  # most: no comprehension
+                    else [self._message(job, now) for job in jobs])
         if check_types and self.app is not None:
             self._refuse_unknown_types(self.app, jobs, group)
         return messages
