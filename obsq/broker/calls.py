@@ -35,6 +35,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 from urllib.parse import urlsplit
@@ -247,13 +248,14 @@ class RedisCalls:
                         "(`obsq doctor` lists the junk)", queue, as_text(row.name),
                         as_text(row.why or b""))
 
-    async def _producer_script(self, name: str, keys: Sequence[str], args: Sequence[Any]
-                               ) -> Any:
+    def _producer_script(self, name: str, keys: Sequence[str], args: Sequence[Any]
+                         ) -> Awaitable[Any]:
         """A script call on the runner's kept connection when it is free, else on one from
-        the pool; with `durable_replicas`, followed by WAIT (_script_replicated)."""
+        the pool; with `durable_replicas`, followed by WAIT (_script_replicated). Not a
+        coroutine of its own: an enqueue's every frame costs its CPU."""
         if self.durable_replicas:
-            return await self._script_replicated(name, keys, args)
-        return await self._guard(name, self.runner.call_kept(scripts()[name], keys, args))
+            return self._script_replicated(name, keys, args)
+        return self._guard(name, self.runner.call_kept(scripts()[name], keys, args))
 
     async def _script_replicated(self, name: str, keys: Sequence[str], args: Sequence[Any]
                                  ) -> Any:
@@ -353,12 +355,39 @@ class Runner(_Args):
     async def call_kept(self, script: Script, keys: Sequence[str], args: Sequence[Any]
                         ) -> Any:
         """On the kept connection while it is free, else on one from the pool (another
-        queue's batch is using it)."""
-        if self.kept is None or self._kept_busy:
+        queue's batch is using it). The kept connection is used by one caller at a time,
+        with nothing else in flight on it; its commands are packed by hiredis at once
+        (redis-py's asyncio packer encodes every argument in Python: 9 µs of an enqueue's
+        150). One the server closed while it sat idle (a restart) is made again before the
+        call; one that failed or was cancelled halfway is closed, as a reply may be left
+        unread on it, and made again at the next call."""
+        connection = self.kept
+        if connection is None or self._kept_busy:
             return await self.call(script, keys, args)
         self._kept_busy = True
         try:
-            return await _on_connection(self.kept, script, self.words(script, keys, args))
+            try:
+                # the check a pool makes before lending a connection
+                stale = connection.is_connected and await connection.can_read()
+            except RedisConnectionError:
+                stale = True
+            if stale:
+                await connection.disconnect()
+            packed = [pack_command(("EVALSHA", *self.words(script, keys, args)))]
+            for attempt in range(2):
+                try:
+                    await connection.send_packed_command(packed, check_health=False)
+                    return await connection.read_response()
+                except ResponseError as exc:
+                    if attempt or not is_noscript(exc):
+                        raise
+                    await connection.send_command("SCRIPT", "LOAD", script.source)
+                    await connection.read_response()
+        except ResponseError:
+            raise
+        except BaseException:
+            await connection.disconnect(nowait=True)
+            raise
         finally:
             self._kept_busy = False
 
@@ -475,42 +504,9 @@ class BlockingRunner(_Args):
             self._redis.close()
 
 
-# A kept connection is used by one caller at a time, with nothing else in flight on it. Its
-# commands are packed by hiredis at once (redis-py's asyncio packer encodes every argument
-# in Python: 9 µs of an enqueue's 150). One the server closed while it sat idle (a
-# restart) is made again before the call; one that failed or was cancelled halfway is
-# closed, as a reply may be left unread on it, and made again at the next call.
-
-
-async def _on_connection(connection: Any, script: Script, words: tuple) -> Any:
-    """`script` on a kept redis-py asyncio connection."""
-    try:
-        try:
-            # the check a pool makes before lending a connection
-            stale = connection.is_connected and await connection.can_read()
-        except RedisConnectionError:
-            stale = True
-        if stale:
-            await connection.disconnect()
-        packed = [pack_command(("EVALSHA", *words))]
-        for attempt in range(2):
-            try:
-                await connection.send_packed_command(packed, check_health=False)
-                return await connection.read_response()
-            except ResponseError as exc:
-                if attempt or not is_noscript(exc):
-                    raise
-                await connection.send_command("SCRIPT", "LOAD", script.source)
-                await connection.read_response()
-    except ResponseError:
-        raise
-    except BaseException:
-        await connection.disconnect(nowait=True)
-        raise
-
-
 def _on_blocking_connection(connection: Any, script: Script, words: tuple) -> Any:
-    """`script` on a kept redis-py blocking connection."""
+    """`script` on a kept redis-py blocking connection, used as Runner.call_kept uses its
+    asyncio one."""
     try:
         try:
             stale = connection.can_read()  # connects one that is not
@@ -538,14 +534,6 @@ def _on_blocking_connection(connection: Any, script: Script, words: tuple) -> An
 T = TypeVar("T")
 P = ParamSpec("P")
 TimedOut = Callable[[str, float], BaseException]  # (operation, seconds) -> the error raised
-
-
-def cancelling(task: asyncio.Task[Any]) -> int:
-    """The cancellations asked of `task` and not taken back, where tasks count them
-    (Python 3.11+, or on 3.10 a task factory's tasks that backport it, as pytest-asyncio's
-    runner's); else 0: a cancellation caught is simply over."""
-    counted = getattr(task, "cancelling", None)
-    return counted() if counted is not None else 0
 
 
 def uncancel(task: asyncio.Task[Any]) -> int:
@@ -586,6 +574,7 @@ class Deadlines:
         self._timers: dict[float, asyncio.TimerHandle] = {}  # by length
         self._keys = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None  # where the timers are armed
+        self._clock: Callable[[], float] = time.monotonic  # the loop's time()
 
     async def run(self, name: str, call: Awaitable[T], seconds: float | None = None,
                   error: TimedOut | None = None) -> T:
@@ -594,17 +583,25 @@ class Deadlines:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # first use, or used again on another loop
             self._loop, self._running, self._timers = loop, {}, {}
+            # asyncio's own clock read without its method's frame (a call per enqueue)
+            self._clock = (time.monotonic if type(loop).time is asyncio.BaseEventLoop.time
+                           else loop.time)
         task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("a deadline needs a task to cancel")
         if seconds is None:
             seconds = self.seconds
-        key, start = next(self._keys), loop.time()
+        key, start = next(self._keys), self._clock()
         running = self._running.get(seconds)
         if running is None:
             running = self._running[seconds] = {}
+        # the cancellations asked of the task and not taken back, where tasks count them
+        # (3.11+, or on 3.10 a task factory's tasks that backport it, as pytest-asyncio's);
+        # else 0: a cancellation caught is simply over (looked up here, not in a helper:
+        # a call per enqueue)
+        counted = getattr(task, "cancelling", None)
         running[key] = (task, start, self._blocked() if self._blocked else 0.0,
-                        cancelling(task))
+                        counted() if counted is not None else 0)
         if seconds not in self._timers:
             self._timers[seconds] = loop.call_at(start + seconds, self._due, loop, seconds)
         try:

@@ -13,7 +13,7 @@ from typing import Any
 
 from obsq.broker.calls import RedisCalls, ScriptCall
 from obsq.broker.records import Ended, Enqueued
-from obsq.broker.wire import REPLIES, EndEntry, argv
+from obsq.broker.wire import LAYOUTS, REPLIES, EndEntry, argv
 from obsq.names import stored_count
 from obsq.settings import INBOX_BATCH, INBOX_TTL
 from obsq.task import TaskMessage
@@ -151,17 +151,20 @@ class Producing(RedisCalls):
         await self._guard("read_inbox", pipe.execute())
 
 
+ENQUEUE_LAYOUT = LAYOUTS["enqueue"]  # packed at every enqueue: without argv's lookup
+
+
 def enqueue_args(messages: Sequence[TaskMessage], memory_share: float) -> list[Any]:
     """enqueue.lua's arguments: the producers' share of maxmemory, then each message's
     fields (wire.py's layout)."""
-    return argv("enqueue", [(m.id, "1" if m.id_chosen else "", m.type, m.payload,
-                             "bin" if m.binary else "payload", m.encoded_headers(),
-                             m.encoded_options(), int(m.delay * 1000), m.unique_key,
-                             int(m.unique_for * 1000), m.ordering_key, m.priority or "",
-                             max(round(m.expires * 1000), 1) if m.expires else "",
-                             m.encoded_debounce(), m.fairness_key)
-                            for m in messages],
-                share=memory_share)
+    return ENQUEUE_LAYOUT.pack([(m.id, "1" if m.id_chosen else "", m.type, m.payload,
+                                 "bin" if m.binary else "payload", m.encoded_headers(),
+                                 m.encoded_options(), int(m.delay * 1000), m.unique_key,
+                                 int(m.unique_for * 1000), m.ordering_key, m.priority or "",
+                                 max(round(m.expires * 1000), 1) if m.expires else "",
+                                 m.encoded_debounce(), m.fairness_key)
+                                for m in messages],
+                               share=memory_share)
 
 
 def enqueue_statuses(reply: list[Any], count: int) -> list[Enqueued]:
@@ -169,6 +172,8 @@ def enqueue_statuses(reply: list[Any], count: int) -> list[Enqueued]:
     'id' (the id is taken) or 'unique:<holder>', and 'debounced:<task>' names the waiting
     task whose payload the message replaced; every other message was created."""
     statuses = [CREATED] * count
+    if not reply:  # most enqueues: every message created, nothing to read
+        return statuses
     for position, refusal in REPLIES["enqueue"].items(reply):
         kind, _, holder = refusal.decode().partition(":")
         statuses[int(position) - 1] = Enqueued(False, holder or None, kind == "debounced")

@@ -40,7 +40,7 @@ _SPEC = re.compile(r"\*\((?P<items>[\w ]+)\)|(?P<rest>\w+)\.\.\.|(?P<name>\w+)")
 class Layout:
     """One script's ARGV after now."""
 
-    __slots__ = ("_mode_field", "_modes", "constants")
+    __slots__ = ("_mode_field", "_modes", "_only", "constants")
 
     def __init__(self, spec: str = "", modes: dict[str, str] | None = None) -> None:
         if modes is not None and len(spec.split()) != 1:
@@ -49,6 +49,8 @@ class Layout:
         self.constants: dict[str, int] = {}
         self._modes = {mode: self._parse(f"{spec} {rest}") for mode, rest in
                        (modes or {"": ""}).items()}
+        # a script without modes: its one variant, looked up without a call per pack
+        self._only = self._modes[""] if modes is None else None
 
     def _parse(self, spec: str) -> tuple[list[str], tuple[str, ...], str]:
         """(fixed names, item fields, rest name) of a spec, its positions added to
@@ -84,18 +86,18 @@ class Layout:
 
     def mode_of(self, value: Any) -> tuple[list[str], tuple[str, ...], str]:
         """(fixed names, item fields, rest name) of the mode the mode field's `value` picks."""
-        if self._modes.keys() == {""}:
-            return self._modes[""]
+        if self._only is not None:
+            return self._only
         mode = self._modes.get(value.decode() if isinstance(value, bytes) else str(value))
         return mode or self._modes["*"]
 
     def pack(self, items: Iterable[Sequence[Any]] = (), **fields: Any) -> list[Any]:
         """ARGV after now: the named fields, then the items (each a sequence in the
         declared order) or the rest list (passed by its name)."""
-        names, item_fields, rest = self.mode_of(fields.get(self._mode_field, ""))
+        names, item_fields, rest = self._only or self.mode_of(fields.get(self._mode_field, ""))
         if len(fields) != len(names) + bool(rest):
             raise TypeError(f"expected {names} {rest}, got {sorted(fields)}")
-        args = [fields[name] for name in names]
+        args = list(map(fields.__getitem__, names))  # not a comprehension: one call less
         if rest:
             args += fields[rest]
         stride = len(item_fields)

@@ -261,7 +261,8 @@ class Client:
         """The innermost layer, the enqueue step on the event loop: each queue's group
         written with the enqueues other callers make at the same time (EnqueueCoalescer),
         the queues at once."""
-        plan = await self.plan(messages)
+        # awaited only when a partition count is to be read: an await costs its CPU
+        plan = self.step.plan_known(messages) or await self.plan(messages)
         if self._queues.unregistered(plan.groups):  # the common case awaits nothing here
             await self.ensure_queues(plan.groups)
         if len(plan.groups) == 1:

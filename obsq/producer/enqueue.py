@@ -1,9 +1,10 @@
 """One enqueue, whichever transport writes it: the Client's event loop (each queue's group
 through the EnqueueCoalescer) or the SyncClient's caller thread (through the
 BlockingProducer). Both ask this step the same things in the same order: the jobs checked
-and encoded (`prepare`), the partition counts to read (`to_read`), each message placed and
-the messages grouped by queue (`plan`: one script call writes one queue's) and the
-TaskInfos in the caller's order from the statuses Redis replied (`EnqueuePlan.answer`).
+and encoded (`prepare`), the plan when every partition count is known (`plan_known`, most
+enqueues), else the counts to read (`to_read`) and then each message placed and the
+messages grouped by queue (`plan`: one script call writes one queue's); and the TaskInfos
+in the caller's order from the statuses Redis replied (`EnqueuePlan.answer`).
 Only the Redis calls between are the transport's, so the two cannot drift apart. Flows
 and grouped enqueues use the same preparation and placement.
 
@@ -42,7 +43,8 @@ class JobChecks:
         refused, then (`check_types`) UnknownTaskType naming every type the App cannot run;
         each refusal told to the refusal hooks. `group`: grouped tasks, whose aggregator
         runs, not a handler."""
-        messages = [self._message(job, now) for job in jobs]
+        messages = ([self._message(jobs[0], now)] if len(jobs) == 1  # most: no comprehension
+                    else [self._message(job, now) for job in jobs])
         if check_types and self.app is not None:
             self._refuse_unknown_types(self.app, jobs, group)
         return messages
@@ -109,6 +111,20 @@ class EnqueueStep(JobChecks):
         """The queues whose partition counts the transport reads from Redis before `plan`."""
         return self.placement.unknown([m.queue for m in messages if not m.partition])
 
+    def plan_known(self, messages: list[TaskMessage]) -> EnqueuePlan | None:
+        """`plan` when every count it needs is known (None: `to_read` names some to read
+        first); one message, most enqueues, placed in one step."""
+        if len(messages) != 1:
+            return None if self.to_read(messages) else self.plan(messages, {})
+        m = messages[0]
+        if not m.partition:
+            placement = self.placement
+            names = placement.partitions(m.queue, placement.stale())
+            if names is None:
+                return None
+            placement.place(m, names)
+        return EnqueuePlan(messages, {m.partition or m.queue: messages})
+
     def plan(self, messages: list[TaskMessage], counts: dict[str, int],
              group: str = "") -> EnqueuePlan:
         """Each message placed in its partition (`counts`: those `to_read` named, as read),
@@ -165,7 +181,7 @@ class EnqueuePlan:
         """The TaskInfos in the order of the messages, from each group's statuses (in the
         order of `groups`)."""
         if len(replies) == 1:
-            return [info_after_enqueue(m, s) for m, s in zip(self.messages, replies[0])]
+            return list(map(info_after_enqueue, self.messages, replies[0]))
         statuses: dict[int, Enqueued] = {}  # by message object: two jobs may share a task_id
         for group, reply in zip(self.groups.values(), replies):
             statuses.update((id(m), status) for m, status in zip(group, reply))
@@ -257,13 +273,30 @@ class Placement:
     def unknown(self, queues: Iterable[str]) -> list[str]:
         """Those of `queues` whose count must be read from Redis first (a loop: most
         enqueues find none, and a comprehension is a call of its own before 3.12)."""
-        stale = self._now() - LOOKUP_TTL
-        declared, learned = self._declared, self._learned
+        stale = self.stale()
         found: set[str] = set()
-        for q in queues:
-            if q not in declared and SEPARATOR not in q and learned.get(q, NEVER_READ)[1] <= stale:
+        for q in set(queues):  # each queue once: a batch's tasks mostly share one
+            if self.partitions(q, stale) is None:
                 found.add(q)
         return sorted(found) if found else []
+
+    def stale(self) -> float:
+        """When a count read before is read again."""
+        return self._now() - LOOKUP_TTL
+
+    def partitions(self, queue: str, stale: float) -> tuple[str, ...] | None:
+        """Where a task given `queue` goes by the counts known: the queue itself or its
+        partitions, or () for a partition's own name (kept: an operator may address one
+        partition); None when its count is to be read first (neither declared nor read
+        after `stale`)."""
+        if SEPARATOR in queue:
+            return ()
+        count = self._declared.get(queue)
+        if not count:
+            count, read_at = self._learned.get(queue, NEVER_READ)
+            if read_at <= stale:
+                return None
+        return partition_names(queue, count)
 
     def learn(self, counts: dict[str, int]) -> None:
         now = self._now()
@@ -282,16 +315,22 @@ class Placement:
                 continue
             names = partitions_of.get(m.queue)
             if names is None:
-                count = self.count(m.queue)
-                names = partitions_of[m.queue] = (
-                    () if SEPARATOR in m.queue else (m.queue,) if count == 1
-                    else partition_names(m.queue, count))
-            if len(names) > 1:
-                m.partition = choose(names, placement_key(
-                    m.id, m.ordering_key, m.unique_key, group and f"{m.type} {group}",
-                    m.debounce_key and f"{m.type} {m.debounce_key}"))
-            elif not names:
-                m.partition, m.queue = m.queue, queue_of(m.queue)
+                names = self.partitions(m.queue, NEVER_READ[1])
+                if names is None:  # its count could not be read: one partition
+                    names = (m.queue,)
+                partitions_of[m.queue] = names
+            if len(names) != 1:  # a queue of one partition: nothing to set (most tasks)
+                self.place(m, names, group)
+
+    @staticmethod
+    def place(m: TaskMessage, names: tuple[str, ...], group: str = "") -> None:
+        """Set the message's partition among `names` (as `partitions` gave them)."""
+        if len(names) > 1:
+            m.partition = choose(names, placement_key(
+                m.id, m.ordering_key, m.unique_key, group and f"{m.type} {group}",
+                m.debounce_key and f"{m.type} {m.debounce_key}"))
+        elif not names:
+            m.partition, m.queue = m.queue, queue_of(m.queue)
 
 
 # -- producer hooks composed around a write ----------------------------------------------
@@ -405,7 +444,15 @@ class EnqueueCoalescer:
             else:
                 lane.busy = False
 
-    async def _write_all(self, queue: str, messages: list[TaskMessage]) -> list[Enqueued]:
+    def _write_all(self, queue: str, messages: list[TaskMessage]) -> Awaitable[list[Enqueued]]:
+        """The messages in script calls of at most `batch` each (most enqueues: one call,
+        with no coroutine of its own around it)."""
+        if len(messages) <= self._batch:
+            return self._write(queue, messages)
+        return self._write_batches(queue, messages)
+
+    async def _write_batches(self, queue: str, messages: list[TaskMessage]
+                             ) -> list[Enqueued]:
         statuses: list[Enqueued] = []
         for start in range(0, len(messages), self._batch):
             statuses += await self._write(queue, messages[start:start + self._batch])

@@ -127,8 +127,11 @@ class SyncClient:
         (a Redis restarted empty forgot it), is registered by the Client (once for both, on
         its event-loop thread)."""
         step = self._client.step
-        unknown = step.to_read(messages)
-        plan = step.plan(messages, self._producer.partition_counts(unknown) if unknown else {})
+        plan = step.plan_known(messages)
+        if plan is None:
+            unknown = step.to_read(messages)
+            plan = step.plan(messages,
+                             self._producer.partition_counts(unknown) if unknown else {})
         if self._client.queues_due(plan.groups):
             self._run(self._client.ensure_queues(plan.groups))
         return plan.answer([self._producer.enqueue(queue, group)

@@ -7,7 +7,7 @@ is about times, the server's own elsewhere."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from support import redis_now_ms
@@ -86,7 +86,7 @@ async def test_a_delayed_task_due_after_its_expiry_never_runs(app, start_env) ->
         ran.append(task.id)
 
     env = await start_env()
-    now = datetime.fromtimestamp(env.clock.time(), UTC)
+    now = datetime.fromtimestamp(env.clock.time(), timezone.utc)
     gone = await env.client.enqueue("later", delay=120, expires=timedelta(seconds=60),
                                     retention=3600)
     kept = await env.client.enqueue("later", delay=30, expires=now + timedelta(minutes=1),
@@ -113,7 +113,7 @@ async def test_a_routes_expiry_is_its_tasks_default(app, start_env) -> None:
     (-1, ValueError, "expires must be"),
     (float("nan"), ValueError, "expires must be"),
     (timedelta(0), ValueError, "expires must be"),
-    (datetime(2020, 1, 1, tzinfo=UTC), ValueError, "has passed already"),
+    (datetime(2020, 1, 1, tzinfo=timezone.utc), ValueError, "has passed already"),
     (datetime(2099, 1, 1), ValueError, "must be an aware datetime"),
     ("60", TypeError, "expires must be seconds, a timedelta or an aware datetime"),
     (True, TypeError, "expires must be seconds"),
@@ -129,7 +129,7 @@ async def test_an_expiry_that_cannot_be_is_refused_and_nothing_written(
 
 def test_a_route_expiry_is_a_length_of_time(app) -> None:
     with pytest.raises(TypeError, match="a route's expires is a length of time"):
-        app.task("r", expires=datetime(2099, 1, 1, tzinfo=UTC))
+        app.task("r", expires=datetime(2099, 1, 1, tzinfo=timezone.utc))
     with pytest.raises(ValueError, match="expires must be"):
         app.task("r", expires=-5)
 
