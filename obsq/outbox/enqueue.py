@@ -75,7 +75,9 @@ class Outbox:
                 unique_for: float | timedelta | None = None, task_id: str | None = None,
                 retention: float | timedelta | None = None,
                 headers: dict[str, str] | None = None, ordering_key: str | None = None,
-                priority: int | None = None) -> str: ...
+                priority: int | None = None,
+                expires: float | timedelta | datetime | None = None,
+                fairness_key: str | None = None) -> str: ...
 
     @overload
     def enqueue(self, conn: AsyncTarget, task_type: str, payload: Any = None, *,
@@ -85,7 +87,9 @@ class Outbox:
                 unique_for: float | timedelta | None = None, task_id: str | None = None,
                 retention: float | timedelta | None = None,
                 headers: dict[str, str] | None = None, ordering_key: str | None = None,
-                priority: int | None = None) -> Awaitable[str]: ...
+                priority: int | None = None,
+                expires: float | timedelta | datetime | None = None,
+                fairness_key: str | None = None) -> Awaitable[str]: ...
 
     def enqueue(self, conn: SyncTarget | AsyncTarget, task_type: str, payload: Any = None, *,
                 queue: str | None = None, max_retry: int | None = None,
@@ -94,18 +98,21 @@ class Outbox:
                 unique_for: float | timedelta | None = None, task_id: str | None = None,
                 retention: float | timedelta | None = None,
                 headers: dict[str, str] | None = None, ordering_key: str | None = None,
-                priority: int | None = None) -> str | Awaitable[str]:
+                priority: int | None = None,
+                expires: float | timedelta | datetime | None = None,
+                fairness_key: str | None = None) -> str | Awaitable[str]:
         """Write the task in `conn`'s transaction (a Connection or Session, scoped or not,
         or their async kinds: then await the call) and return the id it will have in Redis.
-        The options are Client.enqueue's; ValueError/TypeError (UnknownTaskType) before
-        anything is written. The task is enqueued once the transaction commits; its delay
-        counts from now."""
+        The options are Client.enqueue's (but debounce, which names a task by its key, not
+        its id); ValueError/TypeError (UnknownTaskType) before anything is written. The
+        task is enqueued once the transaction commits; its delay and expiry count from
+        now."""
         headers = dict(headers or {})
         propagate.inject(headers)  # the trace of the request that enqueued it goes on
         job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
                   delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
                   retention=retention, headers=headers, ordering_key=ordering_key,
-                  priority=priority)
+                  priority=priority, expires=expires, fairness_key=fairness_key)
         now = time.time()
         message = self.checks.prepare([job], now)[0]
         statement = self._insert(row_of(message, now))

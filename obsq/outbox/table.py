@@ -9,6 +9,7 @@ the time the task is due, so that the time a row waits for the relay counts in i
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,6 +29,7 @@ from sqlalchemy import (
 from obsq.task import Job, TaskMessage
 
 DEFAULT_TABLE = "obsq_outbox"
+EXPIRED_ON_ARRIVAL = 0.001  # seconds: the least expiry Redis keeps (it counts in ms)
 
 
 def outbox_table(metadata: MetaData, name: str = DEFAULT_TABLE) -> Table:
@@ -67,18 +69,28 @@ def row_of(m: TaskMessage, now: float) -> dict[str, Any]:
         options["headers"] = m.headers
     if m.binary:
         options["binary"] = True
+    if m.expires:
+        options["expires_at"] = now + m.expires  # counted from the enqueue, not the relay
+    if m.fairness_key:
+        options["fairness_key"] = m.fairness_key
     return {"task_id": m.id, "type": m.type, "payload": m.payload,
             "options": orjson.dumps(options).decode(), "enqueued_at": now}
 
 
 def job_of(task_id: str, task_type: str, payload: bytes, options_json: str) -> Job:
-    """The Job that enqueues a row's task in Redis under the id it was given at enqueue."""
+    """The Job that enqueues a row's task in Redis under the id it was given at enqueue. A
+    row whose expiry passed while it waited is sent to expire at once: it ends dead with
+    TaskExpired, never run."""
     options = orjson.loads(options_json)
     due = options.get("due")
+    expires_at = options.get("expires_at")
+    expires = None if expires_at is None else max(expires_at - time.time(),
+                                                  EXPIRED_ON_ARRIVAL)
     return Job(task_type, bytes(payload) if options.get("binary") else orjson.loads(payload),
                queue=options["queue"], max_retry=options.get("max_retry"),
                timeout=options.get("timeout"), retention=options.get("retention"),
                eta=None if due is None else datetime.fromtimestamp(due, timezone.utc),
                unique_for=options.get("unique_for"), task_id=task_id,
                headers=options.get("headers") or {},
-               ordering_key=options.get("ordering_key"), priority=options.get("priority"))
+               ordering_key=options.get("ordering_key"), priority=options.get("priority"),
+               expires=expires, fairness_key=options.get("fairness_key"))

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import obsq
+from obsq.broker import QueueKeys
 from obsq.outbox import Outbox, Relay
 from obsq.outbox.metrics import watch_relay
 from obsq.outbox.relay import sync_engine
@@ -252,3 +253,30 @@ def test_a_scoped_session_writes_and_anything_else_is_refused(
     with pytest.raises(TypeError, match="Connection or Session"):
         outbox.enqueue(outbox.engine, "email:send", {})  # type: ignore[call-overload]
     assert waiting(outbox) == 1
+
+
+async def test_expiry_counts_from_the_enqueue_and_the_fairness_key_goes_along(
+        database_url: str, table_name: str, relay_client: obsq.Client, app: obsq.App,
+        start_worker, raw_redis, namespace: str) -> None:
+    """A row's expiry is counted from the transaction's enqueue, not from the relay's send:
+    one that passed while it waited for the relay ends dead with TaskExpired, never run;
+    the fairness key reaches the task."""
+    ran: list[str] = []
+
+    @app.task("report:build")
+    async def build(task: obsq.Task) -> None:
+        ran.append(task.id)
+
+    outbox = outbox_of(database_url, table_name, app)
+    with outbox.engine.begin() as conn:  # type: ignore[union-attr]
+        late = outbox.enqueue(conn, "report:build", 1, expires=0.2, retention=60)
+        keyed = outbox.enqueue(conn, "report:build", 2, fairness_key="tenant-7",
+                               expires=600, retention=60)
+    await asyncio.sleep(0.4)  # the relay comes after the first one's expiry
+    assert await Relay(database_url, relay_client, table_name=table_name).relay_batch() == 2
+    assert raw_redis.hget(QueueKeys(namespace, "default").task(keyed), "fk") == b"tenant-7"
+    await start_worker()
+    with pytest.raises(obsq.TaskExpired):
+        await relay_client.result(late, timeout=10)
+    await relay_client.result(keyed, timeout=10)
+    assert ran == [keyed]
