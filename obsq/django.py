@@ -22,6 +22,7 @@ import re
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
@@ -33,19 +34,21 @@ from django.apps import apps
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 from django.dispatch import receiver
 from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules, import_string
 
 import obsq.errors
-from obsq.app import App
+from obsq.app import App, Hooks
 from obsq.errors import SkipRetry, StartupError, TaskNotFound
 from obsq.inspection.inspected import TaskDetail
 from obsq.inspection.inspector import Inspector
 from obsq.names import check_seconds, validate_namespace
+from obsq.producer.enqueue import JobChecks
 from obsq.producer.sync_client import SyncClient
 from obsq.settings import DEFAULT_NAMESPACE, DEFAULT_REDIS_URL
+from obsq.task import Job
 from obsq.task import Task as ObsqTask
 
 try:  # Django 6 and later
@@ -70,7 +73,8 @@ TYPE_PREFIX = "django:"  # a Django task's obsq type: the prefix, then its modul
 # give max_retry. Its result is kept a day (OPTIONS' retention), as a task's progress is.
 DEFAULT_MAX_RETRY = 0
 DEFAULT_RETENTION = 24 * 3600.0
-OPTION_NAMES = ("redis_url", "namespace", "retention", "max_retry", "timeout")
+OPTION_NAMES = ("redis_url", "namespace", "retention", "max_retry", "timeout", "outbox",
+                "outbox_table")
 # the process running a task, as the TaskResult's worker_ids name the current attempt's
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -104,7 +108,10 @@ class ObsqBackend(BaseTaskBackend):
     OPTIONS: `redis_url` (else OBSQ_REDIS_URL), `namespace` (else OBSQ_NAMESPACE),
     `retention` (seconds a result is kept, a day by default), `max_retry` (retries of a task
     that raises, 0 by default as Django's API has none), `timeout` (seconds a task may run,
-    obsq's default of 1800 otherwise)."""
+    obsq's default of 1800 otherwise), `outbox` (the alias of a database of DATABASES: each
+    task is written as a row of that database's outbox table, `outbox_table`, obsq_outbox
+    by default, in the transaction the enqueue runs in, and `obsq outbox` moves it to Redis
+    once committed; without it a task goes to Redis at once)."""
 
     supports_defer = True
     supports_async_task = True
@@ -132,6 +139,12 @@ class ObsqBackend(BaseTaskBackend):
         self.timeout: float | None = self.options.get("timeout")
         if self.timeout is not None:
             check_seconds("timeout", self.timeout)
+        self.outbox: str | None = self.options.get("outbox")
+        if self.outbox is not None and self.outbox not in settings.DATABASES:
+            raise ImproperlyConfigured(f"TASKS[{alias!r}]['OPTIONS']['outbox'] names the "
+                                       f"database its tasks are written to: {self.outbox!r} "
+                                       f"is none of DATABASES ({', '.join(settings.DATABASES)})")
+        self.outbox_table: str | None = self.options.get("outbox_table")  # None: obsq's
 
     def enqueue(self, task: Task, args: Sequence[object], kwargs: Mapping[str, object]
                 ) -> TaskResult:
@@ -145,13 +158,38 @@ class ObsqBackend(BaseTaskBackend):
                                    "priority": task.priority, "backend": self.alias}
         if task.run_after is not None:
             call["run_after"] = task.run_after.isoformat()
-        info = _shared(_clients, SyncClient, self.redis_url, self.namespace).enqueue(
-            TYPE_PREFIX + task.module_path, call, queue=task.queue_name,
-            priority=obsq_priority(task.priority), eta=task.run_after, retention=self.retention,
-            max_retry=self.max_retry, timeout=self.timeout)
-        object.__setattr__(result, "id", info.id)  # as Django's backends set their results'
+        job = Job(TYPE_PREFIX + task.module_path, call, queue=task.queue_name,
+                  priority=obsq_priority(task.priority), eta=task.run_after,
+                  retention=self.retention, max_retry=self.max_retry, timeout=self.timeout)
+        if self.outbox is None:
+            task_id = _shared(_clients, SyncClient, self.redis_url,
+                              self.namespace).enqueue_many([job])[0].id
+        else:
+            task_id = self._write_row(job)
+        object.__setattr__(result, "id", task_id)  # as Django's backends set their results'
         task_enqueued.send(type(self), task_result=result)
         return result
+
+    def _write_row(self, job: Job) -> str:
+        """The task as a row of the outbox table, through the outbox database's connection:
+        in the transaction the enqueue runs in (`transaction.atomic`), committed or rolled
+        back with it (obsq.outbox's row; on PostgreSQL the relay is notified at the commit)."""
+        from obsq.outbox.table import DEFAULT_TABLE, row_of  # obsq[outbox]: SQLAlchemy
+
+        now = time.time()
+        message = JobChecks(None, Hooks("refusal hook")).prepare([job], now)[0]
+        row = row_of(message, now)
+        connection = connections[self.outbox]
+        name = self.outbox_table or DEFAULT_TABLE
+        table = connection.ops.quote_name(name)
+        with connection.cursor() as cursor:
+            cursor.execute(f"INSERT INTO {table} (task_id, type, payload, options, enqueued_at) "
+                           "VALUES (%s, %s, %s, %s, %s)", [row["task_id"], row["type"],
+                                                           row["payload"], row["options"],
+                                                           row["enqueued_at"]])
+            if connection.vendor == "postgresql":
+                cursor.execute("SELECT pg_notify(%s, '')", [name])
+        return message.id
 
     def get_result(self, result_id: str) -> TaskResult:
         """The task as Redis keeps it; TaskResultDoesNotExist once it is gone (its retention

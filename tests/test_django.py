@@ -276,6 +276,42 @@ def test_enqueue_on_commit_enqueues_nothing_until_the_commit(shop: dict[str, Any
         task_enqueued.disconnect(record)
 
 
+def test_through_the_outbox_a_task_is_written_with_its_transaction(
+        shop: dict[str, Any]) -> None:
+    """OPTIONS' `outbox`: the enqueue writes a row in the transaction it runs in (none when
+    it rolls back); the relay moves the committed row to Redis, the worker runs it, and the
+    TaskResult's id is the task's."""
+    import asyncio
+
+    from django.db import transaction
+    from sqlalchemy import create_engine, text
+
+    from obsq.outbox import Outbox, Relay
+
+    engine = create_engine(f"sqlite:///{shop['database']}")
+    Outbox(engine).create_table()
+    Order, send_receipt = shop["models"].Order, shop["tasks"].send_receipt
+    outboxed = send_receipt.using(backend="outboxed")
+    with contextlib.suppress(RuntimeError), transaction.atomic():
+        order = Order.objects.create(email="ro@example.com", total_cents=100)
+        outboxed.enqueue(order.pk)
+        raise RuntimeError("rolled back")
+    with transaction.atomic():
+        order = Order.objects.create(email="ib@example.com", total_cents=100)
+        result = outboxed.enqueue(order.pk)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT task_id FROM obsq_outbox")).scalars().all() == [
+            result.id]
+
+    async def relay() -> int:
+        async with obsq.Client(shop["redis_url"], shop["namespace"]) as client:
+            return await Relay(engine, client).relay_batch()
+    assert asyncio.run(relay()) == 1
+    assert ended(result).status == "SUCCESSFUL"
+    assert result.return_value == f"receipt for order {order.pk} sent to ib@example.com"
+    engine.dispose()
+
+
 def test_a_result_that_is_not_there_does_not_exist(shop: dict[str, Any]) -> None:
     try:
         from django.tasks.exceptions import TaskResultDoesNotExist
@@ -336,6 +372,8 @@ def test_an_option_the_backend_does_not_take_is_refused(shop: dict[str, Any]) ->
         ObsqBackend("default", {"OPTIONS": {"redis_host": "localhost"}})
     with pytest.raises(ImproperlyConfigured, match="max_retry'] must be a whole number"):
         ObsqBackend("default", {"OPTIONS": {"max_retry": "3"}})
+    with pytest.raises(ImproperlyConfigured, match="'replica' is none of DATABASES"):
+        ObsqBackend("default", {"OPTIONS": {"outbox": "replica"}})
     backend = ObsqBackend("default", {"OPTIONS": {"namespace": "shop"}})
     assert (backend.namespace, backend.max_retry, backend.retention) == ("shop", 0, 86400)
 

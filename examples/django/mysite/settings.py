@@ -40,4 +40,11 @@ TASKS = {
         "QUEUES": ["default"],
         "OPTIONS": {**OBSQ, "max_retry": 3},
     },
+    # tasks written as rows of the outbox table in the enqueue's own transaction, moved to
+    # Redis once committed by `obsq outbox --database-url sqlite:///shop.sqlite3`
+    "outboxed": {
+        "BACKEND": "obsq.django.ObsqBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {**OBSQ, "outbox": "default"},
+    },
 }
