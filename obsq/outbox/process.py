@@ -46,6 +46,8 @@ async def run_relay(relay: Relay, *, http_port: int | None = None,
                                   live=loop_liveness(loop), ready=relay.problem, status=status)
             log.info("outbox relay of %s: metrics and probes on :%d", relay.table.name,
                      server.port)
+        log.info("outbox relay of %s started: moving committed rows to namespace %s",
+                 relay.table.name, relay.client.namespace)
         await relay.run()
     finally:
         remove_signals()

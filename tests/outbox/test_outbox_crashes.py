@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import MetaData, func, select
-from support import ROOT, ObsqProcess, obsq_env, sync_redis
+from support import ROOT, ObsqProcess, obsq_env, sync_redis, wait_for
 
 from obsq.outbox import Outbox
 from obsq.outbox.relay import sync_engine
@@ -58,6 +58,9 @@ def test_killed_producers_and_relays_lose_nothing_and_double_nothing(
         relay = start_relay(database_url, table_name, admin_redis_url, namespace,
                             tmp_path / "relay-last.log")
         relays.append(relay)
+        # stopped below once started: a SIGTERM before its handlers are in place is a kill
+        wait_for(lambda: "started: moving committed rows" in relay.log(), timeout=30,
+                 what="the last relay to start")
         deadline = time.monotonic() + 60
         with engine.connect() as conn:
             while conn.scalar(select(func.count()).select_from(outbox.table)):
