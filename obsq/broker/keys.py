@@ -67,12 +67,14 @@ KEY_NAMES = {
     # order within it (priority first, then their place); the ring of the keys with waiting
     # tasks, plus '' for the plain pending lists while any key waits; the zset of those keys
     # -> their waiting tasks; the count of the keyed tasks waiting (they count as pending);
-    # the counter their places are drawn from
+    # the counter their places are drawn from; the zset of those keys -> when the task next
+    # in line of each became due (ms: the queue's latency counts the oldest)
     "fair": "fair:",
     "fair_ring": "fairring",
     "fair_waiting": "fairkeys",
     "fair_count": "fairn",
     "fair_places": "fairseq",
+    "fair_age": "fairage",
     # task groups (group.lua, claim_batches.lua, end_batch.lua describe the rest)
     "group_types": "gtypes",  # set of the task types with groups
     "grouped": "grouped",  # counter: grouped tasks not yet aggregated

@@ -53,6 +53,25 @@ async def test_a_key_s_backlog_delays_another_key_s_task_by_one_turn(stepped) ->
     assert await _fetch(stepped.broker) == []
 
 
+async def test_the_queue_s_latency_counts_the_keyed_tasks(stepped) -> None:
+    """A backlog under fairness keys ages the queue's latency as a plain one does: the
+    oldest of each key's task next in line."""
+    clock = stepped.broker.clock
+    await stepped.enqueue_many([obsq.Job("t", f"a{n}", fairness_key="A") for n in range(3)])
+    clock.set(clock.now_ms + 30_000)
+    await stepped.enqueue("t", "b0", fairness_key="B")
+    clock.set(clock.now_ms + 10_000)
+
+    async def latency() -> float:
+        return (await stepped.broker.queue_stats(["default"]))["default"].latency
+
+    assert await latency() == pytest.approx(40, abs=0.1)  # A's first, enqueued 40 s ago
+    await _fetch(stepped.broker, 2)  # one of A, then B: A's next in line is as old
+    assert await latency() == pytest.approx(40, abs=0.1)
+    await _fetch(stepped.broker, 10)
+    assert await latency() == 0
+
+
 async def test_keys_take_turns_in_one_fetch_and_no_key_is_one_key(stepped) -> None:
     await stepped.enqueue_many([obsq.Job("t", f"a{n}", fairness_key="A") for n in range(3)])
     await stepped.enqueue_many([obsq.Job("t", f"n{n}") for n in range(3)])

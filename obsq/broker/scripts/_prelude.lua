@@ -182,13 +182,23 @@ end
 -- is the list of the keys with waiting tasks, plus '' standing for the plain pending lists
 -- while any key waits, which dequeue.lua rotates (the next turn at the right); `fairkeys`
 -- is the sorted set of those keys by their waiting tasks (what the tools show of them), and
--- `fairn` counts the keyed tasks waiting (they count as pending). A queue with no keyed
--- task has no ring: its fetch costs one EXISTS more.
+-- `fairn` counts the keyed tasks waiting (they count as pending), and `fairage` keeps, for
+-- each key, when its task next in line became due (the queue's latency: stats.lua). A queue
+-- with no keyed task has no ring: its fetch costs one EXISTS more.
 local FAIR_PRIORITY_SPAN = 281474976710656  -- 2^48 places per priority: 9 * 2^48 < 2^53
 
 local function fair_score(priority, first)
   local place = first and 0 or redis.call('INCR', prefix .. @key_fair_places)
   return int_text((9 - (tonumber(priority) or 0)) * FAIR_PRIORITY_SPAN + place)
+end
+
+-- `fairage` of key `key`, which has tasks left: when its task next in line became due.
+local function next_in_line(key)
+  local head = redis.call('ZRANGE', prefix .. @key_fair .. key, 0, 0)[1]
+  local due = head and tonumber(redis.call('HGET', task_key(head), 'due'))
+  if due then
+    redis.call('ZADD', prefix .. @key_fair_age, due, key)
+  end
 end
 
 -- Task `id` waits under fairness key `key`: at the back of the ring when the key had none.
@@ -198,7 +208,13 @@ local function push_fair(id, key, priority, first)
     return  -- there already
   end
   redis.call('INCR', prefix .. @key_fair_count)
-  if tonumber(redis.call('ZINCRBY', prefix .. @key_fair_waiting, 1, key)) == 1 then
+  if tonumber(redis.call('ZINCRBY', prefix .. @key_fair_waiting, 1, key)) > 1 then
+    if first then  -- handed back: next in line now
+      next_in_line(key)
+    end
+  else
+    redis.call('ZADD', prefix .. @key_fair_age,
+               tonumber(redis.call('HGET', task_key(id), 'due')) or now_ms(), key)
     local ring = prefix .. @key_fair_ring
     if redis.call('EXISTS', ring) == 0 then
       redis.call('LPUSH', ring, '')
@@ -219,10 +235,13 @@ local function pop_keyed(key, n)
   local waiting = prefix .. @key_fair_waiting
   if #ids == 0 or tonumber(redis.call('ZINCRBY', waiting, -#ids, key)) <= 0 then
     redis.call('ZREM', waiting, key)
+    redis.call('ZREM', prefix .. @key_fair_age, key)
     return ids, true
   end
+  next_in_line(key)
   return ids, false
 end
+
 
 -- Task `id` joins the pending list of its priority (nil: read from its hash, with its
 -- fairness key; false: 0), or, when it has a fairness key (`fairness`), its key's set: at
@@ -263,7 +282,10 @@ local function drop_pending(pending_key, id, priority, fairness)
     redis.call('DECR', prefix .. @key_fair_count)
     if tonumber(redis.call('ZINCRBY', prefix .. @key_fair_waiting, -1, fairness)) <= 0 then
       redis.call('ZREM', prefix .. @key_fair_waiting, fairness)
+      redis.call('ZREM', prefix .. @key_fair_age, fairness)
       redis.call('LREM', prefix .. @key_fair_ring, 1, fairness)
+    else
+      next_in_line(fairness)
     end
   end
 end

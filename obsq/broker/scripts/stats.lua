@@ -1,7 +1,7 @@
 -- Depth of every state, age of the oldest pending task and the pause flag of one queue.
 -- Pending counts the tasks a route limit holds back or that wait for their ordering key,
--- and those waiting under a fairness key (their age is not read), and the `top` fairness
--- keys with most waiting tasks are named;
+-- and those waiting under a fairness key (the age of each key's next in line is read), and
+-- the `top` fairness keys with most waiting tasks are named;
 -- aggregating, the grouped tasks no batch has taken yet (group.lua).
 -- KEYS, ARGV and the reply: declared in obsq/broker/wire.py
 local now = now_ms()
@@ -15,6 +15,11 @@ for _, list in ipairs(lists) do  -- pending, and the lists of its other prioriti
     oldest = due
   end
   pending = pending + redis.call('LLEN', list)
+end
+-- the keyed tasks: each key's task next in line, the oldest of them
+local keyed = redis.call('ZRANGE', prefix .. @key_fair_age, 0, 0, 'WITHSCORES')[2]
+if keyed and (oldest < 0 or tonumber(keyed) < oldest) then
+  oldest = tonumber(keyed)
 end
 local waiting = (tonumber(redis.call('GET', prefix .. @key_waiting)) or 0) +
                 (tonumber(redis.call('GET', prefix .. @key_fair_count)) or 0)
