@@ -20,8 +20,8 @@ PACKAGE = ROOT / "obsq"
 # subpackages; "obsq" alone is the package root, the public names.
 LAYERS = (
     ("obsq.__main__", "obsq.cli"),
-    ("obsq.ops", "obsq.outbox"),
-    ("obsq", "obsq.testing", "obsq.pytest_plugin", "obsq.django"),
+    ("obsq.ops", "obsq.outbox", "obsq.django"),
+    ("obsq", "obsq.testing", "obsq.pytest_plugin"),
     ("obsq.observability",),
     ("obsq.inspection",),
     ("obsq.engine",),
