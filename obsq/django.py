@@ -145,6 +145,7 @@ class ObsqBackend(BaseTaskBackend):
                                        f"database its tasks are written to: {self.outbox!r} "
                                        f"is none of DATABASES ({', '.join(settings.DATABASES)})")
         self.outbox_table: str | None = self.options.get("outbox_table")  # None: obsq's
+        self._checks = JobChecks(None, Hooks("refusal hook"))  # an outbox row's, at enqueue
 
     def enqueue(self, task: Task, args: Sequence[object], kwargs: Mapping[str, object]
                 ) -> TaskResult:
@@ -177,7 +178,7 @@ class ObsqBackend(BaseTaskBackend):
         from obsq.outbox.table import DEFAULT_TABLE, row_of  # obsq[outbox]: SQLAlchemy
 
         now = time.time()
-        message = JobChecks(None, Hooks("refusal hook")).prepare([job], now)[0]
+        message = self._checks.prepare([job], now)[0]
         row = row_of(message, now)
         connection = connections[self.outbox]
         name = self.outbox_table or DEFAULT_TABLE

@@ -37,6 +37,7 @@ from obsq.observability.tracing import (
     SYSTEM,
     error_type,
     installed,
+    otlp_protocol,
     resource,
 )
 
@@ -62,12 +63,6 @@ def requested_exporters() -> list[str]:
     return [e for e in named if e and e != "none"]
 
 
-def _protocol() -> str:
-    """OTEL_EXPORTER_OTLP_(METRICS_)PROTOCOL, http/protobuf by default."""
-    return (os.environ.get("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
-            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
-
-
 def missing_for_export() -> str | None:
     """What OTEL_METRICS_EXPORTER asks to push metrics with that is not installed, said with
     how to install it; None when nothing is missing or nothing is asked."""
@@ -77,7 +72,7 @@ def missing_for_export() -> str | None:
     needed = ["opentelemetry.sdk.metrics"]
     if "otlp" in exporters:
         needed.append("opentelemetry.exporter.otlp.proto.grpc.metric_exporter"
-                      if _protocol() == "grpc"
+                      if otlp_protocol("METRICS") == "grpc"
                       else "opentelemetry.exporter.otlp.proto.http.metric_exporter")
     missing = [module for module in needed if not installed(module)]
     if not missing:
@@ -131,7 +126,7 @@ def _exporter(name: str) -> Any:
     if name != "otlp":
         raise ConfigurationError(f"{EXPORTER_ENV}={name!r}: obsq supports otlp, console or "
                                  "none")
-    protocol = _protocol()
+    protocol = otlp_protocol("METRICS")
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc import metric_exporter as grpc
 

@@ -298,9 +298,10 @@ def requested_exporters() -> list[str]:
     return [e for e in exporters if e and e != "none"]
 
 
-def _protocol() -> str:
-    """OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL, http/protobuf by default."""
-    return (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+def otlp_protocol(signal: str = "TRACES") -> str:
+    """OTEL_EXPORTER_OTLP_<signal>_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL (`signal`:
+    TRACES or METRICS), http/protobuf by default."""
+    return (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
             or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
 
 
@@ -320,7 +321,7 @@ def missing_for_export() -> str | None:
         return None
     needed = ["opentelemetry.sdk.trace"]
     if "otlp" in exporters:
-        protocol = _protocol()
+        protocol = otlp_protocol()
         if protocol == "grpc":
             needed.append("opentelemetry.exporter.otlp.proto.grpc.trace_exporter")
         elif protocol == "http/protobuf" and not env_flag("OBSQ_FASTOTEL"):
@@ -402,7 +403,7 @@ def _processor(name: str) -> Any:
     if name != "otlp":
         raise ConfigurationError(f"OTEL_TRACES_EXPORTER={name!r}: obsq supports otlp, console "
                                  "or none")
-    protocol = _protocol()
+    protocol = otlp_protocol()
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
             OTLPSpanExporter as GrpcExporter,
