@@ -183,11 +183,10 @@ class ObsqBackend(BaseTaskBackend):
         connection = connections[self.outbox]
         name = self.outbox_table or DEFAULT_TABLE
         table = connection.ops.quote_name(name)
+        columns = ", ".join(map(connection.ops.quote_name, row))  # the row's, as row_of made it
         with connection.cursor() as cursor:
-            cursor.execute(f"INSERT INTO {table} (task_id, type, payload, options, enqueued_at) "
-                           "VALUES (%s, %s, %s, %s, %s)", [row["task_id"], row["type"],
-                                                           row["payload"], row["options"],
-                                                           row["enqueued_at"]])
+            cursor.execute(f"INSERT INTO {table} ({columns}) VALUES "
+                           f"({', '.join(['%s'] * len(row))})", list(row.values()))
             if connection.vendor == "postgresql":
                 cursor.execute("SELECT pg_notify(%s, '')", [name])
         return message.id
