@@ -235,12 +235,12 @@ class TaskMessage:
         chosen = {k: v for k, v in options.items() if v is not None}
         return orjson.dumps(chosen) if chosen else b""
 
-    def encoded_debounce(self) -> str:
-        """enqueue.lua's `debounce` field: "<debounce ms> <debounce_max ms> <key>", or ""."""
-        if not self.debounce_key:
-            return ""
-        return (f"{max(round(self.debounce * 1000), 1)} {round(self.debounce_max * 1000)} "
-                f"{self.debounce_key}")
+    @property
+    def rare(self) -> bool:
+        """Whether it is given any of the options few tasks are (enqueue.lua's `rare`)."""
+        return bool(self.id_chosen or self.binary or self.unique_key or self.ordering_key
+                    or self.priority or self.expires or self.debounce_key
+                    or self.fairness_key)
 
 
 def build_message(job: Job, *, queue: str | None = None, max_retry: int | None = None,

@@ -74,7 +74,8 @@ def test_a_field_added_to_a_record_without_the_lua_fails(name: str) -> None:
     code = _code(BODIES[name])
     assert argv_mismatch(code, LAYOUTS[name], wire.REPLIES.get(name)) == set()
     fixed, item, _ = next(v for v in LAYOUTS[name].variants.values() if v[1])
-    grown = Layout(" ".join(fixed) + f" *({' '.join(item)} added)") if len(
+    packed = {field: " ".join(names) for field, names in LAYOUTS[name].packed.items()}
+    grown = Layout(" ".join(fixed) + f" *({' '.join(item)} added)", packed=packed) if len(
         LAYOUTS[name].variants) == 1 else None
     if grown is not None:
         assert argv_mismatch(code, grown, wire.REPLIES.get(name)) == {"added"}

@@ -164,3 +164,13 @@ def test_an_end_entry_is_read_in_the_order_notify_done_writes_it() -> None:
     entry = EndEntry("t1", "dead", b"line\nnext")
     assert EndEntry.read(entry.written()) == entry
     assert EndEntry.read(b"junk") == EndEntry("junk", "", b"")
+
+
+def test_a_packed_field_holds_its_declared_values_in_order() -> None:
+    layout = Layout("share *(id rest)", packed={"rest": "a b"})
+    assert layout.constants["rest_a"] == 1 and layout.constants["rest_b"] == 2
+    assert layout.packed_value("rest", b=2, a="x") == b'["x",2]'
+    with pytest.raises(TypeError):
+        layout.packed_value("rest", a="x")  # b is missing
+    with pytest.raises(ValueError, match="not in"):
+        Layout("share *(id)", packed={"rest": "a"})

@@ -157,14 +157,22 @@ ENQUEUE_LAYOUT = LAYOUTS["enqueue"]  # packed at every enqueue: without argv's l
 def enqueue_args(messages: Sequence[TaskMessage], memory_share: float) -> list[Any]:
     """enqueue.lua's arguments: the producers' share of maxmemory, then each message's
     fields (wire.py's layout)."""
-    return ENQUEUE_LAYOUT.pack([(m.id, "1" if m.id_chosen else "", m.type, m.payload,
-                                 "bin" if m.binary else "payload", m.encoded_headers(),
-                                 m.encoded_options(), int(m.delay * 1000), m.unique_key,
-                                 int(m.unique_for * 1000), m.ordering_key, m.priority or "",
-                                 max(round(m.expires * 1000), 1) if m.expires else "",
-                                 m.encoded_debounce(), m.fairness_key)
+    return ENQUEUE_LAYOUT.pack([(m.id, m.type, m.payload, m.encoded_headers(),
+                                 m.encoded_options(), int(m.delay * 1000),
+                                 rare_options(m) if m.rare else b"")
                                 for m in messages],
                                share=memory_share)
+
+
+def rare_options(m: TaskMessage) -> bytes:
+    """enqueue.lua's `rare` field of a message given any of the options few tasks are."""
+    return ENQUEUE_LAYOUT.packed_value(
+        "rare", own=int(m.id_chosen), binary=int(m.binary), unique=m.unique_key,
+        unique_for=int(m.unique_for * 1000), ordering=m.ordering_key, priority=m.priority,
+        expires=max(round(m.expires * 1000), 1) if m.expires else 0,
+        debounce_key=m.debounce_key, debounce=max(round(m.debounce * 1000), 1)
+        if m.debounce_key else 0, debounce_max=round(m.debounce_max * 1000),
+        fairness=m.fairness_key)
 
 
 def enqueue_statuses(reply: list[Any], count: int) -> list[Enqueued]:

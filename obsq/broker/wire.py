@@ -18,7 +18,11 @@ A spec lists ARGV after "now" (the runner's, always first): plain names in order
 `*(a b c)` for items repeated to the end (Lua: `for i = @items, #ARGV, @stride`, fields
 `ARGV[i + @a]`), or `name...` for plain values to the end (`for i = @name, #ARGV`). A
 script whose first field picks a mode (`modes`) declares each mode's fields after it; a
-name means the same position in every mode; mode "*" is any other value.
+name means the same position in every mode; mode "*" is any other value. A field may pack
+values that few calls give (`packed`): '' when none is given, else a JSON array of them
+in their declared order (`Layout.packed_value`), which the script decodes once and reads at
+`@<field>_<name>` (1-based); each argument costs the client's encoder, Redis's parser and
+the script's ARGV table, and most calls would send each of these empty.
 
 What Redis replies is read alike in every broker module (`as_text`, `as_count`,
 `as_number`): bytes that are not UTF-8 kept readable, and a field written by hand that is
@@ -32,6 +36,8 @@ from collections import namedtuple
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+import orjson
+
 from obsq.broker.keys import TASK_STATES
 
 _SPEC = re.compile(r"\*\((?P<items>[\w ]+)\)|(?P<rest>\w+)\.\.\.|(?P<name>\w+)")
@@ -40,15 +46,22 @@ _SPEC = re.compile(r"\*\((?P<items>[\w ]+)\)|(?P<rest>\w+)\.\.\.|(?P<name>\w+)")
 class Layout:
     """One script's ARGV after now."""
 
-    __slots__ = ("_mode_field", "_modes", "_only", "constants")
+    __slots__ = ("_mode_field", "_modes", "_only", "constants", "packed")
 
-    def __init__(self, spec: str = "", modes: dict[str, str] | None = None) -> None:
+    def __init__(self, spec: str = "", modes: dict[str, str] | None = None, *,
+                 packed: dict[str, str] | None = None) -> None:
         if modes is not None and len(spec.split()) != 1:
             raise ValueError("a script with modes names its mode field alone, first")
         self._mode_field = spec if modes is not None else ""
         self.constants: dict[str, int] = {}
         self._modes = {mode: self._parse(f"{spec} {rest}") for mode, rest in
                        (modes or {"": ""}).items()}
+        self.packed = {field: tuple(names.split()) for field, names in (packed or {}).items()}
+        for field, names in self.packed.items():
+            if field not in self.constants:
+                raise ValueError(f"packed field {field!r} is not in {spec!r}")
+            for position, name in enumerate(names, 1):
+                self._place(f"{field}_{name}", position)
         # a script without modes: its one variant, looked up without a call per pack
         self._only = self._modes[""] if modes is None else None
 
@@ -78,6 +91,13 @@ class Layout:
     def _place(self, name: str, position: int) -> None:
         if self.constants.setdefault(name, position) != position:
             raise ValueError(f"{name} is at two positions")
+
+    def packed_value(self, field: str, **values: Any) -> bytes:
+        """Packed field `field` holding `values` (every one of its names given)."""
+        names = self.packed[field]
+        if len(values) != len(names):
+            raise TypeError(f"{field} packs {names}, got {sorted(values)}")
+        return orjson.dumps(list(map(values.__getitem__, names)))
 
     @property
     def variants(self) -> dict[str, tuple[list[str], tuple[str, ...], str]]:
@@ -254,16 +274,20 @@ LAYOUTS: dict[str, Layout] = {
                         "outcome "  # 'done' or 'failed'
                         "error delay window"),
     "enqueue": Layout("share "
-                      "*(id own type payload field headers "
+                      "*(id type payload headers "
                       "options "  # JSON, or '' for none
                       "delay "
-                      "unique "  # the unique digest, or '' when not unique
-                      "unique_for ordering "
-                      "priority "  # '' or '0' for 0, else '1' to '9'
-                      "expires "  # ms from now to its expiry, '' for none
-                      # '' or "<debounce ms> <debounce_max ms, 0: none> <debounce key>"
-                      "debounce "
-                      "fairness)"),  # the fairness key, '' for none
+                      "rare)",  # the options most tasks are given none of: packed
+                      packed={"rare": "own "  # 1 or 0 here
+                                      "binary "  # 1: the payload is bytes (field 'bin')
+                                      "unique "  # the unique digest, or '' when not unique
+                                      "unique_for ordering "
+                                      "priority "  # 0 to 9
+                                      "expires "  # ms from now to its expiry, 0 for none
+                                      "debounce_key "  # '' when not debounced
+                                      "debounce "
+                                      "debounce_max "  # 0: no bound
+                                      "fairness"}),  # the fairness key, '' for none
     "extend": Layout("lease worker *(id fence)"),
     "fail": Layout("worker id fence error traceback type slot ordering share"),
     "flow_cancel": Layout(),

@@ -19,7 +19,7 @@ if share < 1 then
   local cost = 0
   for i = @items, #ARGV, @stride do
     cost = cost + TASK_BYTES + #ARGV[i + @id] + #ARGV[i + @type] + #ARGV[i + @payload]
-      + #ARGV[i + @headers] + #ARGV[i + @options]
+      + #ARGV[i + @headers] + #ARGV[i + @options] + #ARGV[i + @rare]
   end
   local full = above_share(share, cost)
   if full then
@@ -35,12 +35,13 @@ local ended = prefix .. @key_ended
 -- own clock DEBOUNCE_KEEP_MS past the task's due time.
 local DEBOUNCE_KEEP_MS = 60000
 
--- Item `i` is debounced by `lock` (`wait`, `most`: ms): while the lock's task waits in the
--- scheduled set, not yet due, the item's payload, headers, options and priority replace
--- that task's, and it becomes due `wait` after now, or `most` after its burst began if
--- that is sooner. Returns the task's id, else nil: the window closed (the task is due,
--- running or gone), and the item starts a burst.
-local function replace_waiting(lock, wait, most, i)
+-- Item `i` (its payload in hash field `field`, of `priority`: '' for 0) is debounced by
+-- `lock` (`wait`, `most`: ms): while the lock's task waits in the scheduled set, not yet
+-- due, the item's payload, headers, options and priority replace that task's, and it
+-- becomes due `wait` after now, or `most` after its burst began if that is sooner. Returns
+-- the task's id, else nil: the window closed (the task is due, running or gone), and the
+-- item starts a burst.
+local function replace_waiting(lock, wait, most, i, field, priority)
   local held = redis.call('GET', lock)
   local holder, began = string.match(held or '', '^(%S+) (%d+)$')
   local due = holder and tonumber(redis.call('ZSCORE', KEYS[@k_scheduled], holder))
@@ -52,16 +53,15 @@ local function replace_waiting(lock, wait, most, i)
     due = math.min(due, tonumber(began) + most)
   end
   local key = task_key(holder)
-  local field = ARGV[i + @field]
   local fields = {field, ARGV[i + @payload], 'due', int_text(due)}
   local gone = {field == 'bin' and 'payload' or 'bin'}
-  for _, option in ipairs({{'headers', @headers}, {'opts', @options}, {'pri', @priority}}) do
-    local value = ARGV[i + option[2]]
-    if value == '' or (option[1] == 'pri' and value == '0') then
+  for _, option in ipairs({{'headers', ARGV[i + @headers]}, {'opts', ARGV[i + @options]},
+                           {'pri', priority}}) do
+    if option[2] == '' then
       gone[#gone + 1] = option[1]
     else
       fields[#fields + 1] = option[1]
-      fields[#fields + 1] = value
+      fields[#fields + 1] = option[2]
     end
   end
   redis.call('HDEL', key, unpack(gone))
@@ -79,26 +79,33 @@ for i = @items, #ARGV, @stride do
   position = position + 1
   local id = ARGV[i + @id]
   local key = task_key(id)
+  -- the rarer options, decoded only for a task given any (wire.py's `rare`)
+  local rare = ARGV[i + @rare] ~= '' and cjson.decode(ARGV[i + @rare])
+  local own = rare and rare[@rare_own] == 1
+  local field = rare and rare[@rare_binary] == 1 and 'bin' or 'payload'
+  local digest = rare and rare[@rare_unique] or ''
+  local ordering_key = rare and rare[@rare_ordering] or ''
+  local priority = rare and rare[@rare_priority] or 0
+  priority = priority > 0 and int_text(priority) or ''
+  local expires = rare and rare[@rare_expires] or 0
+  local fairness = rare and rare[@rare_fairness] or ''
+  local debounce_key = rare and rare[@rare_debounce_key] or ''
   local refused = nil
-  local digest = ARGV[i + @unique]
-  local own = ARGV[i + @own] == '1'
   if own and (redis.call('EXISTS', key) == 1 or
               (tonumber(redis.call('ZSCORE', ended, id)) or 0) > tonumber(now)) then
     refused = 'id'
   elseif digest ~= '' then
     local lock = prefix .. @key_unique .. digest
-    local unique_ms = math.max(tonumber(ARGV[i + @unique_for]), 1)
+    local unique_ms = int_text(math.max(rare[@rare_unique_for], 1))
     if not redis.call('SET', lock, id, 'NX', 'PX', unique_ms) then
       refused = 'unique:' .. (redis.call('GET', lock) or '')
     end
   end
-  local debounce = ARGV[i + @debounce]
-  local debounce_lock, debounce_key
-  if debounce ~= '' and not refused then
-    local wait, most
-    wait, most, debounce_key = string.match(debounce, '^(%d+) (%d+) (%S+)$')
+  local debounce_lock
+  if debounce_key ~= '' and not refused then
     debounce_lock = prefix .. @key_debounce .. ARGV[i + @type] .. ' ' .. debounce_key
-    local holder = replace_waiting(debounce_lock, tonumber(wait), tonumber(most), i)
+    local holder = replace_waiting(debounce_lock, rare[@rare_debounce],
+                                   rare[@rare_debounce_max], i, field, priority)
     if holder then
       refused = 'debounced:' .. holder
     end
@@ -113,7 +120,7 @@ for i = @items, #ARGV, @stride do
     if delay > 0 then
       due, state = int_text(tonumber(now) + delay), 'scheduled'
     end
-    local fields = {'type', ARGV[i + @type], ARGV[i + @field], ARGV[i + @payload],
+    local fields = {'type', ARGV[i + @type], field, ARGV[i + @payload],
                     'state', state,
                     'enq', now, 'due', due}
     if ARGV[i + @headers] ~= '' then
@@ -136,27 +143,21 @@ for i = @items, #ARGV, @stride do
       fields[#fields + 1] = 'dbk'
       fields[#fields + 1] = debounce_key
       redis.call('SET', debounce_lock, id .. ' ' .. now, 'PX',
-                 int_text(tonumber(ARGV[i + @delay]) + DEBOUNCE_KEEP_MS))
-    end
-    local priority = ARGV[i + @priority]
-    if priority == '0' then
-      priority = ''
+                 int_text(delay + DEBOUNCE_KEEP_MS))
     end
     if priority ~= '' then
       fields[#fields + 1] = 'pri'
       fields[#fields + 1] = priority
     end
-    if ARGV[i + @expires] ~= '' then
+    if expires > 0 then
       fields[#fields + 1] = 'exp'
-      fields[#fields + 1] = int_text(tonumber(now) + tonumber(ARGV[i + @expires]))
+      fields[#fields + 1] = int_text(tonumber(now) + expires)
     end
-    local fairness = ARGV[i + @fairness]
     if fairness ~= '' then
       fields[#fields + 1] = 'fk'
       fields[#fields + 1] = fairness
     end
     local behind = false
-    local ordering_key = ARGV[i + @ordering]
     if ordering_key ~= '' then
       fields[#fields + 1] = 'ordk'
       fields[#fields + 1] = ordering_key
