@@ -211,16 +211,13 @@ class Client:
                                   "fairness_key": fairness_key})
             return await self._enqueue_grouped(group, Job(
                 task_type, payload, queue=queue, task_id=task_id, headers=headers))
-        job = Job(task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout,
-                  delay=delay, eta=eta, unique_for=unique_for, task_id=task_id,
-                  retention=retention, headers=headers, ordering_key=ordering_key,
-                  priority=priority, expires=expires, debounce_key=debounce_key,
-                  debounce=debounce, debounce_max=debounce_max,
-                  fairness_key=fairness_key)
+        job: Job[Any] = Job.__new__(Job)
+        job._fill(task_type, payload, queue, max_retry, timeout, delay, eta, unique_for, task_id,
+                  retention, headers, ordering_key, priority, expires, debounce_key, debounce,
+                  debounce_max, fairness_key, None)
         # enqueue_many's work without its frame: one coroutine less on every enqueue
-        return unless_duplicate((await self.deadlines.run("enqueue", self._write([job])))[0])
+        return unless_duplicate((await self._write([job]))[0])
 
-    @deadline("enqueue")
     async def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         """Enqueue many tasks in few round trips, every job checked before anything is written
         (one UnknownTaskType names every type the App has no handler for). A duplicate is
@@ -261,10 +258,14 @@ class Client:
         """The innermost layer, the enqueue step on the event loop: each queue's group
         written with the enqueues other callers make at the same time (EnqueueCoalescer),
         the queues at once."""
-        # awaited only when a partition count is to be read: an await costs its CPU
-        plan = self.step.plan_known(messages) or await self.plan(messages)
+        # awaited only when a partition count is to be read: an await costs its CPU. Each
+        # step that awaits Redis has the Client's deadline (the write has it in the
+        # coalescer, once a round trip), under the name of the enqueue.
+        plan = self.step.plan_known(messages)
+        if plan is None:
+            plan = await self.deadlines.run("enqueue", self.plan(messages))
         if self._queues.unregistered(plan.groups):  # the common case awaits nothing here
-            await self.ensure_queues(plan.groups)
+            await self.deadlines.run("enqueue", self.ensure_queues(plan.groups))
         if len(plan.groups) == 1:
             [(queue, group)] = plan.groups.items()
             return plan.answer([await self._coalescer.enqueue(queue, group)])

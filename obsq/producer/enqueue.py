@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 from obsq.app import CATCH_ALL, App, CallNextProducer, Hooks, ProducerHook, is_prefix
 from obsq.broker import Broker, Enqueued
-from obsq.errors import DuplicateTask, UnknownTaskType
+from obsq.errors import BrokerTimeout, DuplicateTask, UnknownTaskType
 from obsq.names import SEPARATOR, choose, partition_names, placement_key, queue_of
 from obsq.settings import MAX_PAYLOAD_BYTES
 from obsq.task import Job, TaskInfo, TaskMessage, build_message
@@ -393,9 +393,11 @@ def _bind(hook: ProducerHook, call_next: CallNextProducer) -> CallNextProducer:
 # next script call, so a burst of N concurrent calls costs a few round trips instead of N
 # (and a few connections instead of N). A lone call goes at once, on its own: nothing waits
 # for company. Each caller still gets its own statuses or its own error, and only after
-# Redis has its tasks. A caller's deadline covers its own wait; the shared round trips sent
-# on behalf of waiting callers get one of their own (`bound`), so a Redis that stopped
-# answering cannot hold a queue's lane for ever. A queue is registered in the namespace's
+# Redis has its tasks. Every round trip has the Client's deadline (`bound`), once for all
+# the callers it carries rather than once a caller; a trip past it fails its callers and
+# those waiting behind it at once (Redis is not answering: a caller waits one deadline at
+# most, never one per trip ahead of it), so a Redis that stopped answering cannot hold a
+# queue's lane for ever. A queue is registered in the namespace's
 # set of queues before its first task is written; callers that see the same new queue at
 # once share that one call too.
 
@@ -419,7 +421,8 @@ class EnqueueCoalescer:
     """`enqueue(queue, messages)` with the calls made while one is in flight sent together.
 
     `write(queue, messages)` makes one script call of at most `batch` messages; `bound`
-    puts a deadline on the round trips sent for waiting callers."""
+    puts a deadline on each round trip, whose error (`BrokerTimeout`) is given to the
+    callers waiting behind it too."""
 
     def __init__(self, write: Write, batch: int, bound: Bound) -> None:
         self._write = write
@@ -437,12 +440,24 @@ class EnqueueCoalescer:
             return await future
         lane.busy = True  # nothing in flight: this call goes at once, in the caller's task
         try:
-            return await self._write_all(queue, messages)
+            return await self._bound(self._write_all(queue, messages))
+        except BrokerTimeout as exc:
+            self._fail_waiting(lane, exc)
+            raise
         finally:
             if lane.waiting:
                 lane.flusher = asyncio.ensure_future(self._flush(queue, lane))
             else:
                 lane.busy = False
+
+    @staticmethod
+    def _fail_waiting(lane: _Lane, exc: BrokerTimeout) -> None:
+        """Redis did not answer a trip in time: the callers waiting for the next one get
+        the same error now, not a deadline each after it (their tasks were not sent)."""
+        while lane.waiting:
+            _, future = lane.waiting.popleft()
+            if not future.done():
+                future.set_exception(exc)
 
     def _write_all(self, queue: str, messages: list[TaskMessage]) -> Awaitable[list[Enqueued]]:
         """The messages in script calls of at most `batch` each (most enqueues: one call,
@@ -469,15 +484,15 @@ class EnqueueCoalescer:
                         taken.append((messages, future))
                         size += len(messages)
                 if taken:
-                    await self._send(queue, taken)
+                    await self._send(queue, lane, taken)
         finally:
             for _, future in lane.waiting:  # left when the flusher was stopped
                 future.cancel()
             lane.waiting.clear()
             lane.busy, lane.flusher = False, None
 
-    async def _send(self, queue: str, taken: list[tuple[list[TaskMessage],
-                                                         asyncio.Future[list[Enqueued]]]]
+    async def _send(self, queue: str, lane: _Lane,
+                    taken: list[tuple[list[TaskMessage], asyncio.Future[list[Enqueued]]]]
                     ) -> None:
         try:
             statuses = await self._bound(self._write_all(queue, [m for messages, _ in taken
@@ -489,6 +504,8 @@ class EnqueueCoalescer:
                         future.set_exception(exc)
                     else:
                         future.cancel()
+            if isinstance(exc, BrokerTimeout):
+                self._fail_waiting(lane, exc)
             if not isinstance(exc, Exception):
                 raise
             return

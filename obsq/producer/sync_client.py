@@ -103,12 +103,11 @@ class SyncClient:
                 retention=retention, headers=headers, ordering_key=ordering_key, group=group,
                 priority=priority, expires=expires, debounce_key=debounce_key,
                 debounce=debounce, debounce_max=debounce_max, fairness_key=fairness_key))
-        return unless_duplicate(self.enqueue_many([Job(
-            task_type, payload, queue=queue, max_retry=max_retry, timeout=timeout, delay=delay,
-            eta=eta, unique_for=unique_for, task_id=task_id, retention=retention,
-            headers=headers, ordering_key=ordering_key, priority=priority,
-            expires=expires, debounce_key=debounce_key, debounce=debounce,
-            debounce_max=debounce_max, fairness_key=fairness_key)])[0])
+        job: Job[Any] = Job.__new__(Job)  # by position, as Client.enqueue makes it
+        job._fill(task_type, payload, queue, max_retry, timeout, delay, eta, unique_for, task_id,
+                  retention, headers, ordering_key, priority, expires, debounce_key, debounce,
+                  debounce_max, fairness_key, None)
+        return unless_duplicate(self.enqueue_many([job])[0])
 
     def enqueue_many(self, jobs: Sequence[Job]) -> list[TaskInfo]:
         app_hooks, hooks = self._client.producer_hooks

@@ -16,7 +16,7 @@ from support import depth
 import obsq
 from obsq.broker import Broker
 from obsq.broker.records import Enqueued
-from obsq.errors import BrokerError
+from obsq.errors import BrokerError, BrokerTimeout
 from obsq.producer import enqueue as coalescing
 from obsq.producer.enqueue import REGISTER_AGAIN, EnqueueCoalescer, QueueRegistry
 from obsq.task import Job, TaskMessage, build_message
@@ -165,6 +165,36 @@ async def test_a_failed_shared_trip_fails_each_of_its_callers_and_frees_the_lane
             call.result()
     assert await coalescer.enqueue("default", messages(1)) == [Enqueued(True)]
     assert (await depth(broker))["pending"] == 2
+
+
+async def test_a_trip_past_its_deadline_fails_the_callers_waiting_behind_it_at_once(
+        broker: Broker) -> None:
+    """Redis stopped answering: the callers waiting for the next trip get the timed-out
+    trip's error with it, not one deadline more each; none of their tasks was sent."""
+    writes = GatedWrites(broker, held=1)
+
+    async def bound(write: Awaitable[list[Enqueued]]) -> list[Enqueued]:
+        try:
+            return await asyncio.wait_for(write, 0.3)
+        except asyncio.TimeoutError:
+            raise BrokerTimeout("enqueue", 0.3, "redis://stopped") from None
+
+    coalescer = EnqueueCoalescer(writes, 100, bound)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    first = asyncio.ensure_future(coalescer.enqueue("default", messages(1)))
+    await until(lambda: writes.in_flight == 1)
+    waiting = [asyncio.ensure_future(coalescer.enqueue("default", messages(1)))
+               for _ in range(3)]
+    done, _ = await asyncio.wait([first, *waiting])
+    ended = loop.time()
+    for call in done:
+        with pytest.raises(BrokerTimeout):
+            call.result()
+    assert ended - started < 0.55  # one deadline, not one for the first trip and another
+    assert len(writes.sent) == 1  # the waiting callers' tasks were never sent
+    writes.open(0)
+    assert await coalescer.enqueue("default", messages(1)) == [Enqueued(True)]
 
 
 async def test_queues_have_lanes_of_their_own(broker: Broker) -> None:
