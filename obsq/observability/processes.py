@@ -17,19 +17,19 @@ from obsq._version import __version__
 from obsq.background import on_stop_signals
 from obsq.broker import Broker
 from obsq.engine.liveness import LIVENESS, READINESS, first_problem
-from obsq.observability.collector import QueueCollector
-from obsq.observability.http import HealthServer
 from obsq.observability.instrument import instrument_app, instrument_client
-from obsq.observability.metrics import SchedulerMetrics, endpoint_registry
 from obsq.observability.probes import RedisWatch, loop_liveness
 
 if TYPE_CHECKING:
     from obsq.app import App
     from obsq.engine.scheduler import Scheduler
     from obsq.engine.worker import Worker
+    from obsq.observability.collector import QueueCollector
+    from obsq.observability.http import HealthServer
+
+    Serving = Callable[[HealthServer], None]  # told the endpoint once it listens
 
 log = logging.getLogger("obsq")
-Serving = Callable[[HealthServer], None]  # told the endpoint once it listens
 
 
 def serve_worker(worker: Worker, host: str, port: int, *, queue_metrics: bool = True
@@ -40,6 +40,12 @@ def serve_worker(worker: Worker, host: str, port: int, *, queue_metrics: bool = 
     started, not draining, Redis answering, the fetch loop coming round (READINESS).
     `queue_metrics`: with the queue-wide gauges of its queues (off where an `obsq exporter`
     publishes them for the installation)."""
+    # imported here, as the metrics below: prometheus_client and the collectors cost a
+    # worker that serves neither metrics nor probes 1.5 MB of memory
+    from obsq.observability.collector import QueueCollector
+    from obsq.observability.http import HealthServer
+    from obsq.observability.metrics import endpoint_registry
+
     loop = asyncio.get_running_loop()
     collectors = [QueueCollector(worker.broker, loop, list(worker.queues),
                                  loop_lag=lambda: worker.health().loop_lag)
@@ -143,6 +149,9 @@ async def run_scheduler(scheduler: Scheduler, *, http_port: int | None = None,
     """Run `scheduler` with send spans and enqueue counts on its client, its fires and
     missed fires counted per entry, and, given a port, its endpoint: /healthz while its
     event loop answers, /readyz while Redis answers."""
+    from obsq.observability.http import HealthServer
+    from obsq.observability.metrics import SchedulerMetrics, endpoint_registry
+
     instrument_client(scheduler.client)
     if metrics:
         counting = SchedulerMetrics()
@@ -173,6 +182,10 @@ async def run_exporter(redis_url: str, namespace: str, port: int, *,
                        host: str = "0.0.0.0", serving: Serving | None = None) -> None:
     """`obsq exporter`: the queue-wide gauges of every queue in Redis, until SIGTERM/SIGINT.
     /healthz: the event loop answers; /readyz: Redis answered the last ping."""
+    from obsq.observability.collector import QueueCollector
+    from obsq.observability.http import HealthServer
+    from obsq.observability.metrics import endpoint_registry
+
     broker = Broker(redis_url, namespace)
     await broker.check()
     await broker.check_memory_policy(refuse=False)  # it loses nothing itself: it warns
