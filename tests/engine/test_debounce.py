@@ -72,6 +72,27 @@ async def test_due_times_move_with_each_enqueue_and_debounce_max_bounds_them(
                            (10.5, "a", 19)]
 
 
+async def test_a_replacing_enqueue_brings_its_expiry_and_fairness_key(
+        app, start_env, broker) -> None:
+    """Latest wins for every option: a burst that outlasts the first enqueue's expiry still
+    runs, as the last enqueue's expiry counts; its fairness key is the last one's too."""
+    ran: list[int] = []
+
+    @app.task("index:doc")
+    async def index(task: obsq.Task) -> None:
+        ran.append(task.payload["n"])
+
+    env = await start_env()
+    for n in range(6):  # 2.5 s of enqueues, each expiring 2 s after it was made
+        info = await env.client.enqueue("index:doc", {"n": n}, debounce_key="doc",
+                                        debounce=1, expires=2, fairness_key=f"tenant-{n}")
+        await env.advance(0.5)
+    fields, _ = await broker.task_fields("default", info.id)
+    assert fields[b"fk"] == b"tenant-5"
+    await env.advance(2)  # due 1 s after the last enqueue, before its expiry
+    assert ran == [5]  # run, not expired (the first enqueue's expiry was at 2 s)
+
+
 async def test_keys_are_per_type_and_queue_and_bytes_replace_json(app, start_env) -> None:
     ran: list[tuple[str, str, object]] = []
 

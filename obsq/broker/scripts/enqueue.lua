@@ -35,13 +35,13 @@ local ended = prefix .. @key_ended
 -- own clock DEBOUNCE_KEEP_MS past the task's due time.
 local DEBOUNCE_KEEP_MS = 60000
 
--- Item `i` (its payload in hash field `field`, of `priority`: '' for 0) is debounced by
--- `lock` (`wait`, `most`: ms): while the lock's task waits in the scheduled set, not yet
--- due, the item's payload, headers, options and priority replace that task's, and it
--- becomes due `wait` after now, or `most` after its burst began if that is sooner. Returns
--- the task's id, else nil: the window closed (the task is due, running or gone), and the
--- item starts a burst.
-local function replace_waiting(lock, wait, most, i, field, priority)
+-- Item `i` (its payload in hash field `field`; `options`: its pri, exp and fk, '' for none)
+-- is debounced by `lock` (`wait`, `most`: ms): while the lock's task waits in the scheduled
+-- set, not yet due, the item's payload, headers and options (priority, expiry counted from
+-- now, fairness key) replace that task's, and it becomes due `wait` after now, or `most`
+-- after its burst began if that is sooner. Returns the task's id, else nil: the window
+-- closed (the task is due, running or gone), and the item starts a burst.
+local function replace_waiting(lock, wait, most, i, field, options)
   local held = redis.call('GET', lock)
   local holder, began = string.match(held or '', '^(%S+) (%d+)$')
   local due = holder and tonumber(redis.call('ZSCORE', KEYS[@k_scheduled], holder))
@@ -56,7 +56,7 @@ local function replace_waiting(lock, wait, most, i, field, priority)
   local fields = {field, ARGV[i + @payload], 'due', int_text(due)}
   local gone = {field == 'bin' and 'payload' or 'bin'}
   for _, option in ipairs({{'headers', ARGV[i + @headers]}, {'opts', ARGV[i + @options]},
-                           {'pri', priority}}) do
+                           {'pri', options[1]}, {'exp', options[2]}, {'fk', options[3]}}) do
     if option[2] == '' then
       gone[#gone + 1] = option[1]
     else
@@ -105,7 +105,9 @@ for i = @items, #ARGV, @stride do
   if debounce_key ~= '' and not refused then
     debounce_lock = prefix .. @key_debounce .. ARGV[i + @type] .. ' ' .. debounce_key
     local holder = replace_waiting(debounce_lock, rare[@rare_debounce],
-                                   rare[@rare_debounce_max], i, field, priority)
+                                   rare[@rare_debounce_max], i, field,
+                                   {priority, expires > 0 and int_text(tonumber(now) + expires)
+                                    or '', fairness})
     if holder then
       refused = 'debounced:' .. holder
     end
