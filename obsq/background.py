@@ -1,7 +1,8 @@
 """What every long-running part of obsq shares: the lifecycle of a background loop
 (`start()`, `stop()`, and a `tick()` that says when to run next), the same loop run by one
 process at a time under a Redis lock, the count of failed attempts to reach Redis that
-decides the next pause, and the signals that stop a process."""
+decides the next pause, the wait for Redis at start, and the signals that stop a
+process."""
 
 from __future__ import annotations
 
@@ -9,14 +10,46 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from obsq.broker import Broker
 from obsq.clock import REDIS_CLOCK, Clock
-from obsq.errors import BrokerError
+from obsq.errors import BrokerError, StartupError
 from obsq.settings import REDIS_RETRY_MAX, redis_retry_delay
 
 log = logging.getLogger("obsq")
+T = TypeVar("T")
+
+
+async def reach_redis(who: str, url: str, attempt: Callable[[], Awaitable[T]],
+                      stopped: asyncio.Event) -> T:
+    """`attempt()` (a start's checks and first writes) until it succeeds. A Redis that does
+    not answer yet (pods started together, a restart under way, a reset halfway, a network
+    dropping the connection silently, each try then ending at the call deadline) is tried
+    again with backoff, each try said, the process alive and not ready meanwhile; a wrong
+    URL, password, version or ACL rule fails at once, as `stopped` being set does."""
+    tries = 0
+    while True:
+        try:
+            result = await attempt()
+        except (StartupError, BrokerError) as exc:
+            if (isinstance(exc, StartupError) and not exc.unreachable) or (
+                    isinstance(exc, BrokerError) and exc.permission_denied):
+                raise
+            tries += 1
+            pause = redis_retry_delay(tries)
+            log.warning("%s cannot reach Redis yet (try %d): %s; trying again in %.1f s",
+                        who, tries, exc, pause)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stopped.wait(), pause)
+            if stopped.is_set():
+                raise StartupError(f"stopped before Redis could be reached: {exc}",
+                                   unreachable=True) from None
+            continue
+        if tries:
+            log.info("%s reached Redis at %s after %d failed tries", who, url, tries)
+        return result
 
 
 class RedisRetry:

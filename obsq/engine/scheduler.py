@@ -30,7 +30,7 @@ from typing import Any
 
 from obsq._version import __version__
 from obsq.app import App, Hooks
-from obsq.background import LockedLoop, on_stop_signals
+from obsq.background import LockedLoop, on_stop_signals, reach_redis
 from obsq.broker import Broker
 from obsq.clock import Clock
 from obsq.errors import BrokerError
@@ -322,9 +322,8 @@ class Scheduler:
         remove_signals = on_stop_signals(lambda sig: self.stop()) if self.handle_signals \
             else None  # first: none is missed
         try:
-            await self.client.broker.check()
-            await self.client.broker.check_memory_policy(
-                refuse=not self.settings.allow_eviction)
+            await reach_redis("scheduler", self.client.broker.safe_url, self._reach,
+                              self._stopped)
             log.info("scheduler started with %d schedule(s) of the App in namespace %s; entries "
                      "added at run time are read from Redis", len(self.app.schedules),
                      self.client.namespace)
@@ -339,6 +338,11 @@ class Scheduler:
             await self.client.close()
             if self.started_at:  # a failed start is its one error line
                 log.info("scheduler stopped")
+
+    async def _reach(self) -> None:
+        """Check Redis and its memory policy (tried again while Redis does not answer)."""
+        await self.client.broker.check()
+        await self.client.broker.check_memory_policy(refuse=not self.settings.allow_eviction)
 
     def stop(self) -> None:
         self._stopped.set()

@@ -24,7 +24,7 @@ from typing import Any
 
 from obsq._version import __version__
 from obsq.app import App, Hooks
-from obsq.background import BackgroundLoop, on_stop_signals
+from obsq.background import BackgroundLoop, on_stop_signals, reach_redis
 from obsq.broker import Broker, Fetched
 from obsq.broker.calls import uncancel
 from obsq.clock import Clock
@@ -39,9 +39,9 @@ from obsq.engine.maintenance import Forwarder, Janitor, Recoverer
 from obsq.engine.recycling import Recycling
 from obsq.engine.settlement import Settler
 from obsq.engine.throughput import ThroughputCounter
-from obsq.errors import BrokerError, StartupError, TaskExpired
+from obsq.errors import BrokerError, TaskExpired
 from obsq.names import queue_of, warn_if_not_the_apps
-from obsq.settings import FETCH_STOP_TIMEOUT, WorkerSettings, redis_retry_delay
+from obsq.settings import FETCH_STOP_TIMEOUT, WorkerSettings
 from obsq.task import Task
 
 log = logging.getLogger("obsq")
@@ -187,37 +187,18 @@ class Worker:
         return self._liveness.monitor.blocked() if self._liveness is not None else 0.0
 
     async def _reach_redis(self) -> str | None:
-        """Check Redis and register the queues served; its memory policy. A Redis that does
-        not answer yet (pods started together, a restart under way, a reset halfway) is
-        tried again with backoff, each try said, the worker alive and not ready meanwhile;
-        a wrong URL, password, version or ACL rule fails at once, as a stop signal does. A
-        Redis that takes the connection and answers nothing (a network dropping it
-        silently) is one that does not answer yet, each try ending at the call deadline."""
-        tries = 0
-        while True:
-            try:
-                await self.broker.check()
-                policy = await self.broker.check_memory_policy(
-                    refuse=not self.settings.allow_eviction)
-                await self.served.refresh()
-                await self.broker.register_queues(self.served.names)
-                if tries:
-                    log.info("worker %s reached Redis at %s after %d failed tries", self.id,
-                             self.broker.safe_url, tries)
-                return policy
-            except (StartupError, BrokerError) as exc:
-                if (isinstance(exc, StartupError) and not exc.unreachable) or (
-                        isinstance(exc, BrokerError) and exc.permission_denied):
-                    raise
-                tries += 1
-                pause = redis_retry_delay(tries)
-                log.warning("worker %s cannot reach Redis yet (try %d): %s; trying again in "
-                            "%.1f s", self.id, tries, exc, pause)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.slots.stopped.wait(), pause)
-                if self.slots.stopped.is_set():
-                    raise StartupError(f"stopped before Redis could be reached: {exc}",
-                                       unreachable=True) from None
+        """Check Redis and register the queues served; its memory policy. Tried again
+        while Redis does not answer yet (background.reach_redis)."""
+        async def attempt() -> str | None:
+            await self.broker.check()
+            policy = await self.broker.check_memory_policy(
+                refuse=not self.settings.allow_eviction)
+            await self.served.refresh()
+            await self.broker.register_queues(self.served.names)
+            return policy
+
+        return await reach_redis(f"worker {self.id}", self.broker.safe_url, attempt,
+                                 self.slots.stopped)
 
     def stop(self, now: bool = False, *, patient: bool = False) -> None:
         """Begin a graceful drain; a second call, or `now`, stops waiting for running

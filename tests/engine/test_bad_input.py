@@ -396,12 +396,16 @@ def _run_worker_cli(redis_url: str, *extra: str,
         cwd=ROOT, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
-def test_the_worker_cli_waits_for_an_unreachable_redis_until_it_is_stopped() -> None:
+@pytest.mark.parametrize("command", [("worker", "--no-metrics", "--no-tracing"),
+                                     ("scheduler",)])
+def test_the_cli_waits_for_an_unreachable_redis_until_it_is_stopped(command) -> None:
+    """A worker or a scheduler started before Redis (pods started together) waits for it,
+    each try said, and a stop ends the wait with one line."""
+    name, *flags = command
     process = subprocess.Popen(
-        [sys.executable, "-m", "obsq", "worker", "tests.engine.apps:app", "--redis-url",
-         f"redis://127.0.0.1:{free_port()}/0", "--http-port", "0", "--no-metrics",
-         "--no-tracing"], cwd=ROOT, stderr=subprocess.PIPE, text=True,
-        stdin=subprocess.DEVNULL)
+        [sys.executable, "-m", "obsq", name, "tests.engine.apps:app", "--redis-url",
+         f"redis://127.0.0.1:{free_port()}/0", "--http-port", "0", *flags], cwd=ROOT,
+        stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     assert process.stderr is not None
     lines: list[str] = []
     for line in process.stderr:  # each try is said
