@@ -87,7 +87,8 @@ for i = @items, #ARGV, @stride do
   local ordering_key = rare and rare[@rare_ordering] or ''
   local priority = rare and rare[@rare_priority] or 0
   priority = priority > 0 and int_text(priority) or ''
-  local expires = rare and rare[@rare_expires] or 0
+  local expires = rare and rare[@rare_expires] or 0  -- ms from now
+  local expires_at = expires > 0 and int_text(tonumber(now) + expires) or ''
   local fairness = rare and rare[@rare_fairness] or ''
   local debounce_key = rare and rare[@rare_debounce_key] or ''
   local refused = nil
@@ -106,8 +107,7 @@ for i = @items, #ARGV, @stride do
     debounce_lock = prefix .. @key_debounce .. ARGV[i + @type] .. ' ' .. debounce_key
     local holder = replace_waiting(debounce_lock, rare[@rare_debounce],
                                    rare[@rare_debounce_max], i, field,
-                                   {priority, expires > 0 and int_text(tonumber(now) + expires)
-                                    or '', fairness})
+                                   {priority, expires_at, fairness})
     if holder then
       refused = 'debounced:' .. holder
     end
@@ -151,9 +151,9 @@ for i = @items, #ARGV, @stride do
       fields[#fields + 1] = 'pri'
       fields[#fields + 1] = priority
     end
-    if expires > 0 then
+    if expires_at ~= '' then
       fields[#fields + 1] = 'exp'
-      fields[#fields + 1] = int_text(tonumber(now) + expires)
+      fields[#fields + 1] = expires_at
     end
     if fairness ~= '' then
       fields[#fields + 1] = 'fk'
