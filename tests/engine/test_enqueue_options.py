@@ -331,3 +331,14 @@ async def test_producer_hooks_wrap_every_write(app, client, start_worker) -> Non
     assert await client.result(info, timeout=10) == f"t-{info.id}"
     await client.enqueue_many([obsq.Job("h"), obsq.Job("h")])
     assert calls == ["outer 1", "inner", "outer done", "outer 2", "inner", "outer done"]
+
+
+@pytest.mark.parametrize("key", ['tenant-é"\\x', "ключ [1]", "😀 a b"])
+async def test_keys_with_quotes_and_any_script_are_stored_as_given(client, broker,
+                                                                   key: str) -> None:
+    """The rarer options travel to enqueue.lua as one JSON field: quotes, backslashes and
+    any script come out in Redis exactly as given."""
+    info = await client.enqueue("t", 1, fairness_key=key, ordering_key=key, priority=3)
+    fields, _ = await broker.task_fields(info.queue, info.id)
+    assert (fields[b"fk"].decode(), fields[b"ordk"].decode(), fields[b"pri"]) == (
+        key, key, b"3")
