@@ -13,7 +13,7 @@ from support import ROOT
 
 from obsq.broker.keys import KEY_NAMES, TASK_STATES
 from obsq.broker.records import FetchedTask
-from obsq.broker.scripts import scripts
+from obsq.broker.scripts import VARIANTS, scripts
 from obsq.broker.wire import (
     LAYOUTS,
     REPLIES,
@@ -36,7 +36,8 @@ BY_NUMBER = re.compile(r"ARGV\[\s*\d|ARGV\[\s*i\s*[-+]\s*\d|#ARGV\s*[<>=~]+\s*\d
 def test_every_script_has_a_layout_and_loads_with_it() -> None:
     assert set(LAYOUTS) == set(BODIES)
     assert set(REPLIES) <= set(BODIES)
-    assert set(scripts()) == set(BODIES)
+    assert set(scripts()) == set(BODIES) | set(VARIANTS)
+    assert {file for file, _ in VARIANTS.values()} <= set(BODIES)
     assert not [name for name, s in scripts().items() if "@" in COMMENT.sub("", s.source)]
 
 

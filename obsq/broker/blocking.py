@@ -54,10 +54,11 @@ class BlockingCalls:
         return self.runner.redis
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        script = scripts()[name]
         try:
-            return self.runner.call(scripts()[name], keys, args)
+            return self.runner.call(script, keys, args)
         except (RedisError, OSError) as exc:
-            raise self._failure(name, exc) from exc
+            raise self._failure(script.operation, exc) from exc
 
     def _scripts(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Several script calls (name, keys, args), one after the other."""

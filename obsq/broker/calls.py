@@ -237,7 +237,8 @@ class RedisCalls:
             "register", counts.items(), kind="hash"))
 
     async def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return await self._guard(name, self.runner.call(scripts()[name], keys, args))
+        script = scripts()[name]
+        return await self._guard(script.operation, self.runner.call(script, keys, args))
 
     @staticmethod
     def said_aside(queue: str, script: str, rows: Sequence[Sequence[Any]]) -> None:
@@ -253,25 +254,27 @@ class RedisCalls:
         """A script call on the runner's kept connection when it is free, else on one from
         the pool; with `durable_replicas`, followed by WAIT (_script_replicated). Not a
         coroutine of its own: an enqueue's every frame costs its CPU."""
+        script = scripts()[name]
         if self.durable_replicas:
-            return self._script_replicated(name, keys, args)
-        return self._guard(name, self.runner.call_kept(scripts()[name], keys, args))
+            return self._script_replicated(script, keys, args)
+        return self._guard(script.operation, self.runner.call_kept(script, keys, args))
 
-    async def _script_replicated(self, name: str, keys: Sequence[str], args: Sequence[Any]
-                                 ) -> Any:
+    async def _script_replicated(self, script: Script, keys: Sequence[str],
+                                 args: Sequence[Any]) -> Any:
         """The script, then WAIT on the same connection: it answers once `durable_replicas`
         replicas have the script's writes, else after `durable_timeout`, which refuses the
         call (the writes are then on the master only, and a failover may lose them)."""
         wait = ("WAIT", self.durable_replicas, max(int(self.durable_timeout * 1000), 1))
+        operation = script.operation
         try:
-            replies = await self._within(name, self.runner.calls(
-                [(scripts()[name], keys, args)], after=wait), wait=self.durable_timeout)
+            replies = await self._within(operation, self.runner.calls(
+                [(script, keys, args)], after=wait), wait=self.durable_timeout)
             first_error(replies)
         except (RedisError, OSError) as exc:
-            raise self.failed(name, exc) from exc
+            raise self.failed(operation, exc) from exc
         reply, replicas = replies
         if replicas < self.durable_replicas:
-            raise self.failed(name, RedisError(
+            raise self.failed(operation, RedisError(
                 f"the write reached {replicas} of the {self.durable_replicas} replica(s) "
                 f"durable_replicas asks for within {self.durable_timeout:g} s; it is on the "
                 "master only, where a failover may lose it"))

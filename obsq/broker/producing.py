@@ -38,10 +38,14 @@ class Producing(RedisCalls):
                      continuing: bool = False) -> ScriptCall:
         """enqueue.lua's call for the messages of one queue, whichever transport makes it
         (this broker, or the SyncClient's BlockingProducer); enqueue_statuses reads its
-        reply."""
+        reply. A batch none of whose messages gives a rarer option calls its plain variant
+        (scripts.VARIANTS), which Redis runs for less."""
         k = self.keys(queue)
-        return ("enqueue", (k.pending, k.scheduled, k.wake),
-                enqueue_args(messages, 1.0 if continuing else self.memory_share))
+        keys = (k.pending, k.scheduled, k.wake)
+        args = enqueue_args(messages, 1.0 if continuing else self.memory_share)
+        if any(m.rare for m in messages):
+            return ("enqueue", keys, args)
+        return ("enqueue_plain", keys, args)
 
     async def partition_counts(self, queues: Sequence[str]) -> dict[str, int]:
         """The partition counts of queues as their workers declared them; 1 for a queue no

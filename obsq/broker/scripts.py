@@ -27,15 +27,29 @@ SCRIPT_DIR = resources.files("obsq.broker") / "scripts"
 
 class Script:
     """A script's text and SHA; `takes_now`: its first argument is the time it is to read
-    (every obsq script; not the ACL probe, whose arguments are all commands)."""
+    (every obsq script; not the ACL probe, whose arguments are all commands); `operation`:
+    what its failures are reported under (a variant's is its file's)."""
 
-    __slots__ = ("name", "sha", "source", "takes_now")
+    __slots__ = ("name", "operation", "sha", "source", "takes_now")
 
-    def __init__(self, name: str, source: str, *, takes_now: bool = True) -> None:
+    def __init__(self, name: str, source: str, *, takes_now: bool = True,
+                 operation: str | None = None) -> None:
         self.name = name
+        self.operation = operation or name
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
         self.takes_now = takes_now
+
+
+# A variant is a script's file prepared without some prelude definitions, for the calls that
+# never reach them: Redis makes each function a script defines, a Lua closure, at every call
+# (about 1,100 instructions each, a tenth of a single enqueue's cost). enqueue_plain is
+# enqueue.lua for a batch none of whose tasks gives a rarer option (wire.py's `rare`): its
+# debounce, priority, fairness and ordering helpers are reached only from those options.
+# The producer picks it (producing.enqueue_call); it is called the same and reported as
+# 'enqueue'.
+VARIANTS = {"enqueue_plain": ("enqueue", frozenset(
+    {"replace_waiting", "push_pending", "queue_behind"}))}
 
 
 class _Constants(Template):
@@ -77,10 +91,12 @@ def _words(code: str) -> set[str]:
     return set(_WORD.findall(_COMMENT.sub("", code)))
 
 
-def _prelude_for(body: str, blocks: list[tuple[str, str]]) -> str:
-    """Only the definitions `body` uses, and the ones those use: Redis runs a script's
-    prelude on every call, and all of it costs an enqueue several µs of server time."""
-    uses = _words(body)
+def _prelude_for(body: str, blocks: list[tuple[str, str]],
+                 left_out: frozenset[str] = frozenset()) -> str:
+    """Only the definitions `body` uses, and the ones those use, but `left_out` (a
+    variant's): Redis runs a script's prelude on every call, and all of it costs an enqueue
+    several µs of server time."""
+    uses = _words(body) - left_out
     needed = []
     for name, text in reversed(blocks):  # a definition uses only the ones above it
         if name in uses:
@@ -104,11 +120,16 @@ def load_scripts() -> dict[str, Script]:
         KEY_CONSTANTS, LUA_SLICE=LUA_SLICE, WAKE_CAP=WAKE_CAP, INBOX_TTL=INBOX_TTL,
         MEMORY_LOOK_MS=MEMORY_LOOK_MS, FULL_NOTE=FULL_NOTE, FULL_ERROR_BYTES=FULL_ERROR_BYTES,
         EXPIRED_PREFIX=EXPIRED_PREFIX))
-    prepared = {}
+    bodies = {}
     for name in script_names():
         body = (SCRIPT_DIR / f"{name}.lua").read_text()
-        body = _Constants(body).substitute(KEY_CONSTANTS, **constants(name))  # wire.py
-        prepared[name] = Script(name, _prelude_for(body, blocks) + "\n" + body)
+        bodies[name] = _Constants(body).substitute(KEY_CONSTANTS, **constants(name))  # wire.py
+    prepared = {name: Script(name, _prelude_for(body, blocks) + "\n" + body)
+                for name, body in bodies.items()}
+    for name, (file, left_out) in VARIANTS.items():
+        body = bodies[file]
+        prepared[name] = Script(name, _prelude_for(body, blocks, left_out) + "\n" + body,
+                                operation=file)
     return prepared
 
 

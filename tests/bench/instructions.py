@@ -14,13 +14,15 @@ tasks back, and each end lets one out. `--what enqueue` counts a producer instea
 `enqueue-many`: `enqueue_many` in chunks of 1,000).
 
 `--side redis` counts the redis-server instead, under callgrind from the end of the fill
-to its shutdown, while the worker runs as usual: what the scripts cost Redis per task.
+to its shutdown, while the worker (or producer) runs as usual: what the scripts cost Redis
+per task.
 
     python tests/bench/instructions.py                      # this checkout, uvloop
     python tests/bench/instructions.py --tree ../other      # another checkout of obsq
     python tests/bench/instructions.py --loop asyncio --what io
     python tests/bench/instructions.py --what enqueue --tree ../other
     python tests/bench/instructions.py --what limited --side redis
+    python tests/bench/instructions.py --what enqueue --side redis --tasks 500,1500
     python tests/bench/instructions.py --metrics both       # + Prometheus and OTel metrics
 """
 
@@ -139,8 +141,9 @@ def count(tree: Path, url: str, n: int, what: str, loop: str, metrics: str) -> i
 
 def count_redis(tree: Path, binary: str, n: int, what: str, loop: str) -> int:
     """The instructions of a redis-server of its own while a worker (not under valgrind)
-    drains `n` tasks: counted from the end of the fill (callgrind_control --zero) to the
-    server's shutdown; `--hz 1`, so that its cron, which runs by the second, counts little."""
+    drains `n` tasks, or a producer enqueues them: counted from the end of the fill
+    (callgrind_control --zero) to the server's shutdown; `--hz 1`, so that its cron, which
+    runs by the second, counts little."""
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,12 +163,14 @@ def count_redis(tree: Path, binary: str, n: int, what: str, loop: str) -> int:
                     if time.monotonic() > deadline or server.poll() is not None:
                         raise
                     time.sleep(0.2)
-            fill(url, n)
+            if what in DRAINS:
+                fill(url, n)
             subprocess.run(["callgrind_control", "--zero", str(server.pid)], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             env = {**os.environ, "PYTHONPATH": str(tree), "OBSQ_LOOP": loop,
                    "OBSQ_CALL_TIMEOUT": "3600"}
-            subprocess.run([sys.executable, "-c", WORKER, url, str(n), what], env=env,
+            code = WORKER if what in DRAINS else PRODUCER
+            subprocess.run([sys.executable, "-c", code, url, str(n), what], env=env,
                            cwd=tmp, check=True, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, timeout=1800)
             client.shutdown(nosave=True)
@@ -201,8 +206,6 @@ def main() -> None:
     binary, _ = find_redis_server()
     tree = args.tree.resolve()
     if args.side == "redis":
-        if args.what not in DRAINS:
-            parser.error("--side redis counts a drain: --what " + "|".join(DRAINS))
         few, many = (count_redis(tree, binary, n, args.what, args.loop)
                      for n in (small, large))
     else:

@@ -10,6 +10,7 @@ from support import ended, redis_now_ms, wait_until
 
 import obsq
 from obsq.broker import GlobalKeys, QueueKeys
+from obsq.broker.wire import LAYOUTS
 
 
 async def test_queue_option_puts_the_task_on_that_queue(app, client, start_worker) -> None:
@@ -342,3 +343,43 @@ async def test_keys_with_quotes_and_any_script_are_stored_as_given(client, broke
     fields, _ = await broker.task_fields(info.queue, info.id)
     assert (fields[b"fk"].decode(), fields[b"ordk"].decode(), fields[b"pri"]) == (
         key, key, b"3")
+
+
+# Each of enqueue.lua's rarer options (wire.py's `rare`) as a Job gives it, and the field of
+# the task hash that shows it was applied
+RARER_OPTIONS = {
+    "own": ({"task_id": "chosen-id"}, b"own"),
+    "binary": ({"payload": b"\x00raw"}, b"bin"),
+    "unique": ({"unique_for": 30}, b"uniq"),
+    "ordering": ({"ordering_key": "o"}, b"ordk"),
+    "priority": ({"priority": 4}, b"pri"),
+    "expires": ({"expires": 60}, b"exp"),
+    "debounce": ({"debounce_key": "d", "debounce": 5}, b"dbk"),
+    "fairness": ({"fairness_key": "tenant"}, b"fk"),
+}
+
+
+def test_every_rarer_option_is_listed_here() -> None:
+    packed = set(LAYOUTS["enqueue"].packed["rare"])
+    listed = set(RARER_OPTIONS) | {"unique_for", "debounce_key", "debounce_max"}
+    assert packed == listed
+
+
+@pytest.mark.parametrize("option", sorted(RARER_OPTIONS))
+async def test_a_batch_with_one_rarer_option_is_written_whole(client, broker,
+                                                              option: str) -> None:
+    """A batch none of whose tasks gives a rarer option goes to enqueue.lua's plain variant,
+    which has not their helpers; one task that gives any sends the whole batch to the full
+    script, and every task of it is written as asked."""
+    given, field = RARER_OPTIONS[option]
+    plain, rare = client.prepare([obsq.Job("t", "plain"),
+                                  obsq.Job("t", **{"payload": "rare", **given})])
+    assert broker.enqueue_call("default", [plain])[0] == "enqueue_plain"
+    assert broker.enqueue_call("default", [plain, rare])[0] == "enqueue"
+    infos = await client.enqueue_many([obsq.Job("t", "before"),
+                                       obsq.Job("t", **{"payload": "rare", **given}),
+                                       obsq.Job("t", "after")])
+    assert not any(info.duplicate or info.debounced for info in infos), infos
+    for info in infos:
+        fields, _ = await broker.task_fields(info.queue, info.id)
+        assert (field in fields) == (info.id == infos[1].id), (info, fields)

@@ -298,6 +298,47 @@ local function make_pending(pending_key, id, due, first)
   push_pending(pending_key, id, first)
 end
 
+-- A debounce key's lock, `debounce:<type> <key>`, holds "<id> <ms>": its task, and when its
+-- burst of enqueues began. Whether the burst is open is its task's score in `scheduled`
+-- (after now), never the lock's life: the lock only names the task, and expires on Redis's
+-- own clock DEBOUNCE_KEEP_MS past the task's due time.
+local DEBOUNCE_KEEP_MS = 60000
+
+-- A debounced enqueue at `now` (ms, as text) under `lock` (`wait`, `most`: ms): while the
+-- lock's task waits in `scheduled_key`, not yet due, the enqueued task's payload (`payload`:
+-- its field and value) and options (`options`: {name, value} pairs, '' for none) replace
+-- that task's, and it becomes due `wait` after now, or `most` after its burst began if
+-- that is sooner. Returns the task's id, else nil: the window closed (the task is due,
+-- running or gone), and the enqueued task starts a burst.
+local function replace_waiting(scheduled_key, lock, now, wait, most, payload, options)
+  local held = redis.call('GET', lock)
+  local holder, began = string.match(held or '', '^(%S+) (%d+)$')
+  local due = holder and tonumber(redis.call('ZSCORE', scheduled_key, holder))
+  if not due or due <= tonumber(now) then
+    return nil
+  end
+  due = tonumber(now) + wait
+  if most > 0 then
+    due = math.min(due, tonumber(began) + most)
+  end
+  local key = task_key(holder)
+  local fields = {payload[1], payload[2], 'due', int_text(due)}
+  local gone = {payload[1] == 'bin' and 'payload' or 'bin'}
+  for _, option in ipairs(options) do
+    if option[2] == '' then
+      gone[#gone + 1] = option[1]
+    else
+      fields[#fields + 1] = option[1]
+      fields[#fields + 1] = option[2]
+    end
+  end
+  redis.call('HDEL', key, unpack(gone))
+  redis.call('HSET', key, unpack(fields))
+  redis.call('ZADD', scheduled_key, int_text(due), holder)
+  redis.call('PEXPIRE', lock, int_text(due - tonumber(now) + DEBOUNCE_KEEP_MS))
+  return holder
+end
+
 -- The steps of flows (chains, chords) are watched by this pseudo-client from their enqueue
 -- (enqueue.lua sees their `obsq-flow` header): their ends land in the queue's
 -- `inbox:~flows`, in the same step as the end itself, and stay there (no expiry) until a

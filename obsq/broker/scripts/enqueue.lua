@@ -29,48 +29,6 @@ end
 local now = now_text()
 local ended = prefix .. @key_ended
 
--- A debounce key's lock, `debounce:<type> <key>`, holds "<id> <ms>": its task, and when its
--- burst of enqueues began. Whether the burst is open is its task's score in `scheduled`
--- (after now), never the lock's life: the lock only names the task, and expires on Redis's
--- own clock DEBOUNCE_KEEP_MS past the task's due time.
-local DEBOUNCE_KEEP_MS = 60000
-
--- Item `i` (its payload in hash field `field`; `options`: its pri, exp and fk, '' for none)
--- is debounced by `lock` (`wait`, `most`: ms): while the lock's task waits in the scheduled
--- set, not yet due, the item's payload, headers and options (priority, expiry counted from
--- now, fairness key) replace that task's, and it becomes due `wait` after now, or `most`
--- after its burst began if that is sooner. Returns the task's id, else nil: the window
--- closed (the task is due, running or gone), and the item starts a burst.
-local function replace_waiting(lock, wait, most, i, field, options)
-  local held = redis.call('GET', lock)
-  local holder, began = string.match(held or '', '^(%S+) (%d+)$')
-  local due = holder and tonumber(redis.call('ZSCORE', KEYS[@k_scheduled], holder))
-  if not due or due <= tonumber(now) then
-    return nil
-  end
-  due = tonumber(now) + wait
-  if most > 0 then
-    due = math.min(due, tonumber(began) + most)
-  end
-  local key = task_key(holder)
-  local fields = {field, ARGV[i + @payload], 'due', int_text(due)}
-  local gone = {field == 'bin' and 'payload' or 'bin'}
-  for _, option in ipairs({{'headers', ARGV[i + @headers]}, {'opts', ARGV[i + @options]},
-                           {'pri', options[1]}, {'exp', options[2]}, {'fk', options[3]}}) do
-    if option[2] == '' then
-      gone[#gone + 1] = option[1]
-    else
-      fields[#fields + 1] = option[1]
-      fields[#fields + 1] = option[2]
-    end
-  end
-  redis.call('HDEL', key, unpack(gone))
-  redis.call('HSET', key, unpack(fields))
-  redis.call('ZADD', KEYS[@k_scheduled], int_text(due), holder)
-  redis.call('PEXPIRE', lock, int_text(due - tonumber(now) + DEBOUNCE_KEEP_MS))
-  return holder
-end
-
 local out = {}
 local pending = {}  -- of priority 0: pushed at once
 local woken = 0
@@ -105,9 +63,11 @@ for i = @items, #ARGV, @stride do
   local debounce_lock
   if debounce_key ~= '' and not refused then
     debounce_lock = prefix .. @key_debounce .. ARGV[i + @type] .. ' ' .. debounce_key
-    local holder = replace_waiting(debounce_lock, rare[@rare_debounce],
-                                   rare[@rare_debounce_max], i, field,
-                                   {priority, expires_at, fairness})
+    local holder = replace_waiting(KEYS[@k_scheduled], debounce_lock, now,
+                                   rare[@rare_debounce], rare[@rare_debounce_max],
+                                   {field, ARGV[i + @payload]},
+                                   {{'headers', ARGV[i + @headers]}, {'opts', ARGV[i + @options]},
+                                    {'pri', priority}, {'exp', expires_at}, {'fk', fairness}})
     if holder then
       refused = 'debounced:' .. holder
     end
