@@ -27,7 +27,6 @@ if share < 1 then
   end
 end
 local now = now_text()
-local ended = prefix .. @key_ended
 
 local out = {}
 local pending = {}  -- of priority 0: pushed at once
@@ -51,7 +50,7 @@ for i = @items, #ARGV, @stride do
   local debounce_key = rare and rare[@rare_debounce_key] or ''
   local refused = nil
   if own and (redis.call('EXISTS', key) == 1 or
-              (tonumber(redis.call('ZSCORE', ended, id)) or 0) > tonumber(now)) then
+              (tonumber(redis.call('ZSCORE', prefix .. @key_ended, id)) or 0) > tonumber(now)) then
     refused = 'id'
   elseif digest ~= '' then
     local lock = prefix .. @key_unique .. digest
