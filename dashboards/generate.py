@@ -54,7 +54,9 @@ ANY_PROCESS = '__name__=~"obsq_workers|obsq_build_info"'
 # Producers: those of the selected installations, and those scraped without its labels.
 PRODUCER_SCOPE = 'app_kubernetes_io_instance=~"$installation|"'
 # The labels that tell a queue-wide gauge's series apart within one installation.
-GAUGE_SERIES = {"obsq_queue_depth": "queue, state", "obsq_workers": ""}
+GAUGE_SERIES = {"obsq_queue_depth": "queue, state", "obsq_workers": "",
+                "obsq_queue_fairness_keys": "queue",
+                "obsq_queue_fairness_key_waiting": "queue, key"}
 
 
 # --- small builders ---------------------------------------------------------------------
@@ -508,6 +510,19 @@ def overview() -> dash.Dashboard:
                 )
             ],
         ),
+        graph(
+            "Fairness keys waiting",
+            "Fairness keys (fairness_key=, a tenant) with tasks waiting in each queue, and "
+            "the waiting tasks of the ten keys with most: the keys start tasks in turn, so "
+            "one key's backlog delays another key's task by one turn at most.",
+            "short",
+            queries(
+                (per_installation("obsq_queue_fairness_keys", qsel, "queue"),
+                 "{{queue}} keys"),
+                (per_installation("obsq_queue_fairness_key_waiting", qsel, "queue, key"),
+                 "{{queue}} {{key}}"),
+            ),
+        ),
         single(
             "Partitions",
             "Partitions each queue is stored as (app.queue(name, partitions=N)), as its "
@@ -567,14 +582,18 @@ def overview() -> dash.Dashboard:
             bars=True,
         ),
         graph(
-            "Event loop lag",
+            "Event loop lag and fetch stalls",
             "How long each worker's event loop has been blocked now (a handler calling "
             "blocking code in an async def); 0 while it runs. Tasks of a blocked loop do not "
             "start; its heartbeats and lease extensions go on from their own thread, and "
-            "liveness fails past OBSQ_BLOCKED_LOOP_LIMIT (60 s).",
+            "liveness fails past OBSQ_BLOCKED_LOOP_LIMIT (60 s). And how long its fetch loop "
+            "has gone without coming round (Redis unreachable, a dropped connection): it "
+            "takes no task meanwhile, and /readyz fails.",
             "s",
             queries((f"max by (instance) (obsq_worker_event_loop_lag_seconds{{{SCOPE}}})",
-                     "{{instance}}")),
+                     "{{instance}} loop lag"),
+                    (f"max by (instance) (obsq_worker_fetch_stalled_seconds{{{SCOPE}}})",
+                     "{{instance}} fetch stalled")),
         ),
         graph(
             "Redis lost its data",

@@ -5,8 +5,9 @@ last minute), and the rules file loads and evaluates cleanly.
 
 The worker serves two queues. The workload gives every series the queries read: the
 outcomes success, retry, dead and lease_lost, both lease recovery reasons (expired, and
-worker_lost from a third queue), a paused queue with pending tasks, a dead-letter set, a
-failed Redis call, a group of tasks aggregated into one (after a failed try), an event
+worker_lost from a third queue), a paused queue with pending tasks of two fairness keys, a
+dead-letter set, a failed Redis call, a group of tasks aggregated into one (after a failed
+try), an event
 delivered to its subscriber, a task that expired before it started, a task moved from an
 outbox by its relay, a Redis found to have lost its data (another dataset token),
 and a scheduler in the same process firing an entry every second, whose next fire is set
@@ -375,14 +376,14 @@ async def test_every_dashboard_query_and_alert_returns_data(
         await until_counted(n, "obsq_lease_recoveries_total", queue=away, reason="worker_lost")
 
     # Wave 1, while Prometheus starts; the side queue runs two tasks, then is paused with
-    # two waiting.
+    # two waiting, of two fairness keys.
     for i in range(2):
         await client.enqueue("easy", {"i": i}, queue=side)
     await until_counted(2, "obsq_tasks_processed_total", queue=side, task="easy",
                         outcome="success")
     await admin.set_paused(side, True)
-    for _ in range(2):
-        await client.enqueue("easy", {}, queue=side)
+    for tenant in ("tenant-a", "tenant-b"):
+        await client.enqueue("easy", {}, queue=side, fairness_key=tenant)
     await wave(1)
 
     # Wave 2 once Prometheus has scraped wave 1: every counter and histogram grows while
