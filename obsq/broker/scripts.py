@@ -43,11 +43,13 @@ class Script:
 
 # A variant is a script's file prepared without some prelude definitions, for the calls that
 # never reach them: Redis makes each function a script defines, a Lua closure, at every call
-# (about 1,100 instructions each, a tenth of a single enqueue's cost). enqueue_plain is
-# enqueue.lua for a batch none of whose tasks gives a rarer option (wire.py's `rare`): its
-# debounce, priority, fairness and ordering helpers are reached only from those options.
-# The producer picks it (producing.enqueue_call); it is called the same and reported as
-# 'enqueue'.
+# (about 1,100 instructions each; enqueue.lua's were a tenth of a single enqueue's cost).
+# enqueue_plain is enqueue.lua for a batch none of whose tasks gives a rarer option
+# (wire.py's `rare`): its debounce, priority, fairness and ordering helpers are reached only
+# from those options. A call that reached a left-out helper would fail halfway (a missing
+# global), so only the caller that knows they are out of reach picks a variant
+# (producing.enqueue_call; test_enqueue_options checks each option). It takes its file's
+# arguments and its failures are reported under its file's name.
 VARIANTS = {"enqueue_plain": ("enqueue", frozenset(
     {"replace_waiting", "push_pending", "queue_behind"}))}
 
