@@ -16,6 +16,7 @@ from support import wait_until
 import obsq
 from obsq import Job, chain
 from obsq.broker import FlowKeys, GlobalKeys, QueueKeys
+from obsq.broker.keys import KEY_NAMES
 
 GOOD = 200
 RUN_WITHIN = 30.0  # seconds for the good tasks: a second or two when nothing is lost
@@ -278,3 +279,22 @@ async def test_a_step_ending_into_a_deleted_flow_is_said_once(
 
 def _running(raw_redis, namespace: str) -> int:
     return raw_redis.hlen(QueueKeys(namespace, "default").active)
+
+
+@pytest.mark.parametrize("name", ["memory_budget", "wake"])
+async def test_a_tampered_budget_or_wake_key_costs_no_enqueue(
+        app, client, broker, start_worker, raw_redis, name: str) -> None:
+    """The queue's memory budget (a number) and wake tokens (a list) are obsq's own caches: a
+    string of junk in either is replaced by the next enqueue, which is written and answered
+    as usual (not refused for ever, not written and then failed), and every task runs."""
+    ran = _good_tasks(app)
+    key = broker.keys("default").prefix + KEY_NAMES[name]
+    await client.enqueue_many([Job("good", n) for n in range(GOOD // 2)])
+    raw_redis.delete(key)
+    raw_redis.set(key, "junk")
+    infos = await client.enqueue_many([Job("good", n) for n in range(GOOD // 2, GOOD)])
+    assert len({info.id for info in infos}) == GOOD // 2
+    assert raw_redis.get(key).isdigit() if name == "memory_budget" else (
+        raw_redis.type(key) == b"list")
+    await start_worker()
+    await _each_ran_once(ran)

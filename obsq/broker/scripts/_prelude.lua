@@ -100,15 +100,21 @@ local UNCHECKED_BUDGET = 1099511627776  -- 2^40, an integer as Lua writes it (no
 -- half the room it found below the share, which each caller draws down by what it will
 -- write, for MEMORY_LOOK_MS at most (workers and other clients fill memory too); Redis is
 -- read again when the budget is spent, so writers however fast never write past the share.
--- The DECRBY cannot be refused below maxmemory. A user whose ACL denies INFO goes without
--- the check (an error table, not the text).
+-- The DECRBY cannot be refused below maxmemory (past it, Redis's refusal is the reply). A
+-- budget that is not a number (a tampered key) counts as spent: the reading replaces it. A
+-- user whose ACL denies INFO goes without the check (an error table, not the text).
 local function above_share(share, cost)
   if share >= 1 then
     return nil
   end
   local memok = prefix .. @key_memory_budget
-  if redis.call('DECRBY', memok, int_text(cost)) >= 0 then
-    return nil
+  local left = redis.pcall('DECRBY', memok, int_text(cost))
+  if type(left) == 'number' then
+    if left >= 0 then
+      return nil
+    end
+  elseif string.find(left.err, 'maxmemory', 1, true) then
+    return left.err
   end
   local budget = UNCHECKED_BUDGET
   local memory = redis.pcall('INFO', 'memory')
@@ -129,10 +135,16 @@ local function above_share(share, cost)
 end
 
 -- Wake tokens let idle workers block on BLPOP instead of polling; capped so a queue
--- nobody is waiting on does not grow them without bound.
+-- nobody is waiting on does not grow them without bound. A wake key that is not a list (a
+-- tampered key) holds no token: it is replaced, after the tasks were written.
 local WAKE_CAP = @WAKE_CAP
 local function wake(wake_key, n)
-  local room = WAKE_CAP - redis.call('LLEN', wake_key)
+  local held = redis.pcall('LLEN', wake_key)
+  if type(held) ~= 'number' then
+    redis.call('DEL', wake_key)
+    held = 0
+  end
+  local room = WAKE_CAP - held
   if n > room then
     n = room
   end
