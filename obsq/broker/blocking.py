@@ -93,8 +93,13 @@ class BlockingProducer(BlockingCalls):
 
     def partition_counts(self, queues: Sequence[str]) -> dict[str, int]:
         """As the asyncio broker's stored_counts (producing.py)."""
-        found = self._guard("partition_counts", lambda: self.redis.hmget(
-            self.broker.global_keys.partitions, list(queues)))
+        key = self.broker.global_keys.partitions
+        try:
+            found = self.redis.hmget(key, list(queues))
+        except (RedisError, OSError) as exc:
+            if not self.broker.junk_registry(key, exc):
+                raise self._failure("partition_counts", exc) from exc
+            found = [None] * len(queues)
         return dict(zip(queues, map(stored_count, found)))
 
     def enqueue(self, queue: str, messages: Sequence[TaskMessage]) -> list[Enqueued]:

@@ -85,6 +85,7 @@ COMMANDS = ("dataset", "delete_namespace", "deregister", "find_queue", "flow_del
             "wait_for_work", "wait_schedule_change", "workers")
 OPERATIONS = tuple(sorted({*script_names(), *COMMANDS}))
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)  # said as "cannot reach"
+_JUNK_REGISTRIES_SAID: set[str] = set()  # by key: once a process (junk_registry)
 
 
 class RedisCalls:
@@ -203,6 +204,29 @@ class RedisCalls:
             return await self._within(operation, call, wait)
         except (RedisError, OSError) as exc:
             raise self.failed(operation, exc) from exc
+
+    async def _registry(self, operation: str, key: str, read: Awaitable[T], empty: T) -> T:
+        """A read of one of the namespace's registries (its queues, their partition counts,
+        its workers), within its deadline; a junk one (`junk_registry`) reads as `empty`."""
+        try:
+            return await self._within(operation, read)
+        except (RedisError, OSError) as exc:
+            if self.junk_registry(key, exc):
+                return empty
+            raise self.failed(operation, exc) from exc
+
+    def junk_registry(self, key: str, exc: BaseException) -> bool:
+        """Whether a registry's read failed for its key holding another type (written
+        outside obsq), said once: it then reads as empty until the next registration
+        replaces it (register.lua), so that a junk registry does not stop the namespace."""
+        if not (isinstance(exc, ResponseError) and str(exc).startswith("WRONGTYPE")):
+            return False
+        if key not in _JUNK_REGISTRIES_SAID:
+            _JUNK_REGISTRIES_SAID.add(key)
+            log.warning("Redis key %s is not the registry obsq keeps there (%s): read as "
+                        "empty until a worker or producer registers again, which replaces "
+                        "it", key, exc)
+        return True
 
     async def _blpop_any(self, operation: str, keys: Sequence[str], timeout: float) -> Any:
         """BLPOP on keys that may live in different Cluster slots (one BLPOP each there, the

@@ -86,8 +86,8 @@ class Inspection(RedisCalls):
     async def worker_records(self) -> list[tuple[dict[str, Any], int]]:
         """(description, last heartbeat in ms) of each worker whose heartbeat is current."""
         g = self.global_keys
-        beats = await self._guard("workers", self.redis.zrange(g.workers, 0, -1,
-                                                                withscores=True))
+        beats = await self._registry("workers", g.workers, self.redis.zrange(
+            g.workers, 0, -1, withscores=True), [])
         if not beats:
             return []
         values = await self._get_many("workers", [g.worker(i.decode()) for i, _ in beats])

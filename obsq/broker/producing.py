@@ -50,8 +50,9 @@ class Producing(RedisCalls):
     async def partition_counts(self, queues: Sequence[str]) -> dict[str, int]:
         """The partition counts of queues as their workers declared them; 1 for a queue no
         worker declared, or whose entry is not a count."""
-        found = await self._guard("partition_counts", self.redis.hmget(
-            self.global_keys.partitions, list(queues)))
+        key = self.global_keys.partitions
+        found = await self._registry("partition_counts", key,
+                                     self.redis.hmget(key, list(queues)), [None] * len(queues))
         return dict(zip(queues, map(stored_count, found)))
 
     async def find_queue(self, task_id: str, queues: Sequence[str] | None = None
@@ -69,7 +70,8 @@ class Producing(RedisCalls):
         return next((q for q, f in zip(queues, found) if f), None)
 
     async def queues(self) -> list[str]:
-        members = await self._guard("queues", self.redis.smembers(self.global_keys.queues))
+        key = self.global_keys.queues
+        members = await self._registry("queues", key, self.redis.smembers(key), set())
         return sorted(m.decode() for m in members)
 
     async def task_fields(self, queue: str, task_id: str

@@ -43,7 +43,8 @@ class Upkeep(RedisCalls):
     async def workers(self) -> list[dict[str, Any]]:
         """Descriptions of the workers whose heartbeat is current."""
         g = self.global_keys
-        ids = await self._guard("workers", self.redis.zrange(g.workers, 0, -1))
+        ids = await self._registry("workers", g.workers, self.redis.zrange(g.workers, 0, -1),
+                                   [])
         if not ids:
             return []
         values = await self._get_many("workers", [g.worker(i.decode()) for i in ids])
@@ -53,7 +54,8 @@ class Upkeep(RedisCalls):
         """Registered workers whose heartbeat key has expired. Only Redis's key expiry
         decides: the registry's scores come from each worker's own clock."""
         g = self.global_keys
-        registered = await self._guard("lost_workers", self.redis.zrange(g.workers, 0, -1))
+        registered = await self._registry("lost_workers", g.workers,
+                                          self.redis.zrange(g.workers, 0, -1), [])
         if not registered:
             return []
         pipe = self.redis.pipeline(transaction=False)

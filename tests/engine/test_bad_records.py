@@ -298,3 +298,25 @@ async def test_a_tampered_budget_or_wake_key_costs_no_enqueue(
         raw_redis.type(key) == b"list")
     await start_worker()
     await _each_ran_once(ran)
+
+
+@pytest.mark.parametrize("registry", ["queues", "partitions", "workers"])
+async def test_a_junk_registry_does_not_stop_the_namespace(
+        app, client, start_worker, raw_redis, namespace, caplog, registry: str) -> None:
+    """The namespace's registries (its queues, their partition counts, its workers) are read
+    before a worker starts and a producer's first enqueue: a string of junk in one reads as
+    empty, said once, and registering replaces it (before, the worker did not start and
+    every enqueue failed)."""
+    caplog.set_level(logging.WARNING, logger="obsq")
+    ran = _good_tasks(app)
+    key = getattr(GlobalKeys(namespace), registry)
+    raw_redis.set(key, "junk")
+    await client.enqueue_many([Job("good", n) for n in range(GOOD)])
+    await start_worker()
+    await _each_ran_once(ran)
+    if registry != "partitions":  # declared by workers of partitioned queues alone
+        assert raw_redis.type(key) != b"string"
+    if registry == "queues":  # the producer registered its queue before any read: no word
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    else:
+        _said_once(caplog, key, "is not the registry")
