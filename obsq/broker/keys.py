@@ -48,6 +48,9 @@ KEY_NAMES = {
     # hash: a record a script could not read (a task's key holding no hash, a pending list
     # of no priority), by its key's name in the queue -> "<ms> <why>" (set_aside)
     "junk": "junk",
+    # a key of the queue's own that held another type (written outside obsq), moved here as
+    # found by the name it had in the queue (key_aside); named in the junk
+    "aside": "aside:",
     # route limits and ordering keys (_prelude_limits.lua)
     "running": "running:",  # set of a route slot's running ids
     "rate": "rate:",  # a route slot's rate window

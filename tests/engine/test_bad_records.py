@@ -320,3 +320,29 @@ async def test_a_junk_registry_does_not_stop_the_namespace(
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     else:
         _said_once(caplog, key, "is not the registry")
+
+
+@pytest.mark.parametrize("name", ["levels", "fair_ring", "fence", "lease", "active"])
+async def test_a_queue_key_holding_junk_is_moved_aside_and_costs_no_task(
+        app, client, broker, start_worker, raw_redis, caplog, name: str) -> None:
+    """A key of the queue's own holding another type than obsq keeps there: the fetch that
+    meets it moves it aside as found (`aside:<name>`, named in the junk), makes the set of
+    levels or the ring of fairness keys again from what waits, and goes on. Before, junk in
+    the fence, the leases or the active hash made every fetch lose the tasks it popped, and
+    in the levels or the ring stopped the queue."""
+    caplog.set_level(logging.WARNING, logger="obsq")
+    ran = _good_tasks(app)
+    # plain tasks, tasks of priority 2 (a pending list of their own, named in `levels`) and
+    # tasks of two fairness keys (in the ring)
+    await client.enqueue_many([
+        Job("good", n, priority=2 if n % 3 == 1 else None,
+            fairness_key=f"tenant-{n % 2}" if n % 3 == 2 else None) for n in range(GOOD)])
+    keys = broker.keys("default")
+    raw_redis.delete(keys.prefix + KEY_NAMES[name])
+    raw_redis.set(keys.prefix + KEY_NAMES[name], "junk")
+    await start_worker()
+    await _each_ran_once(ran)
+    aside = "aside:" + KEY_NAMES[name]
+    assert raw_redis.get(keys.prefix + aside) == b"junk"  # kept as found
+    assert "not a" in _junk(raw_redis, keys.junk, aside)
+    _said_once(caplog, aside)

@@ -49,6 +49,15 @@ local function set_aside(name, why, now)
   return why
 end
 
+-- A key of the queue's own (`name`: its name in the queue) found holding something other
+-- than `kind` (written outside obsq) holds nothing obsq can read: it is moved, as found, to
+-- `aside:<name>` and set aside there, and the script goes on with a fresh key. Returns why.
+local function key_aside(name, kind, now)
+  local why = 'held a ' .. redis.call('TYPE', prefix .. name).ok .. ', not a ' .. kind
+  redis.call('RENAME', prefix .. name, prefix .. @key_aside .. name)
+  return set_aside(@key_aside .. name, why, now)
+end
+
 -- Task `id`, found in the queue's `where` (a key's name), set aside if its key holds
 -- something other than a hash (`kind`: its TYPE, when known): why, else nil.
 local function task_aside(id, where, now, kind)

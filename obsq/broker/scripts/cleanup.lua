@@ -49,13 +49,14 @@ if excess > 0 then
   deleted = deleted + excess
 end
 -- the junk's records are only those set_aside names: a task's key, a pending list of no
--- priority (an entry naming anything else goes alone)
+-- priority, a key moved aside (an entry naming anything else goes alone)
 local junk = prefix .. @key_junk
 local found = redis.call('HSCAN', junk, 0, 'COUNT', batch)[2]
 for i = 1, #found, 2 do
   local name, at = found[i], tonumber(string.match(found[i + 1], '^%d+'))
   if not at or at < now - tonumber(ARGV[@dead_age]) then
     if string.sub(name, 1, #@key_task) == @key_task or
+        string.sub(name, 1, #@key_aside) == @key_aside or
         (string.match(name, '^' .. @key_pending .. ':') and not string.match(name, ':[1-9]$')) then
       redis.call('DEL', prefix .. name)
     end

@@ -39,8 +39,11 @@ local function by_rank(levels, count, floor)
     return rank(redis.pcall('HGET', task_key(id), 'due'), p)
   end
   local function head(list, p)
-    local id = redis.call('LINDEX', list, -1)
-    if id then
+    local read, id = pcall(redis.call, 'LINDEX', list, -1)
+    if not read then
+      local name = string.sub(list, #prefix + 1)
+      said_aside(@key_aside .. name, key_aside(name, 'list', now))
+    elseif id then
       return {list, p, ranked(id, p)}
     end
   end
@@ -98,14 +101,32 @@ local function by_rank(levels, count, floor)
   return #ids > 0 and ids, nil
 end
 
-local levels = redis.call('SMEMBERS', prefix .. @key_levels)
+-- A key of the queue's own that holds another type (written outside obsq) is set aside
+-- (key_aside) where it is first read, before a task is popped or where a write after the pop
+-- would fail, so that it stops neither the fetch nor loses the tasks popped.
+local read, levels = pcall(redis.call, 'SMEMBERS', prefix .. @key_levels)
+if not read then  -- named again from the lists of priority that hold tasks
+  said_aside(@key_aside .. @key_levels, key_aside(@key_levels, 'set', now))
+  levels = {}
+  for p = 1, 9 do
+    if redis.call('EXISTS', KEYS[@k_pending] .. ':' .. p) == 1 then
+      levels[#levels + 1] = tostring(p)
+    end
+  end
+  call_sliced('SADD', prefix .. @key_levels, levels)
+end
 local floor = tonumber(ARGV[@floor])
 
 -- Up to `n` tasks of the plain pending lists (false: none), and the rank of the best left;
 -- `n` may be ARGV's text, which RPOP takes as it is.
 local function plain(n)
   if #levels == 0 and not floor then
-    return redis.call('RPOP', KEYS[@k_pending], n), nil
+    local popped, ids = pcall(redis.call, 'RPOP', KEYS[@k_pending], n)
+    if popped then
+      return ids, nil
+    end
+    said_aside(@key_aside .. @key_pending, key_aside(@key_pending, 'list', now))
+    return false, nil
   end
   return by_rank(levels, tonumber(n), floor)
 end
@@ -164,7 +185,18 @@ local function by_turns(n, weights)
 end
 
 local ids, left
-if redis.call('EXISTS', ring) == 1 then
+local ring_kind = redis.call('TYPE', ring).ok
+if ring_kind ~= 'list' and ring_kind ~= 'none' then  -- made again from the keys waiting
+  said_aside(@key_aside .. @key_fair_ring, key_aside(@key_fair_ring, 'list', now))
+  local keys = redis.call('ZRANGE', prefix .. @key_fair_waiting, 0, -1)
+  ring_kind = 'none'
+  if #keys > 0 then
+    redis.call('LPUSH', ring, '')
+    call_sliced('LPUSH', ring, keys)
+    ring_kind = 'list'
+  end
+end
+if ring_kind == 'list' then
   ids, left = by_turns(tonumber(ARGV[@count]),
                        ARGV[@weights] ~= '' and cjson.decode(ARGV[@weights]) or nil)
 else
@@ -262,7 +294,12 @@ local function limited(id, f)
   return nil, slot
 end
 
-local fence = redis.call('INCRBY', KEYS[@k_fence], #ids) - #ids
+local counted, fence = pcall(redis.call, 'INCRBY', KEYS[@k_fence], #ids)
+if not counted then  -- fences go on from the clock's ms: above any handed out before
+  said_aside(@key_aside .. @key_fence, key_aside(@key_fence, 'counter', now))
+  fence = redis.call('INCRBY', KEYS[@k_fence], now + #ids)
+end
+fence = fence - #ids
 local expires = int_text(now + tonumber(ARGV[@lease]))
 local leases, owners, tasks, held = {}, {}, {}, {}
 local dropped, suspects, returned = 0, 0, 0
@@ -330,8 +367,14 @@ for _, id in ipairs(ids) do
     end
   end
 end
-call_sliced('ZADD', KEYS[@k_lease], leases)
-call_sliced('HSET', KEYS[@k_active], owners)
+if not pcall(call_sliced, 'ZADD', KEYS[@k_lease], leases) then
+  said_aside(@key_aside .. @key_lease, key_aside(@key_lease, 'zset', now))
+  call_sliced('ZADD', KEYS[@k_lease], leases)
+end
+if not pcall(call_sliced, 'HSET', KEYS[@k_active], owners) then
+  said_aside(@key_aside .. @key_active, key_aside(@key_active, 'hash', now))
+  call_sliced('HSET', KEYS[@k_active], owners)
+end
 if not left and redis.call('LLEN', KEYS[@k_pending]) == 0 and
     redis.call('EXISTS', ring) == 0 then
   redis.call('DEL', KEYS[@k_wake])
