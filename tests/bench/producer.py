@@ -5,6 +5,7 @@ figure a shared machine disturbs least). A report, never an assertion.
     python tests/bench/producer.py                  # 5 rounds of 3,000 tasks a path
     python tests/bench/producer.py --rounds 7 --tasks 10000
     python tests/bench/producer.py --stopped-redis  # calls on a Redis stopped by SIGSTOP
+    python tests/bench/producer.py --stopped-redis --callers 2000
 
 It imports the obsq of the checkout it is in: to compare two versions, run it from each
 checkout in turn, alternating, so that both see the same load; the best round of each
@@ -69,9 +70,9 @@ def sync_path(url: str, n: int) -> tuple[float, float]:
         return time.perf_counter() - wall, time.process_time() - cpu
 
 
-async def stopped_redis(rs: RedisServer) -> None:
-    """With the default deadline: how long producers wait on a Redis that stopped
-    answering, what they get, and how soon they work again once it answers."""
+async def stopped_redis(rs: RedisServer, callers: int) -> None:
+    """With the default deadline: how long `callers` concurrent producers wait on a Redis
+    that stopped answering, what they get, and how soon they work again once it answers."""
     client = obsq.Client(rs.url, "bench", app=obsq.App(namespace="bench"))
     sync_client = obsq.SyncClient(rs.url, "bench", app=obsq.App(namespace="bench"))
     await client.enqueue("t", 0)
@@ -80,9 +81,10 @@ async def stopped_redis(rs: RedisServer) -> None:
     os.kill(rs.proc.pid, signal.SIGSTOP)
     try:
         start = time.monotonic()
-        ends = await asyncio.gather(*(client.enqueue("t", i) for i in range(200)),
+        ends = await asyncio.gather(*(client.enqueue("t", i) for i in range(callers)),
                                     return_exceptions=True)
-        print(f"200 concurrent Client.enqueue ended after {time.monotonic() - start:.2f} s: "
+        print(f"{callers:,} concurrent Client.enqueue ended after "
+              f"{time.monotonic() - start:.2f} s: "
               f"{', '.join(sorted({type(e).__name__ for e in ends}))}")
         with concurrent.futures.ThreadPoolExecutor(20) as threads:
             start = time.monotonic()
@@ -119,11 +121,13 @@ def main() -> None:
     p.add_argument("--redis-server", help="redis-server binary (default: newest on PATH)")
     p.add_argument("--stopped-redis", action="store_true",
                    help="only: producer calls on a Redis stopped by SIGSTOP, then SIGCONT")
+    p.add_argument("--callers", type=int, default=200,
+                   help="--stopped-redis: concurrent Client.enqueue calls (default 200)")
     args = p.parse_args()
     binary, version = find_redis_server(args.redis_server)
     if args.stopped_redis:
         with RedisServer(binary) as rs:
-            asyncio.run(stopped_redis(rs))
+            asyncio.run(stopped_redis(rs, args.callers))
         return
     print(f"obsq producer benchmark  obsq from {REPO}  redis-server {version}  "
           f"{args.rounds} rounds of {args.tasks:,} tasks")
